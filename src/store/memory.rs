@@ -1,0 +1,1 @@
+//! An in-process store for single-process examples.
