@@ -11,3 +11,4 @@
 //!   print what was measured.
 
 pub mod store;
+pub mod nixl;
