@@ -2,13 +2,21 @@
 //!
 //! The crate reads like the architecture of the examples:
 //!
-//! - [`store`]: the exchange — a PyTorch-compatible TCPStore (and friends)
-//!   through which the processes swap agent metadata and descriptors;
+//! - [`store`]: the exchange — a PyTorch-compatible TCPStore (and an
+//!   in-memory one) through which the processes swap agent metadata and
+//!   descriptors;
 //! - [`nixl`]: the NIXL side — finding the library at run time, agents with
 //!   the UCX backend, NIXL's descriptor-list wire format, memory views;
-//! - [`gpu`]: the GPU side — CUDA context, device buffers, the kernels;
-//! - roles and report modules drive `simple_write` (initiator, target) and
-//!   print what was measured.
+//! - [`gpu`]: the GPU side — context, device buffers, the kernels and how
+//!   they are run;
+//! - [`roles`]: the initiator and the target of `simple_write`;
+//! - [`pattern`] and [`report`]: what is sent and how it is checked, and
+//!   what is printed.
 
-pub mod store;
+pub mod cli;
+pub mod gpu;
 pub mod nixl;
+pub mod pattern;
+pub mod report;
+pub mod roles;
+pub mod store;

@@ -1,6 +1,8 @@
-//! The NIXL side: loading the library, agents, descriptor lists, memory.
+//! The NIXL side: loading the library, agents, descriptor lists, memory,
+//! memory views.
 
 pub mod agent;
 pub mod memory;
 pub mod runtime;
 pub mod serdes;
+pub mod view;

@@ -1,0 +1,217 @@
+// GPU-initiated write + signal through the NIXL device API (NIXL 1.x).
+//
+// Compiled by nvcc from build.rs into a fatbin (sm_90 SASS + compute_90 PTX)
+// that the Rust host embeds and loads with cudarc. Every kernel is extern "C"
+// so the host finds it by name; src/gpu/kernels.rs mirrors the structs below
+// field for field, and the static_asserts here pin what the host assumes.
+//
+// The pattern, in one sentence: a group of threads (one thread, one warp or
+// one block) puts its slice of the source into the peer's buffer with
+// nixlPut, makes those stores visible system-wide, then bumps the peer's
+// signal with nixlAtomicAdd; the peer's kernel spins on the signal with
+// system-scope acquire loads and, once every group of an iteration has
+// signalled, answers with an acknowledgement the sender's kernel waits for.
+// KERNEL_GUIDE.md walks through it.
+
+#include <gpu/ucx/nixl_device.cuh>
+
+#include <cuda/atomic>
+#include <cstddef>
+#include <cstdint>
+
+// The host passes nixlMemViewElem by value; its layout is part of our ABI.
+static_assert(sizeof(nixlMemViewElem) == 24, "nixlMemViewElem changed size");
+static_assert(offsetof(nixlMemViewElem, mvh) == 0, "nixlMemViewElem.mvh moved");
+static_assert(offsetof(nixlMemViewElem, index) == 8, "nixlMemViewElem.index moved");
+static_assert(offsetof(nixlMemViewElem, offset) == 16, "nixlMemViewElem.offset moved");
+
+// What a kernel tells the host when it is done. One per launch, in device
+// memory, zeroed by the host before the launch.
+struct KernelReport {
+    uint64_t t_start_ns;   // %globaltimer when the timed iterations began
+    uint64_t t_end_ns;     // %globaltimer when the final acknowledgement / signal was seen
+    uint64_t observed;     // last value seen by the waiting thread (ack or signal)
+    uint32_t errors;       // NIXL device calls that did not return NIXL_IN_PROG / NIXL_SUCCESS
+    int32_t first_status;  // the first such status
+    uint32_t timed_out;    // 1: a wait reached its deadline; 2: the host cancelled it
+    uint32_t cancel;       // set by the host (from another stream) to stop a wait early
+};
+static_assert(sizeof(KernelReport) == 40, "KernelReport layout is shared with the host");
+
+// Parameters of the initiator's write + signal kernels.
+struct WriteParams {
+    nixlMemViewElem src;     // local view; index 0 and 1 are the two source buffers
+    nixlMemViewElem dst;     // remote view of the target's data buffer (index 0)
+    nixlMemViewElem signal;  // remote view of the target's 8-byte signal (index 0)
+    uint64_t *ack;           // local 8-byte word the target's kernel increments
+    KernelReport *report;
+    uint64_t size;           // bytes per iteration, whole grid
+    uint64_t slice;          // bytes per group (a multiple of 16 except for tiny sizes)
+    uint64_t ack_base;       // ack value before this launch
+    uint64_t timeout_ns;     // give up waiting for an ack after this long
+    uint32_t warmup;         // untimed iterations
+    uint32_t iters;          // timed iterations
+    uint32_t first_iter;     // global index of the first iteration (selects the source buffer)
+    uint32_t reserved;
+};
+static_assert(sizeof(WriteParams) == 136, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, warmup) == 120, "WriteParams layout is shared with the host");
+
+// Parameters of the target's wait kernel.
+struct WaitParams {
+    nixlMemViewElem ack;       // remote view of the initiator's ack word (index 0)
+    uint64_t *signal;          // local signal word the initiator increments
+    KernelReport *report;
+    uint64_t warm_threshold;   // signal value that ends the warm-up (0: no warm-up)
+    uint64_t final_threshold;  // signal value that ends the round
+    uint64_t timeout_ns;       // give up after this long without reaching a threshold
+};
+static_assert(sizeof(WaitParams) == 64, "WaitParams layout is shared with the host");
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// A system-scope acquire load: sees stores another GPU (or process) made
+// visible with a release, and orders our later reads after it. This is the
+// 1.x replacement for the old nixlGpuReadSignal.
+__device__ __forceinline__ uint64_t load_acquire_system(const uint64_t *p) {
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
+    return ref.load(cuda::memory_order_acquire);
+}
+
+__device__ __forceinline__ void record_status(KernelReport *r, nixl_status_t s) {
+    if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
+    if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
+}
+
+// Spin until *word >= threshold, the deadline passes, or the host cancels.
+// Called by one thread. Returns whether the threshold was reached. Every
+// spin-wait in this file goes through here, so none can outlive its timeout.
+__device__ bool wait_at_least(const uint64_t *word, uint64_t threshold, uint64_t deadline,
+                              KernelReport *r) {
+    uint64_t v = load_acquire_system(word);
+    while (v < threshold) {
+        if (globaltimer_ns() > deadline) {
+            r->observed = v;
+            r->timed_out = 1;
+            return false;
+        }
+        if (*static_cast<volatile uint32_t *>(&r->cancel)) {
+            r->observed = v;
+            r->timed_out = 2;
+            return false;
+        }
+        v = load_acquire_system(word);
+    }
+    r->observed = v;
+    return true;
+}
+
+template <nixl_gpu_level_t L> struct Group;
+// THREAD: every thread is a group of one.
+template <> struct Group<nixl_gpu_level_t::THREAD> {
+    __device__ static unsigned size() { return 1; }
+    __device__ static unsigned rank() { return 0; }
+    __device__ static unsigned index() { return blockIdx.x * blockDim.x + threadIdx.x; }
+    __device__ static void sync() {}
+};
+// WARP: each warp; every lane calls nixlPut/nixlAtomicAdd with the same arguments.
+template <> struct Group<nixl_gpu_level_t::WARP> {
+    __device__ static unsigned size() { return 32; }
+    __device__ static unsigned rank() { return threadIdx.x % 32; }
+    __device__ static unsigned index() { return (blockIdx.x * blockDim.x + threadIdx.x) / 32; }
+    __device__ static void sync() { __syncwarp(); }
+};
+// BLOCK: each block; every thread of the block calls with the same arguments.
+template <> struct Group<nixl_gpu_level_t::BLOCK> {
+    __device__ static unsigned size() { return blockDim.x; }
+    __device__ static unsigned rank() { return threadIdx.x; }
+    __device__ static unsigned index() { return blockIdx.x; }
+    __device__ static void sync() { __syncthreads(); }
+};
+
+// One iteration for one group: put the group's slice, fence, signal.
+template <nixl_gpu_level_t L>
+__device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
+    using G = Group<L>;
+    const uint64_t start = uint64_t(G::index()) * p.slice;
+    if (start >= p.size) return;  // more groups than slices: this one idles
+    const uint64_t len = min(p.slice, p.size - start);
+    // Each group on its own channel, so groups do not serialise on one.
+    const unsigned channel = G::index();
+
+    nixlMemViewElem src = p.src;
+    src.index = iter & 1;  // alternate sources: a stale iteration cannot pass verification
+    src.offset = start;
+    nixlMemViewElem dst = p.dst;
+    dst.offset = p.dst.offset + start;
+
+    record_status(p.report, nixlPut<L>(src, dst, len, channel));
+    // On cuda_ipc a put is plain stores by the calling threads, and the
+    // atomic add only orders *its own* thread's earlier writes. Every thread
+    // of the group publishes its stores system-wide, then the group syncs, so
+    // the one thread that performs the add does so after all of them.
+    __threadfence_system();
+    G::sync();
+    record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
+}
+
+// Waits (one thread per block) for the ack to reach `target`; the block then
+// proceeds together. Returns false on timeout.
+__device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t deadline) {
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = wait_at_least(p.ack, target, deadline, p.report);
+    __syncthreads();
+    return ok;
+}
+
+template <nixl_gpu_level_t L>
+__device__ void write_signal(const WriteParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
+    uint64_t ack_target = p.ack_base;
+
+    for (uint32_t i = 0; i < p.warmup; ++i) put_and_signal<L>(p, p.first_iter + i);
+    if (p.warmup > 0) {
+        // The target acknowledges once every group's warm-up signals have
+        // landed: a grid-wide barrier that also excludes warm-up from timing.
+        if (!block_wait_ack(p, ++ack_target, deadline)) return;
+    }
+    if (timer) p.report->t_start_ns = globaltimer_ns();
+    for (uint32_t i = 0; i < p.iters; ++i) put_and_signal<L>(p, p.first_iter + p.warmup + i);
+    // Bandwidth stops when the receiver has everything, which we learn from
+    // its acknowledgement (one extra one-way signal latency, see the guide).
+    if (blockIdx.x == 0) {
+        if (block_wait_ack(p, ++ack_target, deadline) && timer) p.report->t_end_ns = globaltimer_ns();
+    }
+}
+
+extern "C" __global__ void nixl_write_signal_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD>(p);
+}
+extern "C" __global__ void nixl_write_signal_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP>(p);
+}
+extern "C" __global__ void nixl_write_signal_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK>(p);
+}
+
+// The target: one thread waits for the warm-up signals (if any), acknowledges,
+// waits for the final count, acknowledges again. Launched <<<1, 1>>>.
+extern "C" __global__ void nixl_wait_signal(WaitParams p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    if (p.warm_threshold > 0) {
+        if (!wait_at_least(p.signal, p.warm_threshold, deadline, p.report)) return;
+        record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+    }
+    p.report->t_start_ns = globaltimer_ns();
+    if (!wait_at_least(p.signal, p.final_threshold, deadline, p.report)) return;
+    p.report->t_end_ns = globaltimer_ns();
+    // Our reads of the data (by the host, after this kernel) are ordered after
+    // the acquire load that saw the final count.
+    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+}

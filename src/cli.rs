@@ -1,0 +1,50 @@
+//! Small command-line helpers shared by the binaries and examples.
+
+/// Parses a byte count: a plain number, or one with a binary suffix
+/// (`K`/`KiB` = 1024, `M`/`MiB`, `G`/`GiB`), e.g. `64M`. Zero is refused.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a byte count (e.g. 1048576, 64K, 1M, 2G)"))?;
+    let mult: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        other => return Err(format!("unknown size suffix '{other}' in '{s}' (use K, M or G: powers of 1024)")),
+    };
+    let v = n.checked_mul(mult).ok_or_else(|| format!("'{s}' overflows 64 bits"))?;
+    if v == 0 {
+        return Err("size must be at least 1 byte".into());
+    }
+    Ok(v)
+}
+
+/// Formats a byte count compactly (`1 MiB`, `8 B`).
+pub fn fmt_bytes(n: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
+        assert_eq!(parse_bytes("8"), Ok(8));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("-5").is_err());
+        assert!(parse_bytes("5X").is_err());
+        assert_eq!(fmt_bytes(64 << 20), "64 MiB");
+        assert_eq!(fmt_bytes(1000), "1000 B");
+    }
+}

@@ -1,0 +1,113 @@
+//! Device memory that NIXL can register as VRAM.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+use nixl_sys::{MemType, MemoryRegion, NixlDescriptor};
+
+/// `len` bytes of memory on one GPU, allocated with `cuMemAlloc` (never
+/// managed memory) and freed on drop.
+///
+/// Raw rather than `cudarc::CudaSlice` because NIXL and a peer process write
+/// into it behind the allocator's back, so cudarc's event tracking would
+/// only get in the way; every copy here is followed by a stream sync.
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a device address is plain data; access goes through the driver.
+unsafe impl Send for DeviceBuffer {}
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    /// Allocates `len` (≥ 1) zeroed bytes on `ctx`'s GPU.
+    pub fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, DriverError> {
+        assert!(len > 0, "DeviceBuffer of 0 bytes");
+        ctx.bind_to_thread()?;
+        // SAFETY: context is current; the allocation is freed exactly once in Drop.
+        let ptr = unsafe { result::malloc_sync(len)? };
+        let buf = Self { ptr, len, ctx: ctx.clone() };
+        // SAFETY: ptr is valid for len bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, len)? };
+        Ok(buf)
+    }
+
+    /// Device address (`CUdeviceptr`), as NIXL descriptors and kernels take it.
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// GPU ordinal, the descriptor's `devId`.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Copies `data` (≤ len bytes) to the start of the buffer and waits.
+    pub fn upload(&self, stream: &CudaStream, data: &[u8]) -> Result<(), DriverError> {
+        assert!(data.len() <= self.len);
+        self.ctx.bind_to_thread()?;
+        // SAFETY: bounds checked above; the host slice outlives the sync.
+        unsafe { result::memcpy_htod_async(self.ptr, data, stream.cu_stream())? };
+        stream.synchronize()
+    }
+
+    /// Copies the first `out.len()` bytes into `out` and waits.
+    pub fn download(&self, stream: &CudaStream, out: &mut [u8]) -> Result<(), DriverError> {
+        assert!(out.len() <= self.len);
+        self.ctx.bind_to_thread()?;
+        // SAFETY: bounds checked above; the host slice outlives the sync.
+        unsafe { result::memcpy_dtoh_async(out, self.ptr, stream.cu_stream())? };
+        stream.synchronize()
+    }
+
+    /// Sets every byte to zero and waits.
+    pub fn zero(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: ptr is valid for len bytes.
+        unsafe { result::memset_d8_async(self.ptr, 0, self.len, stream.cu_stream())? };
+        stream.synchronize()
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // Nothing useful to do with an error here: the process is tearing down.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated in zeroed(), freed once.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer(GPU {}, {:#x}, {} B)", self.ordinal(), self.ptr, self.len)
+    }
+}
+
+impl MemoryRegion for DeviceBuffer {
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.ptr as *const u8
+    }
+    fn size(&self) -> usize {
+        self.len
+    }
+}
+
+impl NixlDescriptor for DeviceBuffer {
+    fn mem_type(&self) -> MemType {
+        MemType::Vram
+    }
+    fn device_id(&self) -> u64 {
+        self.ordinal() as u64
+    }
+}

@@ -1,0 +1,88 @@
+//! Opening a GPU: driver presence, device index checks, context, stream.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
+
+/// Why a GPU could not be used. Messages name the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no NVIDIA driver on this machine (libcuda.so not loadable): run on a machine with a GPU, or try the host-API example `cargo run --example two_proc`")]
+    NoDriver,
+    #[error("the NVIDIA driver found no GPU ({0}): run on a machine with a GPU, or try the host-API example `cargo run --example two_proc`")]
+    NoDevice(String),
+    #[error("GPU {index} does not exist: this machine has {count} GPU(s), numbered 0..{count}; pick one with --gpu")]
+    BadIndex { index: usize, count: usize },
+    #[error("CUDA error on GPU {gpu} during {what}: {source}")]
+    Driver { gpu: usize, what: &'static str, #[source] source: DriverError },
+}
+
+/// Whether `libcuda.so` can be loaded at all.
+pub fn driver_present() -> bool {
+    // SAFETY: only probes dlopen; calls nothing in the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Number of visible GPUs; errors (rather than panics) without a driver.
+pub fn device_count() -> Result<usize, GpuError> {
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Err(GpuError::NoDevice("0 devices".into())),
+        Ok(n) => Ok(n as usize),
+        Err(e) => Err(GpuError::NoDevice(e.to_string())),
+    }
+}
+
+/// One GPU, its primary context made current on the calling thread, and a
+/// non-blocking stream for this role's work.
+///
+/// The context must exist before the NIXL agent is created: UCX probes CUDA
+/// when the backend starts and otherwise reports "UCX CUDA support was not
+/// found", and memory views cannot be prepared.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub ordinal: usize,
+    pub name: String,
+    /// Streaming multiprocessors; the ceiling on co-resident blocks.
+    pub sm_count: u32,
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` (0-based).
+    pub fn open(ordinal: usize) -> Result<Self, GpuError> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(GpuError::BadIndex { index: ordinal, count });
+        }
+        let drv = |what| move |source| GpuError::Driver { gpu: ordinal, what, source };
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating the context"))?;
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let name = ctx.name().map_err(drv("reading the device name"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("reading the SM count"))? as u32;
+        Ok(Self { ctx, stream, ordinal, name, sm_count })
+    }
+
+    /// Makes this GPU's context current on the calling thread (each thread
+    /// that touches CUDA or NIXL memory views needs it).
+    pub fn bind(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "binding the context", source })
+    }
+
+    /// Free device memory in bytes.
+    pub fn free_memory(&self) -> Result<usize, GpuError> {
+        self.ctx
+            .mem_get_info()
+            .map(|(free, _)| free)
+            .map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "querying free memory", source })
+    }
+
+    /// Waits for all work queued on this role's stream.
+    pub fn sync(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "synchronizing the stream", source })
+    }
+}

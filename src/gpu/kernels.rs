@@ -1,0 +1,322 @@
+//! The device-API kernels of `cuda/kernels.cu`: their parameter structs
+//! (mirrored field for field, layout pinned by const assertions here and
+//! `static_assert`s there) and typed launchers.
+
+use std::mem::{offset_of, size_of};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg};
+
+/// Which group of threads makes one collective `nixlPut` / `nixlAtomicAdd`
+/// call (`nixl_gpu_level_t`). GRID exists in the header but is a silent
+/// no-op on the cuda_ipc transport, so it is not offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Level {
+    /// One thread per call; on cuda_ipc its put is a single-thread memcpy.
+    Thread,
+    /// One warp (32 lanes) per call, all lanes with the same arguments.
+    Warp,
+    /// One thread block per call, all threads with the same arguments.
+    Block,
+}
+
+impl Level {
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Thread => "thread",
+            Level::Warp => "warp",
+            Level::Block => "block",
+        }
+    }
+
+    /// Threads that make one call.
+    pub fn group_size(self, threads_per_block: u32) -> u32 {
+        match self {
+            Level::Thread => 1,
+            Level::Warp => 32,
+            Level::Block => threads_per_block,
+        }
+    }
+
+    /// Default threads per block for a level: one caller's worth for THREAD
+    /// and WARP, 1024 for BLOCK (the widest block, fastest single-block put).
+    pub fn default_threads(self) -> u32 {
+        match self {
+            Level::Thread => 1,
+            Level::Warp => 32,
+            Level::Block => 1024,
+        }
+    }
+
+    fn kernel(self) -> &'static str {
+        match self {
+            Level::Thread => "nixl_write_signal_thread",
+            Level::Warp => "nixl_write_signal_warp",
+            Level::Block => "nixl_write_signal_block",
+        }
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Level as clap::ValueEnum>::from_str(s, true).map_err(|_| format!("unknown level '{s}' (thread, warp, block)"))
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `nixlMemViewElem` from `nixl_device.cuh`: a memory view handle, the
+/// index of a buffer in the view, and a byte offset into that buffer.
+/// Passed to kernels by value; 24 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemViewElem {
+    /// `nixlMemViewH`: the device pointer NIXL's `prepMemView` returned
+    /// (`nixl_sys::MemView::as_ptr`).
+    pub mvh: u64,
+    /// Buffer index within the view (the descriptor's position in its list).
+    pub index: u64,
+    /// Byte offset into that buffer.
+    pub offset: u64,
+}
+
+impl MemViewElem {
+    /// Element `index` of `view`, at offset 0.
+    pub fn new(view: &nixl_sys::MemView, index: u64) -> Self {
+        Self { mvh: view.as_ptr() as u64, index, offset: 0 }
+    }
+}
+
+/// What a kernel reports back (`KernelReport` in kernels.cu). Times are
+/// `%globaltimer` nanoseconds of the GPU that ran the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelReport {
+    /// When the timed iterations began (initiator) / warm-up ended (target).
+    pub t_start_ns: u64,
+    /// When the final acknowledgement (initiator) or signal (target) was seen; 0 if never.
+    pub t_end_ns: u64,
+    /// Last value the waiting thread read: the ack word (initiator) or the signal (target).
+    pub observed: u64,
+    /// NIXL device calls that returned an error.
+    pub errors: u32,
+    /// The first such `nixl_status_t` (e.g. −3 = `NIXL_ERR_BACKEND`).
+    pub first_status: i32,
+    /// 1 when a wait gave up at its deadline, 2 when the host cancelled it.
+    pub timed_out: u32,
+    /// Written (non-zero) by the host to stop a running wait early.
+    pub cancel: u32,
+}
+
+impl KernelReport {
+    /// Reads a report from the first 40 bytes of `raw`.
+    pub fn from_bytes(raw: &[u8]) -> Self {
+        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap());
+        Self {
+            t_start_ns: u64_at(0),
+            t_end_ns: u64_at(8),
+            observed: u64_at(16),
+            errors: u32_at(24),
+            first_status: u32_at(28) as i32,
+            timed_out: u32_at(32),
+            cancel: u32_at(36),
+        }
+    }
+}
+
+/// Parameters of the initiator's write + signal kernels (`WriteParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteParams {
+    /// Local view of the two source buffers (index = iteration parity).
+    pub src: MemViewElem,
+    /// Remote view of the target's data buffer.
+    pub dst: MemViewElem,
+    /// Remote view of the target's 8-byte signal.
+    pub signal: MemViewElem,
+    /// Device address of the local 8-byte ack word the target increments.
+    pub ack: u64,
+    /// Device address of a zeroed [`KernelReport`].
+    pub report: u64,
+    /// Bytes per iteration.
+    pub size: u64,
+    /// Bytes per group (see [`slice_for`]).
+    pub slice: u64,
+    /// Ack value before this launch.
+    pub ack_base: u64,
+    /// GPU-side timeout for each wait, ns.
+    pub timeout_ns: u64,
+    pub warmup: u32,
+    pub iters: u32,
+    /// Global index of the first iteration (its parity picks the source).
+    pub first_iter: u32,
+    pub reserved: u32,
+}
+
+/// Parameters of the target's wait kernel (`WaitParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WaitParams {
+    /// Remote view of the initiator's ack word.
+    pub ack: MemViewElem,
+    /// Device address of the local signal word.
+    pub signal: u64,
+    /// Device address of a zeroed [`KernelReport`].
+    pub report: u64,
+    /// Signal value that ends the warm-up (0 = no warm-up, no first ack).
+    pub warm_threshold: u64,
+    /// Signal value that ends the round.
+    pub final_threshold: u64,
+    /// GPU-side timeout, ns.
+    pub timeout_ns: u64,
+}
+
+// The layout contract with kernels.cu; a mismatch fails the build.
+const _: () = {
+    assert!(size_of::<MemViewElem>() == 24);
+    assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
+    assert!(size_of::<KernelReport>() == 40);
+    assert!(size_of::<WriteParams>() == 136);
+    assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 120);
+    assert!(size_of::<WaitParams>() == 64);
+};
+
+// SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.
+unsafe impl DeviceRepr for MemViewElem {}
+unsafe impl DeviceRepr for WriteParams {}
+unsafe impl DeviceRepr for WaitParams {}
+
+/// Bytes each of `groups` groups puts so that `size` bytes are covered:
+/// an even split rounded up to 16 bytes, so every slice but the last starts
+/// 16-byte aligned and the put takes its vectorised path.
+pub fn slice_for(size: u64, groups: u64) -> u64 {
+    let even = size.div_ceil(groups.max(1));
+    even.div_ceil(16) * 16
+}
+
+/// Groups that actually receive a slice (each sends one signal per iteration).
+pub fn active_groups(size: u64, slice: u64) -> u64 {
+    size.div_ceil(slice.max(1))
+}
+
+/// Why the kernels are not available in this binary.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelsError {
+    #[error(
+        "this binary was built without the device kernels: {0}. Rebuild after installing what is missing \
+         (scripts/setup.sh gives nvcc and the UCX headers; the NIXL device header comes with a NIXL install: \
+         set NIXL_PREFIX or NIXL_INCLUDE_DIR)"
+    )]
+    NotBuilt(&'static str),
+    #[error("loading the kernels into GPU {gpu}: {source}")]
+    Load { gpu: usize, #[source] source: DriverError },
+}
+
+/// The fatbin built from cuda/kernels.cu, or why there is none.
+#[cfg(nixl_kernels)]
+const FATBIN: Result<&[u8], &str> = Ok(include_bytes!(env!("NIXL_KERNELS_FATBIN")));
+#[cfg(not(nixl_kernels))]
+const FATBIN: Result<&[u8], &str> = Err(env!("NIXL_KERNELS_MISSING"));
+
+/// Whether the kernels were compiled in, and if not, why.
+pub fn availability() -> Result<(), &'static str> {
+    FATBIN.map(|_| ())
+}
+
+/// The kernels loaded into one GPU's context.
+pub struct Kernels {
+    _module: Arc<CudaModule>,
+    thread: CudaFunction,
+    warp: CudaFunction,
+    block: CudaFunction,
+    wait: CudaFunction,
+}
+
+impl Kernels {
+    /// Loads the embedded fatbin into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, KernelsError> {
+        let image = FATBIN.map_err(KernelsError::NotBuilt)?;
+        let err = |source| KernelsError::Load { gpu: ctx.ordinal(), source };
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec())).map_err(err)?;
+        let f = |name: &str| module.load_function(name).map_err(err);
+        Ok(Self {
+            thread: f(Level::Thread.kernel())?,
+            warp: f(Level::Warp.kernel())?,
+            block: f(Level::Block.kernel())?,
+            wait: f("nixl_wait_signal")?,
+            _module: module,
+        })
+    }
+
+    fn write_fn(&self, level: Level) -> &CudaFunction {
+        match level {
+            Level::Thread => &self.thread,
+            Level::Warp => &self.warp,
+            Level::Block => &self.block,
+        }
+    }
+
+    /// Most blocks of `threads` threads that can be resident at once on a
+    /// GPU with `sm_count` SMs. The write kernel's blocks wait on each
+    /// other (through the target's acknowledgement), so a grid larger than
+    /// this would deadlock until the timeout.
+    pub fn max_resident_blocks(&self, level: Level, threads: u32, sm_count: u32) -> Result<u32, DriverError> {
+        let per_sm = self.write_fn(level).occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+        Ok(per_sm * sm_count)
+    }
+
+    /// Queues the write + signal kernel: `blocks` × `threads`.
+    ///
+    /// # Safety
+    /// The views, ack word and report in `p` must stay valid until the
+    /// kernel completes.
+    pub unsafe fn launch_write(
+        &self,
+        stream: &CudaStream,
+        level: Level,
+        blocks: u32,
+        threads: u32,
+        p: &WriteParams,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let mut b = stream.launch_builder(self.write_fn(level));
+        b.arg(p);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    /// Queues the target's wait kernel (one thread).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_write`].
+    pub unsafe fn launch_wait(&self, stream: &CudaStream, p: &WaitParams) -> Result<(), DriverError> {
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let mut b = stream.launch_builder(&self.wait);
+        b.arg(p);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_buffer_with_aligned_starts() {
+        for size in [1u64, 8, 15, 16, 17, 1000, 1 << 20, (64 << 20) + 3] {
+            for groups in [1u64, 2, 3, 32, 132, 528] {
+                let s = slice_for(size, groups);
+                assert_eq!(s % 16, 0);
+                let active = active_groups(size, s);
+                assert!(active <= groups, "size {size} groups {groups}");
+                assert!(active * s >= size && (active - 1) * s < size);
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The initiator of `simple_write`: hosts the store, owns the source data,
+//! and launches the kernels that put it into the target's GPU memory and
+//! raise the target's signal.
+//!
+//! Mirrors upstream's `simple_write --mode initiator` (NIXL PR #1259) on the
+//! 1.x device API, with its defects fixed: a fence between put and signal,
+//! collective calls made by every lane, per-position data, timing that stops
+//! at the receiver, and a teardown that cannot race the target.
+
+
+use anyhow::{Context, Result, bail};
+
+use super::keys;
+use super::peer::Peer;
+use super::plan::RunPlan;
+use crate::gpu::kernels::{Kernels, MemViewElem, WriteParams};
+use crate::gpu::run::run_watched;
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::nixl::agent::create_ucx_agent;
+use crate::nixl::serdes::{Desc, DescList, MemType};
+use crate::nixl::view::{load_peer, prep_local, prep_remote};
+use crate::pattern;
+use crate::report::RoundResult;
+use crate::say;
+use crate::store::Store;
+
+/// What the initiator needs beyond the plan.
+pub struct InitiatorConfig {
+    /// GPU ordinal.
+    pub gpu: usize,
+    pub plan: RunPlan,
+}
+
+/// Runs the initiator against an open store (whose server this process
+/// normally hosts). Returns one result per round; a data mismatch reported
+/// by the target is an error.
+pub fn run(cfg: &InitiatorConfig, store: &dyn Store) -> Result<Vec<RoundResult>> {
+    let peer = Peer { store, me: "initiator", peer: "target", timeout: cfg.plan.timeout };
+    let result = run_inner(cfg, &peer);
+    if let Err(e) = &result {
+        peer.abort(&format!("{e:#}"));
+    }
+    result
+}
+
+fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
+    let plan = &cfg.plan;
+    let timeout = plan.timeout;
+    peer.set(keys::RUN_PLAN, &plan.encode())?;
+
+    // CUDA first: the agent's UCX backend must find a live context.
+    let gpu = Gpu::open(cfg.gpu)?;
+    let kernels = Kernels::load(&gpu.ctx)?;
+    let size = plan.max_size() as usize;
+    let free = gpu.free_memory()?;
+    if 2 * size + (1 << 20) > free {
+        bail!("GPU {} has {} MiB free, the initiator needs two {size}-byte source buffers: use a smaller --size", gpu.ordinal, free >> 20);
+    }
+    let sources = [DeviceBuffer::zeroed(&gpu.ctx, size)?, DeviceBuffer::zeroed(&gpu.ctx, size)?];
+    let ack = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
+    let report_buf = DeviceBuffer::zeroed(&gpu.ctx, 40)?;
+    let mut host = vec![0u8; size];
+    for (variant, src) in sources.iter().enumerate() {
+        pattern::fill(&mut host, plan.seed, variant as u64);
+        src.upload(&gpu.stream, &host)?;
+    }
+    let first = &plan.rounds[0];
+    pattern::fill(&mut host[..first.size as usize], plan.seed, first.final_variant(0));
+    say!("[initiator] Data checksum: {}", pattern::byte_sum(&host[..first.size as usize]));
+    drop(host);
+
+    let nixl = create_ucx_agent(keys::INITIATOR_NAME)?;
+    let agent = &nixl.agent;
+    let _reg_src0 = agent.register_memory(&sources[0], None).context("registering source buffer 0 (VRAM)")?;
+    let _reg_src1 = agent.register_memory(&sources[1], None).context("registering source buffer 1 (VRAM)")?;
+    let _reg_ack = agent.register_memory(&ack, None).context("registering the acknowledgement word (VRAM)")?;
+    peer.set(keys::INITIATOR_META, &agent.get_local_md()?)?;
+    let ack_descs = DescList::new(MemType::Vram, vec![vram_desc(&ack)]);
+    peer.set(keys::INITIATOR_ACK_DESCS, &ack_descs.encode())?;
+    say!("[initiator] Published metadata, waiting for target...");
+
+    let target_md = peer.get(keys::TARGET_META, "agent metadata")?;
+    load_peer(agent, &target_md, keys::TARGET_NAME, timeout)?;
+    let data_descs = DescList::decode(&peer.get(keys::TARGET_DATA_DESCS, "data descriptors")?)
+        .context("decoding the target's data descriptors")?;
+    let signal_descs = DescList::decode(&peer.get(keys::TARGET_SIGNAL_DESCS, "signal descriptors")?)
+        .context("decoding the target's signal descriptors")?;
+    check_remote(&data_descs, plan.max_size(), "data")?;
+    check_remote(&signal_descs, 8, "signal")?;
+    say!("[initiator] Connected to target");
+
+    let local = DescList::new(MemType::Vram, vec![vram_desc(&sources[0]), vram_desc(&sources[1])]);
+    // SAFETY: the sources stay registered and allocated until after the views drop (end of scope order below).
+    let src_view = unsafe { prep_local(agent, &nixl.backend, &local)? };
+    // SAFETY: the target keeps its buffers until we set INITIATOR_DONE, after these views drop.
+    let dst_view = unsafe { prep_remote(agent, &nixl.backend, &data_descs, keys::TARGET_NAME, timeout)? };
+    let sig_view = unsafe { prep_remote(agent, &nixl.backend, &signal_descs, keys::TARGET_NAME, timeout)? };
+
+    say!("[initiator] Transferring data via GPU kernel...");
+    let mut results = Vec::new();
+    let mut ack_base = 0u64;
+    let mut first_iter = 0u32;
+    let mut failure = None;
+    for (i, round) in plan.rounds.iter().enumerate() {
+        let max_blocks = kernels.max_resident_blocks(round.level, round.threads, gpu.sm_count)?;
+        if round.blocks > max_blocks {
+            bail!(
+                "{} blocks of {} threads cannot all be resident on GPU {} (at most {max_blocks}); the blocks wait \
+                 on each other, so use --blocks {max_blocks} or fewer",
+                round.blocks, round.threads, gpu.ordinal
+            );
+        }
+        let params = WriteParams {
+            src: MemViewElem::new(&src_view, 0),
+            dst: MemViewElem::new(&dst_view, 0),
+            signal: MemViewElem::new(&sig_view, 0),
+            ack: ack.addr(),
+            report: report_buf.addr(),
+            size: round.size,
+            slice: round.slice(),
+            ack_base,
+            timeout_ns: timeout.as_nanos() as u64,
+            warmup: round.warmup,
+            iters: round.iters,
+            first_iter,
+            reserved: 0,
+        };
+        let finished = run_watched(
+            &gpu,
+            &report_buf,
+            timeout,
+            // SAFETY: views, ack and report outlive the kernel (run_watched waits for it).
+            |stream| Ok(unsafe { kernels.launch_write(stream, round.level, round.blocks, round.threads, &params) }?),
+            || peer.probe(),
+        )?;
+        let r = finished.report;
+        if r.errors > 0 {
+            bail!("{} NIXL device call(s) failed in round {i} (first status {}: NIXL_ERR_BACKEND = -3)", r.errors, r.first_status);
+        }
+        if r.timed_out != 0 || r.t_end_ns == 0 {
+            bail!(
+                "round {i}: the target's acknowledgement never came (ack {} of {} after {timeout:?} on the GPU): \
+                 the target stopped, or its signal never arrived",
+                r.observed,
+                ack_base + round.acks()
+            );
+        }
+        ack_base += round.acks();
+        first_iter += round.warmup + round.iters;
+
+        let verdict = peer.get(&keys::verdict(i), "verdict on the data")?;
+        let verdict = String::from_utf8_lossy(&verdict).into_owned();
+        let result = RoundResult::new(i, round, r.t_end_ns - r.t_start_ns, finished.event_us, &verdict);
+        results.push(result);
+        if !verdict.starts_with("ok") {
+            failure = Some(format!("round {i}: the target found wrong data: {verdict}"));
+            break;
+        }
+    }
+    say!("[initiator] Transfer complete!");
+
+    // Teardown, ordered so neither side frees memory the other still maps:
+    // our views of the target go first, then the target may deregister.
+    drop((src_view, dst_view, sig_view));
+    let _ = agent.invalidate_remote_md(keys::TARGET_NAME);
+    peer.set(keys::INITIATOR_DONE, b"")?;
+    let done = peer.get(keys::TARGET_DONE, "completion");
+    let mut own: Vec<String> = vec![keys::INITIATOR_META.into(), keys::INITIATOR_ACK_DESCS.into(), keys::RUN_PLAN.into(), keys::INITIATOR_DONE.into(), keys::TARGET_DONE.into()];
+    own.extend((0..plan.rounds.len()).map(keys::verdict));
+    peer.delete(&own.iter().map(String::as_str).collect::<Vec<_>>());
+    done?;
+    if let Some(f) = failure {
+        return Err(anyhow::Error::new(crate::report::DataMismatch(f)));
+    }
+    say!("[initiator] Complete!");
+    Ok(results)
+}
+
+fn vram_desc(buf: &DeviceBuffer) -> Desc {
+    Desc { addr: buf.addr(), len: buf.len() as u64, dev_id: buf.ordinal() as u64 }
+}
+
+fn check_remote(list: &DescList, min_len: u64, what: &str) -> Result<()> {
+    match list.descs.as_slice() {
+        [d] if list.mem_type == MemType::Vram && d.len >= min_len => Ok(()),
+        _ => bail!("the target's {what} descriptors are not one VRAM buffer of at least {min_len} bytes: {list:?}"),
+    }
+}
+
