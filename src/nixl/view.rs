@@ -7,7 +7,7 @@
 //! cuda_ipc, the mapped peer address). The view is released when the
 //! `MemView` drops, which must happen before the memory is deregistered.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use nixl_sys::{Agent, Backend, MemView, OptArgs};
@@ -35,39 +35,25 @@ pub unsafe fn prep_local(agent: &Agent, backend: &Backend, descs: &DescList) -> 
     })
 }
 
-/// Prepares a view of `remote_agent`'s buffers, retrying while the UCX
-/// connection to it comes up (the first attempts can fail until the
-/// endpoint is wired), for at most `timeout`.
+/// Prepares a view of `remote_agent`'s buffers.
+///
+/// NIXL itself waits (with progress) while the UCX endpoint to the peer is
+/// still connecting, so any error here is final: usually no device-capable
+/// transport (UCX prints "lane not found for element 0").
 ///
 /// # Safety
 /// The peer's buffers must stay registered until the view drops.
-pub unsafe fn prep_remote(
-    agent: &Agent,
-    backend: &Backend,
-    descs: &DescList,
-    remote_agent: &str,
-    timeout: Duration,
-) -> Result<MemView> {
+pub unsafe fn prep_remote(agent: &Agent, backend: &Backend, descs: &DescList, remote_agent: &str) -> Result<MemView> {
     let list = descs.to_remote_dlist(remote_agent)?;
     let opt = backend_hint(backend)?;
-    // Wire the endpoint now rather than on first use; harmless if already up.
-    let _ = agent.make_connection(remote_agent, Some(&opt));
-    let start = Instant::now();
-    loop {
-        match unsafe { agent.prep_mem_view_remote(&list, Some(&opt)) } {
-            Ok(v) => return Ok(v),
-            Err(e) if start.elapsed() < timeout => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => bail!(
-                "preparing a memory view of {remote_agent}'s buffers failed for {timeout:?} ({e}). \
-                 Usual causes: no device-capable UCX lane between the GPUs (\"lane not found\" above: \
-                 cuda_ipc disabled by UCX_TLS, or the processes cannot share CUDA IPC handles — containers \
-                 need a shared PID namespace and --ipc=host), or /proc access denied (set UCX_POSIX_USE_PROC_LINK=n)"
-            ),
-        }
-    }
+    unsafe { agent.prep_mem_view_remote(&list, Some(&opt)) }.map_err(|e| {
+        anyhow::anyhow!(
+            "preparing a memory view of {remote_agent}'s buffers failed ({e}). Usual causes: no device-capable UCX \
+             lane between the two GPUs (\"lane not found\" above: cuda_ipc disabled by UCX_TLS, or the processes \
+             cannot share CUDA IPC handles — containers need a shared PID namespace and --ipc=host), or /proc \
+             access denied (set UCX_POSIX_USE_PROC_LINK=n)"
+        )
+    })
 }
 
 /// Loads a peer's metadata blob (from `getLocalMD`) and waits until it is usable.

@@ -93,8 +93,8 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
     // SAFETY: the sources stay registered and allocated until after the views drop (end of scope order below).
     let src_view = unsafe { prep_local(agent, &nixl.backend, &local)? };
     // SAFETY: the target keeps its buffers until we set INITIATOR_DONE, after these views drop.
-    let dst_view = unsafe { prep_remote(agent, &nixl.backend, &data_descs, keys::TARGET_NAME, timeout)? };
-    let sig_view = unsafe { prep_remote(agent, &nixl.backend, &signal_descs, keys::TARGET_NAME, timeout)? };
+    let dst_view = unsafe { prep_remote(agent, &nixl.backend, &data_descs, keys::TARGET_NAME)? };
+    let sig_view = unsafe { prep_remote(agent, &nixl.backend, &signal_descs, keys::TARGET_NAME)? };
 
     say!("[initiator] Transferring data via GPU kernel...");
     let mut results = Vec::new();

@@ -94,7 +94,7 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
         .context("decoding the initiator's acknowledgement descriptors")?;
     say!("[target] Connected to initiator");
     // SAFETY: the initiator keeps its ack word until we set TARGET_DONE, after this view drops.
-    let ack_view = unsafe { prep_remote(agent, &nixl.backend, &ack_descs, keys::INITIATOR_NAME, timeout)? };
+    let ack_view = unsafe { prep_remote(agent, &nixl.backend, &ack_descs, keys::INITIATOR_NAME)? };
 
     let mut host = vec![0u8; size];
     let mut out = Vec::new();

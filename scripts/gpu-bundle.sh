@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine without cargo or internet needs to run the
+# examples into .gpu/: release binaries built with the device kernels, and
+# the NIXL + UCX libraries of the nixl-cu13 wheel (only those the UCX
+# backend loads), keeping the wheel's folder layout their RPATHs expect.
+#
+#   NIXL_PREFIX=/path/to/nixl scripts/gpu-bundle.sh    # or NIXL_INCLUDE_DIR=...
+#
+# Then copy the checkout (or just .gpu/ and scripts/) to the GPU machine and
+# run scripts/gpu-check.sh there.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="$ROOT/.gpu"
+say() { printf '[gpu-bundle] %s\n' "$*" >&2; }
+
+SITE=$(ls -d .venv/lib/python3*/site-packages 2>/dev/null | head -1)
+[[ -n "$SITE" && -f "$SITE/.nixl_cu13.mesonpy.libs/libnixl_capi.so" ]] || {
+  echo "gpu-bundle: no nixl-cu13 wheel in .venv: run scripts/setup.sh first" >&2; exit 1; }
+
+say "building release binaries with the device kernels (NIXL_REQUIRE_KERNELS=1)"
+NIXL_REQUIRE_KERNELS=1 cargo build --release --bins --examples 2>&1 | grep -v '^\s*Compiling' >&2
+
+rm -rf "$OUT"; mkdir -p "$OUT/stage/bin" "$OUT/stage/nixl"
+for b in target/release/simple_write target/release/examples/*; do
+  [[ -f "$b" && -x "$b" && "$b" != *.d && "$(basename "$b")" != *-* ]] && cp "$b" "$OUT/stage/bin/"
+done
+
+# The libraries: libnixl* and the UCX plugin, plus everything they load
+# from the wheel's bundled-library folder (UCX, its transport modules, etcd client).
+M="$SITE/.nixl_cu13.mesonpy.libs"; L="$SITE/nixl_cu13.libs"
+mkdir -p "$OUT/stage/nixl/.nixl_cu13.mesonpy.libs/plugins" "$OUT/stage/nixl/nixl_cu13.libs"
+cp -a "$M"/*.so* "$OUT/stage/nixl/.nixl_cu13.mesonpy.libs/"
+cp -a "$M/plugins/libplugin_UCX.so" "$OUT/stage/nixl/.nixl_cu13.mesonpy.libs/plugins/"
+needed=$(LD_LIBRARY_PATH="$SITE/nvidia/cu13/lib" ldd "$M/libnixl_capi.so" "$M/plugins/libplugin_UCX.so" \
+  | awk '/nixl_cu13.libs/ {print $3}' | xargs -n1 basename | sort -u)
+for f in $needed; do cp -a "$L/$f" "$OUT/stage/nixl/nixl_cu13.libs/"; done
+cp -a "$L/ucx" "$OUT/stage/nixl/nixl_cu13.libs/"
+# UCX loads its transport modules from ucx/ at run time; what they link from
+# the wheel's top-level folder must come too. Only top-level files: copying a
+# module (say libuct_cuda) up a level makes UCX load it twice, register each
+# CUDA transport twice, and the device API then finds no lane.
+for mod in "$L"/ucx/*.so*; do
+  LD_LIBRARY_PATH="$L" ldd "$mod" 2>/dev/null | awk '{print $3}' | while read -r dep; do
+    base=$(basename "$dep")
+    if [[ -n "$base" && -f "$L/$base" ]]; then cp -an "$L/$base" "$OUT/stage/nixl/nixl_cu13.libs/"; fi
+  done
+done
+# UCX's CUDA modules link the CUDA runtime; ship the wheel's copy beside them.
+cp -a "$SITE"/nvidia/cu13/lib/libcudart.so.13* "$OUT/stage/nixl/nixl_cu13.libs/"
+tar -C "$OUT/stage" -cJf "$OUT/bundle.tar.xz" .
+rm -rf "$OUT/stage"
+say "wrote $OUT/bundle.tar.xz ($(du -h "$OUT/bundle.tar.xz" | cut -f1))"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs simple_write's verification matrix on a GPU machine and prints one
+# table: sizes 8 B, 1 MiB and 64 MiB at thread, warp and block level, both
+# processes on one GPU, and GPU 0 -> GPU 1 when there are two.
+#
+#   scripts/gpu-check.sh [--bundle FILE] [--bin DIR] [--nixl-lib DIR] [--sizes "8 1M 64M"] [--out DIR]
+#
+# Needs no cargo and no internet: give it the bundle from scripts/gpu-bundle.sh
+# (default .gpu/bundle.tar.xz), or a built binary folder (--bin) and the
+# folder holding libnixl_capi.so (--nixl-lib). Logs land in --out (default
+# /tmp/gpu-check); exit status is non-zero if any run failed.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; SIZES="8 1M 64M"; OUT=/tmp/gpu-check
+EXTRA=()
+while (($#)); do
+  case "$1" in
+    --bundle) BUNDLE=$2; shift 2 ;;
+    --bin) BIN=$2; shift 2 ;;
+    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown option $1 (try --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+if [[ -z "$BIN" ]]; then
+  [[ -f "$BUNDLE" ]] || { echo "gpu-check: no bundle at $BUNDLE: run scripts/gpu-bundle.sh where cargo is, or pass --bin and --nixl-lib" >&2; exit 1; }
+  rm -rf "$OUT/bundle"; mkdir -p "$OUT/bundle"; tar -C "$OUT/bundle" -xJf "$BUNDLE"
+  BIN="$OUT/bundle/bin"; NIXL_LIB="$OUT/bundle/nixl/.nixl_cu13.mesonpy.libs"
+fi
+export NIXL_LIB_DIR="${NIXL_LIB:-${NIXL_LIB_DIR:-}}"
+export UCX_POSIX_USE_PROC_LINK=n
+# Multicast stays off on shared machines (see the device notes in README).
+export NCCL_NVLS_ENABLE=0
+
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)" 
+nvidia-smi topo -m 2>/dev/null | head -5 > "$OUT/topo.txt"
+
+PAIRS=("0 0")
+((NGPU >= 2)) && PAIRS+=("0 1")
+fail=0
+port=$((20000 + RANDOM % 20000))
+printf '\n%-10s %-9s %-6s %-12s %-7s %-12s %-10s %s\n' "gpus" "size" "level" "grid" "iters" "us/iter" "GB/s" "verified" > "$OUT/table.txt"
+for pair in "${PAIRS[@]}"; do
+  read -r gi gt <<<"$pair"
+  for size in $SIZES; do
+    port=$((port + 1))
+    tag="gpu${gi}-gpu${gt}-${size}"
+    "$BIN/simple_write" -m initiator -g "$gi" -s "$size" -p "$port" --json "$OUT/$tag.json" "${EXTRA[@]}" \
+      >"$OUT/$tag.initiator.out" 2>"$OUT/$tag.initiator.err" &
+    ipid=$!
+    sleep 0.3
+    "$BIN/simple_write" -m target -g "$gt" -p "$port" >"$OUT/$tag.target.out" 2>"$OUT/$tag.target.err"
+    trc=$?
+    wait $ipid; irc=$?
+    if ((irc != 0 || trc != 0)); then
+      fail=1
+      echo "!! $tag: initiator exit $irc, target exit $trc" >&2
+      tail -5 "$OUT/$tag.initiator.err" "$OUT/$tag.target.err" >&2
+    fi
+    if [[ -s "$OUT/$tag.json" ]]; then
+      python3 - "$OUT/$tag.json" "$gi->$gt" >>"$OUT/table.txt" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"{sys.argv[2]:<10} {r['size_bytes']:<9} {r['level']:<6} {str(r['blocks'])+'x'+str(r['threads']):<12} "
+          f"{r['iters']:<7} {r['us_per_iter']:<12.3f} {r['gb_per_s']:<10.3f} {r['verified']}")
+PY
+    fi
+  done
+done
+cat "$OUT/table.txt"
+exit $fail
