@@ -6,3 +6,4 @@ pub mod memory;
 pub mod runtime;
 pub mod serdes;
 pub mod view;
+pub mod xfer;
