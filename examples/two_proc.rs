@@ -235,8 +235,9 @@ fn target(args: &Args, store: &dyn Store, timeout: Duration) -> Result<()> {
 
     let mut inbox = NotifInbox::new();
     inbox.wait_for(&nixl.agent, "initiator", b"UUID1", timeout)?;
-    // A READ must leave the target's memory exactly as it was.
-    check(buf.as_slice(), args.seed, TARGET_DATA, "target buffers after the READ")?;
+    // The READ's data is checked where it lands, on the initiator. Checking
+    // here that the READ left our memory alone would race the WRITE, which
+    // the initiator may already have started.
     say!("[target] Transfer 1 done");
 
     inbox.wait_for(&nixl.agent, "initiator", b"UUID2", timeout)?;

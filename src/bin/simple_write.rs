@@ -143,10 +143,25 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<()> {
     let timeout = Duration::from_secs_f64(args.timeout);
-    // Check everything local before touching the network, so a machine that
-    // cannot run this says so at once instead of after the peer joined.
-    kernels::availability().map_err(kernels::KernelsError::NotBuilt)?;
-    let gpus = device_count()?;
+    // Check everything local before touching the network, and report every
+    // problem at once, so a machine that cannot run this says so at once.
+    let mut problems = Vec::new();
+    if let Err(why) = kernels::availability() {
+        problems.push(kernels::KernelsError::NotBuilt(why).to_string());
+    }
+    let gpus = match device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            problems.push(e.to_string());
+            0
+        }
+    };
+    if let Err(e) = runtime::load() {
+        problems.push(e.to_string());
+    }
+    if !problems.is_empty() {
+        anyhow::bail!("this machine cannot run simple_write:\n  - {}", problems.join("\n  - "));
+    }
     let gpu = match (args.mode, args.gpu) {
         (_, Some(g)) => g,
         (Mode::Initiator, None) => 0,

@@ -209,11 +209,7 @@ pub fn active_groups(size: u64, slice: u64) -> u64 {
 /// Why the kernels are not available in this binary.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelsError {
-    #[error(
-        "this binary was built without the device kernels: {0}. Rebuild after installing what is missing \
-         (scripts/setup.sh gives nvcc and the UCX headers; the NIXL device header comes with a NIXL install: \
-         set NIXL_PREFIX or NIXL_INCLUDE_DIR)"
-    )]
+    #[error("this binary was built without the device kernels: {0}; then rebuild (cargo build)")]
     NotBuilt(&'static str),
     #[error("loading the kernels into GPU {gpu}: {source}")]
     Load { gpu: usize, #[source] source: DriverError },
