@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 const SHIM_DIR: &str = "src/store/libtorch";
 
 pub fn build() {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=build/libtorch_shim.rs");
     println!("cargo:rerun-if-changed={SHIM_DIR}/shim.cpp");
@@ -73,7 +74,10 @@ fn find_libtorch(manifest: &Path) -> Result<PathBuf, String> {
     if let Some(dir) = env::var_os("LIBTORCH") {
         candidates.push(("LIBTORCH", PathBuf::from(dir)));
     }
-    candidates.push((".deps (scripts/setup.sh)", manifest.join(".deps/libtorch/torch")));
+    candidates.push((
+        ".deps (scripts/setup.sh)",
+        manifest.join(".deps/libtorch/torch"),
+    ));
     if let Ok(entries) = std::fs::read_dir(manifest.join(".venv/lib")) {
         for entry in entries.flatten() {
             candidates.push((".venv torch", entry.path().join("site-packages/torch")));
@@ -82,8 +86,14 @@ fn find_libtorch(manifest: &Path) -> Result<PathBuf, String> {
     for (source, dir) in candidates {
         let ok = dir.join("lib/libtorch_cpu.so").is_file()
             && dir.join("lib/libc10.so").is_file()
-            && dir.join("include/torch/csrc/distributed/c10d/TCPStore.hpp").is_file();
-        looked.push(format!("  - {} ({source}){}", dir.display(), if ok { "" } else { ": no" }));
+            && dir
+                .join("include/torch/csrc/distributed/c10d/TCPStore.hpp")
+                .is_file();
+        looked.push(format!(
+            "  - {} ({source}){}",
+            dir.display(),
+            if ok { "" } else { ": no" }
+        ));
         if ok {
             return Ok(dir);
         }

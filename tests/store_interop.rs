@@ -15,22 +15,39 @@ use std::time::Duration;
 use nixl_examples::store::{Store, StoreOptions};
 
 fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions { host: "127.0.0.1".into(), port, is_server, num_workers: None, wait_workers: false, timeout }
+    StoreOptions {
+        host: "127.0.0.1".into(),
+        port,
+        is_server,
+        num_workers: None,
+        wait_workers: false,
+        timeout,
+    }
 }
 
 fn joining(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions { num_workers: Some(2), wait_workers: true, ..opts(port, is_server, timeout) }
+    StoreOptions {
+        num_workers: Some(2),
+        wait_workers: true,
+        ..opts(port, is_server, timeout)
+    }
 }
 
 /// A port nobody listens on (just released by us).
 fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The value each side publishes in the two-party scenario: 1.5 MiB + 3,
 /// a pattern Python rebuilds with the same formula.
 fn big(seed: usize) -> Vec<u8> {
-    (0..(3 << 19) + 3).map(|i| ((i * 131 + seed) % 256) as u8).collect()
+    (0..(3 << 19) + 3)
+        .map(|i| ((i * 131 + seed) % 256) as u8)
+        .collect()
 }
 
 fn seed_of(name: &str) -> usize {
@@ -45,7 +62,10 @@ fn peer_scenario(store: &dyn Store, me: &str, other: &str) {
     let k = |owner: &str, name: &str| format!("{owner}/{name}");
     // Large values both ways.
     store.set(&k(me, "big"), &big(seed_of(me))).unwrap();
-    assert!(store.get(&k(other, "big")).unwrap() == big(seed_of(other)), "{other}'s big value arrived corrupted");
+    assert!(
+        store.get(&k(other, "big")).unwrap() == big(seed_of(other)),
+        "{other}'s big value arrived corrupted"
+    );
     // A wait that succeeds: each side sets a key while the other waits.
     for setter in ["py", "rs"] {
         let key = k(setter, "late");
@@ -59,33 +79,50 @@ fn peer_scenario(store: &dyn Store, me: &str, other: &str) {
     }
     // A wait that times out.
     let t = Instant::now();
-    let err = store.wait(&[&k(me, "never")], Duration::from_millis(200)).unwrap_err();
-    assert!(matches!(err, nixl_examples::store::StoreError::Timeout { .. }), "{err:?}");
+    let err = store
+        .wait(&[&k(me, "never")], Duration::from_millis(200))
+        .unwrap_err();
+    assert!(
+        matches!(err, nixl_examples::store::StoreError::Timeout { .. }),
+        "{err:?}"
+    );
     assert!(t.elapsed() >= Duration::from_millis(150) && t.elapsed() < Duration::from_secs(5));
     // add, seen from the other side as decimal ASCII.
     assert_eq!(store.add(&k(me, "ctr"), 5).unwrap(), 5);
     assert_eq!(store.add(&k(me, "ctr"), -2).unwrap(), 3);
     store.add("shared/ctr", 1).unwrap();
     store.set(&k(me, "added"), b"1").unwrap();
-    store.wait(&[&k(other, "added")], Duration::from_secs(10)).unwrap();
+    store
+        .wait(&[&k(other, "added")], Duration::from_secs(10))
+        .unwrap();
     assert_eq!(store.get(&k(other, "ctr")).unwrap(), b"3");
     // check.
     assert!(store.check(&[&k(me, "big"), &k(other, "big")]).unwrap());
     assert!(!store.check(&[&k(me, "nope")]).unwrap());
     // compare_set.
     assert_eq!(store.compare_set(&k(me, "cas"), b"", b"v1").unwrap(), b"v1");
-    assert_eq!(store.compare_set(&k(me, "cas"), b"v1", b"v2").unwrap(), b"v2");
-    assert_eq!(store.compare_set(&k(me, "cas"), b"zz", b"v3").unwrap(), b"v2");
+    assert_eq!(
+        store.compare_set(&k(me, "cas"), b"v1", b"v2").unwrap(),
+        b"v2"
+    );
+    assert_eq!(
+        store.compare_set(&k(me, "cas"), b"zz", b"v3").unwrap(),
+        b"v2"
+    );
     // delete, seen from the other side.
     assert!(store.delete_key(&k(me, "late")).unwrap());
     assert!(!store.delete_key(&k(me, "late")).unwrap());
     store.set(&k(me, "deleted"), b"1").unwrap();
-    store.wait(&[&k(other, "deleted")], Duration::from_secs(10)).unwrap();
+    store
+        .wait(&[&k(other, "deleted")], Duration::from_secs(10))
+        .unwrap();
     assert!(!store.check(&[&k(other, "late")]).unwrap());
     assert_eq!(store.get(&k(other, "cas")).unwrap(), b"v2");
     // Done: neither side leaves before the other has finished.
     store.set(&k(me, "done"), b"1").unwrap();
-    store.wait(&[&k(other, "done")], Duration::from_secs(10)).unwrap();
+    store
+        .wait(&[&k(other, "done")], Duration::from_secs(10))
+        .unwrap();
     assert_eq!(store.get("shared/ctr").unwrap(), b"2");
 }
 
@@ -153,7 +190,10 @@ mod libtorch {
         });
         assert_eq!(want.len(), got.len());
         for ((step, torch_reply), (_, native_reply)) in want.iter().zip(&got) {
-            assert_eq!(native_reply, torch_reply, "step {step}: native server differs from torch's");
+            assert_eq!(
+                native_reply, torch_reply,
+                "step {step}: native server differs from torch's"
+            );
         }
     }
 
@@ -167,12 +207,21 @@ mod libtorch {
             (want.join().unwrap(), got.join().unwrap())
         });
         for ((case, torch_closed), (_, native_closed)) in want.iter().zip(&got) {
-            assert_eq!(native_closed, torch_closed, "{case}: torch closed={torch_closed}, native closed={native_closed}");
+            assert_eq!(
+                native_closed, torch_closed,
+                "{case}: torch closed={torch_closed}, native closed={native_closed}"
+            );
         }
         // Both servers still serve after all that.
         let check = TorchStore::open(&opts(native.port(), false, Duration::from_secs(2))).unwrap();
         check.set("k", b"v").unwrap();
-        assert_eq!(TcpStore::open(&opts(torch.port(), false, Duration::from_secs(2))).unwrap().get("t").unwrap(), b"abc");
+        assert_eq!(
+            TcpStore::open(&opts(torch.port(), false, Duration::from_secs(2)))
+                .unwrap()
+                .get("t")
+                .unwrap(),
+            b"abc"
+        );
     }
 
     /// Runs `script` against a native server through a proxy and returns
@@ -187,7 +236,8 @@ mod libtorch {
         let relay = thread::spawn(move || {
             let (mut client, _) = proxy.accept().unwrap();
             let mut upstream = TcpStream::connect(("127.0.0.1", upstream_port)).unwrap();
-            let (mut client_rx, mut upstream_tx) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            let (mut client_rx, mut upstream_tx) =
+                (client.try_clone().unwrap(), upstream.try_clone().unwrap());
             let back = thread::spawn(move || {
                 let _ = std::io::copy(&mut upstream, &mut client);
                 let _ = client.shutdown(Shutdown::Both);
@@ -220,7 +270,11 @@ mod libtorch {
         store.check(&["a", "n"]).unwrap();
         store.check(&["zz"]).unwrap();
         store.wait(&["a"], Duration::from_secs(1)).unwrap();
-        assert!(store.wait(&["never", "a"], Duration::from_millis(100)).is_err());
+        assert!(
+            store
+                .wait(&["never", "a"], Duration::from_millis(100))
+                .is_err()
+        );
         store.compare_set("c", b"", b"x").unwrap();
         store.compare_set("c", b"x", b"y").unwrap();
         store.multi_get(&["a", "c"]).unwrap();
@@ -233,22 +287,35 @@ mod libtorch {
 
     #[test]
     fn clients_send_byte_for_byte_alike() {
-        let torch = record_client(|port| client_script(&TorchStore::open(&opts(port, false, Duration::from_secs(5))).unwrap()));
-        let native = record_client(|port| client_script(&TcpStore::open(&opts(port, false, Duration::from_secs(5))).unwrap()));
+        let torch = record_client(|port| {
+            client_script(&TorchStore::open(&opts(port, false, Duration::from_secs(5))).unwrap())
+        });
+        let native = record_client(|port| {
+            client_script(&TcpStore::open(&opts(port, false, Duration::from_secs(5))).unwrap())
+        });
         // VALIDATE then PING with the pid (same process, same nonce) first.
         assert_eq!(&torch[..5], [0, 0xCE, 0xF7, 0x85, 0x3C]);
         assert_eq!(torch[5], 13);
         assert_eq!(&torch[6..10], std::process::id().to_le_bytes());
-        assert_eq!(native.len(), torch.len(), "request streams differ in length");
+        assert_eq!(
+            native.len(),
+            torch.len(),
+            "request streams differ in length"
+        );
         if let Some(at) = native.iter().zip(&torch).position(|(n, t)| n != t) {
-            panic!("request streams differ at byte {at}: native {:?} vs torch {:?}", &native[at..], &torch[at..]);
+            panic!(
+                "request streams differ at byte {at}: native {:?} vs torch {:?}",
+                &native[at..],
+                &torch[at..]
+            );
         }
     }
 
     #[test]
     fn libtorch_client_joins_native_server() {
         let port = free_port();
-        let host = thread::spawn(move || TcpStore::open(&joining(port, true, Duration::from_secs(10))));
+        let host =
+            thread::spawn(move || TcpStore::open(&joining(port, true, Duration::from_secs(10))));
         thread::sleep(Duration::from_millis(100));
         let peer = TorchStore::open(&joining(port, false, Duration::from_secs(10))).unwrap();
         let host = host.join().unwrap().unwrap();
@@ -262,7 +329,8 @@ mod libtorch {
     #[test]
     fn native_client_joins_libtorch_server() {
         let port = free_port();
-        let host = thread::spawn(move || TorchStore::open(&joining(port, true, Duration::from_secs(10))));
+        let host =
+            thread::spawn(move || TorchStore::open(&joining(port, true, Duration::from_secs(10))));
         thread::sleep(Duration::from_millis(100));
         let peer = TcpStore::open(&joining(port, false, Duration::from_secs(10))).unwrap();
         let host = host.join().unwrap().unwrap();
@@ -277,23 +345,50 @@ mod libtorch {
     #[test]
     fn libtorch_join_without_peer_is_workers_timeout() {
         let t = Instant::now();
-        let err = TorchStore::open(&joining(0, true, Duration::from_millis(300))).err().expect("no peer");
-        assert!(matches!(err, StoreError::WorkersTimeout { joined: 1, expected: 2, .. }), "{err:?}");
+        let err = TorchStore::open(&joining(0, true, Duration::from_millis(300)))
+            .err()
+            .expect("no peer");
+        assert!(
+            matches!(
+                err,
+                StoreError::WorkersTimeout {
+                    joined: 1,
+                    expected: 2,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         // torch counts elapsed time in whole seconds, so 300 ms means ~1 s.
-        assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            t.elapsed()
+        );
     }
 
     #[test]
     fn libtorch_errors_map_to_store_errors() {
         let taken = TcpStoreServer::bind(0).unwrap();
-        let err = TorchStore::open(&opts(taken.port(), true, Duration::from_secs(1))).err().expect("port taken");
-        assert!(matches!(&err, StoreError::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse), "{err:?}");
+        let err = TorchStore::open(&opts(taken.port(), true, Duration::from_secs(1)))
+            .err()
+            .expect("port taken");
+        assert!(
+            matches!(&err, StoreError::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse),
+            "{err:?}"
+        );
 
         let port = free_port();
         let t = Instant::now();
-        let err = TorchStore::open(&opts(port, false, Duration::from_millis(300))).err().expect("nobody listens");
+        let err = TorchStore::open(&opts(port, false, Duration::from_millis(300)))
+            .err()
+            .expect("nobody listens");
         assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
-        assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            t.elapsed()
+        );
 
         let client = TorchStore::open(&opts(taken.port(), false, Duration::from_secs(1))).unwrap();
         client.set("text", b"abc").unwrap();
@@ -305,7 +400,8 @@ mod libtorch {
     fn server_gone_while_waiting_is_an_error_on_both_sides() {
         // torch client, native server dropped.
         let server = TcpStoreServer::bind(0).unwrap();
-        let client = TorchStore::open(&opts(server.port(), false, Duration::from_secs(30))).unwrap();
+        let client =
+            TorchStore::open(&opts(server.port(), false, Duration::from_secs(30))).unwrap();
         thread::scope(|s| {
             let waiter = s.spawn(|| client.wait(&["never"], Duration::from_secs(30)));
             thread::sleep(Duration::from_millis(200));
@@ -420,7 +516,11 @@ except BaseException:
             return PathBuf::from(p);
         }
         let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-        if venv.exists() { venv } else { PathBuf::from("python3") }
+        if venv.exists() {
+            venv
+        } else {
+            PathBuf::from("python3")
+        }
     }
 
     /// The interpreter, if it can import torch.distributed.TCPStore;
@@ -466,7 +566,11 @@ except BaseException:
             };
             let stdout = Some(collect(Box::new(child.stdout.take().unwrap())));
             let stderr = Some(collect(Box::new(child.stderr.take().unwrap())));
-            PyPeer { child, stdout, stderr }
+            PyPeer {
+                child,
+                stdout,
+                stderr,
+            }
         }
 
         /// Waits up to `limit` for the peer to exit; its status and output.
@@ -476,7 +580,10 @@ except BaseException:
                 if let Some(status) = self.child.try_wait().unwrap() {
                     break status;
                 }
-                assert!(Instant::now() < deadline, "python peer still running after {limit:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "python peer still running after {limit:?}"
+                );
                 thread::sleep(Duration::from_millis(20));
             };
             let out = self.stdout.take().unwrap().join().unwrap();
@@ -496,7 +603,10 @@ except BaseException:
 
     fn assert_ok(peer: PyPeer) {
         let (status, out, err) = peer.finish(Duration::from_secs(60));
-        assert!(status.success() && out.contains("PY OK"), "python peer failed ({status}):\n{out}\n{err}");
+        assert!(
+            status.success() && out.contains("PY OK"),
+            "python peer failed ({status}):\n{out}\n{err}"
+        );
     }
 
     #[test]

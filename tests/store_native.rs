@@ -13,11 +13,22 @@ use nixl_examples::store::{self, Store, StoreBackend, StoreError, StoreOptions};
 use suite::{Raw, f};
 
 fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions { host: "127.0.0.1".into(), port, is_server, num_workers: None, wait_workers: false, timeout }
+    StoreOptions {
+        host: "127.0.0.1".into(),
+        port,
+        is_server,
+        num_workers: None,
+        wait_workers: false,
+        timeout,
+    }
 }
 
 fn joining(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions { num_workers: Some(2), wait_workers: true, ..opts(port, is_server, timeout) }
+    StoreOptions {
+        num_workers: Some(2),
+        wait_workers: true,
+        ..opts(port, is_server, timeout)
+    }
 }
 
 /// A hosting store on an ephemeral port, and a second client of it.
@@ -29,7 +40,11 @@ fn server_and_client(timeout: Duration) -> (TcpStore, TcpStore) {
 
 /// A port nobody listens on (just released by us).
 fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[test]
@@ -51,7 +66,13 @@ fn open_through_the_backend_switch() {
     host.set("k", b"v").unwrap();
     assert_eq!(host.get("k").unwrap(), b"v");
     #[cfg(not(feature = "libtorch"))]
-    assert!(matches!(store::open(StoreBackend::Libtorch, &opts(0, true, Duration::from_secs(1))), Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store::open(
+            StoreBackend::Libtorch,
+            &opts(0, true, Duration::from_secs(1))
+        ),
+        Err(StoreError::Invalid(_))
+    ));
 }
 
 #[test]
@@ -87,10 +108,17 @@ fn two_workers_join() {
 fn join_without_peer_times_out() {
     let port = free_port();
     let t = Instant::now();
-    let err = TcpStore::open(&joining(port, true, Duration::from_millis(300))).err().expect("no peer came");
+    let err = TcpStore::open(&joining(port, true, Duration::from_millis(300)))
+        .err()
+        .expect("no peer came");
     let took = t.elapsed();
     match &err {
-        StoreError::WorkersTimeout { joined, expected, after, .. } => {
+        StoreError::WorkersTimeout {
+            joined,
+            expected,
+            after,
+            ..
+        } => {
             assert_eq!((*joined, *expected), (1, 2));
             assert!(*after >= Duration::from_millis(300));
         }
@@ -105,7 +133,9 @@ fn join_without_peer_times_out() {
 #[test]
 fn port_in_use_is_a_bind_error() {
     let first = TcpStoreServer::bind(0).unwrap();
-    let err = TcpStore::open(&opts(first.port(), true, Duration::from_secs(1))).err().expect("port taken");
+    let err = TcpStore::open(&opts(first.port(), true, Duration::from_secs(1)))
+        .err()
+        .expect("port taken");
     match &err {
         StoreError::Bind { addr, source } => {
             assert!(addr.contains(&first.port().to_string()), "{addr}");
@@ -117,14 +147,19 @@ fn port_in_use_is_a_bind_error() {
     // Also against a plain IPv4 listener of another program.
     let other = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
     let port = other.local_addr().unwrap().port();
-    assert!(matches!(TcpStoreServer::bind(port), Err(StoreError::Bind { .. })));
+    assert!(matches!(
+        TcpStoreServer::bind(port),
+        Err(StoreError::Bind { .. })
+    ));
 }
 
 #[test]
 fn nobody_listening_is_unreachable_within_the_timeout() {
     let port = free_port();
     let t = Instant::now();
-    let err = TcpStore::open(&opts(port, false, Duration::from_millis(400))).err().expect("nobody listens");
+    let err = TcpStore::open(&opts(port, false, Duration::from_millis(400)))
+        .err()
+        .expect("nobody listens");
     let took = t.elapsed();
     match &err {
         StoreError::Unreachable { addr, waited } => {
@@ -133,7 +168,10 @@ fn nobody_listening_is_unreachable_within_the_timeout() {
         }
         other => panic!("expected Unreachable, got {other:?}"),
     }
-    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(2), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+        "took {took:?}"
+    );
 }
 
 #[test]
@@ -157,7 +195,11 @@ fn server_dropped_while_client_waits_is_an_error_not_a_hang() {
         thread::sleep(Duration::from_millis(200));
         let dropping = Instant::now();
         drop(server);
-        assert!(dropping.elapsed() < Duration::from_secs(2), "drop took {:?}", dropping.elapsed());
+        assert!(
+            dropping.elapsed() < Duration::from_secs(2),
+            "drop took {:?}",
+            dropping.elapsed()
+        );
         let res = waiter.join().unwrap();
         assert!(matches!(res, Err(StoreError::Io(_))), "{res:?}");
     });
@@ -175,7 +217,11 @@ fn server_drop_closes_idle_connections_and_joins() {
     let _client = TcpStore::open(&opts(port, false, Duration::from_secs(2))).unwrap();
     let t = Instant::now();
     drop(server);
-    assert!(t.elapsed() < Duration::from_secs(2), "drop took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "drop took {:?}",
+        t.elapsed()
+    );
     for raw in &mut raws {
         assert!(raw.is_closed());
     }
@@ -187,7 +233,13 @@ fn server_drop_closes_idle_connections_and_joins() {
 fn raw_protocol_transcript() {
     let server = TcpStoreServer::bind(0).unwrap();
     let t = suite::raw_transcript(server.port());
-    let get = |name: &str| t.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name}")).1.clone();
+    let get = |name: &str| {
+        t.iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .1
+            .clone()
+    };
     let field = |v: &[u8]| [&(v.len() as u64).to_le_bytes()[..], v].concat();
     let i64le = |v: i64| v.to_le_bytes().to_vec();
     assert_eq!(get("ping"), 0x0102_0304u32.to_le_bytes());
@@ -206,9 +258,15 @@ fn raw_protocol_transcript() {
     assert_eq!(get("delete"), i64le(1));
     assert_eq!(get("delete_again"), i64le(0));
     assert_eq!(get("append"), field(b"xyz"));
-    assert_eq!(get("multi_get"), [field(b"one"), field(b""), field(b""), field(b"xyz")].concat());
+    assert_eq!(
+        get("multi_get"),
+        [field(b"one"), field(b""), field(b""), field(b"xyz")].concat()
+    );
     assert_eq!(get("cas_missing_nonempty"), field(b"exp"));
-    assert_eq!(get("cas_missing_nonempty_stores_nothing"), [wire::CHECK_NOT_READY]);
+    assert_eq!(
+        get("cas_missing_nonempty_stores_nothing"),
+        [wire::CHECK_NOT_READY]
+    );
     assert_eq!(get("cas_missing_empty"), field(b"first"));
     assert_eq!(get("cas_match"), field(b"second"));
     assert_eq!(get("cas_mismatch"), field(b"second"));
@@ -269,7 +327,11 @@ fn a_client_that_never_reads_does_not_stall_the_server() {
         assert_eq!(host.get("k").unwrap(), format!("{i}").as_bytes());
     }
     assert!(client.get("big").unwrap() == big);
-    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
     drop(greedy);
 }
 
@@ -280,9 +342,15 @@ fn values_up_to_the_torch_limit_and_client_side_limits() {
     client.set("max", &max).unwrap();
     assert!(host.get("max").unwrap() == max);
     let over = vec![0u8; (8 << 20) + 1];
-    assert!(matches!(client.set("over", &over), Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        client.set("over", &over),
+        Err(StoreError::Invalid(_))
+    ));
     let long_key = "k".repeat(8 * 1024);
-    assert!(matches!(client.set(&long_key, b"v"), Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        client.set(&long_key, b"v"),
+        Err(StoreError::Invalid(_))
+    ));
     let at_limit = "k".repeat(8 * 1024 - 1);
     client.set(&at_limit, b"v").unwrap();
     assert_eq!(host.get(&at_limit).unwrap(), b"v");

@@ -71,9 +71,17 @@ pub fn empty_and_unusual_keys(a: &dyn Store, b: &dyn Store, ns: &str) {
     let k = format!("{ns}/empty-value");
     a.set(&k, b"").unwrap();
     synced(a);
-    assert!(b.check(&[&k]).unwrap(), "an empty value still makes the key exist");
+    assert!(
+        b.check(&[&k]).unwrap(),
+        "an empty value still makes the key exist"
+    );
     assert_eq!(b.get(&k).unwrap(), b"");
-    for key in [format!("{ns}/with space"), format!("{ns}/ünïcødé/ключ"), format!("{ns}/a/b/c/"), format!("{ns}\n")] {
+    for key in [
+        format!("{ns}/with space"),
+        format!("{ns}/ünïcødé/ключ"),
+        format!("{ns}/a/b/c/"),
+        format!("{ns}\n"),
+    ] {
         a.set(&key, key.as_bytes()).unwrap();
         assert_eq!(b.get(&key).unwrap(), key.as_bytes(), "{key:?}");
     }
@@ -87,7 +95,10 @@ pub fn empty_and_unusual_keys(a: &dyn Store, b: &dyn Store, ns: &str) {
 pub fn get_times_out(a: &dyn Store, ns: &str) {
     let k = format!("{ns}/never");
     let timeout = a.timeout();
-    assert!(timeout <= Duration::from_secs(2), "open suite stores with a short timeout");
+    assert!(
+        timeout <= Duration::from_secs(2),
+        "open suite stores with a short timeout"
+    );
     let t = Instant::now();
     match a.get(&k) {
         Err(StoreError::Timeout { keys, after }) => {
@@ -97,7 +108,10 @@ pub fn get_times_out(a: &dyn Store, ns: &str) {
         other => panic!("get of a missing key: {other:?}"),
     }
     let took = t.elapsed();
-    assert!(took >= timeout.mul_f32(0.9) && took < timeout + Duration::from_secs(2), "took {took:?}");
+    assert!(
+        took >= timeout.mul_f32(0.9) && took < timeout + Duration::from_secs(2),
+        "took {took:?}"
+    );
     // Still usable afterwards.
     a.set(&k, b"late").unwrap();
     assert_eq!(a.get(&k).unwrap(), b"late");
@@ -114,7 +128,10 @@ pub fn wait_succeeds_when_peer_sets_later(a: &dyn Store, b: &dyn Store, ns: &str
         a.wait(&[&k], Duration::from_secs(10)).unwrap();
     });
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(140) && took < Duration::from_secs(5), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(140) && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
     assert_eq!(a.get(&k).unwrap(), b"now");
     // A key that already exists is waited for instantly; so is no key at all.
     let t = Instant::now();
@@ -135,7 +152,10 @@ pub fn wait_times_out_and_connection_survives(a: &dyn Store, ns: &str) {
         other => panic!("wait for a missing key: {other:?}"),
     }
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(190) && took < Duration::from_secs(3), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_secs(3),
+        "took {took:?}"
+    );
     // The cancelled wait left nothing behind on the connection.
     for i in 0..3 {
         a.set(&k, format!("v{i}").as_bytes()).unwrap();
@@ -161,8 +181,13 @@ pub fn wait_for_several_keys(a: &dyn Store, b: &dyn Store, ns: &str) {
     assert!(a.check(&refs).unwrap());
     // One missing key among present ones still times out, naming all keys.
     let missing = format!("{ns}/missing");
-    let err = a.wait(&[refs[0], &missing], Duration::from_millis(100)).unwrap_err();
-    assert!(matches!(&err, StoreError::Timeout { keys, .. } if keys.len() == 2), "{err:?}");
+    let err = a
+        .wait(&[refs[0], &missing], Duration::from_millis(100))
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Timeout { keys, .. } if keys.len() == 2),
+        "{err:?}"
+    );
 }
 
 pub fn check_reports_presence(a: &dyn Store, b: &dyn Store, ns: &str) {
@@ -259,7 +284,9 @@ pub fn multi_get_in_order_and_waits(a: &dyn Store, b: &dyn Store, ns: &str) {
             thread::sleep(Duration::from_millis(100));
             b.set(refs[3], b"value-3").unwrap();
         });
-        let got = a.multi_get(&[refs[3], refs[0], refs[2], refs[1], refs[0]]).unwrap();
+        let got = a
+            .multi_get(&[refs[3], refs[0], refs[2], refs[1], refs[0]])
+            .unwrap();
         let want: Vec<&[u8]> = vec![b"value-3", b"value-0", b"value-2", b"value-1", b"value-0"];
         assert_eq!(got, want);
     });
@@ -282,10 +309,21 @@ pub fn large_values_both_ways(a: &dyn Store, b: &dyn Store, ns: &str) {
     let three = pattern(3 << 20, 2);
     a.set(&format!("{ns}/one"), &one).unwrap();
     b.set(&format!("{ns}/three"), &three).unwrap();
-    assert!(b.get(&format!("{ns}/one")).unwrap() == one, "1 MiB value corrupted a → b");
-    assert!(a.get(&format!("{ns}/three")).unwrap() == three, "3 MiB value corrupted b → a");
-    let both = a.multi_get(&[&format!("{ns}/three"), &format!("{ns}/one")]).unwrap();
-    assert!(both[0] == three && both[1] == one, "multi_get of large values");
+    assert!(
+        b.get(&format!("{ns}/one")).unwrap() == one,
+        "1 MiB value corrupted a → b"
+    );
+    assert!(
+        a.get(&format!("{ns}/three")).unwrap() == three,
+        "3 MiB value corrupted b → a"
+    );
+    let both = a
+        .multi_get(&[&format!("{ns}/three"), &format!("{ns}/one")])
+        .unwrap();
+    assert!(
+        both[0] == three && both[1] == one,
+        "multi_get of large values"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -310,16 +348,21 @@ pub fn f(s: &str) -> Cow<'_, [u8]> {
 impl Raw {
     /// Connects to 127.0.0.1:`port`; reads time out after 5 s.
     pub fn connect(port: u16) -> Raw {
-        let stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect to the store server");
+        let stream =
+            TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect to the store server");
         stream.set_nodelay(true).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         Raw { stream }
     }
 
     /// Connects and sends VALIDATE, as every torch client does first.
     pub fn validated(port: u16) -> Raw {
         let mut raw = Raw::connect(port);
-        raw.send(&Request::Validate { magic: VALIDATION_MAGIC });
+        raw.send(&Request::Validate {
+            magic: VALIDATION_MAGIC,
+        });
         raw
     }
 
@@ -353,19 +396,26 @@ impl Raw {
         self.stream.set_read_timeout(Some(within)).unwrap();
         let mut b = [0u8; 1];
         let got = matches!(self.stream.peek(&mut b), Ok(n) if n > 0);
-        self.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         got
     }
 
     /// True once the server has closed the connection (EOF or reset),
     /// false if it still answers or stays silent for 3 s.
     pub fn is_closed(&mut self) -> bool {
-        self.stream.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
         let mut b = [0u8; 64];
         match self.stream.read(&mut b) {
             Ok(0) => true,
             Ok(_) => false,
-            Err(e) => matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe),
+            Err(e) => matches!(
+                e.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+            ),
         }
     }
 }
@@ -380,7 +430,10 @@ pub fn raw_transcript(port: u16) -> Vec<(&'static str, Vec<u8>)> {
 
     r.send(&Request::Ping { nonce: 0x0102_0304 });
     t.push(("ping", r.read_n(4)));
-    r.send(&Request::Set { key: f("/a"), value: f("1") });
+    r.send(&Request::Set {
+        key: f("/a"),
+        value: f("1"),
+    });
     r.send(&Request::ListKeys);
     let mut listed = r.read_n(8);
     listed.extend(r.read_field());
@@ -389,17 +442,29 @@ pub fn raw_transcript(port: u16) -> Vec<(&'static str, Vec<u8>)> {
     t.push(("get", r.read_field()));
     r.send(&Request::Get { key: f("/nope") });
     t.push(("get_missing_is_empty", r.read_field()));
-    r.send(&Request::Add { key: f("/n"), delta: 5 });
+    r.send(&Request::Add {
+        key: f("/n"),
+        delta: 5,
+    });
     t.push(("add_new", r.read_n(8)));
-    r.send(&Request::Add { key: f("/n"), delta: -7 });
+    r.send(&Request::Add {
+        key: f("/n"),
+        delta: -7,
+    });
     t.push(("add_more", r.read_n(8)));
     r.send(&Request::Get { key: f("/n") });
     t.push(("counter_is_ascii", r.read_field()));
-    r.send(&Request::Check { keys: vec![f("/a"), f("/n")] });
+    r.send(&Request::Check {
+        keys: vec![f("/a"), f("/n")],
+    });
     t.push(("check_ready", r.read_n(1)));
-    r.send(&Request::Check { keys: vec![f("/a"), f("/zz")] });
+    r.send(&Request::Check {
+        keys: vec![f("/a"), f("/zz")],
+    });
     t.push(("check_not_ready", r.read_n(1)));
-    r.send(&Request::Wait { keys: vec![f("/a")] });
+    r.send(&Request::Wait {
+        keys: vec![f("/a")],
+    });
     t.push(("wait_ready", r.read_n(1)));
     r.send(&Request::Wait { keys: vec![] });
     t.push(("wait_nothing", r.read_n(1)));
@@ -411,32 +476,68 @@ pub fn raw_transcript(port: u16) -> Vec<(&'static str, Vec<u8>)> {
     t.push(("delete", r.read_n(8)));
     r.send(&Request::DeleteKey { key: f("/a") });
     t.push(("delete_again", r.read_n(8)));
-    r.send(&Request::Append { key: f("/b"), value: f("x") });
-    r.send(&Request::Append { key: f("/b"), value: f("yz") });
+    r.send(&Request::Append {
+        key: f("/b"),
+        value: f("x"),
+    });
+    r.send(&Request::Append {
+        key: f("/b"),
+        value: f("yz"),
+    });
     r.send(&Request::Get { key: f("/b") });
     t.push(("append", r.read_field()));
-    r.send(&Request::MultiSet { pairs: vec![(f("/m1"), f("one")), (f("/m2"), f(""))] });
-    r.send(&Request::MultiGet { keys: vec![f("/m1"), f("/missing"), f("/m2"), f("/b")] });
+    r.send(&Request::MultiSet {
+        pairs: vec![(f("/m1"), f("one")), (f("/m2"), f(""))],
+    });
+    r.send(&Request::MultiGet {
+        keys: vec![f("/m1"), f("/missing"), f("/m2"), f("/b")],
+    });
     let mut multi = Vec::new();
     (0..4).for_each(|_| multi.extend(r.read_field()));
     t.push(("multi_get", multi));
-    r.send(&Request::CompareSet { key: f("/c"), expected: f("exp"), desired: f("des") });
+    r.send(&Request::CompareSet {
+        key: f("/c"),
+        expected: f("exp"),
+        desired: f("des"),
+    });
     t.push(("cas_missing_nonempty", r.read_field()));
-    r.send(&Request::Check { keys: vec![f("/c")] });
+    r.send(&Request::Check {
+        keys: vec![f("/c")],
+    });
     t.push(("cas_missing_nonempty_stores_nothing", r.read_n(1)));
-    r.send(&Request::CompareSet { key: f("/c"), expected: f(""), desired: f("first") });
+    r.send(&Request::CompareSet {
+        key: f("/c"),
+        expected: f(""),
+        desired: f("first"),
+    });
     t.push(("cas_missing_empty", r.read_field()));
-    r.send(&Request::CompareSet { key: f("/c"), expected: f("first"), desired: f("second") });
+    r.send(&Request::CompareSet {
+        key: f("/c"),
+        expected: f("first"),
+        desired: f("second"),
+    });
     t.push(("cas_match", r.read_field()));
-    r.send(&Request::CompareSet { key: f("/c"), expected: f("zzz"), desired: f("third") });
+    r.send(&Request::CompareSet {
+        key: f("/c"),
+        expected: f("zzz"),
+        desired: f("third"),
+    });
     t.push(("cas_mismatch", r.read_field()));
     r.send(&Request::QueueLen { key: f("/q") });
     t.push(("queue_len_empty", r.read_n(8)));
-    r.send(&Request::QueuePush { key: f("/q"), value: f("a") });
-    r.send(&Request::QueuePush { key: f("/q"), value: f("bb") });
+    r.send(&Request::QueuePush {
+        key: f("/q"),
+        value: f("a"),
+    });
+    r.send(&Request::QueuePush {
+        key: f("/q"),
+        value: f("bb"),
+    });
     r.send(&Request::QueueLen { key: f("/q") });
     t.push(("queue_len", r.read_n(8)));
-    r.send(&Request::Check { keys: vec![f("/q")] });
+    r.send(&Request::Check {
+        keys: vec![f("/q")],
+    });
     t.push(("check_sees_queue", r.read_n(1)));
     r.send(&Request::GetNumKeys);
     t.push(("num_keys_ignores_queues", r.read_n(8)));
@@ -450,31 +551,55 @@ pub fn raw_transcript(port: u16) -> Vec<(&'static str, Vec<u8>)> {
     t.push(("queue_pop_empty", r.read_n(8)));
 
     // A WAIT is answered only once its last key appears, set by anyone.
-    r.send(&Request::Wait { keys: vec![f("/late1"), f("/late2")] });
-    r2.send(&Request::Set { key: f("/late1"), value: f("1") });
-    t.push(("wait_not_early", vec![u8::from(r.has_data(Duration::from_millis(150)))]));
-    r2.send(&Request::Add { key: f("/late2"), delta: 1 });
+    r.send(&Request::Wait {
+        keys: vec![f("/late1"), f("/late2")],
+    });
+    r2.send(&Request::Set {
+        key: f("/late1"),
+        value: f("1"),
+    });
+    t.push((
+        "wait_not_early",
+        vec![u8::from(r.has_data(Duration::from_millis(150)))],
+    ));
+    r2.send(&Request::Add {
+        key: f("/late2"),
+        delta: 1,
+    });
     t.push(("add_from_peer", r2.read_n(8)));
     t.push(("wait_woken", r.read_n(1)));
     // A WAIT cancelled before its key came.
-    r.send(&Request::Wait { keys: vec![f("/never")] });
+    r.send(&Request::Wait {
+        keys: vec![f("/never")],
+    });
     thread::sleep(Duration::from_millis(50));
     r.send(&Request::CancelWait);
     t.push(("wait_cancelled", r.read_n(1)));
     // torch's quirk: a compare_set that stores nothing still wakes waiters.
-    r.send(&Request::Wait { keys: vec![f("/quirk")] });
+    r.send(&Request::Wait {
+        keys: vec![f("/quirk")],
+    });
     thread::sleep(Duration::from_millis(50));
-    r2.send(&Request::CompareSet { key: f("/quirk"), expected: f("x"), desired: f("y") });
+    r2.send(&Request::CompareSet {
+        key: f("/quirk"),
+        expected: f("x"),
+        desired: f("y"),
+    });
     t.push(("cas_reply_to_peer", r2.read_field()));
     t.push(("wait_woken_by_failed_cas", r.read_n(1)));
-    r.send(&Request::Check { keys: vec![f("/quirk")] });
+    r.send(&Request::Check {
+        keys: vec![f("/quirk")],
+    });
     t.push(("quirk_key_still_missing", r.read_n(1)));
     // A wait that completed and a cancel after it: only the cancel reply.
     r.send(&Request::CancelWait);
     t.push(("cancel_after_wake", r.read_n(1)));
     // A key exactly at the 8 KiB limit is fine.
     let long_key = format!("/{}", "k".repeat(wire::Limits::LIBUV.max_key_len - 1));
-    r.send(&Request::Set { key: f(&long_key), value: f("v") });
+    r.send(&Request::Set {
+        key: f(&long_key),
+        value: f("v"),
+    });
     r.send(&Request::Get { key: f(&long_key) });
     t.push(("key_at_limit", r.read_field()));
     r.send(&Request::GetNumKeys);
@@ -507,8 +632,18 @@ pub fn raw_violations(port: u16) -> Vec<(&'static str, bool)> {
     wire::put_u64(&mut over_key, 8 * 1024 + 1);
     let cases: Vec<(&'static str, bool, Vec<u8>)> = vec![
         ("valid_control", true, Vec::new()),
-        ("wrong_magic", false, frame(Request::Validate { magic: 0x1234_5678 })),
-        ("validate_twice", true, frame(Request::Validate { magic: VALIDATION_MAGIC })),
+        (
+            "wrong_magic",
+            false,
+            frame(Request::Validate { magic: 0x1234_5678 }),
+        ),
+        (
+            "validate_twice",
+            true,
+            frame(Request::Validate {
+                magic: VALIDATION_MAGIC,
+            }),
+        ),
         ("opcode_18", true, vec![18]),
         ("opcode_255", true, vec![255]),
         ("key_over_8k", true, over_key),
@@ -521,13 +656,27 @@ pub fn raw_violations(port: u16) -> Vec<(&'static str, bool)> {
         (
             "add_on_text",
             true,
-            [frame(Request::Set { key: f("/t"), value: f("abc") }), frame(Request::Add { key: f("/t"), delta: 1 })].concat(),
+            [
+                frame(Request::Set {
+                    key: f("/t"),
+                    value: f("abc"),
+                }),
+                frame(Request::Add {
+                    key: f("/t"),
+                    delta: 1,
+                }),
+            ]
+            .concat(),
         ),
     ];
     cases
         .into_iter()
         .map(|(name, validate, bad)| {
-            let mut r = if validate { Raw::validated(port) } else { Raw::connect(port) };
+            let mut r = if validate {
+                Raw::validated(port)
+            } else {
+                Raw::connect(port)
+            };
             r.send_bytes(&bad);
             // Separate packets: torch only re-examines a stalled connection
             // when new data arrives.

@@ -12,7 +12,13 @@ use std::time::Duration;
 
 use super::{Store, StoreError, StoreOptions};
 
-#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unreachable_pub)]
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unreachable_pub
+)]
 mod ffi {
     include!(concat!(env!("OUT_DIR"), "/torchstore_shim.rs"));
 }
@@ -47,7 +53,9 @@ struct ShimError {
 
 /// Takes ownership of a shim error (NULL: success).
 fn check(err: *mut ffi::torchstore_error) -> Result<(), ShimError> {
-    let Some(err) = NonNull::new(err) else { return Ok(()) };
+    let Some(err) = NonNull::new(err) else {
+        return Ok(());
+    };
     // SAFETY: a non-NULL error from the shim is valid until freed below; its
     // message is NUL-terminated or NULL (allocation failure).
     let shim_error = unsafe {
@@ -57,7 +65,10 @@ fn check(err: *mut ffi::torchstore_error) -> Result<(), ShimError> {
         } else {
             CStr::from_ptr(e.message).to_string_lossy().into_owned()
         };
-        ShimError { kind: e.kind, message }
+        ShimError {
+            kind: e.kind,
+            message,
+        }
     };
     // SAFETY: freed exactly once, with the shim's own deallocator.
     unsafe { ffi::torchstore_error_free(err.as_ptr()) };
@@ -86,10 +97,17 @@ impl ShimError {
     fn into_store_error(self, keys: &[&str], after: Duration) -> StoreError {
         match self.kind {
             // doWait: "wait timeout after {}ms, keys: ..."; older: "Socket Timeout".
-            Kind::TORCHSTORE_ERR_STORE if self.message.contains("timeout") || self.message.contains("Timeout") => {
-                StoreError::Timeout { keys: keys.iter().map(|k| k.to_string()).collect(), after }
+            Kind::TORCHSTORE_ERR_STORE
+                if self.message.contains("timeout") || self.message.contains("Timeout") =>
+            {
+                StoreError::Timeout {
+                    keys: keys.iter().map(|k| k.to_string()).collect(),
+                    after,
+                }
             }
-            Kind::TORCHSTORE_ERR_NETWORK | Kind::TORCHSTORE_ERR_NET_TIMEOUT | Kind::TORCHSTORE_ERR_SOCKET => self.io(),
+            Kind::TORCHSTORE_ERR_NETWORK
+            | Kind::TORCHSTORE_ERR_NET_TIMEOUT
+            | Kind::TORCHSTORE_ERR_SOCKET => self.io(),
             _ => StoreError::Protocol(format!("c10d::TCPStore: {}", self.message)),
         }
     }
@@ -98,22 +116,35 @@ impl ShimError {
     fn into_open_error(self, opts: &StoreOptions) -> StoreError {
         let addr = format!("{}:{}", opts.host, opts.port);
         let msg = &self.message;
-        if self.kind == Kind::TORCHSTORE_ERR_SOCKET && (msg.contains("bind") || msg.contains("listen")) {
+        if self.kind == Kind::TORCHSTORE_ERR_SOCKET
+            && (msg.contains("bind") || msg.contains("listen"))
+        {
             let kind = if msg.contains("in use") || msg.contains("EADDRINUSE") {
                 io::ErrorKind::AddrInUse
             } else {
                 io::ErrorKind::Other
             };
-            return StoreError::Bind { addr: format!("[::]:{}", opts.port), source: io::Error::new(kind, self.message) };
+            return StoreError::Bind {
+                addr: format!("[::]:{}", opts.port),
+                source: io::Error::new(kind, self.message),
+            };
         }
         // waitForWorkers: "Timed out after {s} seconds waiting for clients. {n}/{N} clients joined."
         if let Some((joined, expected, secs)) = parse_join_timeout(msg) {
-            return StoreError::WorkersTimeout { addr, joined, expected, after: Duration::from_secs(secs) };
+            return StoreError::WorkersTimeout {
+                addr,
+                joined,
+                expected,
+                after: Duration::from_secs(secs),
+            };
         }
         match self.kind {
-            Kind::TORCHSTORE_ERR_NET_TIMEOUT | Kind::TORCHSTORE_ERR_NETWORK | Kind::TORCHSTORE_ERR_SOCKET => {
-                StoreError::Unreachable { addr, waited: opts.timeout }
-            }
+            Kind::TORCHSTORE_ERR_NET_TIMEOUT
+            | Kind::TORCHSTORE_ERR_NETWORK
+            | Kind::TORCHSTORE_ERR_SOCKET => StoreError::Unreachable {
+                addr,
+                waited: opts.timeout,
+            },
             _ => StoreError::Protocol(format!("c10d::TCPStore constructor: {msg}")),
         }
     }
@@ -124,7 +155,11 @@ fn parse_join_timeout(msg: &str) -> Option<(i64, u32, u64)> {
     let (secs, rest) = rest.split_once(" seconds waiting for clients. ")?;
     let (counts, _) = rest.split_once(" clients joined")?;
     let (joined, expected) = counts.split_once('/')?;
-    Some((joined.trim().parse().ok()?, expected.trim().parse().ok()?, secs.trim().parse().ok()?))
+    Some((
+        joined.trim().parse().ok()?,
+        expected.trim().parse().ok()?,
+        secs.trim().parse().ok()?,
+    ))
 }
 
 /// Key arrays in the shape the shim takes.
@@ -135,7 +170,10 @@ struct KeyArgs {
 
 impl KeyArgs {
     fn new(keys: &[&str]) -> Self {
-        Self { ptrs: keys.iter().map(|k| k.as_ptr().cast()).collect(), lens: keys.iter().map(|k| k.len()).collect() }
+        Self {
+            ptrs: keys.iter().map(|k| k.as_ptr().cast()).collect(),
+            lens: keys.iter().map(|k| k.len()).collect(),
+        }
     }
 }
 
@@ -145,14 +183,21 @@ impl KeyArgs {
 /// `b` must have been filled by a successful shim call and not freed yet.
 unsafe fn take_bytes(b: &mut ffi::torchstore_bytes) -> Vec<u8> {
     // SAFETY: per the contract, `data` holds `len` initialised bytes.
-    let v = if b.len == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(b.data, b.len) }.to_vec() };
+    let v = if b.len == 0 {
+        Vec::new()
+    } else {
+        unsafe { std::slice::from_raw_parts(b.data, b.len) }.to_vec()
+    };
     // SAFETY: freed once, by the shim's deallocator.
     unsafe { ffi::torchstore_bytes_free(b) };
     v
 }
 
 fn empty_bytes() -> ffi::torchstore_bytes {
-    ffi::torchstore_bytes { data: ptr::null_mut(), len: 0 }
+    ffi::torchstore_bytes {
+        data: ptr::null_mut(),
+        len: 0,
+    }
 }
 
 impl TorchStore {
@@ -166,8 +211,9 @@ impl TorchStore {
     /// [`StoreError::WorkersTimeout`] recognised from torch's exceptions;
     /// anything else is [`StoreError::Protocol`] with torch's message.
     pub fn open(opts: &StoreOptions) -> Result<Self, StoreError> {
-        let host = std::ffi::CString::new(opts.host.as_str())
-            .map_err(|_| StoreError::Invalid(format!("host {:?} contains a NUL byte", opts.host)))?;
+        let host = std::ffi::CString::new(opts.host.as_str()).map_err(|_| {
+            StoreError::Invalid(format!("host {:?} contains a NUL byte", opts.host))
+        })?;
         let num_workers = opts.num_workers.map_or(-1, i64::from);
         let mut handle = ptr::null_mut();
         // SAFETY: `host` is NUL-terminated and outlives the call; `handle` is
@@ -184,8 +230,12 @@ impl TorchStore {
             )
         };
         check(err).map_err(|e| e.into_open_error(opts))?;
-        let handle = NonNull::new(handle).ok_or_else(|| StoreError::Protocol("torchstore_open returned no store".into()))?;
-        Ok(Self { handle, timeout: opts.timeout })
+        let handle = NonNull::new(handle)
+            .ok_or_else(|| StoreError::Protocol("torchstore_open returned no store".into()))?;
+        Ok(Self {
+            handle,
+            timeout: opts.timeout,
+        })
     }
 
     /// `TCPStore::getPort()`: the bound port when hosting with port 0.
@@ -209,14 +259,23 @@ impl Drop for TorchStore {
 impl Store for TorchStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         // SAFETY: key and value are valid for their lengths during the call.
-        let err = unsafe { ffi::torchstore_set(self.raw(), key.as_ptr().cast(), key.len(), value.as_ptr(), value.len()) };
+        let err = unsafe {
+            ffi::torchstore_set(
+                self.raw(),
+                key.as_ptr().cast(),
+                key.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        };
         check(err).map_err(|e| e.into_store_error(&[key], self.timeout))
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         let mut out = empty_bytes();
         // SAFETY: key is valid for its length; `out` is a valid out-pointer.
-        let err = unsafe { ffi::torchstore_get(self.raw(), key.as_ptr().cast(), key.len(), &mut out) };
+        let err =
+            unsafe { ffi::torchstore_get(self.raw(), key.as_ptr().cast(), key.len(), &mut out) };
         check(err).map_err(|e| e.into_store_error(&[key], self.timeout))?;
         // SAFETY: filled by the successful call above.
         Ok(unsafe { take_bytes(&mut out) })
@@ -224,9 +283,21 @@ impl Store for TorchStore {
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
         let args = KeyArgs::new(keys);
-        let ms = if timeout.is_zero() { FOREVER_MS } else { millis(timeout) };
+        let ms = if timeout.is_zero() {
+            FOREVER_MS
+        } else {
+            millis(timeout)
+        };
         // SAFETY: the key arrays hold `keys.len()` valid (pointer, length) pairs.
-        let err = unsafe { ffi::torchstore_wait(self.raw(), args.ptrs.as_ptr(), args.lens.as_ptr(), keys.len(), ms) };
+        let err = unsafe {
+            ffi::torchstore_wait(
+                self.raw(),
+                args.ptrs.as_ptr(),
+                args.lens.as_ptr(),
+                keys.len(),
+                ms,
+            )
+        };
         check(err).map_err(|e| e.into_store_error(keys, timeout))
     }
 
@@ -234,8 +305,15 @@ impl Store for TorchStore {
         let args = KeyArgs::new(keys);
         let mut out = false;
         // SAFETY: as in `wait`; `out` is a valid out-pointer.
-        let err =
-            unsafe { ffi::torchstore_check(self.raw(), args.ptrs.as_ptr(), args.lens.as_ptr(), keys.len(), &mut out) };
+        let err = unsafe {
+            ffi::torchstore_check(
+                self.raw(),
+                args.ptrs.as_ptr(),
+                args.lens.as_ptr(),
+                keys.len(),
+                &mut out,
+            )
+        };
         check(err).map_err(|e| e.into_store_error(keys, self.timeout))?;
         Ok(out)
     }
@@ -243,12 +321,19 @@ impl Store for TorchStore {
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         let mut out = 0;
         // SAFETY: key is valid for its length; `out` is a valid out-pointer.
-        let err = unsafe { ffi::torchstore_add(self.raw(), key.as_ptr().cast(), key.len(), delta, &mut out) };
+        let err = unsafe {
+            ffi::torchstore_add(self.raw(), key.as_ptr().cast(), key.len(), delta, &mut out)
+        };
         check(err).map_err(|e| e.into_store_error(&[key], self.timeout))?;
         Ok(out)
     }
 
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
         let mut out = empty_bytes();
         // SAFETY: all buffers are valid for their lengths; `out` is valid.
         let err = unsafe {
@@ -273,7 +358,13 @@ impl Store for TorchStore {
         let mut out: Vec<ffi::torchstore_bytes> = (0..keys.len()).map(|_| empty_bytes()).collect();
         // SAFETY: as in `wait`; `out` has one slot per key.
         let err = unsafe {
-            ffi::torchstore_multi_get(self.raw(), args.ptrs.as_ptr(), args.lens.as_ptr(), keys.len(), out.as_mut_ptr())
+            ffi::torchstore_multi_get(
+                self.raw(),
+                args.ptrs.as_ptr(),
+                args.lens.as_ptr(),
+                keys.len(),
+                out.as_mut_ptr(),
+            )
         };
         check(err).map_err(|e| e.into_store_error(keys, self.timeout))?;
         // SAFETY: every slot was filled by the successful call above.
@@ -283,7 +374,9 @@ impl Store for TorchStore {
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
         let mut out = false;
         // SAFETY: key is valid for its length; `out` is a valid out-pointer.
-        let err = unsafe { ffi::torchstore_delete_key(self.raw(), key.as_ptr().cast(), key.len(), &mut out) };
+        let err = unsafe {
+            ffi::torchstore_delete_key(self.raw(), key.as_ptr().cast(), key.len(), &mut out)
+        };
         check(err).map_err(|e| e.into_store_error(&[key], self.timeout))?;
         Ok(out)
     }
@@ -309,7 +402,10 @@ mod tests {
     fn join_timeout_message_is_parsed() {
         let msg = "Timed out after 31 seconds waiting for clients. 1/2 clients joined.";
         assert_eq!(parse_join_timeout(msg), Some((1, 2, 31)));
-        assert_eq!(parse_join_timeout("wait timeout after 100ms, keys: /k"), None);
+        assert_eq!(
+            parse_join_timeout("wait timeout after 100ms, keys: /k"),
+            None
+        );
     }
 
     #[test]
