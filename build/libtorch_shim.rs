@@ -71,17 +71,12 @@ pub fn build() {
 fn find_libtorch(manifest: &Path) -> Result<PathBuf, String> {
     let mut looked = Vec::new();
     let mut candidates = Vec::new();
+    // An explicit LIBTORCH is authoritative (as for torch-sys): a wrong one
+    // must fail loudly rather than silently pick another copy.
     if let Some(dir) = env::var_os("LIBTORCH") {
         candidates.push(("LIBTORCH", PathBuf::from(dir)));
-    }
-    candidates.push((
-        ".deps (scripts/setup.sh)",
-        manifest.join(".deps/libtorch/torch"),
-    ));
-    if let Ok(entries) = std::fs::read_dir(manifest.join(".venv/lib")) {
-        for entry in entries.flatten() {
-            candidates.push((".venv torch", entry.path().join("site-packages/torch")));
-        }
+    } else {
+        candidates.extend(default_candidates(manifest));
     }
     for (source, dir) in candidates {
         let ok = dir.join("lib/libtorch_cpu.so").is_file()
@@ -99,4 +94,19 @@ fn find_libtorch(manifest: &Path) -> Result<PathBuf, String> {
         }
     }
     Err(looked.join("\n"))
+}
+
+/// The project's own copies: `.deps` from `scripts/setup.sh`, then a full
+/// torch in `.venv`.
+fn default_candidates(manifest: &Path) -> Vec<(&'static str, PathBuf)> {
+    let mut candidates = vec![(
+        ".deps (scripts/setup.sh)",
+        manifest.join(".deps/libtorch/torch"),
+    )];
+    if let Ok(entries) = std::fs::read_dir(manifest.join(".venv/lib")) {
+        for entry in entries.flatten() {
+            candidates.push((".venv torch", entry.path().join("site-packages/torch")));
+        }
+    }
+    candidates
 }
