@@ -25,7 +25,11 @@ impl MemoryStore {
     /// An empty store whose `get`/`multi_get` wait at most `timeout`
     /// (`Duration::ZERO`: no limit, like torch's `kNoTimeout`).
     pub fn new(timeout: Duration) -> Self {
-        Self { map: Mutex::new(HashMap::new()), changed: Condvar::new(), timeout }
+        Self {
+            map: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+            timeout,
+        }
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
@@ -34,18 +38,31 @@ impl MemoryStore {
 
     /// Waits until every key exists; returns the guard so callers can read
     /// the values atomically.
-    fn wait_for(&self, keys: &[&str], timeout: Duration) -> Result<MutexGuard<'_, HashMap<String, Vec<u8>>>, StoreError> {
+    fn wait_for(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+    ) -> Result<MutexGuard<'_, HashMap<String, Vec<u8>>>, StoreError> {
         let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
         let mut map = self.map();
         while !keys.iter().all(|k| map.contains_key(*k)) {
             map = match deadline {
-                None => self.changed.wait(map).unwrap_or_else(PoisonError::into_inner),
+                None => self
+                    .changed
+                    .wait(map)
+                    .unwrap_or_else(PoisonError::into_inner),
                 Some(deadline) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(StoreError::Timeout { keys: keys.iter().map(|k| k.to_string()).collect(), after: timeout });
+                        return Err(StoreError::Timeout {
+                            keys: keys.iter().map(|k| k.to_string()).collect(),
+                            after: timeout,
+                        });
                     }
-                    self.changed.wait_timeout(map, left).unwrap_or_else(PoisonError::into_inner).0
+                    self.changed
+                        .wait_timeout(map, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
                 }
             };
         }
@@ -97,7 +114,12 @@ impl Store for MemoryStore {
         Ok(now)
     }
 
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
         let mut map = self.map();
         let now = match map.get_mut(key) {
             None if expected.is_empty() => {

@@ -26,16 +26,41 @@ pub mod libtorch;
 pub enum StoreError {
     /// No server answered at `addr` within `waited`.
     #[error("no TCPStore at {addr} after {waited:.0?}: start the side that hosts the store first (the initiator), or check --host/--port")]
-    Unreachable { addr: String, waited: Duration },
+    Unreachable {
+        /// `host:port` the client tried.
+        addr: String,
+        /// How long it kept retrying.
+        waited: Duration,
+    },
     /// The server could not bind its port.
     #[error("cannot listen on {addr}: {source}; another process (an earlier run?) holds the port: stop it or pick another with --port")]
-    Bind { addr: String, #[source] source: std::io::Error },
+    Bind {
+        /// The address(es) tried, e.g. `[::]:9998 (and 0.0.0.0:9998)`.
+        addr: String,
+        /// Why (usually `AddrInUse`).
+        #[source]
+        source: std::io::Error,
+    },
     /// Keys did not appear in time.
     #[error("timed out after {after:.0?} waiting for key(s) {keys:?}: the peer never published them (is it running, and on the same --host/--port?)")]
-    Timeout { keys: Vec<String>, after: Duration },
+    Timeout {
+        /// The keys waited for, as the caller named them (no `/` prefix).
+        keys: Vec<String>,
+        /// The timeout that expired.
+        after: Duration,
+    },
     /// Not all participants joined a store opened with `num_workers`.
     #[error("only {joined} of {expected} participants joined the store at {addr} within {after:.0?}: start the peer process")]
-    WorkersTimeout { addr: String, joined: i64, expected: u32, after: Duration },
+    WorkersTimeout {
+        /// `host:port` of the store.
+        addr: String,
+        /// Participants counted in `init/` at the last look.
+        joined: i64,
+        /// `num_workers`.
+        expected: u32,
+        /// How long the host waited.
+        after: Duration,
+    },
     /// The connection broke, e.g. the server exited.
     #[error("lost the connection to the store: {0} (did the peer that hosts it exit?)")]
     Io(#[from] std::io::Error),
@@ -58,7 +83,8 @@ pub trait Store: Send + Sync {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
     /// Waits (up to [`Store::timeout`]) for `key`, then returns its value.
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
-    /// Waits until every key exists, for at most `timeout`.
+    /// Waits until every key exists, for at most `timeout`
+    /// (`Duration::ZERO`: no limit, torch's `kNoTimeout`).
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError>;
     /// Whether every key exists now, without waiting.
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError>;
@@ -89,7 +115,9 @@ pub struct StoreOptions {
     /// Host the server in this process (torch's `is_master`).
     pub is_server: bool,
     /// Number of participants, the server's own client included. With
-    /// `wait_workers`, opening the server blocks until all have joined.
+    /// `wait_workers`, every participant counts itself in (`ADD init/ 1`)
+    /// and opening the server blocks until all have joined. Without
+    /// `wait_workers` it has no effect (as in torch, nobody counts in).
     pub num_workers: Option<u32>,
     /// See `num_workers`.
     pub wait_workers: bool,

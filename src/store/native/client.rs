@@ -65,14 +65,22 @@ impl Client {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(StoreError::Unreachable { addr: format!("{host}:{port}"), waited: now - start });
+                return Err(StoreError::Unreachable {
+                    addr: format!("{host}:{port}"),
+                    waited: now - start,
+                });
             }
             thread::sleep(delay.min(deadline - now));
             delay = (delay * 2).min(MAX_RETRY_DELAY);
         }
     }
 
-    fn try_connect(host: &str, port: u16, deadline: Instant, timeout: Duration) -> Result<Self, Attempt> {
+    fn try_connect(
+        host: &str,
+        port: u16,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Self, Attempt> {
         // Resolve on every attempt: the name may only become resolvable later.
         let addrs = (host, port).to_socket_addrs().map_err(|_| Attempt::Retry)?;
         for addr in addrs {
@@ -80,7 +88,9 @@ impl Client {
             if left.is_zero() {
                 break;
             }
-            let Ok(stream) = TcpStream::connect_timeout(&addr, left) else { continue };
+            let Ok(stream) = TcpStream::connect_timeout(&addr, left) else {
+                continue;
+            };
             match Self::handshake(stream, deadline, timeout) {
                 Ok(client) => return Ok(client),
                 Err(Attempt::Retry) => continue,
@@ -93,7 +103,9 @@ impl Client {
     fn handshake(stream: TcpStream, deadline: Instant, timeout: Duration) -> Result<Self, Attempt> {
         let retry = |_: io::Error| Attempt::Retry;
         stream.set_nodelay(true).map_err(retry)?;
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
         stream.set_read_timeout(Some(left)).map_err(retry)?;
         let writer = stream.try_clone().map_err(retry)?;
         let mut client = Client {
@@ -105,7 +117,10 @@ impl Client {
         // torch pings with its pid; any value works, the echo is what counts.
         let nonce = std::process::id();
         let mut frame = Vec::with_capacity(10);
-        Request::Validate { magic: wire::VALIDATION_MAGIC }.encode(&mut frame);
+        Request::Validate {
+            magic: wire::VALIDATION_MAGIC,
+        }
+        .encode(&mut frame);
         Request::Ping { nonce }.encode(&mut frame);
         client.writer.write_all(&frame).map_err(retry)?;
         let echo = wire::read_u32(&mut client.reader).map_err(retry)?;
@@ -114,7 +129,11 @@ impl Client {
                 "PING {nonce} was answered with {echo}: the server is not a c10d TCPStore"
             ))));
         }
-        client.reader.get_ref().set_read_timeout(None).map_err(retry)?;
+        client
+            .reader
+            .get_ref()
+            .set_read_timeout(None)
+            .map_err(retry)?;
         Ok(client)
     }
 
@@ -142,7 +161,10 @@ impl Client {
         StoreError::Io(e)
     }
 
-    fn recv<T>(&mut self, read: impl FnOnce(&mut BufReader<TcpStream>) -> io::Result<T>) -> Result<T, StoreError> {
+    fn recv<T>(
+        &mut self,
+        read: impl FnOnce(&mut BufReader<TcpStream>) -> io::Result<T>,
+    ) -> Result<T, StoreError> {
         read(&mut self.reader).map_err(|e| self.fail(e))
     }
 
@@ -159,12 +181,19 @@ impl Client {
 
     /// SET; no reply.
     pub(crate) fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.send(&Request::Set { key: key.into(), value: value.into() })
+        self.send(&Request::Set {
+            key: key.into(),
+            value: value.into(),
+        })
     }
 
     /// WAIT for `keys`, then GET (torch's `doGet`). `Ok(None)` if the wait
     /// timed out.
-    pub(crate) fn get(&mut self, key: &[u8], timeout: Duration) -> Result<Option<Vec<u8>>, StoreError> {
+    pub(crate) fn get(
+        &mut self,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         if !self.wait(&[key], timeout)? {
             return Ok(None);
         }
@@ -173,23 +202,42 @@ impl Client {
     }
 
     /// WAIT for all `keys`, then MULTI_GET. `Ok(None)` if the wait timed out.
-    pub(crate) fn multi_get(&mut self, keys: &[&[u8]], timeout: Duration) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+    pub(crate) fn multi_get(
+        &mut self,
+        keys: &[&[u8]],
+        timeout: Duration,
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
         if !self.wait(keys, timeout)? {
             return Ok(None);
         }
         self.send(&Request::MultiGet { keys: fields(keys) })?;
-        (0..keys.len()).map(|_| self.recv_value()).collect::<Result<_, _>>().map(Some)
+        (0..keys.len())
+            .map(|_| self.recv_value())
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 
     /// ADD; returns the new value.
     pub(crate) fn add(&mut self, key: &[u8], delta: i64) -> Result<i64, StoreError> {
-        self.send(&Request::Add { key: key.into(), delta })?;
+        self.send(&Request::Add {
+            key: key.into(),
+            delta,
+        })?;
         self.recv(wire::read_i64)
     }
 
     /// COMPARE_SET; returns the value the server reports.
-    pub(crate) fn compare_set(&mut self, key: &[u8], expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
-        self.send(&Request::CompareSet { key: key.into(), expected: expected.into(), desired: desired.into() })?;
+    pub(crate) fn compare_set(
+        &mut self,
+        key: &[u8],
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        self.send(&Request::CompareSet {
+            key: key.into(),
+            expected: expected.into(),
+            desired: desired.into(),
+        })?;
         self.recv_value()
     }
 
@@ -201,7 +249,9 @@ impl Client {
             wire::CHECK_NOT_READY => Ok(false),
             other => {
                 self.broken = true;
-                Err(StoreError::Protocol(format!("CHECK answered {other}, expected 0 or 1")))
+                Err(StoreError::Protocol(format!(
+                    "CHECK answered {other}, expected 0 or 1"
+                )))
             }
         }
     }
@@ -225,20 +275,28 @@ impl Client {
     pub(crate) fn wait(&mut self, keys: &[&[u8]], timeout: Duration) -> Result<bool, StoreError> {
         self.send(&Request::Wait { keys: fields(keys) })?;
         let limit = (!timeout.is_zero()).then_some(timeout);
-        self.reader.get_ref().set_read_timeout(limit).map_err(|e| self.fail(e))?;
+        self.reader
+            .get_ref()
+            .set_read_timeout(limit)
+            .map_err(|e| self.fail(e))?;
         let first = wire::read_u8(&mut self.reader);
         let _ = self.reader.get_ref().set_read_timeout(None);
         match first {
             Ok(wire::WAIT_STOP_WAITING) => return Ok(true),
             Ok(other) => {
                 self.broken = true;
-                return Err(StoreError::Protocol(format!("WAIT answered {other}, expected 0 (stop waiting)")));
+                return Err(StoreError::Protocol(format!(
+                    "WAIT answered {other}, expected 0 (stop waiting)"
+                )));
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) => return Err(self.fail(e)),
         }
         self.send(&Request::CancelWait)?;
-        self.reader.get_ref().set_read_timeout(Some(self.drain_timeout)).map_err(|e| self.fail(e))?;
+        self.reader
+            .get_ref()
+            .set_read_timeout(Some(self.drain_timeout))
+            .map_err(|e| self.fail(e))?;
         let drained = self.drain_cancel();
         let _ = self.reader.get_ref().set_read_timeout(None);
         drained.map(|()| false)
@@ -252,7 +310,9 @@ impl Client {
         }
         if byte != wire::WAIT_CANCELED {
             self.broken = true;
-            return Err(StoreError::Protocol(format!("CANCEL_WAIT answered {byte}, expected 1 (wait canceled)")));
+            return Err(StoreError::Protocol(format!(
+                "CANCEL_WAIT answered {byte}, expected 1 (wait canceled)"
+            )));
         }
         Ok(())
     }

@@ -55,10 +55,20 @@ impl TcpStore {
     /// (no server in `opts.timeout`), [`StoreError::WorkersTimeout`] (peers
     /// missing after `opts.timeout`), [`StoreError::Io`] (connection lost).
     pub fn open(opts: &StoreOptions) -> Result<Self, StoreError> {
-        let server = if opts.is_server { Some(TcpStoreServer::bind(opts.port)?) } else { None };
+        let server = if opts.is_server {
+            Some(TcpStoreServer::bind(opts.port)?)
+        } else {
+            None
+        };
         let port = server.as_ref().map_or(opts.port, TcpStoreServer::port);
         let client = Client::connect(&opts.host, port, opts.timeout)?;
-        let store = TcpStore { client: Mutex::new(client), server, host: opts.host.clone(), port, timeout: opts.timeout };
+        let store = TcpStore {
+            client: Mutex::new(client),
+            server,
+            host: opts.host.clone(),
+            port,
+            timeout: opts.timeout,
+        };
         // As in torch, only a store that waits for workers counts itself in.
         if let (true, Some(expected)) = (opts.wait_workers, opts.num_workers) {
             store.join_workers(expected)?;
@@ -142,7 +152,10 @@ fn wire_keys(keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
 }
 
 fn timed_out(keys: &[&str], after: Duration) -> StoreError {
-    StoreError::Timeout { keys: keys.iter().map(|k| k.to_string()).collect(), after }
+    StoreError::Timeout {
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        after,
+    }
 }
 
 impl Store for TcpStore {
@@ -155,13 +168,19 @@ impl Store for TcpStore {
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         let wkey = wire_key(key);
         check_limits(&wkey, None)?;
-        self.client().get(&wkey, self.timeout)?.ok_or_else(|| timed_out(&[key], self.timeout))
+        self.client()
+            .get(&wkey, self.timeout)?
+            .ok_or_else(|| timed_out(&[key], self.timeout))
     }
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
         let wkeys = wire_keys(keys)?;
         let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        if self.client().wait(&refs, timeout)? { Ok(()) } else { Err(timed_out(keys, timeout)) }
+        if self.client().wait(&refs, timeout)? {
+            Ok(())
+        } else {
+            Err(timed_out(keys, timeout))
+        }
     }
 
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
@@ -176,7 +195,12 @@ impl Store for TcpStore {
         self.client().add(&key, delta)
     }
 
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
         let key = wire_key(key);
         check_limits(&key, Some(expected))?;
         check_limits(&key, Some(desired))?;
@@ -186,7 +210,9 @@ impl Store for TcpStore {
     fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
         let wkeys = wire_keys(keys)?;
         let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        self.client().multi_get(&refs, self.timeout)?.ok_or_else(|| timed_out(keys, self.timeout))
+        self.client()
+            .multi_get(&refs, self.timeout)?
+            .ok_or_else(|| timed_out(keys, self.timeout))
     }
 
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {

@@ -63,8 +63,15 @@ impl TcpStoreServer {
             Ok(l) => l,
             Err(v6) => TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).map_err(|v4| {
                 // "In use" is the actionable cause; report it whichever family hit it.
-                let source = if v6.kind() == io::ErrorKind::AddrInUse { v6 } else { v4 };
-                StoreError::Bind { addr: format!("[::]:{port} (and 0.0.0.0:{port})"), source }
+                let source = if v6.kind() == io::ErrorKind::AddrInUse {
+                    v6
+                } else {
+                    v4
+                };
+                StoreError::Bind {
+                    addr: format!("[::]:{port} (and 0.0.0.0:{port})"),
+                    source,
+                }
             })?,
         };
         let addr = listener.local_addr()?;
@@ -79,7 +86,11 @@ impl TcpStoreServer {
                 .name(format!("tcpstore-accept-{}", addr.port()))
                 .spawn(move || accept_loop(listener, shared))?
         };
-        Ok(Self { shared, addr, acceptor: Some(acceptor) })
+        Ok(Self {
+            shared,
+            addr,
+            acceptor: Some(acceptor),
+        })
     }
 
     /// The port the server listens on (the ephemeral one when bound with 0).
@@ -99,9 +110,12 @@ impl Drop for TcpStoreServer {
         // `accept` has no timeout: a connection of our own wakes it up to see
         // the flag. Without one (no loopback at all) the thread is detached.
         let port = self.addr.port();
-        let woke = [SocketAddr::from((Ipv4Addr::LOCALHOST, port)), SocketAddr::from((Ipv6Addr::LOCALHOST, port))]
-            .iter()
-            .any(|a| TcpStream::connect_timeout(a, Duration::from_secs(1)).is_ok());
+        let woke = [
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+        ]
+        .iter()
+        .any(|a| TcpStream::connect_timeout(a, Duration::from_secs(1)).is_ok());
         if let Some(acceptor) = self.acceptor.take() {
             if woke {
                 let _ = acceptor.join();
@@ -127,7 +141,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             Ok(stream) => {
                 next_id += 1;
                 let id = next_id;
-                let Ok(handle) = stream.try_clone() else { continue };
+                let Ok(handle) = stream.try_clone() else {
+                    continue;
+                };
                 lock(&shared.conns).insert(id, handle);
                 let conn_shared = Arc::clone(&shared);
                 let spawned = thread::Builder::new()
@@ -203,11 +219,18 @@ fn serve(id: ConnId, stream: TcpStream, shared: Arc<Shared>) {
     lock(&shared.conns).remove(&id);
 }
 
-fn session(id: ConnId, reader: &mut BufReader<&TcpStream>, shared: &Shared, outbox: &Outbox) -> End {
+fn session(
+    id: ConnId,
+    reader: &mut BufReader<&TcpStream>,
+    shared: &Shared,
+    outbox: &Outbox,
+) -> End {
     let limits = Limits::LIBUV;
     // torch's server ignores every request until a VALIDATE with its magic.
     match Request::read_from(reader, &limits) {
-        Ok(Request::Validate { magic: wire::VALIDATION_MAGIC }) => {}
+        Ok(Request::Validate {
+            magic: wire::VALIDATION_MAGIC,
+        }) => {}
         Err(WireError::Closed) => return End::Clean,
         _ => return End::Abort,
     }
@@ -248,12 +271,23 @@ fn empty() -> Value {
 
 impl State {
     /// Applies one request from connection `id`, queueing its reply.
-    fn apply(&mut self, id: ConnId, request: Request<'static>, out: &Outbox) -> Result<(), Violation> {
+    fn apply(
+        &mut self,
+        id: ConnId,
+        request: Request<'static>,
+        out: &Outbox,
+    ) -> Result<(), Violation> {
         match request {
             Request::Validate { .. } => return Err(Violation),
             Request::Ping { nonce } => out.push_raw(nonce.to_le_bytes().to_vec()),
-            Request::Set { key, value } => self.set(key.into_owned(), Value::from(value.into_owned())),
-            Request::CompareSet { key, expected, desired } => {
+            Request::Set { key, value } => {
+                self.set(key.into_owned(), Value::from(value.into_owned()))
+            }
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
                 let now = self.compare_set(key.into_owned(), &expected, desired.into_owned());
                 out.push_value(now);
             }
@@ -264,7 +298,11 @@ impl State {
             }
             Request::Check { keys } => {
                 let ready = self.check(&keys);
-                out.push_raw(vec![if ready { wire::CHECK_READY } else { wire::CHECK_NOT_READY }]);
+                out.push_raw(vec![if ready {
+                    wire::CHECK_READY
+                } else {
+                    wire::CHECK_NOT_READY
+                }]);
             }
             Request::Wait { keys } => {
                 if self.wait_keys(id, keys) {
@@ -289,7 +327,10 @@ impl State {
             }
             Request::QueuePush { key, value } => {
                 let key = key.into_owned();
-                self.queues.entry(key.clone()).or_default().push_back(Value::from(value.into_owned()));
+                self.queues
+                    .entry(key.clone())
+                    .or_default()
+                    .push_back(Value::from(value.into_owned()));
                 self.wake_one(&key);
             }
             Request::QueuePop { key } => {
@@ -357,7 +398,9 @@ impl State {
     /// `std::stoll`; where torch would throw, the client is disconnected.
     fn add(&mut self, key: Vec<u8>, delta: i64) -> Result<i64, Violation> {
         let now = match self.kv.get(&key) {
-            Some(old) => wire::parse_stoll(old).and_then(|n| n.checked_add(delta)).ok_or(Violation)?,
+            Some(old) => wire::parse_stoll(old)
+                .and_then(|n| n.checked_add(delta))
+                .ok_or(Violation)?,
             None => delta,
         };
         self.set(key, Value::from(now.to_string().into_bytes()));
@@ -366,7 +409,9 @@ impl State {
 
     /// A key counts as present if it is set or names a non-empty queue.
     fn check(&self, keys: &[Field<'_>]) -> bool {
-        keys.iter().all(|k| self.kv.contains_key(&**k) || self.queues.get(&**k).is_some_and(|q| !q.is_empty()))
+        keys.iter().all(|k| {
+            self.kv.contains_key(&**k) || self.queues.get(&**k).is_some_and(|q| !q.is_empty())
+        })
     }
 
     /// Registers `id` as waiting for the missing keys; true if none is missing.

@@ -79,7 +79,9 @@ impl TryFrom<u8> for Op {
             Validate, Set, CompareSet, Get, Add, Check, Wait, GetNumKeys, DeleteKey, Append,
             MultiGet, MultiSet, CancelWait, Ping, QueuePush, QueuePop, QueueLen, ListKeys,
         ];
-        ALL.get(usize::from(byte)).copied().ok_or(WireError::UnknownOp(byte))
+        ALL.get(usize::from(byte))
+            .copied()
+            .ok_or(WireError::UnknownOp(byte))
     }
 }
 
@@ -120,36 +122,124 @@ pub enum WireError {
     UnknownOp(u8),
     /// A length field is over its limit.
     #[error("{what} of {len} bytes is over the limit of {max} bytes")]
-    TooLong { what: &'static str, len: u64, max: usize },
+    TooLong {
+        /// Which field ("key", "value", ...).
+        what: &'static str,
+        /// The length the frame announced.
+        len: u64,
+        /// The limit, bytes.
+        max: usize,
+    },
     /// A key count is over [`Limits::max_key_count`].
     #[error("{count} keys in one request is over the limit of {max}")]
-    TooManyKeys { count: u64, max: usize },
+    TooManyKeys {
+        /// The count the frame announced.
+        count: u64,
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// A key or value on the wire: borrowed when encoding, owned when decoded.
 pub type Field<'a> = Cow<'a, [u8]>;
 
-/// One client → server request. Keys are raw bytes as on the wire (already
-/// carrying the client's `/` prefix).
+/// One client → server request, named after the torch opcode it carries
+/// (see [`Op`] for each reply). Keys are raw bytes as on the wire (already
+/// carrying the client's `/` prefix); values are arbitrary bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
-    Validate { magic: u32 },
-    Set { key: Field<'a>, value: Field<'a> },
-    CompareSet { key: Field<'a>, expected: Field<'a>, desired: Field<'a> },
-    Get { key: Field<'a> },
-    Add { key: Field<'a>, delta: i64 },
-    Check { keys: Vec<Field<'a>> },
-    Wait { keys: Vec<Field<'a>> },
+    /// VALIDATE: the connection's first request.
+    Validate {
+        /// Must be [`VALIDATION_MAGIC`].
+        magic: u32,
+    },
+    /// SET: store `value` at `key`, waking its waiters.
+    Set {
+        /// Wire key.
+        key: Field<'a>,
+        /// New value.
+        value: Field<'a>,
+    },
+    /// COMPARE_SET: swap in `desired` if the value is `expected`.
+    CompareSet {
+        /// Wire key.
+        key: Field<'a>,
+        /// Value the key must hold (empty: the key must be missing).
+        expected: Field<'a>,
+        /// Value to store.
+        desired: Field<'a>,
+    },
+    /// GET: the value, empty if missing (clients WAIT first).
+    Get {
+        /// Wire key.
+        key: Field<'a>,
+    },
+    /// ADD: add to the decimal counter at `key`.
+    Add {
+        /// Wire key.
+        key: Field<'a>,
+        /// Amount to add.
+        delta: i64,
+    },
+    /// CHECK: whether all keys exist now.
+    Check {
+        /// Wire keys.
+        keys: Vec<Field<'a>>,
+    },
+    /// WAIT: answered once all keys exist.
+    Wait {
+        /// Wire keys.
+        keys: Vec<Field<'a>>,
+    },
+    /// GETNUMKEYS: number of keys (queues not counted).
     GetNumKeys,
-    DeleteKey { key: Field<'a> },
-    Append { key: Field<'a>, value: Field<'a> },
-    MultiGet { keys: Vec<Field<'a>> },
-    MultiSet { pairs: Vec<(Field<'a>, Field<'a>)> },
+    /// DELETE_KEY: remove a key.
+    DeleteKey {
+        /// Wire key.
+        key: Field<'a>,
+    },
+    /// APPEND: append to the value (or create it).
+    Append {
+        /// Wire key.
+        key: Field<'a>,
+        /// Bytes to append.
+        value: Field<'a>,
+    },
+    /// MULTI_GET: several values in order (clients WAIT first).
+    MultiGet {
+        /// Wire keys.
+        keys: Vec<Field<'a>>,
+    },
+    /// MULTI_SET: several SETs in one frame.
+    MultiSet {
+        /// (wire key, value) pairs.
+        pairs: Vec<(Field<'a>, Field<'a>)>,
+    },
+    /// CANCEL_WAIT: forget this connection's pending WAIT.
     CancelWait,
-    Ping { nonce: u32 },
-    QueuePush { key: Field<'a>, value: Field<'a> },
-    QueuePop { key: Field<'a> },
-    QueueLen { key: Field<'a> },
+    /// PING: the server echoes `nonce`.
+    Ping {
+        /// Any value; torch's client sends its pid.
+        nonce: u32,
+    },
+    /// QUEUE_PUSH: append to the queue named `key`.
+    QueuePush {
+        /// Queue name.
+        key: Field<'a>,
+        /// Element.
+        value: Field<'a>,
+    },
+    /// QUEUE_POP: take the queue's first element, if any.
+    QueuePop {
+        /// Queue name.
+        key: Field<'a>,
+    },
+    /// QUEUE_LEN: length of the queue.
+    QueueLen {
+        /// Queue name.
+        key: Field<'a>,
+    },
+    /// LIST_KEYS: every key.
     ListKeys,
 }
 
@@ -190,7 +280,11 @@ impl Request<'_> {
                 put_bytes(out, key);
                 put_bytes(out, value);
             }
-            Request::CompareSet { key, expected, desired } => {
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
                 put_bytes(out, key);
                 put_bytes(out, expected);
                 put_bytes(out, desired);
@@ -235,22 +329,46 @@ impl Request<'_> {
         let key = |r: &mut R| read_key(r, limits).map(Cow::Owned);
         let value = |r: &mut R| read_value(r, limits).map(Cow::Owned);
         Ok(match Op::try_from(first[0])? {
-            Op::Validate => Request::Validate { magic: read_u32(r)? },
-            Op::Ping => Request::Ping { nonce: read_u32(r)? },
-            Op::Set => Request::Set { key: key(r)?, value: value(r)? },
-            Op::Append => Request::Append { key: key(r)?, value: value(r)? },
-            Op::QueuePush => Request::QueuePush { key: key(r)?, value: value(r)? },
-            Op::CompareSet => {
-                Request::CompareSet { key: key(r)?, expected: value(r)?, desired: value(r)? }
-            }
+            Op::Validate => Request::Validate {
+                magic: read_u32(r)?,
+            },
+            Op::Ping => Request::Ping {
+                nonce: read_u32(r)?,
+            },
+            Op::Set => Request::Set {
+                key: key(r)?,
+                value: value(r)?,
+            },
+            Op::Append => Request::Append {
+                key: key(r)?,
+                value: value(r)?,
+            },
+            Op::QueuePush => Request::QueuePush {
+                key: key(r)?,
+                value: value(r)?,
+            },
+            Op::CompareSet => Request::CompareSet {
+                key: key(r)?,
+                expected: value(r)?,
+                desired: value(r)?,
+            },
             Op::Get => Request::Get { key: key(r)? },
             Op::DeleteKey => Request::DeleteKey { key: key(r)? },
             Op::QueuePop => Request::QueuePop { key: key(r)? },
             Op::QueueLen => Request::QueueLen { key: key(r)? },
-            Op::Add => Request::Add { key: key(r)?, delta: read_i64(r)? },
-            Op::Check => Request::Check { keys: read_keys(r, limits)? },
-            Op::Wait => Request::Wait { keys: read_keys(r, limits)? },
-            Op::MultiGet => Request::MultiGet { keys: read_keys(r, limits)? },
+            Op::Add => Request::Add {
+                key: key(r)?,
+                delta: read_i64(r)?,
+            },
+            Op::Check => Request::Check {
+                keys: read_keys(r, limits)?,
+            },
+            Op::Wait => Request::Wait {
+                keys: read_keys(r, limits)?,
+            },
+            Op::MultiGet => Request::MultiGet {
+                keys: read_keys(r, limits)?,
+            },
             Op::MultiSet => {
                 let n = read_count(r, limits)?;
                 let mut pairs = Vec::with_capacity(n.min(64));
@@ -350,7 +468,10 @@ pub fn read_value(r: &mut impl Read, limits: &Limits) -> Result<Vec<u8>, WireErr
 fn read_count(r: &mut impl Read, limits: &Limits) -> Result<usize, WireError> {
     let count = read_u64(r)?;
     if count > limits.max_key_count as u64 {
-        return Err(WireError::TooManyKeys { count, max: limits.max_key_count });
+        return Err(WireError::TooManyKeys {
+            count,
+            max: limits.max_key_count,
+        });
     }
     Ok(count as usize)
 }
@@ -393,7 +514,11 @@ pub fn parse_stoll(bytes: &[u8]) -> Option<i64> {
     for &d in &rest[..digits] {
         acc = acc.checked_mul(10)?.checked_sub(i64::from(d - b'0'))?;
     }
-    if negative { Some(acc) } else { acc.checked_neg() }
+    if negative {
+        Some(acc)
+    } else {
+        acc.checked_neg()
+    }
 }
 
 #[cfg(test)]
@@ -406,21 +531,45 @@ mod tests {
 
     fn all_requests() -> Vec<Request<'static>> {
         vec![
-            Request::Validate { magic: VALIDATION_MAGIC },
-            Request::Set { key: b("/k"), value: Cow::Borrowed(&[0, 1, 2, 255]) },
-            Request::CompareSet { key: b("/k"), expected: b(""), desired: b("d") },
+            Request::Validate {
+                magic: VALIDATION_MAGIC,
+            },
+            Request::Set {
+                key: b("/k"),
+                value: Cow::Borrowed(&[0, 1, 2, 255]),
+            },
+            Request::CompareSet {
+                key: b("/k"),
+                expected: b(""),
+                desired: b("d"),
+            },
             Request::Get { key: b("/k") },
-            Request::Add { key: b("init/"), delta: -3 },
-            Request::Check { keys: vec![b("/a"), b("/b")] },
+            Request::Add {
+                key: b("init/"),
+                delta: -3,
+            },
+            Request::Check {
+                keys: vec![b("/a"), b("/b")],
+            },
             Request::Wait { keys: vec![] },
             Request::GetNumKeys,
             Request::DeleteKey { key: b("/k") },
-            Request::Append { key: b("/k"), value: b("more") },
-            Request::MultiGet { keys: vec![b("/a"), b("/b"), b("/c")] },
-            Request::MultiSet { pairs: vec![(b("/a"), b("1")), (b("/b"), b(""))] },
+            Request::Append {
+                key: b("/k"),
+                value: b("more"),
+            },
+            Request::MultiGet {
+                keys: vec![b("/a"), b("/b"), b("/c")],
+            },
+            Request::MultiSet {
+                pairs: vec![(b("/a"), b("1")), (b("/b"), b(""))],
+            },
             Request::CancelWait,
             Request::Ping { nonce: 0xDEAD_BEEF },
-            Request::QueuePush { key: b("/q"), value: b("x") },
+            Request::QueuePush {
+                key: b("/q"),
+                value: b("x"),
+            },
             Request::QueuePop { key: b("/q") },
             Request::QueueLen { key: b("/q") },
             Request::ListKeys,
@@ -446,13 +595,29 @@ mod tests {
     #[test]
     fn frames_are_byte_exact() {
         assert_eq!(encoded(&all_requests()[0]), [0, 0xCE, 0xF7, 0x85, 0x3C]);
-        let set = encoded(&Request::Set { key: b("/a"), value: b("xyz") });
-        let mut want = vec![1u8, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a', 3, 0, 0, 0, 0, 0, 0, 0];
+        let set = encoded(&Request::Set {
+            key: b("/a"),
+            value: b("xyz"),
+        });
+        let mut want = vec![
+            1u8, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a', 3, 0, 0, 0, 0, 0, 0, 0,
+        ];
         want.extend_from_slice(b"xyz");
         assert_eq!(set, want);
-        let add = encoded(&Request::Add { key: b("k"), delta: -1 });
-        assert_eq!(add, [4, 1, 0, 0, 0, 0, 0, 0, 0, b'k', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
-        assert_eq!(encoded(&Request::Wait { keys: vec![] }), [6, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let add = encoded(&Request::Add {
+            key: b("k"),
+            delta: -1,
+        });
+        assert_eq!(
+            add,
+            [
+                4, 1, 0, 0, 0, 0, 0, 0, 0, b'k', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff
+            ]
+        );
+        assert_eq!(
+            encoded(&Request::Wait { keys: vec![] }),
+            [6, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
         assert_eq!(encoded(&Request::CancelWait), [12]);
         assert_eq!(encoded(&Request::Ping { nonce: 1 }), [13, 1, 0, 0, 0]);
     }
@@ -486,29 +651,49 @@ mod tests {
         let mut frame = vec![Op::Get as u8];
         put_u64(&mut frame, u64::MAX);
         let err = Request::read_from(&mut frame.as_slice(), &Limits::LIBUV).unwrap_err();
-        assert!(matches!(err, WireError::TooLong { what: "key", len: u64::MAX, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                WireError::TooLong {
+                    what: "key",
+                    len: u64::MAX,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
 
         let mut frame = vec![Op::Set as u8];
         put_bytes(&mut frame, b"/k");
         put_u64(&mut frame, (8 << 20) + 1);
         let err = Request::read_from(&mut frame.as_slice(), &Limits::LIBUV).unwrap_err();
-        assert!(matches!(err, WireError::TooLong { what: "value", .. }), "{err:?}");
+        assert!(
+            matches!(err, WireError::TooLong { what: "value", .. }),
+            "{err:?}"
+        );
 
         for op in [Op::Check, Op::Wait, Op::MultiGet, Op::MultiSet] {
             let mut frame = vec![op as u8];
             put_u64(&mut frame, u64::MAX);
             let err = Request::read_from(&mut frame.as_slice(), &Limits::LIBUV).unwrap_err();
-            assert!(matches!(err, WireError::TooManyKeys { .. }), "{op:?}: {err:?}");
+            assert!(
+                matches!(err, WireError::TooManyKeys { .. }),
+                "{op:?}: {err:?}"
+            );
         }
     }
 
     #[test]
     fn limits_are_inclusive() {
         let key = vec![b'k'; Limits::LIBUV.max_key_len];
-        let frame = encoded(&Request::Get { key: Cow::Borrowed(&key) });
+        let frame = encoded(&Request::Get {
+            key: Cow::Borrowed(&key),
+        });
         assert!(Request::read_from(&mut frame.as_slice(), &Limits::LIBUV).is_ok());
         let key = vec![b'k'; Limits::LIBUV.max_key_len + 1];
-        let frame = encoded(&Request::Get { key: Cow::Borrowed(&key) });
+        let frame = encoded(&Request::Get {
+            key: Cow::Borrowed(&key),
+        });
         assert!(Request::read_from(&mut frame.as_slice(), &Limits::LIBUV).is_err());
     }
 
@@ -533,7 +718,11 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             // Bias towards small numbers so that some frames parse.
-            data.push(if x % 3 == 0 { (x >> 8) as u8 % 20 } else { (x >> 16) as u8 });
+            data.push(if x % 3 == 0 {
+                (x >> 8) as u8 % 20
+            } else {
+                (x >> 16) as u8
+            });
         }
         let mut r = data.as_slice();
         let mut frames = 0;

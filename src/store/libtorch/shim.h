@@ -1,0 +1,97 @@
+/*
+ * A plain C API over c10d::TCPStore (libtorch), for the Rust `libtorch`
+ * store backend (src/store/libtorch.rs binds it with bindgen).
+ *
+ * Conventions:
+ * - A store is an opaque handle from torchstore_open, freed by
+ *   torchstore_close.
+ * - Keys are (pointer, length) byte strings given exactly as the user wrote
+ *   them: c10d::TCPStore itself adds the "/" wire prefix.
+ * - Every fallible function returns NULL on success, or an error that the
+ *   caller must free with torchstore_error_free. No C++ exception ever leaves
+ *   the shim.
+ * - Byte buffers handed out (torchstore_bytes) are malloc'ed by the shim and
+ *   freed with torchstore_bytes_free.
+ * - Timeouts are milliseconds; 0 means "none" (torch's kNoTimeout).
+ */
+#ifndef NIXL_EXAMPLES_TORCHSTORE_SHIM_H
+#define NIXL_EXAMPLES_TORCHSTORE_SHIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which C++ exception type the failure was, most specific first. */
+typedef enum torchstore_error_kind {
+  /* c10d::TimeoutError: a socket-level timeout (e.g. connecting). */
+  TORCHSTORE_ERR_NET_TIMEOUT = 1,
+  /* c10d::SocketError: socket setup failed (e.g. bind: port in use). */
+  TORCHSTORE_ERR_SOCKET = 2,
+  /* c10::DistNetworkError: other network failures (peer closed, ...). */
+  TORCHSTORE_ERR_NETWORK = 3,
+  /* c10::DistStoreError: store-level failures (wait timeout, join timeout). */
+  TORCHSTORE_ERR_STORE = 4,
+  /* Any other c10::Error (TORCH_CHECK failures, ...). */
+  TORCHSTORE_ERR_TORCH = 5,
+  /* Any other std::exception. */
+  TORCHSTORE_ERR_STD = 6,
+  /* Anything else thrown. */
+  TORCHSTORE_ERR_UNKNOWN = 7,
+} torchstore_error_kind;
+
+typedef struct torchstore_error {
+  torchstore_error_kind kind;
+  /* NUL-terminated message (c10::Error::what_without_backtrace for torch). */
+  char *message;
+} torchstore_error;
+
+typedef struct torchstore_bytes {
+  uint8_t *data;
+  size_t len;
+} torchstore_bytes;
+
+/* Opaque: a c10d::TCPStore. */
+typedef struct torchstore torchstore;
+
+/*
+ * c10d::TCPStore(host, TCPStoreOptions{port, is_server, num_workers (< 0:
+ * none), wait_workers, timeout_ms}). Blocks like the constructor does
+ * (connect retries; with wait_workers the server waits for num_workers).
+ */
+torchstore_error *torchstore_open(const char *host, uint16_t port, bool is_server, int64_t num_workers,
+                                  bool wait_workers, int64_t timeout_ms, torchstore **out);
+/* Destroys the store (and the server it hosts). NULL is ignored. */
+void torchstore_close(torchstore *store);
+/* TCPStore::getPort(): the bound port when hosting with port 0. */
+uint16_t torchstore_port(const torchstore *store);
+
+torchstore_error *torchstore_set(torchstore *store, const char *key, size_t key_len, const uint8_t *value,
+                                 size_t value_len);
+torchstore_error *torchstore_get(torchstore *store, const char *key, size_t key_len, torchstore_bytes *out);
+/* keys[i] has key_lens[i] bytes; timeout_ms 0: no timeout. */
+torchstore_error *torchstore_wait(torchstore *store, const char *const *keys, const size_t *key_lens, size_t n_keys,
+                                  int64_t timeout_ms);
+torchstore_error *torchstore_check(torchstore *store, const char *const *keys, const size_t *key_lens, size_t n_keys,
+                                   bool *out);
+torchstore_error *torchstore_add(torchstore *store, const char *key, size_t key_len, int64_t delta, int64_t *out);
+torchstore_error *torchstore_compare_set(torchstore *store, const char *key, size_t key_len, const uint8_t *expected,
+                                         size_t expected_len, const uint8_t *desired, size_t desired_len,
+                                         torchstore_bytes *out);
+/* out points to n_keys slots; on error none of them needs freeing. */
+torchstore_error *torchstore_multi_get(torchstore *store, const char *const *keys, const size_t *key_lens,
+                                       size_t n_keys, torchstore_bytes *out);
+torchstore_error *torchstore_delete_key(torchstore *store, const char *key, size_t key_len, bool *out);
+torchstore_error *torchstore_num_keys(torchstore *store, int64_t *out);
+
+void torchstore_error_free(torchstore_error *error);
+void torchstore_bytes_free(torchstore_bytes *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NIXL_EXAMPLES_TORCHSTORE_SHIM_H */
