@@ -45,6 +45,8 @@ struct WriteParams {
     nixlMemViewElem signal;  // remote view of the target's 8-byte signal (index 0)
     uint64_t *ack;           // local 8-byte word the target's kernel increments
     KernelReport *report;
+    uint64_t *iter_cycles;   // ping-pong: iters + 2 slots (round trips in SM cycles, then the
+                             // clock64 at start and end, to calibrate against %globaltimer)
     uint64_t size;           // bytes per iteration, whole grid
     uint64_t slice;          // bytes per group (a multiple of 16 except for tiny sizes)
     uint64_t ack_base;       // ack value before this launch
@@ -52,22 +54,28 @@ struct WriteParams {
     uint32_t warmup;         // untimed iterations
     uint32_t iters;          // timed iterations
     uint32_t first_iter;     // global index of the first iteration (selects the source buffer)
+    uint32_t pingpong;       // 1: wait for the target's acknowledgement after every iteration
+};
+static_assert(sizeof(WriteParams) == 144, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, warmup) == 128, "WriteParams layout is shared with the host");
+
+// Parameters of the target's wait kernel. Iteration i of the round is
+// complete when the signal reaches base + (i + 1) * step.
+struct WaitParams {
+    nixlMemViewElem ack;   // remote view of the initiator's ack word (index 0)
+    uint64_t *signal;      // local signal word the initiator increments
+    KernelReport *report;
+    uint64_t *iter_ns;     // nullable: %globaltimer when each timed iteration completed
+    uint64_t base;         // signal value before this round
+    uint64_t step;         // signals per iteration (one per group that has data)
+    uint64_t timeout_ns;   // give up after this long without reaching a threshold
+    uint32_t warmup;
+    uint32_t iters;
+    uint32_t pong;         // 1: acknowledge every iteration (ping-pong), else after warm-up and at the end
     uint32_t reserved;
 };
-static_assert(sizeof(WriteParams) == 136, "WriteParams layout is shared with the host");
-static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
-static_assert(offsetof(WriteParams, warmup) == 120, "WriteParams layout is shared with the host");
-
-// Parameters of the target's wait kernel.
-struct WaitParams {
-    nixlMemViewElem ack;       // remote view of the initiator's ack word (index 0)
-    uint64_t *signal;          // local signal word the initiator increments
-    KernelReport *report;
-    uint64_t warm_threshold;   // signal value that ends the warm-up (0: no warm-up)
-    uint64_t final_threshold;  // signal value that ends the round
-    uint64_t timeout_ns;       // give up after this long without reaching a threshold
-};
-static_assert(sizeof(WaitParams) == 64, "WaitParams layout is shared with the host");
+static_assert(sizeof(WaitParams) == 88, "WaitParams layout is shared with the host");
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
     uint64_t t;
@@ -169,9 +177,10 @@ __device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t d
     return ok;
 }
 
+// Bandwidth: every group streams its slice `iters` times without waiting;
+// the target acknowledges once after warm-up and once at the end.
 template <nixl_gpu_level_t L>
-__device__ void write_signal(const WriteParams &p) {
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+__device__ void stream_rounds(const WriteParams &p, uint64_t deadline) {
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     uint64_t ack_target = p.ack_base;
 
@@ -190,6 +199,42 @@ __device__ void write_signal(const WriteParams &p) {
     }
 }
 
+// Latency: one group puts and signals, then waits for the target's
+// acknowledgement before the next iteration; each round trip is timed with
+// clock64 (cycle resolution), calibrated against %globaltimer by the host.
+template <nixl_gpu_level_t L>
+__device__ void ping_pong(const WriteParams &p, uint64_t deadline) {
+    const bool timer = threadIdx.x == 0;
+    const uint32_t total = p.warmup + p.iters;
+    uint64_t c_start = 0;
+    for (uint32_t i = 0; i < total; ++i) {
+        if (i == p.warmup && timer) {
+            p.report->t_start_ns = globaltimer_ns();
+            c_start = clock64();
+        }
+        const uint64_t c0 = clock64();
+        put_and_signal<L>(p, p.first_iter + i);
+        if (!block_wait_ack(p, p.ack_base + i + 1, deadline)) return;
+        const uint64_t c1 = clock64();
+        if (timer && i >= p.warmup) p.iter_cycles[i - p.warmup] = c1 - c0;
+    }
+    if (timer) {
+        p.report->t_end_ns = globaltimer_ns();
+        p.iter_cycles[p.iters] = c_start;
+        p.iter_cycles[p.iters + 1] = clock64();
+    }
+}
+
+template <nixl_gpu_level_t L>
+__device__ void write_signal(const WriteParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    if (p.pingpong) {
+        ping_pong<L>(p, deadline);
+    } else {
+        stream_rounds<L>(p, deadline);
+    }
+}
+
 extern "C" __global__ void nixl_write_signal_thread(WriteParams p) {
     write_signal<nixl_gpu_level_t::THREAD>(p);
 }
@@ -200,18 +245,26 @@ extern "C" __global__ void nixl_write_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK>(p);
 }
 
-// The target: one thread waits for the warm-up signals (if any), acknowledges,
-// waits for the final count, acknowledges again. Launched <<<1, 1>>>.
+// The target, one thread: follows the signal iteration by iteration,
+// timestamps each completed timed iteration, and acknowledges after the
+// warm-up and at the end (or, in ping-pong, after every iteration).
+// Launched <<<1, 1>>>.
 extern "C" __global__ void nixl_wait_signal(WaitParams p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    if (p.warm_threshold > 0) {
-        if (!wait_at_least(p.signal, p.warm_threshold, deadline, p.report)) return;
-        record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+    const uint32_t total = p.warmup + p.iters;
+    for (uint32_t i = 0; i < total; ++i) {
+        if (i == p.warmup) {
+            if (p.warmup > 0 && !p.pong) {
+                record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+            }
+            p.report->t_start_ns = globaltimer_ns();
+        }
+        if (!wait_at_least(p.signal, p.base + uint64_t(i + 1) * p.step, deadline, p.report)) return;
+        if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
+        // Our reads of the data (by the host, after this kernel) are ordered
+        // after the acquire load that saw the count.
+        if (p.pong) record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
     }
-    p.report->t_start_ns = globaltimer_ns();
-    if (!wait_at_least(p.signal, p.final_threshold, deadline, p.report)) return;
     p.report->t_end_ns = globaltimer_ns();
-    // Our reads of the data (by the host, after this kernel) are ordered after
-    // the acquire load that saw the final count.
-    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+    if (!p.pong) record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
 }
