@@ -19,4 +19,5 @@ pub mod nixl;
 pub mod pattern;
 pub mod report;
 pub mod roles;
+pub mod stats;
 pub mod store;

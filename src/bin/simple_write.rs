@@ -18,8 +18,8 @@ use nixl_examples::cli::{fmt_bytes, parse_bytes};
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level};
 use nixl_examples::nixl::runtime;
-use nixl_examples::report::{DataMismatch, EXIT_MISMATCH, RoundResult};
-use nixl_examples::roles::plan::{Round, RunPlan, auto_iters};
+use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
+use nixl_examples::roles::plan::{RoundSpec, size_sweep};
 use nixl_examples::roles::{initiator, target};
 use nixl_examples::say;
 use nixl_examples::store::{self, StoreBackend, StoreOptions};
@@ -64,29 +64,55 @@ struct Args {
 
     /// Bytes per iteration (K, M, G suffixes are powers of 1024). Set it on the
     /// initiator; the target takes the initiator's and refuses a different one.
-    #[arg(short, long, value_parser = parse_bytes)]
+    /// [default: 1M, or the sweep given by --min-size/--max-size]
+    #[arg(short, long, value_parser = parse_bytes, conflicts_with_all = ["min_size", "max_size"])]
     size: Option<u64>,
 
-    /// Level(s) of the collective put + signal, comma-separated; one round each.
-    #[arg(short, long, value_enum, value_delimiter = ',', default_values_t = [Level::Thread, Level::Warp, Level::Block])]
+    /// Sweep: smallest size (nccl-tests' -b) [default: 8].
+    #[arg(short = 'b', long, value_parser = parse_bytes)]
+    min_size: Option<u64>,
+
+    /// Sweep: largest size (nccl-tests' -e) [default: 64M].
+    #[arg(short = 'e', long, value_parser = parse_bytes)]
+    max_size: Option<u64>,
+
+    /// Sweep: each size is this many times the last (nccl-tests' -f).
+    #[arg(short = 'f', long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    step_factor: u64,
+
+    /// Level(s) of the collective put + signal, comma-separated; one round
+    /// per size and level.
+    #[arg(short, long, visible_alias = "levels", value_enum, value_delimiter = ',', default_values_t = [Level::Thread, Level::Warp, Level::Block])]
     level: Vec<Level>,
 
-    /// Timed iterations per round [default: as many as fit about a second at
-    /// each level's typical speed, at most 100].
+    /// Latency instead of bandwidth: one group puts and signals, the target
+    /// acknowledges each iteration before the next; reports round trips and
+    /// half round trips (p50/p99/min/avg).
     #[arg(long)]
+    pingpong: bool,
+
+    /// Timed iterations per round [default: about a quarter second of data at
+    /// each level's typical rate, 1..1000; 1000 round trips in --pingpong].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     iters: Option<u32>,
 
     /// Untimed warm-up iterations per round [default: iters/10, at least 1].
     #[arg(long)]
     warmup: Option<u32>,
 
-    /// Thread blocks; each group of threads puts its own slice on its own channel.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65535))]
-    blocks: u32,
+    /// Thread blocks, each group putting its own slice on its own channel
+    /// [default: block level: one per 32 KiB up to what fits the GPU at once;
+    /// thread and warp level: 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    blocks: Option<u32>,
 
-    /// Threads per block [default: 1 for thread, 32 for warp, 1024 for block level].
+    /// Threads per block [default: 1 thread, 32 warp, 512 block level (256 in --pingpong)].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
+
+    /// Skip the same-run baselines (copy engine, NIXL host-API WRITE).
+    #[arg(long)]
+    no_baselines: bool,
 
     /// GPU index [default: 0 for the initiator; 1 for the target when there are
     /// two or more GPUs, else 0].
@@ -109,9 +135,13 @@ struct Args {
     #[arg(long, value_enum, default_value_t = StoreKind::Native)]
     store: StoreKind,
 
-    /// Also write one JSON object per round to this file (initiator).
+    /// Also write every figure and the run's configuration as JSON (initiator).
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
+
+    /// Also write every figure as CSV, the configuration as `#` lines (initiator).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
@@ -188,16 +218,21 @@ fn run(args: Args) -> Result<()> {
 
     match args.mode {
         Mode::Initiator => {
-            let plan = plan(&args, timeout);
+            let rounds = rounds(&args)?;
             say!("[initiator] Starting...");
             eprintln!("[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join", args.port);
             let store = store::open(backend, &opts).context("opening the store (as its host)")?;
-            let results = initiator::run(&initiator::InitiatorConfig { gpu, plan }, store.as_ref())?;
-            for r in &results {
+            let cfg = initiator::InitiatorConfig { gpu, rounds, seed: seed(), timeout, baselines: !args.no_baselines };
+            let out = initiator::run(&cfg, store.as_ref())?;
+            for r in &out.rows {
                 say!("[initiator] Round {}: {}", r.round, r.line());
             }
+            say!("\n{}", report::table(&out.rows));
             if let Some(path) = &args.json {
-                write_json(path, &results)?;
+                report::write_json(path, &out.info, &out.rows)?;
+            }
+            if let Some(path) = &args.csv {
+                report::write_csv(path, &out.info, &out.rows)?;
             }
         }
         Mode::Target => {
@@ -210,34 +245,44 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn plan(args: &Args, timeout: Duration) -> RunPlan {
-    let size = args.size.unwrap_or(1 << 20);
-    let rounds = args
-        .level
+/// The rounds asked for: every size of the sweep (or the one --size) at
+/// every level, smallest size first.
+fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
+    let sizes = match (args.size, args.min_size, args.max_size) {
+        (Some(s), _, _) => vec![s],
+        (None, None, None) => vec![1 << 20],
+        (None, b, e) => {
+            let (b, e) = (b.unwrap_or(8), e.unwrap_or(64 << 20));
+            if b > e {
+                anyhow::bail!("--min-size {b} is larger than --max-size {e}");
+            }
+            size_sweep(b, e, args.step_factor)
+        }
+    };
+    eprintln!(
+        "[initiator] plan: sizes {}, levels {}{}",
+        sizes.iter().map(|&s| fmt_bytes(s)).collect::<Vec<_>>().join(" "),
+        args.level.iter().map(|l| l.name()).collect::<Vec<_>>().join(","),
+        if args.pingpong { ", ping-pong" } else { "" }
+    );
+    Ok(sizes
         .iter()
-        .map(|&level| {
-            let iters = args.iters.unwrap_or_else(|| auto_iters(size, level, args.blocks));
-            Round {
+        .flat_map(|&size| {
+            args.level.iter().map(move |&level| RoundSpec {
                 size,
                 level,
                 blocks: args.blocks,
-                threads: args.threads.unwrap_or(level.default_threads()),
-                warmup: args.warmup.unwrap_or((iters / 10).max(1)),
-                iters,
-            }
+                threads: args.threads,
+                warmup: args.warmup,
+                iters: args.iters,
+                pingpong: args.pingpong,
+            })
         })
-        .collect();
-    eprintln!("[initiator] plan: {} per iteration, levels {:?}", fmt_bytes(size), args.level.iter().map(|l| l.name()).collect::<Vec<_>>());
-    RunPlan { seed: seed(), timeout, rounds }
+        .collect())
 }
 
-/// A fresh seed per run: time and pid, mixed by the pattern's hash.
+/// A fresh seed per run: time and pid.
 fn seed() -> u64 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     t ^ ((std::process::id() as u64) << 32)
-}
-
-fn write_json(path: &std::path::Path, results: &[RoundResult]) -> Result<()> {
-    let body: String = results.iter().map(|r| r.json() + "\n").collect();
-    std::fs::write(path, body).with_context(|| format!("writing {}", path.display()))
 }

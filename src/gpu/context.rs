@@ -81,8 +81,25 @@ impl Gpu {
             .map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "querying free memory", source })
     }
 
+    /// How reports name this GPU.
+    pub fn info(&self) -> Result<crate::report::GpuInfo, GpuError> {
+        let uuid = self.ctx.uuid().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "reading the UUID", source })?;
+        Ok(crate::report::GpuInfo { ordinal: self.ordinal, name: self.name.clone(), uuid: crate::roles::baseline::uuid_string(&uuid) })
+    }
+
     /// Waits for all work queued on this role's stream.
     pub fn sync(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "synchronizing the stream", source })
     }
+}
+
+/// The driver's CUDA version, e.g. `13.0`, if a driver is present.
+pub fn driver_version() -> Option<String> {
+    if !driver_present() {
+        return None;
+    }
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: writes one int; the library is present.
+    unsafe { sys::cuDriverGetVersion(&mut v) }.result().ok()?;
+    Some(format!("{}.{}", v / 1000, (v % 1000) / 10))
 }

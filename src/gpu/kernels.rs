@@ -145,6 +145,10 @@ pub struct WriteParams {
     pub ack: u64,
     /// Device address of a zeroed [`KernelReport`].
     pub report: u64,
+    /// Ping-pong only: device address of `iters + 2` u64 slots: each round
+    /// trip in SM cycles, then `clock64` at the start and end of the timed
+    /// iterations (for calibration against the report's globaltimer stamps).
+    pub iter_cycles: u64,
     /// Bytes per iteration.
     pub size: u64,
     /// Bytes per group (see [`slice_for`]).
@@ -157,10 +161,12 @@ pub struct WriteParams {
     pub iters: u32,
     /// Global index of the first iteration (its parity picks the source).
     pub first_iter: u32,
-    pub reserved: u32,
+    /// 1: wait for the target's acknowledgement after every iteration.
+    pub pingpong: u32,
 }
 
-/// Parameters of the target's wait kernel (`WaitParams`).
+/// Parameters of the target's wait kernel (`WaitParams`). Iteration `i` of
+/// a round is complete when the signal reaches `base + (i + 1) * step`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WaitParams {
@@ -170,12 +176,20 @@ pub struct WaitParams {
     pub signal: u64,
     /// Device address of a zeroed [`KernelReport`].
     pub report: u64,
-    /// Signal value that ends the warm-up (0 = no warm-up, no first ack).
-    pub warm_threshold: u64,
-    /// Signal value that ends the round.
-    pub final_threshold: u64,
+    /// Device address of `iters` u64 slots for the globaltimer at which each
+    /// timed iteration completed, or 0.
+    pub iter_ns: u64,
+    /// Signal value before the round.
+    pub base: u64,
+    /// Signals per iteration.
+    pub step: u64,
     /// GPU-side timeout, ns.
     pub timeout_ns: u64,
+    pub warmup: u32,
+    pub iters: u32,
+    /// 1: acknowledge every iteration (ping-pong).
+    pub pong: u32,
+    pub reserved: u32,
 }
 
 // The layout contract with kernels.cu; a mismatch fails the build.
@@ -183,9 +197,9 @@ const _: () = {
     assert!(size_of::<MemViewElem>() == 24);
     assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
     assert!(size_of::<KernelReport>() == 40);
-    assert!(size_of::<WriteParams>() == 136);
-    assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 120);
-    assert!(size_of::<WaitParams>() == 64);
+    assert!(size_of::<WriteParams>() == 144);
+    assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
+    assert!(size_of::<WaitParams>() == 88);
 };
 
 // SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.

@@ -166,3 +166,34 @@ fn python_site_libs() -> Option<PathBuf> {
     let line = line.trim();
     (!line.is_empty()).then(|| PathBuf::from(line))
 }
+
+impl NixlRuntime {
+    /// NIXL's version when it came from a wheel (its `.dist-info` folder
+    /// beside the libraries), e.g. `nixl-cu13 1.5.1`.
+    pub fn nixl_version(&self) -> Option<String> {
+        let site = self.lib_dir.parent()?;
+        std::fs::read_dir(site).ok()?.filter_map(|e| e.ok()).find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stem = name.strip_suffix(".dist-info")?;
+            let (pkg, ver) = stem.split_once('-')?;
+            pkg.starts_with("nixl").then(|| format!("{} {ver}", pkg.replace('_', "-")))
+        })
+    }
+
+    /// The version string of the UCX that NIXL's UCX plugin loads
+    /// (`ucp_get_version_string`), found beside the libraries.
+    pub fn ucx_version(&self) -> Option<String> {
+        let dirs = [self.lib_dir.clone(), self.lib_dir.parent()?.join("nixl_cu13.libs"), self.lib_dir.parent()?.join("nixl_cu12.libs")];
+        let lib = dirs.iter().filter_map(|d| std::fs::read_dir(d).ok()).flatten().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libucp") && n.contains(".so"))
+        })?;
+        // SAFETY: loading the same UCX the plugin loads; we call one getter.
+        unsafe {
+            let lib = libloading::Library::new(&lib).ok()?;
+            let f: libloading::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> = lib.get(b"ucp_get_version_string").ok()?;
+            let s = std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned();
+            std::mem::forget(lib);
+            Some(s)
+        }
+    }
+}

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::keys;
 use super::peer::Peer;
-use super::plan::RunPlan;
+use super::plan::{RoundSpec, RunPlan};
 use crate::gpu::kernels::{Kernels, MemViewElem, WriteParams};
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
@@ -20,41 +20,76 @@ use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::serdes::{Desc, DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote};
 use crate::pattern;
-use crate::report::RoundResult;
+use super::baseline::{self, BaselineRig, Baselines};
+use crate::cli::fmt_bytes;
+use crate::report::{DataMismatch, GpuInfo, Row, RunInfo};
 use crate::say;
+use crate::stats::Summary;
 use crate::store::Store;
 
 /// What the initiator needs beyond the plan.
 pub struct InitiatorConfig {
     /// GPU ordinal.
     pub gpu: usize,
-    pub plan: RunPlan,
+    /// The rounds as asked for; resolved on our GPU into the published plan.
+    pub rounds: Vec<RoundSpec>,
+    /// Pattern seed (fresh per run).
+    pub seed: u64,
+    /// Timeout of every wait.
+    pub timeout: std::time::Duration,
+    /// Measure the copy-engine and NIXL host-API baselines for each size.
+    pub baselines: bool,
+}
+
+/// What a run produced: a row per round, and the configuration.
+pub struct InitiatorOutput {
+    pub rows: Vec<Row>,
+    pub info: RunInfo,
 }
 
 /// Runs the initiator against an open store (whose server this process
-/// normally hosts). Returns one result per round; a data mismatch reported
-/// by the target is an error.
-pub fn run(cfg: &InitiatorConfig, store: &dyn Store) -> Result<Vec<RoundResult>> {
-    let peer = Peer { store, me: "initiator", peer: "target", timeout: cfg.plan.timeout };
+/// normally hosts). A data mismatch reported by the target is an error
+/// ([`DataMismatch`]), raised after the teardown handshake.
+pub fn run(cfg: &InitiatorConfig, store: &dyn Store) -> Result<InitiatorOutput> {
+    let peer = Peer { store, me: "initiator", peer: "target", timeout: cfg.timeout };
     let result = run_inner(cfg, &peer);
     if let Err(e) = &result {
-        peer.abort(&format!("{e:#}"));
+        if e.downcast_ref::<DataMismatch>().is_none() {
+            peer.abort(&format!("{e:#}"));
+        }
     }
     result
 }
 
-fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
-    let plan = &cfg.plan;
-    let timeout = plan.timeout;
-    peer.set(keys::RUN_PLAN, &plan.encode())?;
-
-    // CUDA first: the agent's UCX backend must find a live context.
+fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
+    let timeout = cfg.timeout;
+    // CUDA first: the agent's UCX backend must find a live context; and the
+    // plan's defaults depend on this GPU.
     let gpu = Gpu::open(cfg.gpu)?;
     let kernels = Kernels::load(&gpu.ctx)?;
+    let plan = &RunPlan {
+        seed: cfg.seed,
+        timeout,
+        rounds: cfg
+            .rounds
+            .iter()
+            .map(|spec| spec.resolve(|level, threads| kernels.max_resident_blocks(level, threads, gpu.sm_count).unwrap_or(1)))
+            .collect(),
+    };
+    peer.set(keys::RUN_PLAN, &plan.encode())?;
+    let mut info = RunInfo::collect(plan.seed);
+    info.initiator_gpu = Some(gpu.info()?);
     let size = plan.max_size() as usize;
     let free = gpu.free_memory()?;
-    if 2 * size + (1 << 20) > free {
-        bail!("GPU {} has {} MiB free, the initiator needs two {size}-byte source buffers: use a smaller --size", gpu.ordinal, free >> 20);
+    let need = (2 + cfg.baselines as usize) * size + (64 << 20);
+    if need > free {
+        bail!(
+            "GPU {} has {} MiB free; the initiator needs {} MiB (two sources{}): use a smaller --size / --max-size",
+            gpu.ordinal,
+            free >> 20,
+            need >> 20,
+            if cfg.baselines { " and a baseline scratch buffer" } else { "" }
+        );
     }
     let sources = [DeviceBuffer::zeroed(&gpu.ctx, size)?, DeviceBuffer::zeroed(&gpu.ctx, size)?];
     let ack = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
@@ -87,21 +122,62 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
         .context("decoding the target's signal descriptors")?;
     check_remote(&data_descs, plan.max_size(), "data")?;
     check_remote(&signal_descs, 8, "signal")?;
+    let target_gpu = String::from_utf8_lossy(&peer.get(keys::TARGET_GPU, "GPU identity")?).into_owned();
+    info.target_gpu = parse_gpu(&target_gpu);
     say!("[initiator] Connected to target");
 
+    // Baselines need the target's GPU among ours (the same numbering), and
+    // our zeroed scratch buffer registered for the NIXL WRITE.
+    let rig = if cfg.baselines {
+        match info.target_gpu.as_ref().and_then(|g| baseline::find_gpu(&g.uuid)) {
+            Some(t) => Some(BaselineRig::new(&gpu, t, size)?),
+            None => {
+                eprintln!("[initiator] note: the target's GPU is not visible to this process; copy-engine and NIXL baselines skipped");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    gpu.bind()?;
+    let _reg_scratch = match &rig {
+        Some(r) => Some(agent.register_memory(r.scratch(), None).context("registering the baseline scratch buffer")?),
+        None => None,
+    };
+    info.same_gpu = rig.as_ref().map(|r| r.dest_gpu == gpu.ordinal).unwrap_or(false);
+
     let local = DescList::new(MemType::Vram, vec![vram_desc(&sources[0]), vram_desc(&sources[1])]);
-    // SAFETY: the sources stay registered and allocated until after the views drop (end of scope order below).
+    // SAFETY: the sources stay registered and allocated until after the views drop (explicit drop below).
     let src_view = unsafe { prep_local(agent, &nixl.backend, &local)? };
     // SAFETY: the target keeps its buffers until we set INITIATOR_DONE, after these views drop.
     let dst_view = unsafe { prep_remote(agent, &nixl.backend, &data_descs, keys::TARGET_NAME)? };
     let sig_view = unsafe { prep_remote(agent, &nixl.backend, &signal_descs, keys::TARGET_NAME)? };
 
     say!("[initiator] Transferring data via GPU kernel...");
-    let mut results = Vec::new();
+    let mut rows = Vec::new();
     let mut ack_base = 0u64;
     let mut first_iter = 0u32;
     let mut failure = None;
+    let mut baselines_of: Option<(u64, Baselines)> = None;
     for (i, round) in plan.rounds.iter().enumerate() {
+        // Baselines once per size, between rounds: the target's buffer is
+        // idle (its verdict on the last round is in) and zeroed.
+        if let Some(rig) = &rig {
+            if baselines_of.map(|(s, _)| s) != Some(round.size) {
+                let n = round.size as usize;
+                let b = Baselines {
+                    copy_engine_gbps: Some(rig.copy_engine(&gpu, &sources[0], n, baseline::ce_iters(round.size))?),
+                    nixl_write_gbps: Some(rig.nixl_write(agent, &data_descs, keys::TARGET_NAME, n, baseline::nixl_iters(round.size), timeout)?),
+                };
+                eprintln!(
+                    "[initiator] baselines for {}: copy engine {:.1} GB/s, NIXL WRITE {:.1} GB/s",
+                    fmt_bytes(round.size),
+                    b.copy_engine_gbps.unwrap_or(0.0),
+                    b.nixl_write_gbps.unwrap_or(0.0)
+                );
+                baselines_of = Some((round.size, b));
+            }
+        }
         let max_blocks = kernels.max_resident_blocks(round.level, round.threads, gpu.sm_count)?;
         if round.blocks > max_blocks {
             bail!(
@@ -110,12 +186,14 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
                 round.blocks, round.threads, gpu.ordinal
             );
         }
+        let cycles = if round.pingpong { Some(DeviceBuffer::zeroed(&gpu.ctx, (round.iters as usize + 2) * 8)?) } else { None };
         let params = WriteParams {
             src: MemViewElem::new(&src_view, 0),
             dst: MemViewElem::new(&dst_view, 0),
             signal: MemViewElem::new(&sig_view, 0),
             ack: ack.addr(),
             report: report_buf.addr(),
+            iter_cycles: cycles.as_ref().map_or(0, |c| c.addr()),
             size: round.size,
             slice: round.slice(),
             ack_base,
@@ -123,13 +201,13 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
             warmup: round.warmup,
             iters: round.iters,
             first_iter,
-            reserved: 0,
+            pingpong: round.pingpong as u32,
         };
         let finished = run_watched(
             &gpu,
             &report_buf,
             timeout,
-            // SAFETY: views, ack and report outlive the kernel (run_watched waits for it).
+            // SAFETY: views, ack, cycle slots and report outlive the kernel (run_watched waits for it).
             |stream| Ok(unsafe { kernels.launch_write(stream, round.level, round.blocks, round.threads, &params) }?),
             || peer.probe(),
         )?;
@@ -145,14 +223,23 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
                 ack_base + round.acks()
             );
         }
+        let rtt = match &cycles {
+            Some(c) => Some(round_trips(&gpu, c, round.iters as usize, r.t_end_ns - r.t_start_ns)?),
+            None => None,
+        };
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
 
         let verdict = peer.get(&keys::verdict(i), "verdict on the data")?;
         let verdict = String::from_utf8_lossy(&verdict).into_owned();
-        let result = RoundResult::new(i, round, r.t_end_ns - r.t_start_ns, finished.event_us, &verdict);
-        results.push(result);
-        if !verdict.starts_with("ok") {
+        let mut row = Row::new(i, round, r.t_end_ns - r.t_start_ns, finished.event_us, &verdict, rtt);
+        if let Some((_, b)) = baselines_of {
+            row = row.with_baselines(b);
+        }
+        eprintln!("[initiator] round {i}: {}", row.line());
+        let ok = row.verified;
+        rows.push(row);
+        if !ok {
             failure = Some(format!("round {i}: the target found wrong data: {verdict}"));
             break;
         }
@@ -165,15 +252,41 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<Vec<RoundResult>> {
     let _ = agent.invalidate_remote_md(keys::TARGET_NAME);
     peer.set(keys::INITIATOR_DONE, b"")?;
     let done = peer.get(keys::TARGET_DONE, "completion");
-    let mut own: Vec<String> = vec![keys::INITIATOR_META.into(), keys::INITIATOR_ACK_DESCS.into(), keys::RUN_PLAN.into(), keys::INITIATOR_DONE.into(), keys::TARGET_DONE.into()];
+    let mut own: Vec<String> = vec![
+        keys::INITIATOR_META.into(),
+        keys::INITIATOR_ACK_DESCS.into(),
+        keys::RUN_PLAN.into(),
+        keys::INITIATOR_DONE.into(),
+        keys::TARGET_DONE.into(),
+        keys::TARGET_GPU.into(),
+    ];
     own.extend((0..plan.rounds.len()).map(keys::verdict));
     peer.delete(&own.iter().map(String::as_str).collect::<Vec<_>>());
     done?;
     if let Some(f) = failure {
-        return Err(anyhow::Error::new(crate::report::DataMismatch(f)));
+        return Err(anyhow::Error::new(DataMismatch(f)));
     }
     say!("[initiator] Complete!");
-    Ok(results)
+    Ok(InitiatorOutput { rows, info })
+}
+
+/// Round trips in ns from the kernel's cycle counts, calibrated by the
+/// globaltimer span of the same iterations (SM clocks vary with boost).
+fn round_trips(gpu: &Gpu, cycles: &DeviceBuffer, iters: usize, span_ns: u64) -> Result<Summary> {
+    let mut raw = vec![0u8; (iters + 2) * 8];
+    cycles.download(&gpu.stream, &mut raw)?;
+    let word = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
+    let total_cycles = word(iters + 1).saturating_sub(word(iters)).max(1);
+    let ns_per_cycle = span_ns as f64 / total_cycles as f64;
+    let rtts: Vec<f64> = (0..iters).map(|i| word(i) as f64 * ns_per_cycle).collect();
+    Ok(Summary::of(&rtts))
+}
+
+fn parse_gpu(text: &str) -> Option<GpuInfo> {
+    let mut w = text.splitn(3, ' ');
+    let uuid = w.next()?.to_string();
+    let ordinal = w.next()?.parse().ok()?;
+    Some(GpuInfo { ordinal, uuid, name: w.next().unwrap_or("").to_string() })
 }
 
 fn vram_desc(buf: &DeviceBuffer) -> Desc {
@@ -186,4 +299,3 @@ fn check_remote(list: &DescList, min_len: u64, what: &str) -> Result<()> {
         _ => bail!("the target's {what} descriptors are not one VRAM buffer of at least {min_len} bytes: {list:?}"),
     }
 }
-

@@ -19,6 +19,9 @@ pub const INITIATOR_META: &str = "NIXL_2PROC/initiator_meta";
 pub const RUN_PLAN: &str = "NIXL_2PROC/run_plan";
 /// nixlSerDes descriptor list of the initiator's 8-byte acknowledgement word.
 pub const INITIATOR_ACK_DESCS: &str = "NIXL_2PROC/initiator_ack_descs";
+/// The target's GPU: `<uuid hex> <ordinal> <name>`, so the initiator can
+/// find the same device for its copy-engine baseline.
+pub const TARGET_GPU: &str = "NIXL_2PROC/target_gpu";
 /// Set by the initiator once its memory views of the target are released.
 pub const INITIATOR_DONE: &str = "NIXL_2PROC/initiator_done";
 /// Set by the target as its very last store operation.

@@ -23,6 +23,9 @@ pub struct Round {
     pub warmup: u32,
     /// Timed iterations.
     pub iters: u32,
+    /// Latency mode: one group, and the target acknowledges every
+    /// iteration before the next is sent (round trips are timed).
+    pub pingpong: bool,
 }
 
 impl Round {
@@ -48,13 +51,68 @@ impl Round {
 
     /// Acknowledgements the target sends in this round.
     pub fn acks(&self) -> u64 {
-        if self.warmup > 0 { 2 } else { 1 }
+        if self.pingpong {
+            (self.warmup + self.iters) as u64
+        } else if self.warmup > 0 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Short name of the mode, as in reports.
+    pub fn mode(&self) -> &'static str {
+        if self.pingpong { "pingpong" } else { "bandwidth" }
     }
 
     /// Pattern variant the target's buffer holds after the round: the
     /// parity of the round's last global iteration.
     pub fn final_variant(&self, first_iter: u32) -> u64 {
         ((first_iter + self.warmup + self.iters - 1) & 1) as u64
+    }
+}
+
+/// A round as the user asked for it: what is unset is chosen by
+/// [`RoundSpec::resolve`] on the initiator's GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoundSpec {
+    pub size: u64,
+    pub level: Level,
+    pub blocks: Option<u32>,
+    pub threads: Option<u32>,
+    pub warmup: Option<u32>,
+    pub iters: Option<u32>,
+    pub pingpong: bool,
+}
+
+impl RoundSpec {
+    /// Fills the defaults: threads per level, blocks ([`auto_blocks`] at
+    /// BLOCK level in bandwidth mode, else 1), iterations ([`auto_iters`])
+    /// and warm-up ([`auto_warmup`]). `max_resident(level, threads)` is the
+    /// most blocks that fit the GPU at once.
+    pub fn resolve(&self, max_resident: impl Fn(Level, u32) -> u32) -> Round {
+        // Ping-pong times one group; wide blocks only add barrier cost there.
+        let threads = self.threads.unwrap_or(match (self.level, self.pingpong) {
+            (Level::Block, false) => 512,
+            (Level::Block, true) => 256,
+            (l, _) => l.default_threads(),
+        });
+        let blocks = match (self.blocks, self.level, self.pingpong) {
+            (_, _, true) => 1,
+            (Some(b), _, _) => b,
+            (None, Level::Block, false) => auto_blocks(self.size, max_resident(self.level, threads)),
+            (None, _, false) => 1,
+        };
+        let iters = self.iters.unwrap_or_else(|| auto_iters(self.size, self.level, blocks, self.pingpong));
+        Round {
+            size: self.size,
+            level: self.level,
+            blocks,
+            threads,
+            warmup: self.warmup.unwrap_or_else(|| auto_warmup(iters)),
+            iters,
+            pingpong: self.pingpong,
+        }
     }
 }
 
@@ -80,8 +138,8 @@ impl RunPlan {
         let mut s = format!("simple_write/1 seed={} timeout_ms={}\n", self.seed, self.timeout.as_millis());
         for r in &self.rounds {
             s += &format!(
-                "round size={} level={} blocks={} threads={} warmup={} iters={}\n",
-                r.size, r.level, r.blocks, r.threads, r.warmup, r.iters
+                "round size={} level={} blocks={} threads={} warmup={} iters={} pingpong={}\n",
+                r.size, r.level, r.blocks, r.threads, r.warmup, r.iters, r.pingpong as u8
             );
         }
         s.into_bytes()
@@ -120,22 +178,57 @@ impl RunPlan {
                 threads: num(&m, "threads")? as u32,
                 warmup: num(&m, "warmup")? as u32,
                 iters: num(&m, "iters")? as u32,
+                pingpong: num(&m, "pingpong")? != 0,
             });
         }
         Ok(Self { seed: num(&h, "seed")?, timeout: Duration::from_millis(num(&h, "timeout_ms")?), rounds })
     }
 }
 
-/// Default timed iterations for a size and level: as many as fit a rough
-/// per-round byte budget (a single thread copies at tens of MB/s, a block at
-/// tens of GB/s), between 1 and 100.
-pub fn auto_iters(size: u64, level: Level, blocks: u32) -> u32 {
-    let budget: u64 = match level {
-        Level::Thread => 32 << 20,
-        Level::Warp => 1 << 30,
-        Level::Block => (16u64 << 30) * blocks.max(1) as u64,
-    };
-    (budget / size.max(1)).clamp(1, 100) as u32
+/// Rough delivery rate of one round, GB/s, for choosing iteration counts:
+/// one thread copies at tens of MB/s, one warp at about a GB/s, each block
+/// at tens of GB/s up to what a link carries (REFERENCE §2 figures).
+fn estimated_gbps(level: Level, blocks: u32) -> f64 {
+    match level {
+        Level::Thread => 0.025,
+        Level::Warp => 1.3,
+        Level::Block => (40.0 * blocks.max(1) as f64).min(350.0),
+    }
+}
+
+/// Default timed iterations: enough for about a quarter second of data at
+/// the level's typical rate, between 1 (a single thread moving 64 MiB
+/// takes seconds) or 5 (block level, ping-pong) and 1000, so small
+/// ping-pongs get 1000 round trips and their p99 means something.
+pub fn auto_iters(size: u64, level: Level, blocks: u32, pingpong: bool) -> u32 {
+    let want = 0.25e9 * estimated_gbps(level, blocks) / size.max(1) as f64;
+    let lo = if pingpong || level == Level::Block { 5.0 } else { 1.0 };
+    want.clamp(lo, 1000.0).round() as u32
+}
+
+/// Default untimed iterations: a tenth of the timed ones, at least one.
+pub fn auto_warmup(iters: u32) -> u32 {
+    (iters / 10).max(1)
+}
+
+/// Default grid for the BLOCK level in bandwidth mode: one block per 32 KiB
+/// of data, at most as many as can be resident at once (the kernel's blocks
+/// wait on each other). THREAD and WARP stay single-group: they teach.
+pub fn auto_blocks(size: u64, max_resident: u32) -> u32 {
+    (size.div_ceil(32 << 10) as u32).clamp(1, max_resident.max(1))
+}
+
+/// Sizes from `min` to `max` (inclusive), each `factor` times the last, as
+/// nccl-tests' `-b -e -f`.
+pub fn size_sweep(min: u64, max: u64, factor: u64) -> Vec<u64> {
+    let mut v = vec![min];
+    while let Some(next) = v.last().and_then(|&last| last.checked_mul(factor.max(2))) {
+        if next > max {
+            break;
+        }
+        v.push(next);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -148,8 +241,8 @@ mod tests {
             seed: 0xdead_beef,
             timeout: Duration::from_secs(30),
             rounds: vec![
-                Round { size: 8, level: Level::Thread, blocks: 1, threads: 1, warmup: 10, iters: 100 },
-                Round { size: 1 << 26, level: Level::Block, blocks: 132, threads: 1024, warmup: 0, iters: 5 },
+                Round { size: 8, level: Level::Thread, blocks: 1, threads: 1, warmup: 10, iters: 100, pingpong: true },
+                Round { size: 1 << 26, level: Level::Block, blocks: 132, threads: 1024, warmup: 0, iters: 5, pingpong: false },
             ],
         };
         assert_eq!(RunPlan::decode(&p.encode()).unwrap(), p);
@@ -157,10 +250,18 @@ mod tests {
 
     #[test]
     fn signals_count_only_groups_with_data() {
-        let r = Round { size: 8, level: Level::Warp, blocks: 2, threads: 64, warmup: 0, iters: 1 };
+        let r = Round { size: 8, level: Level::Warp, blocks: 2, threads: 64, warmup: 0, iters: 1, pingpong: false };
         assert_eq!(r.groups(), 4);
         assert_eq!(r.signals_per_iter(), 1);
-        let r = Round { size: 1 << 20, level: Level::Block, blocks: 4, threads: 256, warmup: 1, iters: 1 };
+        let r = Round { size: 1 << 20, level: Level::Block, blocks: 4, threads: 256, warmup: 1, iters: 1, pingpong: false };
         assert_eq!(r.signals_per_iter(), 4);
+    }
+
+    #[test]
+    fn sweeps_like_nccl_tests() {
+        assert_eq!(size_sweep(8, 64, 2), vec![8, 16, 32, 64]);
+        assert_eq!(size_sweep(1 << 20, 1 << 20, 2), vec![1 << 20]);
+        assert_eq!(size_sweep(8, 100, 4), vec![8, 32]);
+        assert_eq!(size_sweep(1, u64::MAX, 1 << 40).len(), 2);
     }
 }

@@ -20,6 +20,7 @@ use crate::nixl::view::{load_peer, prep_remote};
 use crate::pattern;
 use crate::report::DataMismatch;
 use crate::say;
+use crate::stats::Summary;
 use crate::store::Store;
 
 /// What the target needs; everything else comes from the initiator's plan.
@@ -86,6 +87,8 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
     peer.set(keys::TARGET_META, &agent.get_local_md()?)?;
     peer.set(keys::TARGET_DATA_DESCS, &DescList::new(MemType::Vram, vec![vram_desc(&data)]).encode())?;
     peer.set(keys::TARGET_SIGNAL_DESCS, &DescList::new(MemType::Vram, vec![vram_desc(&signal)]).encode())?;
+    let me = gpu.info()?;
+    peer.set(keys::TARGET_GPU, format!("{} {} {}", me.uuid, me.ordinal, me.name).as_bytes())?;
     say!("[target] Published metadata and descriptors");
 
     let initiator_md = peer.get(keys::INITIATOR_META, "agent metadata")?;
@@ -103,22 +106,27 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
     let mut mismatch = None;
     say!("[target] Waiting for data...");
     for (i, round) in plan.rounds.iter().enumerate() {
-        let per_iter = round.signals_per_iter();
-        let warm = if round.warmup > 0 { signal_base + per_iter * round.warmup as u64 } else { 0 };
-        let fin = signal_base + per_iter * (round.warmup + round.iters) as u64;
+        let step = round.signals_per_iter();
+        let fin = signal_base + step * (round.warmup + round.iters) as u64;
+        let stamps = DeviceBuffer::zeroed(&gpu.ctx, round.iters.max(1) as usize * 8)?;
         let params = WaitParams {
             ack: MemViewElem::new(&ack_view, 0),
             signal: signal.addr(),
             report: report_buf.addr(),
-            warm_threshold: warm,
-            final_threshold: fin,
+            iter_ns: stamps.addr(),
+            base: signal_base,
+            step,
             timeout_ns: timeout.as_nanos() as u64,
+            warmup: round.warmup,
+            iters: round.iters,
+            pong: round.pingpong as u32,
+            reserved: 0,
         };
         let finished = run_watched(
             &gpu,
             &report_buf,
             timeout,
-            // SAFETY: the view, signal and report outlive the kernel.
+            // SAFETY: the view, signal, stamps and report outlive the kernel.
             |stream| Ok(unsafe { kernels.launch_wait(stream, &params) }?),
             || peer.probe(),
         )?;
@@ -144,10 +152,11 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
         data.download(&gpu.stream, &mut host[..n])?;
         let variant = round.final_variant(first_iter);
         let checksum = pattern::byte_sum(&host[..n]);
+        let intervals = arrival_intervals(&gpu, &stamps, round.iters as usize, r.t_start_ns)?;
         let verdict = match pattern::verify(&host[..n], plan.seed, variant) {
             None => {
                 say!("[target] ✓ Checksum OK: {checksum}");
-                format!("ok {checksum}")
+                format!("ok {checksum} {}", intervals.encode("recv_"))
             }
             Some(m) => {
                 let expected: u64 = {
@@ -181,7 +190,7 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
     let released = peer.get(keys::INITIATOR_DONE, "release of its memory views");
     drop(ack_view);
     let _ = agent.invalidate_remote_md(keys::INITIATOR_NAME);
-    peer.delete(&[keys::TARGET_META, keys::TARGET_DATA_DESCS, keys::TARGET_SIGNAL_DESCS]);
+    peer.delete(&[keys::TARGET_META, keys::TARGET_DATA_DESCS, keys::TARGET_SIGNAL_DESCS, keys::TARGET_GPU]);
     released?;
     peer.set(keys::TARGET_DONE, b"")?;
     if let Some(m) = mismatch {
@@ -189,6 +198,21 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
     }
     say!("[target] Complete!");
     Ok(out)
+}
+
+/// Per-iteration intervals between the moments the target's GPU saw each
+/// timed iteration complete (the first measured from the end of warm-up), ns.
+fn arrival_intervals(gpu: &Gpu, stamps: &DeviceBuffer, iters: usize, start_ns: u64) -> Result<Summary> {
+    let mut raw = vec![0u8; iters * 8];
+    stamps.download(&gpu.stream, &mut raw)?;
+    let mut prev = start_ns;
+    let mut v = Vec::with_capacity(iters);
+    for c in raw.chunks_exact(8) {
+        let t = u64::from_le_bytes(c.try_into().unwrap());
+        v.push(t.saturating_sub(prev) as f64);
+        prev = t;
+    }
+    Ok(Summary::of(&v))
 }
 
 fn vram_desc(buf: &DeviceBuffer) -> Desc {
