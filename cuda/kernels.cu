@@ -54,11 +54,23 @@ struct WriteParams {
     uint32_t warmup;         // untimed iterations
     uint32_t iters;          // timed iterations
     uint32_t first_iter;     // global index of the first iteration (selects the source buffer)
-    uint32_t pingpong;       // 1: wait for the target's acknowledgement after every iteration
+    uint32_t flags;          // WRITE_* below
+    uint32_t stamp_index;    // WRITE_STAMP: slot of iter_cycles that gets %globaltimer at start
+    uint32_t reserved;
 };
-static_assert(sizeof(WriteParams) == 144, "WriteParams layout is shared with the host");
+static_assert(sizeof(WriteParams) == 152, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, warmup) == 128, "WriteParams layout is shared with the host");
+
+// Wait for the target's acknowledgement after every iteration (latency).
+constexpr uint32_t WRITE_PINGPONG = 1;
+// Never spin on the acknowledgement: the host queues stream waits
+// (cuStreamWaitValue64) between launches instead. Two processes sharing one
+// GPU cannot run kernels at the same time, so a spinning kernel on either
+// side would hold the GPU for whole time slices.
+constexpr uint32_t WRITE_HOST_SEQUENCED = 2;
+// Record %globaltimer at kernel start in iter_cycles[stamp_index].
+constexpr uint32_t WRITE_STAMP = 4;
 
 // Parameters of the target's wait kernel. Iteration i of the round is
 // complete when the signal reaches base + (i + 1) * step.
@@ -182,10 +194,12 @@ __device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t d
 template <nixl_gpu_level_t L>
 __device__ void stream_rounds(const WriteParams &p, uint64_t deadline) {
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
+    const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
     uint64_t ack_target = p.ack_base;
 
     for (uint32_t i = 0; i < p.warmup; ++i) put_and_signal<L>(p, p.first_iter + i);
-    if (p.warmup > 0) {
+    if (p.iters == 0) return;  // host-sequenced warm-up launch
+    if (p.warmup > 0 && spin) {
         // The target acknowledges once every group's warm-up signals have
         // landed: a grid-wide barrier that also excludes warm-up from timing.
         if (!block_wait_ack(p, ++ack_target, deadline)) return;
@@ -194,7 +208,8 @@ __device__ void stream_rounds(const WriteParams &p, uint64_t deadline) {
     for (uint32_t i = 0; i < p.iters; ++i) put_and_signal<L>(p, p.first_iter + p.warmup + i);
     // Bandwidth stops when the receiver has everything, which we learn from
     // its acknowledgement (one extra one-way signal latency, see the guide).
-    if (blockIdx.x == 0) {
+    // Host-sequenced: a stream wait and nixl_stamp take that role.
+    if (spin && blockIdx.x == 0) {
         if (block_wait_ack(p, ++ack_target, deadline) && timer) p.report->t_end_ns = globaltimer_ns();
     }
 }
@@ -228,9 +243,13 @@ __device__ void ping_pong(const WriteParams &p, uint64_t deadline) {
 template <nixl_gpu_level_t L>
 __device__ void write_signal(const WriteParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    if (p.pingpong) {
+    if ((p.flags & WRITE_STAMP) && blockIdx.x == 0 && threadIdx.x == 0) {
+        p.iter_cycles[p.stamp_index] = globaltimer_ns();
+    }
+    if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
         ping_pong<L>(p, deadline);
     } else {
+        // Host-sequenced ping-pong is one iteration per launch.
         stream_rounds<L>(p, deadline);
     }
 }
@@ -243,6 +262,27 @@ extern "C" __global__ void nixl_write_signal_warp(WriteParams p) {
 }
 extern "C" __global__ void nixl_write_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK>(p);
+}
+
+// Host-sequenced waits end in this one-thread kernel: it records when the
+// stream wait before it was satisfied (which = 0: t_start, 1: t_end) and the
+// value of `word` then.
+extern "C" __global__ void nixl_stamp(KernelReport *r, const uint64_t *word, uint32_t which) {
+    const uint64_t now = globaltimer_ns();
+    if (which == 0) r->t_start_ns = now;
+    if (which == 1) r->t_end_ns = now;
+    r->observed = load_acquire_system(word);
+}
+
+// The target's acknowledgement when host-sequenced: a stream wait on the
+// signal, then this kernel puts +1 into the initiator's ack word (and stamps
+// as nixl_stamp does; which = 2 stamps nothing).
+extern "C" __global__ void nixl_ack(nixlMemViewElem ack, KernelReport *r, const uint64_t *signal, uint32_t which) {
+    const uint64_t now = globaltimer_ns();
+    if (which == 0) r->t_start_ns = now;
+    if (which == 1) r->t_end_ns = now;
+    r->observed = load_acquire_system(signal);
+    record_status(r, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, ack));
 }
 
 // The target, one thread: follows the signal iteration by iteration,

@@ -46,6 +46,8 @@ for mod in "$L"/ucx/*.so*; do
     if [[ -n "$base" && -f "$L/$base" ]]; then cp -an "$L/$base" "$OUT/stage/nixl/nixl_cu13.libs/"; fi
   done
 done
+# The wheel's metadata, so reports can name the NIXL version.
+cp -a "$SITE"/nixl_cu13-*.dist-info "$OUT/stage/nixl/" 2>/dev/null || true
 # UCX's CUDA modules link the CUDA runtime; ship the wheel's copy beside them.
 cp -a "$SITE"/nvidia/cu13/lib/libcudart.so.13* "$OUT/stage/nixl/nixl_cu13.libs/"
 tar -C "$OUT/stage" -cJf "$OUT/bundle.tar.xz" .

@@ -128,6 +128,8 @@ pub struct RunInfo {
     pub initiator_gpu: Option<GpuInfo>,
     pub target_gpu: Option<GpuInfo>,
     pub same_gpu: bool,
+    /// How each side waited: `kernel` (spinning) or `stream` (cuStreamWaitValue64).
+    pub initiator_wait: Option<&'static str>,
     pub driver_version: Option<String>,
     pub nixl_version: Option<String>,
     pub nixl_lib_dir: Option<String>,

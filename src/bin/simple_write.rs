@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{fmt_bytes, parse_bytes};
 use nixl_examples::gpu::context::device_count;
-use nixl_examples::gpu::kernels::{self, Level};
+use nixl_examples::gpu::kernels::{self, Level, WaitMode};
 use nixl_examples::nixl::runtime;
 use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
 use nixl_examples::roles::plan::{RoundSpec, size_sweep};
@@ -135,6 +135,13 @@ struct Args {
     #[arg(long, value_enum, default_value_t = StoreKind::Native)]
     store: StoreKind,
 
+    /// How this side waits for the other's signal: a spinning kernel, or a
+    /// stream wait (cuStreamWaitValue64) that leaves the GPU free; auto picks
+    /// stream when both processes share a GPU (they cannot run kernels at the
+    /// same time, so a spinning kernel would hold it for whole time slices).
+    #[arg(long, value_enum, default_value_t = WaitMode::Auto)]
+    wait: WaitMode,
+
     /// Also write every figure and the run's configuration as JSON (initiator).
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
@@ -222,7 +229,8 @@ fn run(args: Args) -> Result<()> {
             say!("[initiator] Starting...");
             eprintln!("[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join", args.port);
             let store = store::open(backend, &opts).context("opening the store (as its host)")?;
-            let cfg = initiator::InitiatorConfig { gpu, rounds, seed: seed(), timeout, baselines: !args.no_baselines };
+            let cfg =
+                initiator::InitiatorConfig { gpu, rounds, seed: seed(), timeout, baselines: !args.no_baselines, wait: args.wait };
             let out = initiator::run(&cfg, store.as_ref())?;
             for r in &out.rows {
                 say!("[initiator] Round {}: {}", r.round, r.line());
@@ -239,7 +247,7 @@ fn run(args: Args) -> Result<()> {
             say!("[target] Starting...");
             let store = store::open(backend, &opts)
                 .with_context(|| format!("joining the initiator's store at {}:{}", args.host, args.port))?;
-            target::run(&target::TargetConfig { gpu, expected_size: args.size, timeout }, store.as_ref())?;
+            target::run(&target::TargetConfig { gpu, expected_size: args.size, timeout, wait: args.wait }, store.as_ref())?;
         }
     }
     Ok(())

@@ -161,8 +161,55 @@ pub struct WriteParams {
     pub iters: u32,
     /// Global index of the first iteration (its parity picks the source).
     pub first_iter: u32,
-    /// 1: wait for the target's acknowledgement after every iteration.
-    pub pingpong: u32,
+    /// [`WRITE_PINGPONG`], [`WRITE_HOST_SEQUENCED`], [`WRITE_STAMP`].
+    pub flags: u32,
+    /// With [`WRITE_STAMP`]: the `iter_cycles` slot that gets the kernel's
+    /// start time (`%globaltimer`, ns).
+    pub stamp_index: u32,
+    pub reserved: u32,
+}
+
+/// Wait for the target's acknowledgement after every iteration (latency).
+pub const WRITE_PINGPONG: u32 = 1;
+/// Never spin on the acknowledgement: the host queues stream waits between
+/// launches (see [`WaitMode::Stream`]).
+pub const WRITE_HOST_SEQUENCED: u32 = 2;
+/// Record the kernel's start time in `iter_cycles[stamp_index]`.
+pub const WRITE_STAMP: u32 = 4;
+
+/// How a side waits for the other's signal or acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WaitMode {
+    /// A kernel spins on the word with system-scope acquire loads (the
+    /// device-API pattern; right when the two processes use different GPUs).
+    Kernel,
+    /// The stream waits (`cuStreamWaitValue64`), then a one-thread kernel
+    /// acknowledges or stamps: nothing occupies the GPU while waiting, which
+    /// matters when both processes share one GPU (their kernels cannot run
+    /// at the same time, so a spinning kernel holds the GPU for whole time
+    /// slices).
+    Stream,
+    /// Stream when both processes use the same GPU, else kernel.
+    Auto,
+}
+
+impl WaitMode {
+    /// Resolves `Auto` for a pair of GPUs that are (or are not) the same.
+    pub fn resolve(self, same_gpu: bool) -> WaitMode {
+        match self {
+            WaitMode::Auto if same_gpu => WaitMode::Stream,
+            WaitMode::Auto => WaitMode::Kernel,
+            m => m,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitMode::Kernel => "kernel",
+            WaitMode::Stream => "stream",
+            WaitMode::Auto => "auto",
+        }
+    }
 }
 
 /// Parameters of the target's wait kernel (`WaitParams`). Iteration `i` of
@@ -197,7 +244,7 @@ const _: () = {
     assert!(size_of::<MemViewElem>() == 24);
     assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
     assert!(size_of::<KernelReport>() == 40);
-    assert!(size_of::<WriteParams>() == 144);
+    assert!(size_of::<WriteParams>() == 152);
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
     assert!(size_of::<WaitParams>() == 88);
 };
@@ -247,6 +294,8 @@ pub struct Kernels {
     warp: CudaFunction,
     block: CudaFunction,
     wait: CudaFunction,
+    stamp: CudaFunction,
+    ack: CudaFunction,
 }
 
 impl Kernels {
@@ -261,6 +310,8 @@ impl Kernels {
             warp: f(Level::Warp.kernel())?,
             block: f(Level::Block.kernel())?,
             wait: f("nixl_wait_signal")?,
+            stamp: f("nixl_stamp")?,
+            ack: f("nixl_ack")?,
             _module: module,
         })
     }
@@ -310,6 +361,51 @@ impl Kernels {
         let mut b = stream.launch_builder(&self.wait);
         b.arg(p);
         unsafe { b.launch(cfg) }.map(|_| ())
+    }
+}
+
+impl Kernels {
+    /// Queues `nixl_stamp`: records `%globaltimer` as the report's start
+    /// (`which` 0) or end (1) and the value of the u64 at `word`.
+    ///
+    /// # Safety
+    /// `report` and `word` must be device addresses valid until it runs.
+    pub unsafe fn launch_stamp(&self, stream: &CudaStream, report: u64, word: u64, which: u32) -> Result<(), DriverError> {
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let mut b = stream.launch_builder(&self.stamp);
+        b.arg(&report).arg(&word).arg(&which);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    /// Queues `nixl_ack`: `nixlAtomicAdd(1)` on the peer's ack word, stamping
+    /// as [`Kernels::launch_stamp`] (`which` 2: no stamp).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_stamp`]; `ack` must name a live memory view.
+    pub unsafe fn launch_ack(&self, stream: &CudaStream, ack: &MemViewElem, report: u64, signal: u64, which: u32) -> Result<(), DriverError> {
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let mut b = stream.launch_builder(&self.ack);
+        b.arg(ack).arg(&report).arg(&signal).arg(&which);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+}
+
+/// Queues a wait on `stream` until the u64 at device address `addr` is at
+/// least `value` (`cuStreamWaitValue64`, GEQ). Nothing runs on the GPU while
+/// it waits; it has no timeout of its own, so whoever queues it must be
+/// able to release it ([`crate::gpu::run::run_watched`] does, at its deadline).
+///
+/// # Safety
+/// `addr` must be valid device memory until the wait completes.
+pub unsafe fn wait_value_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<(), DriverError> {
+    unsafe {
+        cudarc::driver::sys::cuStreamWaitValue64_v2(
+            stream.cu_stream(),
+            addr,
+            value,
+            cudarc::driver::sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+        .result()
     }
 }
 

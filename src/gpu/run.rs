@@ -19,24 +19,30 @@ use super::kernels::KernelReport;
 /// Byte offset of `KernelReport::cancel`.
 const CANCEL_OFFSET: u64 = 36;
 
-/// A finished kernel: its report and the CUDA-event time around it (which
+/// Finished work: the kernel report and the CUDA-event time around it (which
 /// includes launch overhead; the report's globaltimer stamps do not).
 #[derive(Clone, Copy, Debug)]
 pub struct Finished {
     pub report: KernelReport,
-    /// Event-measured duration of the whole kernel, µs.
+    /// Event-measured duration of everything queued, µs.
     pub event_us: f64,
+    /// The deadline passed and the host released the stream waits (and
+    /// cancelled the kernels): treat as a timeout.
+    pub released: bool,
 }
 
 /// Queues `launch` on `gpu.stream` between two timing events, then waits for
-/// it, calling `probe` every `poll`; when `probe` returns a reason the kernel
-/// is cancelled and that reason becomes the error. `report` must be the
-/// kernel's (zeroed) report buffer. `grace` bounds how long after the
-/// kernel's own deadline the host keeps waiting before declaring the GPU stuck.
+/// it, calling `probe` every 20 ms; when `probe` returns a reason the work
+/// is cancelled and that reason becomes the error. `report` is the kernels'
+/// (zeroed here) report buffer. `release` is the device address of the u64
+/// word that queued stream waits wait on, if any: stream waits have no
+/// timeout of their own, so at `deadline` the host writes a huge value there
+/// (and raises the kernels' cancel flag) and reports `released`.
 pub fn run_watched(
     gpu: &Gpu,
     report: &DeviceBuffer,
     deadline: Duration,
+    release: Option<u64>,
     launch: impl FnOnce(&CudaStream) -> Result<()>,
     mut probe: impl FnMut() -> Option<String>,
 ) -> Result<Finished> {
@@ -50,10 +56,17 @@ pub fn run_watched(
     let began = Instant::now();
     let grace = deadline + Duration::from_secs(10);
     let mut cancelled: Option<String> = None;
+    let mut released = false;
     let mut last_probe = Instant::now();
     loop {
         if end.try_is_complete().context("the kernel failed (a CUDA error; see above)")? {
             break;
+        }
+        if !released && began.elapsed() > deadline {
+            if let Some(word) = release {
+                cancel(gpu, report, Some(word))?;
+                released = true;
+            }
         }
         if began.elapsed() > grace {
             bail!(
@@ -66,7 +79,7 @@ pub fn run_watched(
         if cancelled.is_none() && last_probe.elapsed() >= Duration::from_millis(20) {
             last_probe = Instant::now();
             if let Some(reason) = probe() {
-                cancel(gpu, report)?;
+                cancel(gpu, report, release)?;
                 cancelled = Some(reason);
             }
         }
@@ -79,15 +92,21 @@ pub fn run_watched(
         bail!("{reason}");
     }
     let event_us = start.elapsed_ms(&end)? as f64 * 1e3;
-    Ok(Finished { report, event_us })
+    Ok(Finished { report, event_us, released })
 }
 
-/// Sets the kernel's cancel flag from a separate stream (the kernel's own
-/// stream is busy with the kernel).
-fn cancel(gpu: &Gpu, report: &DeviceBuffer) -> Result<()> {
+/// Raises the kernels' cancel flag and releases stream waits on `word`,
+/// from a separate stream (the work's own stream is blocked).
+fn cancel(gpu: &Gpu, report: &DeviceBuffer, word: Option<u64>) -> Result<()> {
     let side = gpu.ctx.new_stream()?;
-    // SAFETY: the report buffer is 40 bytes; the flag is a u32 at offset 36.
-    unsafe { sys::cuMemsetD32Async(report.addr() + CANCEL_OFFSET, 1, 1, side.cu_stream()).result()? };
+    // SAFETY: the report buffer is 40 bytes with the u32 flag at offset 36;
+    // `word` is the caller's live u64.
+    unsafe {
+        sys::cuMemsetD32Async(report.addr() + CANCEL_OFFSET, 1, 1, side.cu_stream()).result()?;
+        if let Some(w) = word {
+            sys::cuStreamWriteValue64_v2(side.cu_stream(), w, u64::MAX / 2, 0).result()?;
+        }
+    }
     side.synchronize()?;
     Ok(())
 }

@@ -12,8 +12,10 @@ use anyhow::{Context, Result, bail};
 
 use super::keys;
 use super::peer::Peer;
-use super::plan::{RoundSpec, RunPlan};
-use crate::gpu::kernels::{Kernels, MemViewElem, WriteParams};
+use super::plan::{Round, RoundSpec, RunPlan};
+use crate::gpu::kernels::{
+    KernelReport, Kernels, MemViewElem, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
+};
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::create_ucx_agent;
@@ -39,6 +41,8 @@ pub struct InitiatorConfig {
     pub timeout: std::time::Duration,
     /// Measure the copy-engine and NIXL host-API baselines for each size.
     pub baselines: bool,
+    /// How this side waits for the target's acknowledgements.
+    pub wait: WaitMode,
 }
 
 /// What a run produced: a row per round, and the configuration.
@@ -67,9 +71,11 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     // plan's defaults depend on this GPU.
     let gpu = Gpu::open(cfg.gpu)?;
     let kernels = Kernels::load(&gpu.ctx)?;
+    let me = gpu.info()?;
     let plan = &RunPlan {
         seed: cfg.seed,
         timeout,
+        initiator_gpu: me.uuid.clone(),
         rounds: cfg
             .rounds
             .iter()
@@ -78,10 +84,10 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     };
     peer.set(keys::RUN_PLAN, &plan.encode())?;
     let mut info = RunInfo::collect(plan.seed);
-    info.initiator_gpu = Some(gpu.info()?);
+    info.initiator_gpu = Some(me.clone());
     let size = plan.max_size() as usize;
     let free = gpu.free_memory()?;
-    let need = (2 + cfg.baselines as usize) * size + (64 << 20);
+    let need = (2 + 2 * cfg.baselines as usize) * size + (64 << 20);
     if need > free {
         bail!(
             "GPU {} has {} MiB free; the initiator needs {} MiB (two sources{}): use a smaller --size / --max-size",
@@ -144,7 +150,13 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
         Some(r) => Some(agent.register_memory(r.scratch(), None).context("registering the baseline scratch buffer")?),
         None => None,
     };
-    info.same_gpu = rig.as_ref().map(|r| r.dest_gpu == gpu.ordinal).unwrap_or(false);
+    info.same_gpu = info.target_gpu.as_ref().is_some_and(|t| t.uuid == me.uuid);
+    let wait = cfg.wait.resolve(info.same_gpu);
+    info.initiator_wait = Some(wait.name());
+    eprintln!("[initiator] waiting for acknowledgements with a {} ({})", match wait {
+        WaitMode::Stream => "stream wait (cuStreamWaitValue64)",
+        _ => "spinning kernel",
+    }, if info.same_gpu { "both processes share the GPU" } else { "the processes use different GPUs" });
 
     let local = DescList::new(MemType::Vram, vec![vram_desc(&sources[0]), vram_desc(&sources[1])]);
     // SAFETY: the sources stay registered and allocated until after the views drop (explicit drop below).
@@ -186,53 +198,21 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
                 round.blocks, round.threads, gpu.ordinal
             );
         }
-        let cycles = if round.pingpong { Some(DeviceBuffer::zeroed(&gpu.ctx, (round.iters as usize + 2) * 8)?) } else { None };
-        let params = WriteParams {
+        let run = RoundRun { gpu: &gpu, kernels: &kernels, round, wait, report: &report_buf, ack: &ack, ack_base, first_iter, timeout };
+        let base = WriteParams {
             src: MemViewElem::new(&src_view, 0),
             dst: MemViewElem::new(&dst_view, 0),
             signal: MemViewElem::new(&sig_view, 0),
-            ack: ack.addr(),
-            report: report_buf.addr(),
-            iter_cycles: cycles.as_ref().map_or(0, |c| c.addr()),
-            size: round.size,
-            slice: round.slice(),
-            ack_base,
-            timeout_ns: timeout.as_nanos() as u64,
-            warmup: round.warmup,
-            iters: round.iters,
-            first_iter,
-            pingpong: round.pingpong as u32,
+            ..Default::default()
         };
-        let finished = run_watched(
-            &gpu,
-            &report_buf,
-            timeout,
-            // SAFETY: views, ack, cycle slots and report outlive the kernel (run_watched waits for it).
-            |stream| Ok(unsafe { kernels.launch_write(stream, round.level, round.blocks, round.threads, &params) }?),
-            || peer.probe(),
-        )?;
-        let r = finished.report;
-        if r.errors > 0 {
-            bail!("{} NIXL device call(s) failed in round {i} (first status {}: NIXL_ERR_BACKEND = -3)", r.errors, r.first_status);
-        }
-        if r.timed_out != 0 || r.t_end_ns == 0 {
-            bail!(
-                "round {i}: the target's acknowledgement never came (ack {} of {} after {timeout:?} on the GPU): \
-                 the target stopped, or its signal never arrived",
-                r.observed,
-                ack_base + round.acks()
-            );
-        }
-        let rtt = match &cycles {
-            Some(c) => Some(round_trips(&gpu, c, round.iters as usize, r.t_end_ns - r.t_start_ns)?),
-            None => None,
-        };
+        peer.set(&keys::go(i), b"")?;
+        let (r, event_us, rtt) = run.execute(base, peer)?;
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
 
         let verdict = peer.get(&keys::verdict(i), "verdict on the data")?;
         let verdict = String::from_utf8_lossy(&verdict).into_owned();
-        let mut row = Row::new(i, round, r.t_end_ns - r.t_start_ns, finished.event_us, &verdict, rtt);
+        let mut row = Row::new(i, round, r.t_end_ns.saturating_sub(r.t_start_ns), event_us, &verdict, rtt);
         if let Some((_, b)) = baselines_of {
             row = row.with_baselines(b);
         }
@@ -261,6 +241,7 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
         keys::TARGET_GPU.into(),
     ];
     own.extend((0..plan.rounds.len()).map(keys::verdict));
+    own.extend((0..plan.rounds.len()).map(keys::go));
     peer.delete(&own.iter().map(String::as_str).collect::<Vec<_>>());
     done?;
     if let Some(f) = failure {
@@ -270,16 +251,120 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     Ok(InitiatorOutput { rows, info })
 }
 
-/// Round trips in ns from the kernel's cycle counts, calibrated by the
-/// globaltimer span of the same iterations (SM clocks vary with boost).
-fn round_trips(gpu: &Gpu, cycles: &DeviceBuffer, iters: usize, span_ns: u64) -> Result<Summary> {
-    let mut raw = vec![0u8; (iters + 2) * 8];
-    cycles.download(&gpu.stream, &mut raw)?;
-    let word = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
-    let total_cycles = word(iters + 1).saturating_sub(word(iters)).max(1);
-    let ns_per_cycle = span_ns as f64 / total_cycles as f64;
-    let rtts: Vec<f64> = (0..iters).map(|i| word(i) as f64 * ns_per_cycle).collect();
-    Ok(Summary::of(&rtts))
+/// One round on the initiator's GPU, in either wait mode.
+struct RoundRun<'a> {
+    gpu: &'a Gpu,
+    kernels: &'a Kernels,
+    round: &'a Round,
+    wait: WaitMode,
+    report: &'a DeviceBuffer,
+    ack: &'a DeviceBuffer,
+    ack_base: u64,
+    first_iter: u32,
+    timeout: std::time::Duration,
+}
+
+impl RoundRun<'_> {
+    /// Launches the round and waits for it; returns the report, the event
+    /// time (µs) and, for ping-pong, the round trips.
+    fn execute(&self, views: WriteParams, peer: &Peer) -> Result<(KernelReport, f64, Option<Summary>)> {
+        let (round, k) = (self.round, self.kernels);
+        let stream_mode = self.wait == WaitMode::Stream;
+        // Ping-pong slots: kernel mode keeps cycles per round trip (+2 for
+        // calibration); stream mode keeps each launch's start time.
+        let slots = if !round.pingpong {
+            0
+        } else if stream_mode {
+            (round.warmup + round.iters) as usize
+        } else {
+            round.iters as usize + 2
+        };
+        let stamps = if slots > 0 { Some(DeviceBuffer::zeroed(&self.gpu.ctx, slots * 8)?) } else { None };
+        let mut p = WriteParams {
+            ack: self.ack.addr(),
+            report: self.report.addr(),
+            iter_cycles: stamps.as_ref().map_or(0, |c| c.addr()),
+            size: round.size,
+            slice: round.slice(),
+            ack_base: self.ack_base,
+            timeout_ns: self.timeout.as_nanos() as u64,
+            warmup: round.warmup,
+            iters: round.iters,
+            first_iter: self.first_iter,
+            flags: if round.pingpong { WRITE_PINGPONG } else { 0 },
+            ..views
+        };
+        let (lv, blocks, threads) = (round.level, round.blocks, round.threads);
+        let ack_addr = self.ack.addr();
+        let finished = run_watched(
+            self.gpu,
+            self.report,
+            self.timeout,
+            stream_mode.then_some(ack_addr),
+            // SAFETY: views, ack, stamps and report outlive the work (run_watched waits for it).
+            |s| unsafe {
+                if !stream_mode {
+                    return Ok(k.launch_write(s, lv, blocks, threads, &p)?);
+                }
+                p.flags |= WRITE_HOST_SEQUENCED;
+                if round.pingpong {
+                    p.flags |= WRITE_STAMP;
+                    for i in 0..round.warmup + round.iters {
+                        let one = WriteParams { warmup: 0, iters: 1, first_iter: self.first_iter + i, stamp_index: i, ..p };
+                        k.launch_write(s, lv, blocks, threads, &one)?;
+                        wait_value_geq(s, ack_addr, self.ack_base + i as u64 + 1)?;
+                    }
+                } else {
+                    if round.warmup > 0 {
+                        k.launch_write(s, lv, blocks, threads, &WriteParams { iters: 0, ..p })?;
+                        wait_value_geq(s, ack_addr, self.ack_base + 1)?;
+                    }
+                    let timed = WriteParams { warmup: 0, first_iter: self.first_iter + round.warmup, ..p };
+                    k.launch_write(s, lv, blocks, threads, &timed)?;
+                    wait_value_geq(s, ack_addr, self.ack_base + round.acks())?;
+                }
+                k.launch_stamp(s, self.report.addr(), ack_addr, 1)?;
+                Ok(())
+            },
+            || peer.probe(),
+        )?;
+        let mut r = finished.report;
+        if r.errors > 0 {
+            bail!("{} NIXL device call(s) failed (first status {}: NIXL_ERR_BACKEND = -3)", r.errors, r.first_status);
+        }
+        if finished.released || r.timed_out != 0 || r.t_end_ns == 0 {
+            bail!(
+                "the target's acknowledgement never came (ack {} of {} after {:?}): the target stopped, or its \
+                 signal never arrived",
+                r.observed.min(u64::MAX / 4),
+                self.ack_base + round.acks(),
+                self.timeout
+            );
+        }
+        let rtt = match &stamps {
+            None => None,
+            Some(st) => {
+                let mut raw = vec![0u8; slots * 8];
+                st.download(&self.gpu.stream, &mut raw)?;
+                let w = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
+                let rtts: Vec<f64> = if stream_mode {
+                    // Each launch starts when the last acknowledgement arrived.
+                    let first = round.warmup as usize;
+                    r.t_start_ns = w(first);
+                    (first..slots).map(|i| (if i + 1 < slots { w(i + 1) } else { r.t_end_ns }).saturating_sub(w(i)) as f64).collect()
+                } else {
+                    // Cycle counts, calibrated by the globaltimer span of the
+                    // same iterations (SM clocks vary with boost).
+                    let n = round.iters as usize;
+                    let cycles = w(n + 1).saturating_sub(w(n)).max(1);
+                    let ns_per_cycle = r.t_end_ns.saturating_sub(r.t_start_ns) as f64 / cycles as f64;
+                    (0..n).map(|i| w(i) as f64 * ns_per_cycle).collect()
+                };
+                Some(Summary::of(&rtts))
+            }
+        };
+        Ok((r, finished.event_us, rtt))
+    }
 }
 
 fn parse_gpu(text: &str) -> Option<GpuInfo> {

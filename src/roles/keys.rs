@@ -34,6 +34,12 @@ pub fn verdict(round: usize) -> String {
     format!("NIXL_2PROC/verdict/{round}")
 }
 
+/// Set by the initiator right before it starts round `round`, after its
+/// baselines, so the target's waits never overlap them.
+pub fn go(round: usize) -> String {
+    format!("NIXL_2PROC/go/{round}")
+}
+
 /// Agent names, as upstream.
 pub const INITIATOR_NAME: &str = "initiator";
 pub const TARGET_NAME: &str = "target";

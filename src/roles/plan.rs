@@ -124,6 +124,8 @@ pub struct RunPlan {
     pub seed: u64,
     /// Timeout of every wait (store, GPU spin, view preparation).
     pub timeout: Duration,
+    /// UUID of the initiator's GPU, so the target knows whether they share one.
+    pub initiator_gpu: String,
     pub rounds: Vec<Round>,
 }
 
@@ -135,7 +137,12 @@ impl RunPlan {
 
     /// Text form for the store: a header line, then one line per round.
     pub fn encode(&self) -> Vec<u8> {
-        let mut s = format!("simple_write/1 seed={} timeout_ms={}\n", self.seed, self.timeout.as_millis());
+        let mut s = format!(
+            "simple_write/1 seed={} timeout_ms={} initiator_gpu={}\n",
+            self.seed,
+            self.timeout.as_millis(),
+            self.initiator_gpu
+        );
         for r in &self.rounds {
             s += &format!(
                 "round size={} level={} blocks={} threads={} warmup={} iters={} pingpong={}\n",
@@ -181,7 +188,12 @@ impl RunPlan {
                 pingpong: num(&m, "pingpong")? != 0,
             });
         }
-        Ok(Self { seed: num(&h, "seed")?, timeout: Duration::from_millis(num(&h, "timeout_ms")?), rounds })
+        Ok(Self {
+            seed: num(&h, "seed")?,
+            timeout: Duration::from_millis(num(&h, "timeout_ms")?),
+            initiator_gpu: h.get("initiator_gpu").cloned().unwrap_or_default(),
+            rounds,
+        })
     }
 }
 
@@ -240,6 +252,7 @@ mod tests {
         let p = RunPlan {
             seed: 0xdead_beef,
             timeout: Duration::from_secs(30),
+            initiator_gpu: "0a1b".into(),
             rounds: vec![
                 Round { size: 8, level: Level::Thread, blocks: 1, threads: 1, warmup: 10, iters: 100, pingpong: true },
                 Round { size: 1 << 26, level: Level::Block, blocks: 132, threads: 1024, warmup: 0, iters: 5, pingpong: false },

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use super::keys;
 use super::peer::Peer;
 use super::plan::RunPlan;
-use crate::gpu::kernels::{Kernels, MemViewElem, WaitParams};
+use crate::gpu::kernels::{Kernels, MemViewElem, WaitMode, WaitParams, wait_value_geq};
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::create_ucx_agent;
@@ -32,6 +32,8 @@ pub struct TargetConfig {
     pub expected_size: Option<u64>,
     /// Used until the plan (which carries the initiator's timeout) arrives.
     pub timeout: std::time::Duration,
+    /// How this side waits for the signal.
+    pub wait: WaitMode,
 }
 
 /// Per-round outcome on the target.
@@ -71,6 +73,7 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
 
     let gpu = Gpu::open(cfg.gpu)?;
     let kernels = Kernels::load(&gpu.ctx)?;
+    let me = gpu.info()?;
     let size = plan.max_size() as usize;
     let free = gpu.free_memory()?;
     if size + (1 << 20) > free {
@@ -87,7 +90,6 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
     peer.set(keys::TARGET_META, &agent.get_local_md()?)?;
     peer.set(keys::TARGET_DATA_DESCS, &DescList::new(MemType::Vram, vec![vram_desc(&data)]).encode())?;
     peer.set(keys::TARGET_SIGNAL_DESCS, &DescList::new(MemType::Vram, vec![vram_desc(&signal)]).encode())?;
-    let me = gpu.info()?;
     peer.set(keys::TARGET_GPU, format!("{} {} {}", me.uuid, me.ordinal, me.name).as_bytes())?;
     say!("[target] Published metadata and descriptors");
 
@@ -98,6 +100,11 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
     say!("[target] Connected to initiator");
     // SAFETY: the initiator keeps its ack word until we set TARGET_DONE, after this view drops.
     let ack_view = unsafe { prep_remote(agent, &nixl.backend, &ack_descs, keys::INITIATOR_NAME)? };
+    let wait = cfg.wait.resolve(me.uuid == plan.initiator_gpu);
+    eprintln!(
+        "[target] waiting for signals with a {}",
+        if wait == WaitMode::Stream { "stream wait (cuStreamWaitValue64): both processes share the GPU" } else { "spinning kernel" }
+    );
 
     let mut host = vec![0u8; size];
     let mut out = Vec::new();
@@ -122,14 +129,44 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
             pong: round.pingpong as u32,
             reserved: 0,
         };
+        // Not before the initiator says so: its baselines must run alone.
+        peer.get(&keys::go(i), "start of the round")?;
+        let stream_mode = wait == WaitMode::Stream;
         let finished = run_watched(
             &gpu,
             &report_buf,
             timeout,
-            // SAFETY: the view, signal, stamps and report outlive the kernel.
-            |stream| Ok(unsafe { kernels.launch_wait(stream, &params) }?),
+            stream_mode.then_some(signal.addr()),
+            // SAFETY: the view, signal, stamps and report outlive the work.
+            |s| unsafe {
+                if !stream_mode {
+                    return Ok(kernels.launch_wait(s, &params)?);
+                }
+                let (sig, rep) = (signal.addr(), report_buf.addr());
+                let total = round.warmup + round.iters;
+                if round.pingpong {
+                    for i in 0..total {
+                        wait_value_geq(s, sig, signal_base + step * (i as u64 + 1))?;
+                        kernels.launch_ack(s, &params.ack, rep, sig, if i + 1 == total { 1 } else { 2 })?;
+                    }
+                } else {
+                    if round.warmup > 0 {
+                        wait_value_geq(s, sig, signal_base + step * round.warmup as u64)?;
+                        kernels.launch_ack(s, &params.ack, rep, sig, 0)?;
+                    }
+                    wait_value_geq(s, sig, fin)?;
+                    kernels.launch_ack(s, &params.ack, rep, sig, 1)?;
+                }
+                Ok(())
+            },
             || peer.probe(),
         )?;
+        if finished.released {
+            bail!(
+                "round {i}: the signal did not reach {fin} within {timeout:?}: the initiator stopped sending (or died); \
+                 raise --timeout if it is just slow"
+            );
+        }
         let r = finished.report;
         if r.timed_out != 0 {
             bail!(
@@ -152,11 +189,17 @@ fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
         data.download(&gpu.stream, &mut host[..n])?;
         let variant = round.final_variant(first_iter);
         let checksum = pattern::byte_sum(&host[..n]);
-        let intervals = arrival_intervals(&gpu, &stamps, round.iters as usize, r.t_start_ns)?;
+        // Per-iteration arrival times exist only where a kernel followed the
+        // signal iteration by iteration.
+        let intervals = if stream_mode {
+            String::new()
+        } else {
+            arrival_intervals(&gpu, &stamps, round.iters as usize, r.t_start_ns)?.encode("recv_")
+        };
         let verdict = match pattern::verify(&host[..n], plan.seed, variant) {
             None => {
                 say!("[target] ✓ Checksum OK: {checksum}");
-                format!("ok {checksum} {}", intervals.encode("recv_"))
+                format!("ok {checksum} {intervals}")
             }
             Some(m) => {
                 let expected: u64 = {
