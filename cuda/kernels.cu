@@ -111,19 +111,23 @@ __device__ __forceinline__ void record_status(KernelReport *r, nixl_status_t s) 
 // Spin until *word >= threshold, the deadline passes, or the host cancels.
 // Called by one thread. Returns whether the threshold was reached. Every
 // spin-wait in this file goes through here, so none can outlive its timeout.
+// The clock and the cancel flag are looked at every 64 polls only: the
+// poll itself is the latency-critical path.
 __device__ bool wait_at_least(const uint64_t *word, uint64_t threshold, uint64_t deadline,
                               KernelReport *r) {
     uint64_t v = load_acquire_system(word);
-    while (v < threshold) {
-        if (globaltimer_ns() > deadline) {
-            r->observed = v;
-            r->timed_out = 1;
-            return false;
-        }
-        if (*static_cast<volatile uint32_t *>(&r->cancel)) {
-            r->observed = v;
-            r->timed_out = 2;
-            return false;
+    for (uint32_t n = 1; v < threshold; ++n) {
+        if ((n & 63) == 0) {
+            if (globaltimer_ns() > deadline) {
+                r->observed = v;
+                r->timed_out = 1;
+                return false;
+            }
+            if (*static_cast<volatile uint32_t *>(&r->cancel)) {
+                r->observed = v;
+                r->timed_out = 2;
+                return false;
+            }
         }
         v = load_acquire_system(word);
     }
@@ -172,11 +176,13 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
 
     record_status(p.report, nixlPut<L>(src, dst, len, channel));
     // On cuda_ipc a put is plain stores by the calling threads, and the
-    // atomic add only orders *its own* thread's earlier writes. Every thread
-    // of the group publishes its stores system-wide, then the group syncs, so
-    // the one thread that performs the add does so after all of them.
-    __threadfence_system();
+    // atomic add orders nothing before it (UCX fences *after* the add). So:
+    // the group syncs, which orders every member's stores before what each
+    // member does next; then each member issues a system-scope release
+    // fence, which is cumulative: whichever thread performs the add, the
+    // stores it has synchronized with become visible to the peer first.
     G::sync();
+    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
     record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
 }
 
