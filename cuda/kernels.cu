@@ -103,6 +103,14 @@ __device__ __forceinline__ uint64_t load_acquire_system(const uint64_t *p) {
     return ref.load(cuda::memory_order_acquire);
 }
 
+// The polling load: relaxed, system scope. An acquire load on every poll
+// would order (and slow) each one; the acquire is paid once, by a fence,
+// where data is read after the wait (see nixl_wait_signal).
+__device__ __forceinline__ uint64_t load_relaxed_system(const uint64_t *p) {
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
+    return ref.load(cuda::memory_order_relaxed);
+}
+
 __device__ __forceinline__ void record_status(KernelReport *r, nixl_status_t s) {
     if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
     if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
@@ -115,7 +123,7 @@ __device__ __forceinline__ void record_status(KernelReport *r, nixl_status_t s) 
 // poll itself is the latency-critical path.
 __device__ bool wait_at_least(const uint64_t *word, uint64_t threshold, uint64_t deadline,
                               KernelReport *r) {
-    uint64_t v = load_acquire_system(word);
+    uint64_t v = load_relaxed_system(word);
     for (uint32_t n = 1; v < threshold; ++n) {
         if ((n & 63) == 0) {
             if (globaltimer_ns() > deadline) {
@@ -129,7 +137,7 @@ __device__ bool wait_at_least(const uint64_t *word, uint64_t threshold, uint64_t
                 return false;
             }
         }
-        v = load_acquire_system(word);
+        v = load_relaxed_system(word);
     }
     r->observed = v;
     return true;
@@ -306,11 +314,14 @@ extern "C" __global__ void nixl_wait_signal(WaitParams p) {
             p.report->t_start_ns = globaltimer_ns();
         }
         if (!wait_at_least(p.signal, p.base + uint64_t(i + 1) * p.step, deadline, p.report)) return;
+        // Ping-pong: answer first, bookkeeping after; the answer is the
+        // latency-critical path.
+        if (p.pong && i + 1 < total) record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
         if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
-        // Our reads of the data (by the host, after this kernel) are ordered
-        // after the acquire load that saw the count.
-        if (p.pong) record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
     }
+    // Acquire: the data (read by the host once this kernel is done) is
+    // ordered after the signal count we saw. Then the final acknowledgement.
+    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
     p.report->t_end_ns = globaltimer_ns();
-    if (!p.pong) record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
 }
