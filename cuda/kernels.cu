@@ -146,22 +146,16 @@ __device__ bool wait_at_least(const uint64_t *word, uint64_t threshold, uint64_t
 template <nixl_gpu_level_t L> struct Group;
 // THREAD: every thread is a group of one.
 template <> struct Group<nixl_gpu_level_t::THREAD> {
-    __device__ static unsigned size() { return 1; }
-    __device__ static unsigned rank() { return 0; }
     __device__ static unsigned index() { return blockIdx.x * blockDim.x + threadIdx.x; }
     __device__ static void sync() {}
 };
 // WARP: each warp; every lane calls nixlPut/nixlAtomicAdd with the same arguments.
 template <> struct Group<nixl_gpu_level_t::WARP> {
-    __device__ static unsigned size() { return 32; }
-    __device__ static unsigned rank() { return threadIdx.x % 32; }
     __device__ static unsigned index() { return (blockIdx.x * blockDim.x + threadIdx.x) / 32; }
     __device__ static void sync() { __syncwarp(); }
 };
 // BLOCK: each block; every thread of the block calls with the same arguments.
 template <> struct Group<nixl_gpu_level_t::BLOCK> {
-    __device__ static unsigned size() { return blockDim.x; }
-    __device__ static unsigned rank() { return threadIdx.x; }
     __device__ static unsigned index() { return blockIdx.x; }
     __device__ static void sync() { __syncthreads(); }
 };
