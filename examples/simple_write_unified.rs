@@ -97,7 +97,7 @@ fn run(args: &Args) -> Result<()> {
         .iter()
         .map(|&level| RoundSpec { size: args.size, level, blocks: args.blocks, threads: None, warmup: None, iters: args.iters, pingpong: false })
         .collect();
-    let cfg = initiator::InitiatorConfig { gpu: initiator_gpu, rounds, seed: 0x5eed, timeout, baselines: false, wait: args.wait };
+    let cfg = initiator::InitiatorConfig { gpu: initiator_gpu, rounds, seed: 0x5eed, timeout, baselines: false, wait: args.wait, corrupt: false };
     let out = initiator::run(&cfg, store.as_ref());
     let target_result = target.join().map_err(|_| anyhow::anyhow!("the target thread panicked"))?;
     let out = out.context("initiator")?;

@@ -48,3 +48,34 @@ mod tests {
         assert_eq!(fmt_bytes(1000), "1000 B");
     }
 }
+
+/// An argument that cannot work on this machine or with the others given
+/// (port taken, GPU missing, size too large…). Binaries print it the way
+/// clap prints its own errors and exit with [`EXIT_USAGE`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Exit status for bad arguments, as clap uses.
+pub const EXIT_USAGE: i32 = 2;
+
+/// Prints a [`UsageError`] like clap does.
+pub fn print_usage_error(e: &UsageError) {
+    eprintln!("error: {}\n\nFor more information, try '--help'.", e.0);
+}
+
+/// Fails with a [`UsageError`] if this process cannot listen on `port`:
+/// taken by another process, or privileged (< 1024) for a non-root user.
+pub fn check_port_free(port: u16) -> Result<(), UsageError> {
+    match std::net::TcpListener::bind(("::", port)).or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port))) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(UsageError(format!(
+            "port {port} is already in use (another simple_write initiator, or an earlier run still exiting?): \
+             stop it or pick another with --port"
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(UsageError(format!(
+            "port {port} is privileged (below 1024) and this process may not listen on it: pick one above 1023 with --port"
+        ))),
+        Err(e) => Err(UsageError(format!("cannot listen on port {port}: {e}"))),
+    }
+}

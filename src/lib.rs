@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod gpu;
+pub mod interrupt;
 pub mod nixl;
 pub mod pattern;
 pub mod report;

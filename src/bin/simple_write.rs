@@ -12,9 +12,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{fmt_bytes, parse_bytes};
+use nixl_examples::cli::{EXIT_USAGE, UsageError, check_port_free, fmt_bytes, parse_bytes, print_usage_error};
+use nixl_examples::gpu::Gpu;
+use nixl_examples::interrupt;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
 use nixl_examples::nixl::runtime;
@@ -22,7 +24,7 @@ use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
 use nixl_examples::roles::plan::{RoundSpec, size_sweep};
 use nixl_examples::roles::{initiator, target};
 use nixl_examples::say;
-use nixl_examples::store::{self, StoreBackend, StoreOptions};
+use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -142,6 +144,11 @@ struct Args {
     #[arg(long, value_enum, default_value_t = WaitMode::Auto)]
     wait: WaitMode,
 
+    /// Fault injection for testing (initiator): `corrupt-data` flips one
+    /// source byte so the target must report a mismatch (exit 3).
+    #[arg(long, hide = true, value_parser = ["corrupt-data"])]
+    inject: Option<String>,
+
     /// Also write every figure and the run's configuration as JSON (initiator).
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
@@ -168,6 +175,15 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(u) = e.downcast_ref::<UsageError>() {
+                print_usage_error(u);
+                return ExitCode::from(EXIT_USAGE as u8);
+            }
+            // Whatever the error chain says, an interrupted run exits 130/143.
+            if let Some(sig) = interrupt::received() {
+                eprintln!("[{tag}] {sig}: released memory views, deregistered memory, deleted store keys");
+                return ExitCode::from(sig.exit_code() as u8);
+            }
             if let Some(m) = e.downcast_ref::<DataMismatch>() {
                 eprintln!("[{tag}] error: {m}");
                 return ExitCode::from(EXIT_MISMATCH as u8);
@@ -180,6 +196,11 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<()> {
     let timeout = Duration::from_secs_f64(args.timeout);
+    // Arguments that cannot work, whatever the machine (exit 2).
+    let rounds = if args.mode == Mode::Initiator { Some(rounds(&args)?) } else { None };
+    if args.mode == Mode::Initiator {
+        check_port_free(args.port)?;
+    }
     // Check everything local before touching the network, and report every
     // problem at once, so a machine that cannot run this says so at once.
     let mut problems = Vec::new();
@@ -196,6 +217,9 @@ fn run(args: Args) -> Result<()> {
     if let Err(e) = runtime::load() {
         problems.push(e.to_string());
     }
+    if let Some(why) = ucx_tls_excludes_cuda_ipc() {
+        problems.push(why);
+    }
     if !problems.is_empty() {
         anyhow::bail!("this machine cannot run simple_write:\n  - {}", problems.join("\n  - "));
     }
@@ -209,7 +233,10 @@ fn run(args: Args) -> Result<()> {
         }
     };
     if gpu >= gpus {
-        anyhow::bail!("--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0..{gpus}");
+        return Err(UsageError(format!("--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0..{gpus}")).into());
+    }
+    if let Some(rounds) = &rounds {
+        check_fits(gpu, rounds, !args.no_baselines)?;
     }
     let rt = runtime::load()?;
     eprintln!("[{}] NIXL from {} ({})", if args.mode == Mode::Initiator { "initiator" } else { "target" }, rt.lib_dir.display(), rt.found_by);
@@ -225,12 +252,28 @@ fn run(args: Args) -> Result<()> {
 
     match args.mode {
         Mode::Initiator => {
-            let rounds = rounds(&args)?;
+            let rounds = rounds.unwrap_or_default();
             say!("[initiator] Starting...");
             eprintln!("[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join", args.port);
-            let store = store::open(backend, &opts).context("opening the store (as its host)")?;
-            let cfg =
-                initiator::InitiatorConfig { gpu, rounds, seed: seed(), timeout, baselines: !args.no_baselines, wait: args.wait };
+            let store = store::open(backend, &opts).map_err(|e| match e {
+                StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
+                StoreError::WorkersTimeout { .. } => anyhow::anyhow!(
+                    "the target did not join the store on port {} within {timeout:?}: start `simple_write --mode target` \
+                     (same --host/--port), or raise --timeout",
+                    args.port
+                ),
+                e => anyhow::Error::new(e).context("opening the store (as its host)"),
+            })?;
+            interrupt::install()?;
+            let cfg = initiator::InitiatorConfig {
+                gpu,
+                rounds,
+                seed: seed(),
+                timeout,
+                baselines: !args.no_baselines,
+                wait: args.wait,
+                corrupt: args.inject.as_deref() == Some("corrupt-data"),
+            };
             let out = initiator::run(&cfg, store.as_ref())?;
             for r in &out.rows {
                 say!("[initiator] Round {}: {}", r.round, r.line());
@@ -245,28 +288,85 @@ fn run(args: Args) -> Result<()> {
         }
         Mode::Target => {
             say!("[target] Starting...");
-            let store = store::open(backend, &opts)
-                .with_context(|| format!("joining the initiator's store at {}:{}", args.host, args.port))?;
+            let store = store::open(backend, &opts).map_err(|e| match e {
+                StoreError::Unreachable { .. } => anyhow::anyhow!(
+                    "no initiator at {}:{} after {timeout:?}: start `simple_write --mode initiator` first (it hosts the \
+                     store), or check --host/--port",
+                    args.host,
+                    args.port
+                ),
+                e => anyhow::Error::new(e).context(format!("joining the initiator's store at {}:{}", args.host, args.port)),
+            })?;
+            interrupt::install()?;
             target::run(&target::TargetConfig { gpu, expected_size: args.size, timeout, wait: args.wait }, store.as_ref())?;
         }
     }
     Ok(())
 }
 
+/// Fails with a usage error when the initiator's GPU lacks the memory the
+/// largest round needs: two source buffers, and with baselines a scratch
+/// buffer and a copy destination.
+fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
+    let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
+    let need = max.saturating_mul(2 + 2 * baselines as u64).saturating_add(64 << 20);
+    let free = Gpu::open(gpu)?.free_memory()? as u64;
+    if need > free {
+        return Err(UsageError(format!(
+            "size {} needs about {} MiB on GPU {gpu}, which has {} MiB free: use a smaller --size/--max-size{}",
+            fmt_bytes(max),
+            need >> 20,
+            free >> 20,
+            if baselines { " (or --no-baselines, which halves it)" } else { "" }
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The rounds asked for: every size of the sweep (or the one --size) at
-/// every level, smallest size first.
+/// every level, smallest size first. Combinations that cannot work are
+/// usage errors.
 fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
+    let usage = |msg: String| -> anyhow::Error { UsageError(msg).into() };
+    if let Some(t) = args.threads {
+        for l in &args.level {
+            if *l != Level::Thread && t % 32 != 0 {
+                return Err(usage(format!(
+                    "--threads {t} with {l} level: warp and block level calls are made by whole warps, so --threads \
+                     must be a multiple of 32"
+                )));
+            }
+        }
+    }
+    if args.pingpong && args.blocks.is_some_and(|b| b > 1) {
+        return Err(usage("--pingpong times one group's round trips: it runs one block, so drop --blocks".into()));
+    }
     let sizes = match (args.size, args.min_size, args.max_size) {
         (Some(s), _, _) => vec![s],
         (None, None, None) => vec![1 << 20],
         (None, b, e) => {
             let (b, e) = (b.unwrap_or(8), e.unwrap_or(64 << 20));
             if b > e {
-                anyhow::bail!("--min-size {b} is larger than --max-size {e}");
+                return Err(usage(format!("--min-size {b} is larger than --max-size {e}")));
             }
             size_sweep(b, e, args.step_factor)
         }
     };
+    // A single thread copies at about 25 MB/s (REFERENCE §2): past a
+    // quarter of the timeout per iteration it is no longer a measurement.
+    let thread_max = (args.timeout / 4.0 * 25e6) as u64;
+    if let Some(&too_big) = sizes.iter().find(|&&s| s > thread_max) {
+        if args.level.contains(&Level::Thread) {
+            return Err(usage(format!(
+                "size {} at thread level: one thread copies about 25 MB/s, so one iteration would take ~{:.0} s of a \
+                 {:.0} s timeout; use --level warp,block for this size, or raise --timeout",
+                fmt_bytes(too_big),
+                too_big as f64 / 25e6,
+                args.timeout
+            )));
+        }
+    }
     eprintln!(
         "[initiator] plan: sizes {}, levels {}{}",
         sizes.iter().map(|&s| fmt_bytes(s)).collect::<Vec<_>>().join(" "),
@@ -287,6 +387,21 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
             })
         })
         .collect())
+}
+
+/// `UCX_TLS` that leaves out cuda_ipc, the only transport with device-API
+/// support between GPUs of one machine (UCX then reports "lane not found").
+fn ucx_tls_excludes_cuda_ipc() -> Option<String> {
+    let tls = std::env::var("UCX_TLS").ok()?;
+    let list: Vec<&str> = tls.trim_start_matches('^').split(',').map(str::trim).collect();
+    let names_it = list.iter().any(|t| matches!(*t, "cuda_ipc" | "cuda" | "all"));
+    let excluded = if tls.starts_with('^') { names_it } else { !names_it };
+    excluded.then(|| {
+        format!(
+            "UCX_TLS={tls} leaves out cuda_ipc, the transport NIXL's device API uses between GPUs of one machine \
+             (memory views would fail with \"lane not found\"): unset UCX_TLS or include cuda_ipc"
+        )
+    })
 }
 
 /// A fresh seed per run: time and pid.

@@ -43,6 +43,9 @@ pub struct InitiatorConfig {
     pub baselines: bool,
     /// How this side waits for the target's acknowledgements.
     pub wait: WaitMode,
+    /// Fault injection for testing the verification path: flip one byte of
+    /// the source data, so the target must report a mismatch.
+    pub corrupt: bool,
 }
 
 /// What a run produced: a row per round, and the configuration.
@@ -55,8 +58,8 @@ pub struct InitiatorOutput {
 /// normally hosts). A data mismatch reported by the target is an error
 /// ([`DataMismatch`]), raised after the teardown handshake.
 pub fn run(cfg: &InitiatorConfig, store: &dyn Store) -> Result<InitiatorOutput> {
-    let peer = Peer { store, me: "initiator", peer: "target", timeout: cfg.timeout };
-    let result = run_inner(cfg, &peer);
+    let peer = Peer::new(store, "initiator", "target", cfg.timeout);
+    let result = peer.with_heartbeat(|| run_inner(cfg, &peer));
     if let Err(e) = &result {
         if e.downcast_ref::<DataMismatch>().is_none() {
             peer.abort(&format!("{e:#}"));
@@ -103,6 +106,9 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     let mut host = vec![0u8; size];
     for (variant, src) in sources.iter().enumerate() {
         pattern::fill(&mut host, plan.seed, variant as u64);
+        if cfg.corrupt {
+            host[size / 2] ^= 0x40;
+        }
         src.upload(&gpu.stream, &host)?;
     }
     let first = &plan.rounds[0];

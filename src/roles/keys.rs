@@ -40,6 +40,15 @@ pub fn go(round: usize) -> String {
     format!("NIXL_2PROC/go/{round}")
 }
 
+/// A role's heartbeat counter (see [`super::peer`]).
+pub fn alive(role: &str) -> String {
+    format!("NIXL_2PROC/alive/{role}")
+}
+
+/// Claimed (compare-and-set) by the first target to join; a second target
+/// finds it taken and leaves without touching the first pair's keys.
+pub const TARGET_CLAIM: &str = "NIXL_2PROC/target_claim";
+
 /// Agent names, as upstream.
 pub const INITIATOR_NAME: &str = "initiator";
 pub const TARGET_NAME: &str = "target";

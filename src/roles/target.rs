@@ -48,19 +48,35 @@ pub struct TargetRound {
 /// Runs the target against an open store. A data mismatch is an error
 /// ([`DataMismatch`]) after the verdict has been published.
 pub fn run(cfg: &TargetConfig, store: &dyn Store) -> Result<Vec<TargetRound>> {
-    let mut peer = Peer { store, me: "target", peer: "initiator", timeout: cfg.timeout };
-    let result = run_inner(cfg, &mut peer);
+    let peer = Peer::new(store, "target", "initiator", cfg.timeout);
+    // One target per initiator: a second one must leave without touching
+    // the first pair's keys (no abort, no heartbeat, no cleanup).
+    let token = format!("pid {} on {}", std::process::id(), hostname());
+    let holder = store.compare_set(keys::TARGET_CLAIM, b"", token.as_bytes())?;
+    if holder != token.as_bytes() {
+        bail!(
+            "another target ({}) already joined this initiator's store: one target per initiator; \
+             start another initiator on another --port for a second pair",
+            String::from_utf8_lossy(&holder)
+        );
+    }
+    let result = peer.with_heartbeat(|| run_inner(cfg, &peer));
     if let Err(e) = &result {
         if e.downcast_ref::<DataMismatch>().is_none() {
             peer.abort(&format!("{e:#}"));
         }
+        // Our keys go with us, on every path.
+        peer.delete(&[keys::TARGET_META, keys::TARGET_DATA_DESCS, keys::TARGET_SIGNAL_DESCS, keys::TARGET_GPU]);
     }
     result
 }
 
-fn run_inner(cfg: &TargetConfig, peer: &mut Peer) -> Result<Vec<TargetRound>> {
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
     let plan = RunPlan::decode(&peer.get(keys::RUN_PLAN, "run plan")?)?;
-    peer.timeout = plan.timeout;
     let timeout = plan.timeout;
     if let Some(want) = cfg.expected_size {
         if plan.rounds.iter().any(|r| r.size != want) {
