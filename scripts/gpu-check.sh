@@ -65,8 +65,7 @@ for pair in "${PAIRS[@]}"; do
     if [[ -s "$OUT/$tag.json" ]]; then
       python3 - "$OUT/$tag.json" "$gi->$gt" >>"$OUT/table.txt" <<'PY'
 import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
+for r in json.load(open(sys.argv[1]))["rows"]:
     print(f"{sys.argv[2]:<10} {r['size_bytes']:<9} {r['level']:<6} {str(r['blocks'])+'x'+str(r['threads']):<12} "
           f"{r['iters']:<7} {r['us_per_iter']:<12.3f} {r['gb_per_s']:<10.3f} {r['verified']}")
 PY

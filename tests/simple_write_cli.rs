@@ -35,6 +35,13 @@ fn bad_arguments_exit_2_with_a_reason() {
         (&["--timeout", "abc"][..], "seconds"),
         (&["--threads", "2048"][..], "threads"),
         (&["--blocks", "0"][..], "blocks"),
+        (&["--threads", "48", "--level", "warp"][..], "multiple of 32"),
+        (&["--threads", "16", "--level", "block"][..], "multiple of 32"),
+        (&["--pingpong", "--blocks", "4"][..], "one block"),
+        (&["--min-size", "1M", "--max-size", "8"][..], "larger than --max-size"),
+        (&["--size", "1G", "--level", "thread"][..], "thread level"),
+        (&["--size", "8", "--min-size", "8"][..], "cannot be used with"),
+        (&["--step-factor", "1", "-b", "8"][..], "step-factor"),
     ] {
         let o = simple_write(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -67,4 +74,48 @@ fn a_machine_that_cannot_run_it_says_why_and_exits_1() {
             assert!(err.contains("NIXL_PREFIX") || err.contains("nvcc") || err.contains("UCX"), "names no fix: {err}");
         }
     }
+}
+
+#[test]
+fn a_busy_port_is_a_usage_error_before_anything_else() {
+    let busy = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let o = simple_write(&["--mode", "initiator", "--port", &port]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("already in use"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("For more information, try '--help'."), "{}", stderr(&o));
+}
+
+#[test]
+fn a_privileged_port_is_a_usage_error_for_non_root() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } == 0 {
+        eprintln!("SKIP privileged-port test: running as root, which may listen on any port");
+        return;
+    }
+    let o = simple_write(&["--mode", "initiator", "--port", "80"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("privileged"), "{}", stderr(&o));
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+#[test]
+fn ucx_tls_without_cuda_ipc_is_named() {
+    let o = Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .args(["--port", "1"])
+        .env("UCX_TLS", "^cuda_ipc")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("UCX_TLS=^cuda_ipc leaves out cuda_ipc"), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .args(["--port", "1"])
+        .env("UCX_TLS", "tcp,cuda_copy")
+        .output()
+        .unwrap();
+    assert!(stderr(&o).contains("leaves out cuda_ipc"), "{}", stderr(&o));
 }
