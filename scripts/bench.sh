@@ -25,14 +25,9 @@ while (($#)); do
     *) echo "bench: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$OUT"
-if [[ -z "$BIN" ]]; then
-  [[ -f "$BUNDLE" ]] || { echo "bench: no bundle at $BUNDLE: run scripts/gpu-bundle.sh where cargo is, or pass --bin/--nixl-lib" >&2; exit 1; }
-  rm -rf "$OUT/bundle"; mkdir -p "$OUT/bundle"; tar -C "$OUT/bundle" -xJf "$BUNDLE"
-  BIN="$OUT/bundle/bin"; NIXL_LIB="$OUT/bundle/nixl/.nixl_cu13.mesonpy.libs"
-fi
-export NIXL_LIB_DIR="${NIXL_LIB:-${NIXL_LIB_DIR:-}}"
-export UCX_POSIX_USE_PROC_LINK=n NCCL_NVLS_ENABLE=0
+NAME=bench
+# shellcheck source=lib/gpu-env.sh
+source "$ROOT/scripts/lib/gpu-env.sh"
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 PAIRS=("0 0"); ((NGPU >= 2)) && PAIRS+=("0 1")

@@ -25,16 +25,9 @@ while (($#)); do
     *) echo "gpu-check: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$OUT"
-if [[ -z "$BIN" ]]; then
-  [[ -f "$BUNDLE" ]] || { echo "gpu-check: no bundle at $BUNDLE: run scripts/gpu-bundle.sh where cargo is, or pass --bin and --nixl-lib" >&2; exit 1; }
-  rm -rf "$OUT/bundle"; mkdir -p "$OUT/bundle"; tar -C "$OUT/bundle" -xJf "$BUNDLE"
-  BIN="$OUT/bundle/bin"; NIXL_LIB="$OUT/bundle/nixl/.nixl_cu13.mesonpy.libs"
-fi
-export NIXL_LIB_DIR="${NIXL_LIB:-${NIXL_LIB_DIR:-}}"
-export UCX_POSIX_USE_PROC_LINK=n
-# Multicast stays off on shared machines (see the device notes in README).
-export NCCL_NVLS_ENABLE=0
+NAME=gpu-check
+# shellcheck source=lib/gpu-env.sh
+source "$ROOT/scripts/lib/gpu-env.sh"
 
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)" 

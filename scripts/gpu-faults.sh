@@ -19,12 +19,9 @@ while (($#)); do
     *) echo "gpu-faults: unknown option $1" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$OUT"
-if [[ -z "$BIN" ]]; then
-  rm -rf "$OUT/bundle"; mkdir -p "$OUT/bundle"; tar -C "$OUT/bundle" -xJf "$BUNDLE" || exit 1
-  BIN="$OUT/bundle/bin"; NIXL_LIB="$OUT/bundle/nixl/.nixl_cu13.mesonpy.libs"
-fi
-export NIXL_LIB_DIR="${NIXL_LIB:-${NIXL_LIB_DIR:-}}" UCX_POSIX_USE_PROC_LINK=n
+NAME=gpu-faults
+# shellcheck source=lib/gpu-env.sh
+source "$ROOT/scripts/lib/gpu-env.sh"
 SW="$BIN/simple_write"
 port=$((40000 + RANDOM % 10000))
 LONG=(--level warp --size 64M --iters 100 --no-baselines)   # about 5 s of puts
