@@ -119,3 +119,112 @@ fn ucx_tls_without_cuda_ipc_is_named() {
         .unwrap();
     assert!(stderr(&o).contains("leaves out cuda_ipc"), "{}", stderr(&o));
 }
+
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
+}
+
+/// The store exchange between two real processes of the real binary: the
+/// initiator hosts (numWorkers=2, waitWorkers), the target joins and claims
+/// its role, both wire up NIXL agents from each other's metadata.
+#[test]
+fn two_processes_meet_through_the_store_without_a_gpu() {
+    let port = free_port();
+    let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .args(["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = simple_write(&["--mode", "target", "--check-connection", "--port", &port, "--timeout", "20"]);
+    let i = init.wait_with_output().unwrap();
+    assert!(t.status.success(), "target: {}", stderr(&t));
+    assert!(i.status.success(), "initiator: {}", stderr(&i));
+    assert!(String::from_utf8_lossy(&t.stdout).contains("[target] Connected to initiator"));
+    assert!(String::from_utf8_lossy(&i.stdout).contains("[initiator] Connected to target"));
+}
+
+#[test]
+fn a_target_without_initiator_names_the_address_and_the_fix() {
+    let port = free_port();
+    let start = std::time::Instant::now();
+    let o = simple_write(&["--mode", "target", "--check-connection", "--port", &port, "--timeout", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("no initiator at 127.0.0.1:{port} after 2s")), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--mode initiator"), "{}", stderr(&o));
+    assert!(start.elapsed().as_secs() < 15);
+}
+
+#[test]
+fn an_initiator_without_target_says_the_target_did_not_join() {
+    let port = free_port();
+    let o = simple_write(&["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the target did not join the store"), "{}", stderr(&o));
+}
+
+#[test]
+fn sigint_while_waiting_for_the_peer_exits_130_promptly() {
+    let port = free_port();
+    let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .args(["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "30"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let the target join, then interrupt the initiator while it waits for
+    // the target's metadata... here the target never starts, so the
+    // initiator is still waiting for the join: a plain SIGINT ends it.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let start = std::time::Instant::now();
+    // SAFETY: kill(2) with a pid we spawned.
+    unsafe { kill(init.id() as i32, 2) };
+    let status = init.wait().unwrap();
+    assert!(start.elapsed().as_secs() < 5, "took {:?}", start.elapsed());
+    // Before resources exist the default action (termination by SIGINT) is right.
+    use std::os::unix::process::ExitStatusExt;
+    assert!(status.signal() == Some(2) || status.code() == Some(130), "{status:?}");
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Once the store is up, Ctrl-C unwinds instead of killing: the initiator
+/// tells the peer (ABORT key) and exits 130; SIGTERM gives 143.
+#[test]
+fn interrupting_a_joined_run_unwinds_tells_the_peer_and_exits_128_plus_signal() {
+    use nixl_examples::store::{Store, StoreOptions, native::TcpStore};
+    for (sig, code) in [(2, 130), (15, 143)] {
+        let port = free_port();
+        let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
+            .args(["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "30"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Join as the second participant with the library's client, then
+        // never publish target metadata: the initiator waits for it.
+        let peer = TcpStore::open(&StoreOptions {
+            host: "127.0.0.1".into(),
+            port: port.parse().unwrap(),
+            is_server: false,
+            num_workers: Some(2),
+            wait_workers: true,
+            timeout: std::time::Duration::from_secs(10),
+        })
+        .unwrap();
+        peer.wait(&["NIXL_2PROC/initiator_meta"], std::time::Duration::from_secs(10)).unwrap();
+        // SAFETY: kill(2) with a pid we spawned.
+        unsafe { kill(init.id() as i32, sig) };
+        // The initiator hosts the store, so its abort message and its exit
+        // race: a peer sees either the message or the store closing.
+        let abort = peer.wait(&["NIXL_2PROC/abort"], std::time::Duration::from_secs(5)).and_then(|_| peer.get("NIXL_2PROC/abort"));
+        let out = init.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "signal {sig}: {err}");
+        assert!(err.contains("interrupted by"), "{err}");
+        match abort {
+            Ok(msg) => assert!(String::from_utf8_lossy(&msg).contains("interrupted"), "{}", String::from_utf8_lossy(&msg)),
+            Err(e) => assert!(e.to_string().contains("lost the connection"), "{e}"),
+        }
+    }
+}

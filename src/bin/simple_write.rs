@@ -22,7 +22,7 @@ use nixl_examples::gpu::kernels::{self, Level, WaitMode};
 use nixl_examples::nixl::runtime;
 use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
 use nixl_examples::roles::plan::{RoundSpec, size_sweep};
-use nixl_examples::roles::{initiator, target};
+use nixl_examples::roles::{connection, initiator, target};
 use nixl_examples::say;
 use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
 
@@ -144,6 +144,12 @@ struct Args {
     #[arg(long, value_enum, default_value_t = WaitMode::Auto)]
     wait: WaitMode,
 
+    /// Only check that the two processes reach each other: they meet through
+    /// the store and wire up their NIXL agents (real keys, names and
+    /// handshake), without any GPU. Give it to both sides.
+    #[arg(long)]
+    check_connection: bool,
+
     /// Fault injection for testing (initiator): `corrupt-data` flips one
     /// source byte so the target must report a mismatch (exit 3).
     #[arg(long, hide = true, value_parser = ["corrupt-data"])]
@@ -201,6 +207,9 @@ fn run(args: Args) -> Result<()> {
     if args.mode == Mode::Initiator {
         check_port_free(args.port)?;
     }
+    if args.check_connection {
+        return check_connection(&args, timeout);
+    }
     // Check everything local before touching the network, and report every
     // problem at once, so a machine that cannot run this says so at once.
     let mut problems = Vec::new();
@@ -255,15 +264,7 @@ fn run(args: Args) -> Result<()> {
             let rounds = rounds.unwrap_or_default();
             say!("[initiator] Starting...");
             eprintln!("[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join", args.port);
-            let store = store::open(backend, &opts).map_err(|e| match e {
-                StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
-                StoreError::WorkersTimeout { .. } => anyhow::anyhow!(
-                    "the target did not join the store on port {} within {timeout:?}: start `simple_write --mode target` \
-                     (same --host/--port), or raise --timeout",
-                    args.port
-                ),
-                e => anyhow::Error::new(e).context("opening the store (as its host)"),
-            })?;
+            let store = open_store(&args, backend, &opts, timeout)?;
             interrupt::install()?;
             let cfg = initiator::InitiatorConfig {
                 gpu,
@@ -288,20 +289,51 @@ fn run(args: Args) -> Result<()> {
         }
         Mode::Target => {
             say!("[target] Starting...");
-            let store = store::open(backend, &opts).map_err(|e| match e {
-                StoreError::Unreachable { .. } => anyhow::anyhow!(
-                    "no initiator at {}:{} after {timeout:?}: start `simple_write --mode initiator` first (it hosts the \
-                     store), or check --host/--port",
-                    args.host,
-                    args.port
-                ),
-                e => anyhow::Error::new(e).context(format!("joining the initiator's store at {}:{}", args.host, args.port)),
-            })?;
+            let store = open_store(&args, backend, &opts, timeout)?;
             interrupt::install()?;
             target::run(&target::TargetConfig { gpu, expected_size: args.size, timeout, wait: args.wait }, store.as_ref())?;
         }
     }
     Ok(())
+}
+
+/// `--check-connection`: the store and NIXL's agents, no GPU.
+fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
+    runtime::load()?;
+    let backend = match args.store {
+        StoreKind::Native => StoreBackend::Native,
+        StoreKind::Libtorch => StoreBackend::Libtorch,
+    };
+    let mut opts = StoreOptions::two_process(args.mode == Mode::Initiator);
+    opts.host = args.host.clone();
+    opts.port = args.port;
+    opts.timeout = timeout;
+    let store = open_store(args, backend, &opts, timeout)?;
+    interrupt::install()?;
+    match args.mode {
+        Mode::Initiator => connection::initiator(store.as_ref(), timeout),
+        Mode::Target => connection::target(store.as_ref(), timeout),
+    }
+}
+
+/// Opens (initiator: hosts) the store, turning its errors into the
+/// messages a user of this tool needs.
+fn open_store(args: &Args, backend: StoreBackend, opts: &StoreOptions, timeout: Duration) -> Result<Box<dyn store::Store>> {
+    store::open(backend, opts).map_err(|e| match (args.mode, e) {
+        (Mode::Initiator, e @ StoreError::Bind { .. }) => anyhow::Error::new(UsageError(e.to_string())),
+        (Mode::Initiator, StoreError::WorkersTimeout { .. }) => anyhow::anyhow!(
+            "the target did not join the store on port {} within {timeout:?}: start `simple_write --mode target` \
+             (same --host/--port), or raise --timeout",
+            args.port
+        ),
+        (Mode::Target, StoreError::Unreachable { .. }) => anyhow::anyhow!(
+            "no initiator at {}:{} after {timeout:?}: start `simple_write --mode initiator` first (it hosts the \
+             store), or check --host/--port",
+            args.host,
+            args.port
+        ),
+        (_, e) => anyhow::Error::new(e).context(format!("opening the store at {}:{}", args.host, args.port)),
+    })
 }
 
 /// Fails with a usage error when the initiator's GPU lacks the memory the

@@ -2,6 +2,7 @@
 //! run plan, and the store as each side sees it.
 
 pub mod baseline;
+pub mod connection;
 pub mod initiator;
 pub mod keys;
 pub mod peer;
