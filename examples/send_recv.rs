@@ -122,10 +122,16 @@ struct Args {
     /// last progress report [default: num-buffers-4, at least 1].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     backpressure_at: Option<u32>,
-    /// Never wait for the receiver (shows what backpressure prevents: the
-    /// receiver counts overruns and the run exits 3).
+    /// Never wait for the receiver. Shows what backpressure prevents: with
+    /// a receiver slower than the sender (--consume-us) slots are
+    /// overwritten before they are consumed, the receiver counts the
+    /// overruns and the run exits 3.
     #[arg(long)]
     no_backpressure: bool,
+    /// Microseconds the receiver spends on each slot after checking it,
+    /// as a slow consumer would.
+    #[arg(long, default_value_t = 0)]
+    consume_us: u64,
     /// Where both rings live.
     #[arg(long, value_enum, default_value_t = Memory::Dram)]
     memory: Memory,
@@ -241,6 +247,7 @@ fn run_both(args: &Args) -> Result<ExitCode> {
                 ("--verify", format!("{:?}", args.verify).to_lowercase()),
                 ("--baseline-reps", args.baseline_reps.to_string()),
                 ("--seed", args.seed.to_string()),
+                ("--consume-us", args.consume_us.to_string()),
             ]
             .into_iter()
             .flat_map(|(k, v)| [k.to_string(), v]),
@@ -308,6 +315,7 @@ fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
 }
 
 /// The byte ranges of a payload that `seq` fills and the receiver checks.
+#[allow(clippy::single_range_in_vec_init)] // one range: the whole payload
 fn check_ranges(verify: Verify, payload: usize, seq: u64) -> Vec<Range<usize>> {
     if verify == Verify::Full || payload <= 3 * SAMPLE_BLOCK {
         return vec![0..payload];
@@ -439,6 +447,10 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
                 eprintln!("[{RECEIVER}] {p}");
             }
             first_problem.get_or_insert(p);
+        }
+
+        if args.consume_us > 0 {
+            phases.time("consume (--consume-us)", || std::thread::sleep(Duration::from_micros(args.consume_us)));
         }
 
         let consumed = seq + 1;
@@ -584,7 +596,6 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             bp_time += t.elapsed();
             phases.add("backpressure wait", t.elapsed());
         }
-        max_ahead = max_ahead.max(seq - progress);
 
         if pipe.busy[slot] {
             let t = Instant::now();
@@ -608,6 +619,8 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
         pipe.busy[slot] = true;
         pipe.in_flight.push_back(slot);
         phases.add("post WRITE", t.elapsed());
+        // Sequences posted that the receiver has not reported consumed.
+        max_ahead = max_ahead.max(seq + 1 - progress);
 
         let t = Instant::now();
         pipe.reap()?;
