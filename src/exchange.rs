@@ -25,6 +25,19 @@
 //! and UCX delivers the active message reliably even if the peer has not
 //! fetched our metadata yet — the receiving side needs no metadata to
 //! receive a notification.
+//!
+//! Two things users of the built-in modes meet:
+//!
+//! - NIXL loads whatever it finds under the peer's name. Keys left by a
+//!   crashed run make `fetchRemoteMD` load a dead agent (or fail to
+//!   deserialize), and NIXL's etcd watcher only reacts to deletions, not to
+//!   the new peer's later publication. [`ExchangeHost::start`] therefore
+//!   deletes the role agents' keys before starting them.
+//! - At exit in etcd mode NIXL may log `Failed to invalidate remote
+//!   metadata for agent: <peer>: NIXL_ERR_NOT_FOUND`. It is harmless:
+//!   nixl-sys's `Agent` drop invalidates every fetched peer, then NIXL's
+//!   metadata thread drains the etcd watcher's queued "peer deleted its
+//!   keys" event and invalidates the same peer again.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
