@@ -2,7 +2,9 @@
 //!
 //! The Rust port of the seeds' `2proc` example (NIXL PR #980): a target
 //! registers two 256-byte DRAM buffers and publishes its agent metadata and
-//! descriptors through a TCPStore; the initiator
+//! descriptors (through a TCPStore, or NIXL's own etcd or TCPStore
+//! exchange with the descriptors as a notification: `--metadata`, see
+//! `nixl_examples::exchange`); the initiator
 //!
 //! 1. READs both buffers in one transfer request built in one call
 //!    (`createXferReq`, notification `UUID1`), then
@@ -16,23 +18,23 @@
 //!
 //! ```text
 //! cargo run --example two_proc                 # hosts the store, spawns both roles
+//! cargo run --example two_proc -- --metadata etcd --etcd-endpoints http://127.0.0.1:2379
 //! cargo run --example two_proc -- --role target --port 9998   # one role by hand
 //! ```
 
-use std::process::{Child, Command, ExitCode};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
-use nixl_examples::nixl::agent::create_ucx_agent;
+use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost, MetadataMode};
+use nixl_examples::nixl::host_agent::create_polled_agent;
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
-use nixl_examples::nixl::view::load_peer;
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args, post_and_wait};
 use nixl_examples::pattern;
 use nixl_examples::say;
-use nixl_examples::store::native::TcpStore;
-use nixl_examples::store::{self, Store, StoreBackend, StoreOptions};
+use nixl_examples::supervise::{self, role_command};
 use nixl_sys::XferOp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -43,28 +45,20 @@ enum Role {
     Initiator,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum StoreKind {
-    Native,
-    Libtorch,
-}
-
 /// Two NIXL agents, two processes, host API over DRAM: a READ and a WRITE
 /// with notifications, every byte verified.
 ///
-/// Without --role, hosts the TCPStore and runs both roles as child processes.
+/// Without --role, hosts the exchange (a TCPStore, or checks etcd) and runs
+/// both roles as child processes.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Run only this role (the store must already be up at --host/--port).
+    /// Run only this role (the exchange must already be up: the store at
+    /// --host/--port, or etcd).
     #[arg(long, value_enum)]
     role: Option<Role>,
-    /// Store host.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// Store port (0 = any free port; only without --role).
-    #[arg(short, long, default_value_t = 9998)]
-    port: u16,
+    #[command(flatten)]
+    exchange: ExchangeArgs,
     /// Seconds any wait may take.
     #[arg(short, long, default_value_t = 30)]
     timeout: u64,
@@ -74,13 +68,10 @@ struct Args {
     /// Pattern seed; both roles must use the same one.
     #[arg(long, default_value_t = 0x2b0c)]
     seed: u64,
-    /// Store implementation.
-    #[arg(long, value_enum, default_value_t = StoreKind::Native)]
-    store: StoreKind,
 }
 
-const TARGET_META: &str = "target_meta";
-const TARGET_DESCS: &str = "target_descs";
+const TARGET: &str = "target";
+const INITIATOR: &str = "initiator";
 // Pattern variants: the target's original data, the initiator's poison
 // before the READ, and what the initiator WRITEs back.
 const TARGET_DATA: u64 = 0;
@@ -94,12 +85,12 @@ fn main() -> ExitCode {
         Some(role) => run_role(&args, role),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             let who = match args.role {
                 None => "main",
-                Some(Role::Target) => "target",
-                Some(Role::Initiator) => "initiator",
+                Some(Role::Target) => TARGET,
+                Some(Role::Initiator) => INITIATOR,
             };
             eprintln!("[{who}] error: {e:#}");
             ExitCode::FAILURE
@@ -107,101 +98,44 @@ fn main() -> ExitCode {
     }
 }
 
-fn backend(args: &Args) -> StoreBackend {
-    match args.store {
-        StoreKind::Native => StoreBackend::Native,
-        StoreKind::Libtorch => StoreBackend::Libtorch,
-    }
-}
-
-fn store_opts(args: &Args, is_server: bool) -> StoreOptions {
-    StoreOptions {
-        host: args.host.clone(),
-        port: args.port,
-        is_server,
-        num_workers: None,
-        wait_workers: false,
-        timeout: Duration::from_secs(args.timeout),
-    }
-}
-
-/// Hosts the store and runs the two roles as child processes.
-fn run_both(args: &Args) -> Result<()> {
-    say!("[main] Starting TCPStore on port {}...", args.port);
-    let (store, port): (Box<dyn Store>, u16) = match args.store {
-        // The native store reports the port it bound (useful with --port 0).
-        StoreKind::Native => {
-            let s = TcpStore::open(&store_opts(args, true)).context("starting the store")?;
-            let port = s.port();
-            (Box::new(s), port)
-        }
-        StoreKind::Libtorch => (store::open(backend(args), &store_opts(args, true)).context("starting the store")?, args.port),
-    };
-    say!("[main] Starting target and initiator processes...");
-    let exe = std::env::current_exe()?;
-    let spawn = |role: &str| -> Result<Child> {
-        let mut cmd = Command::new(&exe);
-        cmd.args(["--role", role, "--host", &args.host, "--port", &port.to_string()])
-            .args(["--timeout", &args.timeout.to_string(), "--buf-size", &args.buf_size.to_string()])
-            .args(["--seed", &args.seed.to_string()])
-            .args(["--store", if args.store == StoreKind::Native { "native" } else { "libtorch" }]);
-        // In containers UCX's shared-memory transport cannot open
-        // /proc/<pid>/fd links of the peer; this makes it use another way.
-        if std::env::var_os("UCX_POSIX_USE_PROC_LINK").is_none() {
-            cmd.env("UCX_POSIX_USE_PROC_LINK", "n");
-        }
-        cmd.spawn().with_context(|| format!("spawning the {role} process"))
-    };
-    let mut children = [("target", spawn("target")?), ("initiator", spawn("initiator")?)];
-
-    // Wait for both; when one fails, give the other a moment to report its
-    // side, then stop it, so a failure never turns into a hang.
-    let deadline = Instant::now() + Duration::from_secs(args.timeout * 2 + 10);
-    let mut codes: [Option<i32>; 2] = [None, None];
-    let mut failed_at: Option<Instant> = None;
-    while codes.iter().any(Option::is_none) {
-        for (i, (_, child)) in children.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                if let Some(status) = child.try_wait()? {
-                    let code = status.code().unwrap_or(128 + 9);
-                    codes[i] = Some(code);
-                    if code != 0 && failed_at.is_none() {
-                        failed_at = Some(Instant::now());
-                    }
-                }
-            }
-        }
-        let give_up = Instant::now() > deadline || failed_at.is_some_and(|t| t.elapsed() > Duration::from_secs(3));
-        if give_up {
-            for (i, (_, child)) in children.iter_mut().enumerate() {
-                if codes[i].is_none() {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    codes[i] = Some(-9);
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    drop(store);
-    let [t, i] = codes.map(|c| c.unwrap_or(-1));
-    if t == 0 && i == 0 {
-        say!("[main] ✓ Test Complete - Both processes succeeded!");
-        Ok(())
-    } else {
-        eprintln!("[main] ✗ Process error - Target: {t}, Initiator: {i}");
-        bail!("{} failed", [("target", t), ("initiator", i)].iter().filter(|(_, c)| *c != 0).map(|(n, _)| *n).collect::<Vec<_>>().join(" and "))
-    }
-}
-
-fn run_role(args: &Args, role: Role) -> Result<()> {
-    let store = store::open(backend(args), &store_opts(args, false))
-        .with_context(|| format!("connecting to the store at {}:{}", args.host, args.port))?;
+/// Hosts the exchange and runs the two roles as child processes.
+fn run_both(args: &Args) -> Result<ExitCode> {
     let timeout = Duration::from_secs(args.timeout);
-    match role {
-        Role::Target => target(args, store.as_ref(), timeout),
-        Role::Initiator => initiator(args, store.as_ref(), timeout),
+    let host = ExchangeHost::start(&args.exchange, &[TARGET, INITIATOR], timeout)?;
+    say!("[main] Starting target and initiator processes...");
+    let spawn = |role: &str| -> Result<std::process::Child> {
+        let mut a = vec!["--role".to_string(), role.to_string()];
+        a.extend(args.exchange.to_args(host.port()));
+        a.extend(["--timeout".into(), args.timeout.to_string(), "--buf-size".into(), args.buf_size.to_string()]);
+        a.extend(["--seed".into(), args.seed.to_string()]);
+        role_command(a)?.spawn().with_context(|| format!("spawning the {role} process"))
+    };
+    let target = spawn(TARGET)?;
+    let initiator = match spawn(INITIATOR) {
+        Ok(c) => c,
+        Err(e) => {
+            supervise::kill_all(vec![(TARGET, target)]);
+            return Err(e);
+        }
+    };
+    let exits = supervise::supervise(vec![(TARGET, target), (INITIATOR, initiator)], timeout * 2 + Duration::from_secs(10));
+    drop(host);
+    if exits.iter().all(|e| e.code == 0) {
+        say!("[main] ✓ Test Complete - Both processes succeeded!");
+    } else {
+        eprintln!("[main] ✗ Process error - {}", supervise::summary(&exits));
     }
+    Ok(supervise::overall(&exits))
+}
+
+fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
+    let timeout = Duration::from_secs(args.timeout);
+    let mut exchange = Exchange::join(&args.exchange, timeout)?;
+    match role {
+        Role::Target => target(args, &mut exchange, timeout),
+        Role::Initiator => initiator(args, &mut exchange, timeout),
+    }?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn two_descs(buf: &HostBuffer, size: u64) -> DescList {
@@ -219,28 +153,43 @@ fn check(bytes: &[u8], seed: u64, variant: u64, what: &str) -> Result<()> {
     }
 }
 
-fn target(args: &Args, store: &dyn Store, timeout: Duration) -> Result<()> {
+fn target(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<()> {
     let n = args.buf_size as usize;
     say!("[target] Starting target process");
-    let nixl = create_ucx_agent("target")?;
+    let nixl = create_polled_agent(TARGET)?;
     let mut buf = HostBuffer::new(2 * n);
     pattern::fill(buf.as_mut_slice(), args.seed, TARGET_DATA);
     let _reg = nixl.agent.register_memory(&buf, None).context("registering the target's buffers")?;
     say!("[target] Memory registered");
 
-    store.set(TARGET_META, &nixl.agent.get_local_md()?)?;
-    store.set(TARGET_DESCS, &two_descs(&buf, args.buf_size).encode())?;
-    say!("[target] Published metadata and xfer descriptors to TCP server");
+    let result = serve(args, exchange, &nixl.agent, &buf, timeout);
+    exchange.withdraw(&nixl.agent);
+    drop(_reg);
+    result?;
+    say!("[target] Target process complete");
+    Ok(())
+}
+
+/// The target's part once its buffers are registered.
+fn serve(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: &HostBuffer, timeout: Duration) -> Result<()> {
+    let n = args.buf_size as usize;
+    exchange.publish(agent)?;
+    exchange.offer_descs(agent, INITIATOR, &two_descs(buf, args.buf_size))?;
+    if exchange.mode() == MetadataMode::Tcpstore {
+        say!("[target] Published metadata and xfer descriptors to TCP server");
+    } else {
+        say!("[target] Published metadata via {} and sent xfer descriptors to the initiator", exchange.mode().name());
+    }
     say!("[target] Waiting for transfers...");
 
     let mut inbox = NotifInbox::new();
-    inbox.wait_for(&nixl.agent, "initiator", b"UUID1", timeout)?;
+    inbox.wait_for(agent, INITIATOR, b"UUID1", timeout)?;
     // The READ's data is checked where it lands, on the initiator. Checking
     // here that the READ left our memory alone would race the WRITE, which
     // the initiator may already have started.
     say!("[target] Transfer 1 done");
 
-    inbox.wait_for(&nixl.agent, "initiator", b"UUID2", timeout)?;
+    inbox.wait_for(agent, INITIATOR, b"UUID2", timeout)?;
     // The WRITE sent initiator buffer 0 to our buffer 1 and 1 to 0.
     let mut expected = vec![0u8; 2 * n];
     pattern::fill(&mut expected, args.seed, WRITTEN);
@@ -248,40 +197,42 @@ fn target(args: &Args, store: &dyn Store, timeout: Duration) -> Result<()> {
     ensure!(got[n..] == expected[..n], "target buffer 1 after the WRITE does not hold initiator buffer 0");
     ensure!(got[..n] == expected[n..], "target buffer 0 after the WRITE does not hold initiator buffer 1");
     say!("[target] Transfer 2 done");
-
-    let _ = store.delete_key(TARGET_META);
-    let _ = store.delete_key(TARGET_DESCS);
-    drop(_reg);
-    say!("[target] Target process complete");
     Ok(())
 }
 
-fn initiator(args: &Args, store: &dyn Store, timeout: Duration) -> Result<()> {
-    let n = args.buf_size as usize;
+fn initiator(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<()> {
     say!("[initiator] Starting initiator process");
-    let nixl = create_ucx_agent("initiator")?;
-    let agent = &nixl.agent;
-    let mut buf = HostBuffer::new(2 * n);
+    let nixl = create_polled_agent(INITIATOR)?;
+    let mut buf = HostBuffer::new(2 * args.buf_size as usize);
     pattern::fill(buf.as_mut_slice(), args.seed, POISON);
-    let _reg = agent.register_memory(&buf, None).context("registering the initiator's buffers")?;
+    let reg = nixl.agent.register_memory(&buf, None).context("registering the initiator's buffers")?;
     say!("[initiator] Memory registered");
+    let result = transfer(args, exchange, &nixl.agent, &mut buf, timeout);
+    exchange.withdraw(&nixl.agent);
+    drop(reg);
+    result?;
+    say!("[initiator] Initiator process complete");
+    Ok(())
+}
 
-    let md = store.get(TARGET_META).context("waiting for the target's metadata")?;
-    load_peer(agent, &md, "target", timeout)?;
-    let remote = DescList::decode(&store.get(TARGET_DESCS).context("waiting for the target's descriptors")?)
-        .context("decoding the target's descriptors")?;
+/// The initiator's part once its buffers are registered.
+fn transfer(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: &mut HostBuffer, timeout: Duration) -> Result<()> {
+    exchange.publish(agent)?;
+    exchange.load_peer(agent, TARGET)?;
+    let mut inbox = NotifInbox::new();
+    let remote = exchange.take_descs(agent, &mut inbox, TARGET)?;
     ensure!(
         remote.mem_type == MemType::Dram && remote.descs.len() == 2 && remote.descs.iter().all(|d| d.len == args.buf_size),
         "the target published {remote:?}, expected two DRAM buffers of {} bytes (same --buf-size on both sides?)",
         args.buf_size
     );
     say!("[initiator] Successfully retrieved target descriptors");
-    let local = two_descs(&buf, args.buf_size);
+    let local = two_descs(buf, args.buf_size);
 
     // Transfer 1: a transfer request built in one call (initialize_xfer).
     say!("[initiator] Starting transfer 1 (READ)...");
     let req1 = agent
-        .create_xfer_req(XferOp::Read, &local.to_xfer_dlist()?, &remote.to_xfer_dlist()?, "target", Some(&notif_args(b"UUID1")?))
+        .create_xfer_req(XferOp::Read, &local.to_xfer_dlist()?, &remote.to_xfer_dlist()?, TARGET, Some(&notif_args(b"UUID1")?))
         .context("creating transfer 1 (READ)")?;
     post_and_wait(agent, &req1, "transfer 1 (READ)", timeout)?;
     check(buf.as_slice(), args.seed, TARGET_DATA, "initiator buffers after the READ")?;
@@ -294,7 +245,7 @@ fn initiator(args: &Args, store: &dyn Store, timeout: Duration) -> Result<()> {
     pattern::fill(buf.as_mut_slice(), args.seed, WRITTEN);
     let local_prep = agent.prepare_xfer_dlist("", &local.to_xfer_dlist()?, None).context("preparing the local descriptor list")?;
     let remote_prep =
-        agent.prepare_xfer_dlist("target", &remote.to_xfer_dlist()?, None).context("preparing the remote descriptor list")?;
+        agent.prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None).context("preparing the remote descriptor list")?;
     let req2 = agent
         .make_xfer_req(XferOp::Write, &local_prep, &[0, 1], &remote_prep, &[1, 0], Some(&notif_args(b"UUID2")?))
         .context("making transfer 2 (WRITE) from prepared lists")?;
@@ -302,8 +253,6 @@ fn initiator(args: &Args, store: &dyn Store, timeout: Duration) -> Result<()> {
     say!("[initiator] Transfer 2 done");
 
     drop((req1, req2, local_prep, remote_prep));
-    let _ = agent.invalidate_remote_md("target");
-    drop(_reg);
-    say!("[initiator] Initiator process complete");
+    let _ = agent.invalidate_remote_md(TARGET);
     Ok(())
 }

@@ -11,14 +11,23 @@
 //!   they are run;
 //! - [`roles`]: the initiator and the target of `simple_write`;
 //! - [`pattern`] and [`report`]: what is sent and how it is checked, and
-//!   what is printed.
+//!   what is printed;
+//! - [`exchange`]: how the two-process examples swap agent metadata and
+//!   descriptors (our TCPStore, or NIXL's own etcd / TCPStore clients), with
+//!   [`etcd`] to check and clean an etcd server;
+//! - [`slots`]: the slot ring of the streaming example (DRAM or VRAM);
+//! - [`supervise`]: running an example's roles as child processes.
 
 pub mod cli;
+pub mod etcd;
+pub mod exchange;
 pub mod gpu;
 pub mod interrupt;
 pub mod nixl;
 pub mod pattern;
 pub mod report;
 pub mod roles;
+pub mod slots;
 pub mod stats;
 pub mod store;
+pub mod supervise;

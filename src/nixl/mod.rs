@@ -2,6 +2,7 @@
 //! memory views.
 
 pub mod agent;
+pub mod host_agent;
 pub mod memory;
 pub mod runtime;
 pub mod serdes;

@@ -1,0 +1,194 @@
+//! Helpers shared by the example tests: finding and running the example
+//! binaries, free ports, a store server, and a real etcd server of our own.
+
+// Each test file uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nixl_examples::etcd::Etcd;
+use nixl_examples::store::native::TcpStore;
+use nixl_examples::store::StoreOptions;
+
+/// The built example `name` (cargo builds examples before integration tests).
+pub fn example(name: &str) -> PathBuf {
+    // Integration tests live in target/<profile>/deps; examples one level up.
+    let mut p = std::env::current_exe().unwrap();
+    p.pop();
+    p.pop();
+    p.push("examples");
+    p.push(name);
+    assert!(p.exists(), "{} not built (run `cargo build --features libtorch --examples` first)", p.display());
+    p
+}
+
+/// Runs example `name` with `args` to completion.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(example(name)).args(args).output().unwrap_or_else(|e| panic!("running {name}: {e}"))
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Both streams, for assertion messages.
+pub fn both(o: &Output) -> String {
+    format!("status {:?}\n--- stdout\n{}--- stderr\n{}", o.status.code(), stdout(o), stderr(o))
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Our TCPStore server, for tests that start the roles by hand.
+pub fn store_server() -> TcpStore {
+    TcpStore::open(&StoreOptions {
+        host: "127.0.0.1".into(),
+        port: 0,
+        is_server: true,
+        num_workers: None,
+        wait_workers: false,
+        timeout: Duration::from_secs(10),
+    })
+    .expect("starting a TCPStore server")
+}
+
+/// A child process killed (and reaped) when dropped, so a failing test
+/// leaves nothing running.
+pub struct Reaped(Option<Child>);
+
+impl Reaped {
+    pub fn child(&mut self) -> &mut Child {
+        self.0.as_mut().unwrap()
+    }
+
+    /// Waits for the process to exit, at most `limit` (then kills it and
+    /// panics), collecting its output meanwhile so it never blocks on a
+    /// full pipe.
+    pub fn wait_output(mut self, limit: Duration) -> Output {
+        let mut c = self.0.take().unwrap();
+        let read = |mut r: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = r.read_to_end(&mut v);
+                v
+            })
+        };
+        let out = c.stdout.take().map(|s| read(Box::new(s)));
+        let err = c.stderr.take().map(|s| read(Box::new(s)));
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("process still running after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
+        Output { status, stdout: join(out), stderr: join(err) }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Spawns example `name` with `args`, output captured.
+pub fn spawn(name: &str, args: &[&str]) -> Reaped {
+    Reaped(Some(
+        Command::new(example(name))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {name}: {e}")),
+    ))
+}
+
+/// A real etcd server on loopback, on free ports, with a fresh data
+/// directory; killed and its directory removed when dropped.
+pub struct EtcdServer {
+    child: Child,
+    dir: PathBuf,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+}
+
+impl EtcdServer {
+    /// Starts `etcd` (`ETCD_BIN`, else `etcd` on PATH, else /usr/bin/etcd)
+    /// and waits until it answers. Panics with the fix when etcd is missing.
+    pub fn start() -> Self {
+        let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| {
+            if Command::new("etcd").arg("--version").output().is_ok() { "etcd".into() } else { "/usr/bin/etcd".into() }
+        });
+        let mut last = String::new();
+        // The free ports may be taken between choosing and binding: retry.
+        for attempt in 0..3 {
+            let (client, peer) = (free_port(), free_port());
+            let dir = std::env::temp_dir().join(format!("nixl-examples-etcd-{}-{client}-{attempt}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
+            let endpoint = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let child = Command::new(&bin)
+                .args(["--name", "test", "--data-dir"])
+                .arg(dir.join("data"))
+                .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("test={peer_url}"), "--log-level", "error"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {bin}: {e}. Install etcd-server (scripts/setup.sh does) or set ETCD_BIN"));
+            let mut server = Self { child, dir, endpoint };
+            let client = Etcd::from_endpoints(&server.endpoint, Duration::from_secs(1)).unwrap();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(15) {
+                if client.version().is_ok() {
+                    return server;
+                }
+                if let Ok(Some(_)) = server.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            last = std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default();
+            let _ = server.child.kill();
+        }
+        panic!("etcd did not come up:\n{last}");
+    }
+
+    pub fn client(&self) -> Etcd {
+        Etcd::from_endpoints(&self.endpoint, Duration::from_secs(5)).unwrap()
+    }
+
+    /// Every key under `/nixl/` (where NIXL keeps agent metadata).
+    pub fn nixl_keys(&self) -> Vec<String> {
+        self.client().keys_with_prefix("/nixl/").unwrap()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
