@@ -22,9 +22,14 @@ pub struct UcxAgent {
 /// missing, the UCX plugin missing from `NIXL_PLUGIN_DIR`, backend creation
 /// refused.
 pub fn create_ucx_agent(name: &str) -> Result<UcxAgent> {
+    create_ucx_agent_with(name, &AgentConfig { enable_prog_thread: true, enable_listen_thread: false, ..Default::default() })
+}
+
+/// [`create_ucx_agent`] with another agent configuration (e.g. no progress
+/// thread: [`super::host_agent::create_polled_agent`]).
+pub fn create_ucx_agent_with(name: &str, cfg: &AgentConfig) -> Result<UcxAgent> {
     let rt = runtime::load()?;
-    let cfg = AgentConfig { enable_prog_thread: true, enable_listen_thread: false, ..Default::default() };
-    let agent = Agent::new_configured(name, &cfg)
+    let agent = Agent::new_configured(name, cfg)
         .with_context(|| format!("creating NIXL agent '{name}' (library in {})", rt.lib_dir.display()))?;
     let (_mems, mut params) = agent.get_plugin_params("UCX").with_context(|| {
         format!(

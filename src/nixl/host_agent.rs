@@ -11,11 +11,10 @@
 //! poll anyway (`getXferStatus` and `getNotifs` both progress the worker),
 //! so they need no thread.
 
-use anyhow::{Context, Result};
-use nixl_sys::{Agent, AgentConfig};
+use anyhow::Result;
+use nixl_sys::AgentConfig;
 
-use super::agent::UcxAgent;
-use super::runtime;
+use super::agent::{UcxAgent, create_ucx_agent_with};
 
 /// Creates agent `name` with no progress thread and no listener thread,
 /// plus the UCX backend with the settings of
@@ -23,24 +22,6 @@ use super::runtime;
 /// `ucx_error_handling_mode=none`). UCX then advances only inside NIXL
 /// calls: a caller waiting for a transfer or a notification must keep
 /// calling `get_xfer_status` / `get_notifications`.
-///
-/// Errors name the cause: NIXL missing, the UCX plugin missing from
-/// `NIXL_PLUGIN_DIR`, backend creation refused.
 pub fn create_polled_agent(name: &str) -> Result<UcxAgent> {
-    let rt = runtime::load()?;
-    let cfg = AgentConfig { enable_prog_thread: false, enable_listen_thread: false, ..Default::default() };
-    let agent = Agent::new_configured(name, &cfg)
-        .with_context(|| format!("creating NIXL agent '{name}' (library in {})", rt.lib_dir.display()))?;
-    let (_mems, mut params) = agent.get_plugin_params("UCX").with_context(|| {
-        format!(
-            "NIXL's UCX plugin is not loadable from {} (NIXL_PLUGIN_DIR): is libplugin_UCX.so there, with its UCX libraries?",
-            rt.plugin_dir.display()
-        )
-    })?;
-    params.set("num_workers", "1")?;
-    params.set("ucx_error_handling_mode", "none")?;
-    let backend = agent
-        .create_backend("UCX", &params)
-        .context("creating the UCX backend (UCX could not initialise: see UCX's own messages above)")?;
-    Ok(UcxAgent { agent, backend })
+    create_ucx_agent_with(name, &AgentConfig { enable_prog_thread: false, enable_listen_thread: false, ..Default::default() })
 }
