@@ -149,6 +149,11 @@ fn assert_connections_end(server: &TcpStoreServer, after: &str) {
 /// a connection has ended.
 fn assert_all_end(server: &TcpStoreServer, threads_before: u64, after: &str) {
     assert_connections_end(server, after);
+    assert_threads_settle(threads_before, after);
+}
+
+/// Waits until the process is back to at most `threads_before` threads.
+fn assert_threads_settle(threads_before: u64, after: &str) {
     assert!(
         eventually(SETTLE_WITHIN, || threads() <= threads_before),
         "after {after}: {} threads, {threads_before} before: connection threads did not end",
@@ -708,6 +713,29 @@ fn client_that_never_reads() {
     drop(client);
     assert_served(port, "the non-reader left");
     assert_all_end(&server, threads_before, "a client that never reads");
+
+    // Dropping the server while a non-reader holds its writer blocked must
+    // not hang: the drop shuts every connection down and waits for both of
+    // its threads.
+    let mut s = validated(port);
+    s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let _ = s.write_all(&gets);
+    // Time to read the GETs and fill the socket with replies.
+    thread::sleep(Duration::from_millis(300));
+    let (done, dropped) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        drop(server);
+        let _ = done.send(());
+    });
+    assert!(
+        dropped.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "dropping the server hung on a client that never reads"
+    );
+    assert!(
+        hangs_up(&mut s),
+        "the dropped server left the non-reader connected"
+    );
+    assert_threads_settle(threads_before, "dropping the server");
 }
 
 /// Raises this process's soft limit on open files to `want` (at most the
@@ -868,6 +896,10 @@ fn connections_over_the_limit_are_refused() {
     let server = TcpStoreServer::bind_with_max_connections(0, MAX).unwrap();
     let port = server.port();
     assert_eq!(server.max_connections(), MAX);
+    // As `start` does: the clients' own lazily started threads (torch's)
+    // exist before the baseline is taken.
+    assert_served(port, "start");
+    assert_connections_end(&server, "start");
     let threads_before = threads();
     let mut held: Vec<TcpStream> = (0..MAX).map(|_| validated(port)).collect();
     assert!(
