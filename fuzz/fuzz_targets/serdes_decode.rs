@@ -15,6 +15,10 @@ use nixl_examples::nixl::serdes::DescList;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(list) = DescList::decode(data) {
-        assert_eq!(list.encode(), data, "{list:?} does not re-encode to its bytes");
+        assert_eq!(
+            list.encode(),
+            data,
+            "{list:?} does not re-encode to its bytes"
+        );
     }
 });
