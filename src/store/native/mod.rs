@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-pub use server::TcpStoreServer;
+pub use server::{MAX_CONNECTIONS, TcpStoreServer};
 
 use self::client::{Client, check_limits};
 use super::{Store, StoreError, StoreOptions};

@@ -12,16 +12,38 @@
 //! second VALIDATE, an unknown opcode, a key, value or key count over
 //! [`Limits::LIBUV`], a truncated frame, or an ADD on a value that is not a
 //! decimal integer (torch closes the connection in all these cases too).
+//!
+//! What a connection costs, and the bounds (the server runs inside the
+//! process that hosts the store, so exhausting threads or descriptors would
+//! break that process, not just the store):
+//! - two threads with [`CONN_STACK`] (256 KiB) stacks, one descriptor, and
+//!   a [`READ_BUF`] + [`WRITE_BUF`] (2 × 16 KiB) buffer pair: about 35 KiB
+//!   resident and 0.8 MiB of address space while idle, 100 KiB resident in
+//!   a process with libtorch loaded, whose 26 KiB of thread-local storage
+//!   every thread gets a copy of (measured by `tests/store_hostile.rs`);
+//! - at most [`TcpStoreServer::max_connections`] connections at once
+//!   ([`MAX_CONNECTIONS`], less where `RLIMIT_NOFILE` is low); the server
+//!   hangs up on any connection over that at once and says so on stderr;
+//! - a request's memory grows with the bytes that actually arrive, never
+//!   with the lengths it announces ([`wire`]), so the memory of requests in
+//!   flight is at most what clients sent; a client that does not read its
+//!   replies is not read from either once [`OUTBOX_HIGH_WATER`] (32 MiB) of
+//!   them are queued, and queued replies share the stored values rather
+//!   than copying them.
+//!
+//! The store has no authentication (neither has torch's): a client can fill
+//! it, or hold every connection slot. Serve it on a trusted network.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use super::wire::{self, Field, Limits, Request, WireError};
+use super::wire::{self, Field, Limits, Op, Request, WireError};
 use crate::store::StoreError;
 
 type ConnId = u64;
@@ -32,13 +54,41 @@ type Value = Arc<[u8]>;
 /// reading its requests (back-pressure on a client that does not read).
 const OUTBOX_HIGH_WATER: usize = 32 << 20;
 
+/// Most connections a server serves at once, where `RLIMIT_NOFILE` allows
+/// (see [`TcpStoreServer::bind`]). Each costs two threads, so this is also
+/// what keeps a connection flood from taking all of the hosting process's
+/// threads (8192 at the cap).
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Fewest connections a server allows, however low `RLIMIT_NOFILE` is.
+const MIN_CONNECTIONS: usize = 64;
+
+/// Stack of each connection thread, bytes. The handlers do not recurse and
+/// keep their buffers on the heap; std's default (2 MiB) would reserve 16 GiB
+/// of address space at [`MAX_CONNECTIONS`].
+const CONN_STACK: usize = 256 << 10;
+
+/// Read buffer per connection, bytes: holds many small frames; longer
+/// fields are read straight into their own buffers past it.
+const READ_BUF: usize = 16 << 10;
+
+/// Write buffer per connection, bytes: batches small replies; long values
+/// are written straight from the store past it.
+const WRITE_BUF: usize = 16 << 10;
+
+/// Pending-connection queue asked of the kernel (which caps it at
+/// `net.core.somaxconn`), as torch's `DEFAULT_BACKLOG`. std's 128 overflows
+/// when a few thousand ranks connect at once, and every overflow stalls a
+/// client for a 1 s SYN retransmit.
+const LISTEN_BACKLOG: libc::c_int = 16384;
+
 /// A c10d TCPStore server listening on all interfaces, on its own threads.
 ///
 /// Mirrors the server half of `c10d::TCPStore` with `isServer=true` (the
 /// libuv backend, torch's default): it binds `[::]:port` (dual-stack), falls
 /// back to `0.0.0.0:port`, and serves until dropped. Dropping it closes every
-/// client connection (their pending calls fail instead of hanging) and joins
-/// all its threads.
+/// client connection (their pending calls fail instead of hanging) and waits
+/// until all its threads are done.
 pub struct TcpStoreServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
@@ -48,17 +98,38 @@ pub struct TcpStoreServer {
 struct Shared {
     state: Mutex<State>,
     stopping: AtomicBool,
-    /// A handle on every live connection, to shut them down on drop.
-    conns: Mutex<HashMap<ConnId, TcpStream>>,
+    /// Every live connection: counted against `max_connections`, and shut
+    /// down on drop.
+    conns: Mutex<HashMap<ConnId, Arc<TcpStream>>>,
+    /// Notified whenever a connection leaves `conns`.
+    conn_ended: Condvar,
+    max_connections: usize,
 }
 
 impl TcpStoreServer {
     /// Starts a server on `port` (0: an ephemeral port, see [`Self::port`]).
     ///
+    /// It serves at most [`MAX_CONNECTIONS`] (4096) connections at once, or
+    /// half the process's soft `RLIMIT_NOFILE` if that is less (but at least
+    /// 64), so that store clients cannot take every descriptor of the
+    /// hosting process; a connection over the limit is closed at once (its
+    /// client sees the connection drop before any reply, and our client and
+    /// torch's retry until their timeout), and the server prints one line on
+    /// stderr each time it starts refusing.
+    ///
     /// Errors: [`StoreError::Bind`] when neither `[::]:port` nor
     /// `0.0.0.0:port` can be bound (typically the port is in use);
     /// [`StoreError::Io`] if the acceptor thread cannot be started.
     pub fn bind(port: u16) -> Result<Self, StoreError> {
+        Self::bind_with_max_connections(port, default_max_connections())
+    }
+
+    /// [`Self::bind`] with a given connection limit (at least 1) instead of
+    /// the default.
+    pub fn bind_with_max_connections(
+        port: u16,
+        max_connections: usize,
+    ) -> Result<Self, StoreError> {
         let listener = match TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)) {
             Ok(l) => l,
             Err(v6) => TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).map_err(|v4| {
@@ -74,11 +145,17 @@ impl TcpStoreServer {
                 }
             })?,
         };
+        // Deepen the accept queue (listen() again only updates it). Best
+        // effort: std's 128 still works, only slower under a burst.
+        // SAFETY: a valid listening socket descriptor owned by `listener`.
+        let _ = unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) };
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             stopping: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
+            conn_ended: Condvar::new(),
+            max_connections: max_connections.max(1),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -102,6 +179,33 @@ impl TcpStoreServer {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Most connections served at once; more are closed on arrival.
+    pub fn max_connections(&self) -> usize {
+        self.shared.max_connections
+    }
+
+    /// Connections open now, each counted from its arrival until both of
+    /// its threads have ended.
+    pub fn open_connections(&self) -> usize {
+        lock(&self.shared.conns).len()
+    }
+}
+
+/// [`MAX_CONNECTIONS`], or half the soft `RLIMIT_NOFILE` if that is less
+/// (each connection holds one descriptor; the other half is left to the
+/// hosting process), but at least [`MIN_CONNECTIONS`].
+fn default_max_connections() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the valid, local `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return MAX_CONNECTIONS;
+    }
+    let half = usize::try_from(lim.rlim_cur / 2).unwrap_or(usize::MAX);
+    half.clamp(MIN_CONNECTIONS, MAX_CONNECTIONS)
 }
 
 impl Drop for TcpStoreServer {
@@ -131,46 +235,82 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let port = listener.local_addr().map_or(0, |a| a.port());
     let mut next_id: ConnId = 0;
+    // Whether the last arrival was refused: the stderr line is printed once
+    // per stretch of refusals, not once per connection.
+    let mut refusing = false;
     for incoming in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
-        match incoming {
-            Ok(stream) => {
-                next_id += 1;
-                let id = next_id;
-                let Ok(handle) = stream.try_clone() else {
-                    continue;
-                };
-                lock(&shared.conns).insert(id, handle);
-                let conn_shared = Arc::clone(&shared);
-                let spawned = thread::Builder::new()
-                    .name(format!("tcpstore-conn-{id}"))
-                    .spawn(move || serve(id, stream, conn_shared));
-                match spawned {
-                    Ok(worker) => workers.push(worker),
-                    Err(_) => {
-                        if let Some(s) = lock(&shared.conns).remove(&id) {
-                            let _ = s.shutdown(Shutdown::Both);
-                        }
-                    }
-                }
-            }
+        let stream = match incoming {
+            Ok(stream) => Arc::new(stream),
             // Out of descriptors and the like: back off instead of spinning.
-            Err(_) => thread::sleep(Duration::from_millis(10)),
-        }
-        let (done, live): (Vec<_>, Vec<_>) = workers.into_iter().partition(|w| w.is_finished());
-        done.into_iter().for_each(|w| drop(w.join()));
-        workers = live;
+            Err(_) => {
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let id = {
+            let mut conns = lock(&shared.conns);
+            if conns.len() >= shared.max_connections {
+                drop(conns);
+                let _ = stream.shutdown(Shutdown::Both);
+                if !refusing {
+                    eprintln!(
+                        "TCPStore server on port {port}: refusing connections: {} are open, \
+                         the most it serves at once (TcpStoreServer::max_connections)",
+                        shared.max_connections
+                    );
+                }
+                refusing = true;
+                continue;
+            }
+            next_id += 1;
+            conns.insert(next_id, Arc::clone(&stream));
+            next_id
+        };
+        refusing = false;
+        // The connection's slot: whatever happens to its thread (even a
+        // panic, or not starting at all) the slot is given back.
+        let slot = Slot {
+            id,
+            shared: Arc::clone(&shared),
+        };
+        let spawned = thread::Builder::new()
+            .name(format!("tcpstore-conn-{id}"))
+            .stack_size(CONN_STACK)
+            .spawn(move || serve(slot, stream));
+        // Detached: a finished connection's thread is gone at once, with
+        // nothing to reap; `Slot` tells the acceptor when all have ended.
+        drop(spawned);
     }
     drop(listener);
-    for stream in lock(&shared.conns).values() {
+    let mut conns = lock(&shared.conns);
+    for stream in conns.values() {
         let _ = stream.shutdown(Shutdown::Both);
     }
-    for worker in workers {
-        let _ = worker.join();
+    while !conns.is_empty() {
+        conns = shared
+            .conn_ended
+            .wait(conns)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// A connection's place in [`Shared::conns`], freed when dropped.
+struct Slot {
+    id: ConnId,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(stream) = lock(&self.shared.conns).remove(&self.id) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        self.shared.conn_ended.notify_all();
     }
 }
 
@@ -182,21 +322,26 @@ enum End {
     Abort,
 }
 
-fn serve(id: ConnId, stream: TcpStream, shared: Arc<Shared>) {
+fn serve(slot: Slot, stream: Arc<TcpStream>) {
+    let (id, shared) = (slot.id, &*slot.shared);
     let _ = stream.set_nodelay(true);
     let outbox = Arc::new(Outbox::default());
-    let writer = stream.try_clone().ok().and_then(|out| {
-        let outbox = Arc::clone(&outbox);
+    // Closes the outbox however this thread leaves, so that the writer
+    // never waits for replies that will not come.
+    let closer = CloseOnDrop(Arc::clone(&outbox));
+    let writer: Option<JoinHandle<()>> = {
+        let (outbox, out) = (Arc::clone(&outbox), Arc::clone(&stream));
         thread::Builder::new()
             .name(format!("tcpstore-conn-{id}-tx"))
-            .spawn(move || write_loop(&outbox, out))
+            .stack_size(CONN_STACK)
+            .spawn(move || write_loop(&outbox, &out))
             .ok()
-    });
+    };
     let end = match writer {
         Some(_) => {
             lock(&shared.state).outboxes.insert(id, Arc::clone(&outbox));
-            let mut reader = BufReader::with_capacity(64 << 10, &stream);
-            session(id, &mut reader, &shared, &outbox)
+            let mut reader = BufReader::with_capacity(READ_BUF, &*stream);
+            session(id, &mut reader, shared, &outbox)
         }
         None => End::Abort,
     };
@@ -215,8 +360,18 @@ fn serve(id: ConnId, stream: TcpStream, shared: Arc<Shared>) {
     if let Some(writer) = writer {
         let _ = writer.join();
     }
-    let _ = stream.shutdown(Shutdown::Both);
-    lock(&shared.conns).remove(&id);
+    drop(closer);
+    // `slot` drops last: the connection counts until both threads are done.
+    drop(slot);
+}
+
+/// Closes an [`Outbox`] when dropped.
+struct CloseOnDrop(Arc<Outbox>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 fn session(
@@ -227,6 +382,16 @@ fn session(
 ) -> End {
     let limits = Limits::LIBUV;
     // torch's server ignores every request until a VALIDATE with its magic.
+    // Hang up at the first byte that cannot start one: garbage must not make
+    // us wait for, and buffer, a frame whose length it happens to announce.
+    loop {
+        match reader.fill_buf() {
+            Ok([]) => return End::Clean,
+            Ok([op, ..]) if *op == Op::Validate as u8 => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            _ => return End::Abort,
+        }
+    }
     match Request::read_from(reader, &limits) {
         Ok(Request::Validate {
             magic: wire::VALIDATION_MAGIC,
@@ -582,8 +747,8 @@ impl Outbox {
     }
 }
 
-fn write_loop(outbox: &Outbox, stream: TcpStream) {
-    let mut out = BufWriter::with_capacity(64 << 10, &stream);
+fn write_loop(outbox: &Outbox, stream: &TcpStream) {
+    let mut out = BufWriter::with_capacity(WRITE_BUF, stream);
     while let Some(batch) = outbox.next_batch() {
         let written = batch.iter().try_for_each(|frame| match frame {
             Frame::Raw(b) => out.write_all(b),
