@@ -12,6 +12,8 @@ cd "$ROOT"
 scripts/setup.sh
 # Examples are programs the tests run; build them with the same features first.
 cargo build --quiet --features libtorch --examples
+# The cargo-fuzz targets must keep compiling (scripts/fuzz.sh runs them).
+cargo check --quiet --manifest-path fuzz/Cargo.toml --target-dir target
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # --show-output prints what passing tests wrote, so every SKIP is visible.

@@ -129,8 +129,8 @@ impl DescList {
 
     /// Decodes bytes written by [`DescList::encode`] or by NIXL itself.
     ///
-    /// Never panics and never allocates more than the input's size: every
-    /// length is checked against the bytes actually present.
+    /// Never panics and allocates at most about three times the input's
+    /// size: every length is checked against the bytes actually present.
     pub fn decode(bytes: &[u8]) -> Result<Self, SerdesError> {
         let mut r = Reader { buf: bytes };
         if !r.buf.starts_with(HEADER) {
