@@ -250,14 +250,7 @@ fn run(args: Args) -> Result<()> {
     let rt = runtime::load()?;
     eprintln!("[{}] NIXL from {} ({})", if args.mode == Mode::Initiator { "initiator" } else { "target" }, rt.lib_dir.display(), rt.found_by);
 
-    let backend = match args.store {
-        StoreKind::Native => StoreBackend::Native,
-        StoreKind::Libtorch => StoreBackend::Libtorch,
-    };
-    let mut opts = StoreOptions::two_process(args.mode == Mode::Initiator);
-    opts.host = args.host.clone();
-    opts.port = args.port;
-    opts.timeout = timeout;
+    let (backend, opts) = store_config(&args, timeout);
 
     match args.mode {
         Mode::Initiator => {
@@ -297,9 +290,9 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// `--check-connection`: the store and NIXL's agents, no GPU.
-fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
-    runtime::load()?;
+/// The store implementation and options both modes use: upstream's
+/// (numWorkers=2, waitWorkers) with our --host/--port/--timeout.
+fn store_config(args: &Args, timeout: Duration) -> (StoreBackend, StoreOptions) {
     let backend = match args.store {
         StoreKind::Native => StoreBackend::Native,
         StoreKind::Libtorch => StoreBackend::Libtorch,
@@ -308,6 +301,13 @@ fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
     opts.host = args.host.clone();
     opts.port = args.port;
     opts.timeout = timeout;
+    (backend, opts)
+}
+
+/// `--check-connection`: the store and NIXL's agents, no GPU.
+fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
+    runtime::load()?;
+    let (backend, opts) = store_config(args, timeout);
     let store = open_store(args, backend, &opts, timeout)?;
     interrupt::install()?;
     match args.mode {
