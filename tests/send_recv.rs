@@ -78,6 +78,45 @@ fn sampled_verification_without_baseline_over_nixls_tcpstore_client() {
     assert_eq!(j["receiver"]["mismatches"], 0);
 }
 
+/// The schedule that VRAM uses by default (fill a batch of slots ahead,
+/// check slots in batches, report progress only after a batch is checked),
+/// run over DRAM where it can be checked here: a slot filled while its
+/// previous WRITE is in flight, a staged slot overwritten before its WRITE,
+/// or progress reported before a slot was checked would all show up as
+/// mismatches or overruns.
+#[test]
+fn filling_ahead_and_checking_in_batches_keeps_every_slot_intact() {
+    let json = temp_json("fill-ahead");
+    let o = run(
+        "send_recv",
+        &[
+            "--port", "0", "--num-buffers", "8", "--buffer-size", "64K", "--num-transfers", "200", "--timeout", "20",
+            "--baseline-reps", "0", "--verify", "sample", "--fill-ahead", "8", "--check-batch", "2",
+            "--json", json.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", both(&o));
+    let out = stdout(&o);
+    assert!(out.contains("fill ahead (in place)"), "{out}");
+    let j = json_of(&json);
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(j["fill_ahead"], 8);
+    assert_eq!(j["receiver"]["overruns"], 0);
+    assert_eq!(j["receiver"]["mismatches"], 0);
+    assert_eq!(j["receiver"]["max_check_batch"], 2);
+    assert_eq!(j["receiver"]["check_batches"], 100);
+    assert_eq!(j["receiver"]["progress_reports"], 100);
+    assert!(j["backpressure"]["max_ahead"].as_u64().unwrap() <= 4, "{j:#}");
+    // A slow receiver (backpressure engages with a batch staged), and one
+    // slot (nothing can be filled ahead while its WRITE is in flight).
+    for extra in [&["--num-buffers", "4", "--fill-ahead", "3", "--consume-us", "500"][..], &["--num-buffers", "1", "--fill-ahead", "1"][..]] {
+        let args = [&["--port", "0", "--buffer-size", "64K", "--num-transfers", "40", "--timeout", "20", "--baseline-reps", "0"][..], extra].concat();
+        let o = run("send_recv", &args);
+        assert!(o.status.success(), "{extra:?}: {}", both(&o));
+        assert!(stdout(&o).contains("✓ No buffer overrun"), "{extra:?}: {}", both(&o));
+    }
+}
+
 #[test]
 fn streams_over_nixls_etcd_exchange_and_leaves_no_keys() {
     let etcd = EtcdServer::start();
