@@ -21,7 +21,17 @@ use std::process::Command;
 pub fn build() {
     println!("cargo::rustc-check-cfg=cfg(nixl_kernels)");
     println!("cargo:rerun-if-changed=cuda/kernels.cu");
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "NIXL_PREFIX", "NIXL_INCLUDE_DIR", "UCX_INCLUDE_DIR", "UCX_PREFIX", "NIXL_REQUIRE_KERNELS", "NIXL_CUDA_ARCH"] {
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "NIXL_PREFIX",
+        "NIXL_INCLUDE_DIR",
+        "UCX_INCLUDE_DIR",
+        "UCX_PREFIX",
+        "NIXL_REQUIRE_KERNELS",
+        "NIXL_CUDA_ARCH",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     match compile() {
@@ -43,37 +53,65 @@ fn compile() -> Result<PathBuf, String> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let venv_sites = venv_site_packages(&manifest.join(".venv"));
     let nvcc = find_nvcc(&venv_sites).ok_or(
-        "nvcc not found (set NVCC or CUDA_HOME, or run scripts/setup.sh for the PyPI nvcc)".to_string(),
+        "nvcc not found (set NVCC or CUDA_HOME, or run scripts/setup.sh for the PyPI nvcc)"
+            .to_string(),
     )?;
     let nixl_inc = find_nixl_include()?;
     let ucx_inc = find_ucx_include(&venv_sites)?;
-    for watched in [nixl_inc.join("gpu/ucx/nixl_device.cuh"), ucx_inc.join("ucp/api/device/ucp_device_impl.h")] {
+    for watched in [
+        nixl_inc.join("gpu/ucx/nixl_device.cuh"),
+        ucx_inc.join("ucp/api/device/ucp_device_impl.h"),
+    ] {
         println!("cargo:rerun-if-changed={}", watched.display());
     }
 
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("kernels.fatbin");
     let arch = std::env::var("NIXL_CUDA_ARCH").unwrap_or_else(|_| "90".into());
     let status = Command::new(&nvcc)
-        .args(["-std=c++17", "--expt-relaxed-constexpr", "-O3", "-fatbin", "-lineinfo"])
+        .args([
+            "-std=c++17",
+            "--expt-relaxed-constexpr",
+            "-O3",
+            "-fatbin",
+            "-lineinfo",
+        ])
         // SASS for Hopper, plus PTX the driver can JIT for newer GPUs.
-        .arg(format!("-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"))
-        .arg("-I").arg(&nixl_inc)
-        .arg("-I").arg(&ucx_inc)
+        .arg(format!(
+            "-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"
+        ))
+        .arg("-I")
+        .arg(&nixl_inc)
+        .arg("-I")
+        .arg(&ucx_inc)
         .arg(manifest.join("cuda/kernels.cu"))
-        .arg("-o").arg(&out)
+        .arg("-o")
+        .arg(&out)
         .output()
         .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
     if !status.status.success() {
         let stderr = String::from_utf8_lossy(&status.stderr);
-        let first: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).take(3).collect();
-        return Err(format!("nvcc failed on cuda/kernels.cu: {}", first.join(" | ")));
+        let first: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("error"))
+            .take(3)
+            .collect();
+        return Err(format!(
+            "nvcc failed on cuda/kernels.cu: {}",
+            first.join(" | ")
+        ));
     }
     Ok(out)
 }
 
 fn venv_site_packages(venv: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(venv.join("lib")) else { return Vec::new() };
-    entries.filter_map(|e| e.ok()).map(|e| e.path().join("site-packages")).filter(|p| p.is_dir()).collect()
+    let Ok(entries) = std::fs::read_dir(venv.join("lib")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect()
 }
 
 fn find_nvcc(sites: &[PathBuf]) -> Option<PathBuf> {
@@ -89,15 +127,22 @@ fn find_nvcc(sites: &[PathBuf]) -> Option<PathBuf> {
         candidates.extend(std::env::split_paths(&path).map(|d| d.join("nvcc")));
     }
     candidates.push("/usr/local/cuda/bin/nvcc".into());
-    candidates.extend(sites.iter().flat_map(|s| [s.join("nvidia/cu13/bin/nvcc"), s.join("nvidia/cuda_nvcc/bin/nvcc")]));
+    candidates.extend(sites.iter().flat_map(|s| {
+        [
+            s.join("nvidia/cu13/bin/nvcc"),
+            s.join("nvidia/cuda_nvcc/bin/nvcc"),
+        ]
+    }));
     candidates.into_iter().find(|p| p.is_file())
 }
 
 fn find_nixl_include() -> Result<PathBuf, String> {
     let dir = match std::env::var_os("NIXL_INCLUDE_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var("NIXL_PREFIX").unwrap_or_else(|_| "/opt/nvidia/nvda_nixl".into()))
-            .join("include"),
+        None => PathBuf::from(
+            std::env::var("NIXL_PREFIX").unwrap_or_else(|_| "/opt/nvidia/nvda_nixl".into()),
+        )
+        .join("include"),
     };
     if dir.join("gpu/ucx/nixl_device.cuh").is_file() && dir.join("nixl_types.h").is_file() {
         Ok(dir)
@@ -111,10 +156,14 @@ fn find_nixl_include() -> Result<PathBuf, String> {
 }
 
 fn find_ucx_include(sites: &[PathBuf]) -> Result<PathBuf, String> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("UCX_INCLUDE_DIR").map(PathBuf::from).into_iter().collect();
+    let mut candidates: Vec<PathBuf> = std::env::var_os("UCX_INCLUDE_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
     candidates.extend(sites.iter().map(|s| s.join("libucx/include")));
     candidates.extend(std::env::var_os("UCX_PREFIX").map(|p| PathBuf::from(p).join("include")));
-    candidates.extend(["/usr/include", "/usr/local/include", "/opt/ucx/include"].map(PathBuf::from));
+    candidates
+        .extend(["/usr/include", "/usr/local/include", "/opt/ucx/include"].map(PathBuf::from));
     candidates
         .iter()
         .find(|d| d.join("ucp/api/device/ucp_device_impl.h").is_file())

@@ -106,7 +106,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("[{who}] error: {e:#}");
-            if e.downcast_ref::<DataMismatch>().is_some() { ExitCode::from(EXIT_MISMATCH as u8) } else { ExitCode::FAILURE }
+            if e.downcast_ref::<DataMismatch>().is_some() {
+                ExitCode::from(EXIT_MISMATCH as u8)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -130,7 +134,9 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         ] {
             a.extend([k.to_string(), v.to_string()]);
         }
-        role_command(a)?.spawn().with_context(|| format!("spawning the {role} process"))
+        role_command(a)?
+            .spawn()
+            .with_context(|| format!("spawning the {role} process"))
     };
     let target = spawn(TARGET)?;
     let initiator = match spawn(INITIATOR) {
@@ -140,7 +146,10 @@ fn run_both(args: &Args) -> Result<ExitCode> {
             return Err(e);
         }
     };
-    let exits = supervise::supervise(vec![(TARGET, target), (INITIATOR, initiator)], timeout(args) * 3 + Duration::from_secs(10));
+    let exits = supervise::supervise(
+        vec![(TARGET, target), (INITIATOR, initiator)],
+        timeout(args) * 3 + Duration::from_secs(10),
+    );
     drop(host);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Test Complete - Both processes succeeded!");
@@ -151,12 +160,19 @@ fn run_both(args: &Args) -> Result<ExitCode> {
 }
 
 fn run_role(args: &Args, role: Role) -> Result<()> {
-    let name = if role == Role::Target { TARGET } else { INITIATOR };
+    let name = if role == Role::Target {
+        TARGET
+    } else {
+        INITIATOR
+    };
     say!("[{name}] Starting {name} process");
     let mut exchange = Exchange::join(&args.exchange, timeout(args))?;
     let nixl = create_polled_agent(name)?;
     let mut buf = HostBuffer::new(args.transfers as usize * args.buf_size as usize);
-    let reg = nixl.agent.register_memory(&buf, None).context("registering the slots")?;
+    let reg = nixl
+        .agent
+        .register_memory(&buf, None)
+        .context("registering the slots")?;
     let result = match role {
         Role::Target => target(args, &nixl.agent, &mut exchange, &buf),
         Role::Initiator => initiator(args, &nixl.agent, &mut exchange, &mut buf),
@@ -164,12 +180,28 @@ fn run_role(args: &Args, role: Role) -> Result<()> {
     exchange.withdraw(&nixl.agent);
     drop(reg);
     result?;
-    say!("[{name}] {} process complete", if role == Role::Target { "Target" } else { "Initiator" });
+    say!(
+        "[{name}] {} process complete",
+        if role == Role::Target {
+            "Target"
+        } else {
+            "Initiator"
+        }
+    );
     Ok(())
 }
 
 fn slot_descs(buf: &HostBuffer, slots: u32, size: u64) -> DescList {
-    DescList::new(MemType::Dram, (0..slots as u64).map(|i| Desc { addr: buf.addr() + i * size, len: size, dev_id: 0 }).collect())
+    DescList::new(
+        MemType::Dram,
+        (0..slots as u64)
+            .map(|i| Desc {
+                addr: buf.addr() + i * size,
+                len: size,
+                dev_id: 0,
+            })
+            .collect(),
+    )
 }
 
 /// The binary message: a tag, then every byte value (NUL and invalid UTF-8
@@ -183,7 +215,14 @@ fn binary_message() -> Vec<u8> {
 /// Polls until `n` notifications from `from` starting with `prefix` have
 /// arrived or `timeout` passes; returns them in arrival order (fewer than
 /// `n` on timeout, so the caller can name what is missing).
-fn collect_prefix(agent: &Agent, inbox: &mut NotifInbox, from: &str, prefix: &[u8], n: usize, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+fn collect_prefix(
+    agent: &Agent,
+    inbox: &mut NotifInbox,
+    from: &str,
+    prefix: &[u8],
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>> {
     let start = Instant::now();
     let mut got = Vec::new();
     while got.len() < n && start.elapsed() <= timeout {
@@ -202,7 +241,10 @@ fn collect_prefix(agent: &Agent, inbox: &mut NotifInbox, from: &str, prefix: &[u
 
 /// The index after `prefix` in `MSG:3`-style messages.
 fn index_of(msg: &[u8], prefix: &[u8]) -> Option<u64> {
-    std::str::from_utf8(msg.strip_prefix(prefix)?).ok()?.parse().ok()
+    std::str::from_utf8(msg.strip_prefix(prefix)?)
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Checks that `got` holds `prefix`+i for every i in 0..n exactly once;
@@ -220,15 +262,35 @@ fn check_family(got: &[Vec<u8>], prefix: &str, n: u64) -> Result<bool> {
             _ => problems.push(format!("unexpected {:?}", String::from_utf8_lossy(m))),
         }
     }
-    let missing: Vec<String> = (0..n).filter(|i| !seen.contains(i)).map(|i| format!("{prefix}{i}")).collect();
+    let missing: Vec<String> = (0..n)
+        .filter(|i| !seen.contains(i))
+        .map(|i| format!("{prefix}{i}"))
+        .collect();
     if !missing.is_empty() {
-        let shown = missing.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
-        problems.push(format!("missing {} of {n}: {shown}{}", missing.len(), if missing.len() > 10 { ", ..." } else { "" }));
+        let shown = missing
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        problems.push(format!(
+            "missing {} of {n}: {shown}{}",
+            missing.len(),
+            if missing.len() > 10 { ", ..." } else { "" }
+        ));
     }
     if !problems.is_empty() {
-        bail!("{prefix}<i> notifications: {} (same --messages/--transfers on both sides?)", problems.join("; "));
+        bail!(
+            "{prefix}<i> notifications: {} (same --messages/--transfers on both sides?)",
+            problems.join("; ")
+        );
     }
-    let in_order = got.iter().map(|m| index_of(m, prefix.as_bytes())).collect::<Vec<_>>().windows(2).all(|w| w[0] < w[1]);
+    let in_order = got
+        .iter()
+        .map(|m| index_of(m, prefix.as_bytes()))
+        .collect::<Vec<_>>()
+        .windows(2)
+        .all(|w| w[0] < w[1]);
     Ok(in_order)
 }
 
@@ -237,14 +299,20 @@ fn verify_slot(buf: &HostBuffer, args: &Args, slot: u64, variant: u64) -> Result
     let bytes = &buf.as_slice()[slot as usize * size..(slot as usize + 1) * size];
     match pattern::verify(bytes, args.seed, variant) {
         None => Ok(()),
-        Some(m) => Err(DataMismatch(format!("slot {slot} when its notification arrived: {m}")).into()),
+        Some(m) => {
+            Err(DataMismatch(format!("slot {slot} when its notification arrived: {m}")).into())
+        }
     }
 }
 
 fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer) -> Result<()> {
     let t = timeout(args);
     exchange.publish(agent)?;
-    exchange.offer_descs(agent, INITIATOR, &slot_descs(buf, args.transfers, args.buf_size))?;
+    exchange.offer_descs(
+        agent,
+        INITIATOR,
+        &slot_descs(buf, args.transfers, args.buf_size),
+    )?;
     // Our answers go to the initiator, so we need its metadata too.
     exchange.load_peer(agent, INITIATOR)?;
     say!("[target] Waiting for notifications...");
@@ -256,18 +324,35 @@ fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer)
     let n = args.messages as u64;
     let got = collect_prefix(agent, &mut inbox, INITIATOR, b"MSG:", n as usize, t)?;
     let in_order = check_family(&got, "MSG:", n)?;
-    say!("[target] Prefix match \"MSG:\": {n}/{n} arrived{} ✓", if in_order { ", in order" } else { "" });
+    say!(
+        "[target] Prefix match \"MSG:\": {n}/{n} arrived{} ✓",
+        if in_order { ", in order" } else { "" }
+    );
     let bin = binary_message();
-    inbox.wait_for(agent, INITIATOR, &bin, t).context("waiting for the binary notification")?;
-    say!("[target] Binary message: {} bytes, every byte value, matched exactly ✓", bin.len());
-    agent.send_notification(INITIATOR, b"ACK:alone", None).map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
+    inbox
+        .wait_for(agent, INITIATOR, &bin, t)
+        .context("waiting for the binary notification")?;
+    say!(
+        "[target] Binary message: {} bytes, every byte value, matched exactly ✓",
+        bin.len()
+    );
+    agent
+        .send_notification(INITIATOR, b"ACK:alone", None)
+        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
 
     // Attached to WRITEs: each slot is checked as its notification arrives.
     let k = args.transfers as u64;
     let start = Instant::now();
     let mut got = Vec::new();
     while (got.len() as u64) < k && start.elapsed() <= t {
-        let more = collect_prefix(agent, &mut inbox, INITIATOR, b"XFER:", 1, t.saturating_sub(start.elapsed()))?;
+        let more = collect_prefix(
+            agent,
+            &mut inbox,
+            INITIATOR,
+            b"XFER:",
+            1,
+            t.saturating_sub(start.elapsed()),
+        )?;
         for m in more {
             if let Some(i) = index_of(&m, b"XFER:").filter(|&i| i < k) {
                 verify_slot(buf, args, i, SLOT_VARIANT + i)?;
@@ -278,18 +363,29 @@ fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer)
     check_family(&got, "XFER:", k)?;
     say!("[target] Attached to WRITEs: {k}/{k} \"XFER:<i>\", each slot verified on arrival ✓");
     // Only now may slot 0 be overwritten by the re-post.
-    agent.send_notification(INITIATOR, b"ACK:attached", None).map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
-    inbox.wait_for(agent, INITIATOR, b"REPOST:0", t).context("waiting for the re-posted request's notification")?;
+    agent
+        .send_notification(INITIATOR, b"ACK:attached", None)
+        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
+    inbox
+        .wait_for(agent, INITIATOR, b"REPOST:0", t)
+        .context("waiting for the re-posted request's notification")?;
     verify_slot(buf, args, 0, REPOST_VARIANT)?;
     say!("[target] Re-posted request with its message replaced: \"REPOST:0\", slot 0 verified ✓");
-    agent.send_notification(INITIATOR, b"ACK:repost", None).map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
+    agent
+        .send_notification(INITIATOR, b"ACK:repost", None)
+        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
 
     // The initiator's last word: after it, nothing of ours is needed.
     inbox.wait_for(agent, INITIATOR, b"BYE", t)?;
     Ok(())
 }
 
-fn initiator(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &mut HostBuffer) -> Result<()> {
+fn initiator(
+    args: &Args,
+    agent: &Agent,
+    exchange: &mut Exchange,
+    buf: &mut HostBuffer,
+) -> Result<()> {
     let t = timeout(args);
     let size = args.buf_size as usize;
     for (i, slot) in buf.as_mut_slice().chunks_mut(size).enumerate() {
@@ -300,7 +396,8 @@ fn initiator(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &mut Host
     let mut inbox = NotifInbox::new();
     let remote = exchange.take_descs(agent, &mut inbox, TARGET)?;
     ensure!(
-        remote.descs.len() == args.transfers as usize && remote.descs.iter().all(|d| d.len == args.buf_size),
+        remote.descs.len() == args.transfers as usize
+            && remote.descs.iter().all(|d| d.len == args.buf_size),
         "the target offered {} slot(s) of {} bytes, expected {} of {} (same --transfers and --buf-size on both sides?)",
         remote.descs.len(),
         remote.descs.first().map_or(0, |d| d.len),
@@ -308,12 +405,18 @@ fn initiator(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &mut Host
         args.buf_size
     );
     let send = |msg: &[u8]| {
-        agent
-            .send_notification(TARGET, msg, None)
-            .map_err(|e| anyhow::anyhow!("sending notification {:?} failed: {e}", String::from_utf8_lossy(msg)))
+        agent.send_notification(TARGET, msg, None).map_err(|e| {
+            anyhow::anyhow!(
+                "sending notification {:?} failed: {e}",
+                String::from_utf8_lossy(msg)
+            )
+        })
     };
 
-    say!("[initiator] Sending notifications alone: HELLO, {} × MSG:<i>, one binary", args.messages);
+    say!(
+        "[initiator] Sending notifications alone: HELLO, {} × MSG:<i>, one binary",
+        args.messages
+    );
     send(b"HELLO")?;
     for i in 0..args.messages {
         send(format!("MSG:{i}").as_bytes())?;
@@ -322,19 +425,38 @@ fn initiator(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &mut Host
     inbox.wait_for(agent, TARGET, b"ACK:alone", t)?;
     say!("[initiator] Target acknowledged the notifications sent alone ✓");
 
-    say!("[initiator] Posting {} WRITEs with attached notifications XFER:<i>...", args.transfers);
-    let local_prep =
-        agent.prepare_xfer_dlist("", &slot_descs(buf, args.transfers, args.buf_size).to_xfer_dlist()?, None).context("preparing our slots")?;
-    let remote_prep = agent.prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None).context("preparing the target's slots")?;
+    say!(
+        "[initiator] Posting {} WRITEs with attached notifications XFER:<i>...",
+        args.transfers
+    );
+    let local_prep = agent
+        .prepare_xfer_dlist(
+            "",
+            &slot_descs(buf, args.transfers, args.buf_size).to_xfer_dlist()?,
+            None,
+        )
+        .context("preparing our slots")?;
+    let remote_prep = agent
+        .prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)
+        .context("preparing the target's slots")?;
     let reqs = (0..args.transfers as i32)
         .map(|i| -> Result<_> {
-            Ok(agent.make_xfer_req(XferOp::Write, &local_prep, &[i], &remote_prep, &[i], Some(&notif_args(format!("XFER:{i}").as_bytes())?))?)
+            Ok(agent.make_xfer_req(
+                XferOp::Write,
+                &local_prep,
+                &[i],
+                &remote_prep,
+                &[i],
+                Some(&notif_args(format!("XFER:{i}").as_bytes())?),
+            )?)
         })
         .collect::<Result<Vec<_>>>()
         .context("making the WRITE requests")?;
     // All in flight at once; their notifications go out as each completes.
     for (i, r) in reqs.iter().enumerate() {
-        agent.post_xfer_req(r, None).map_err(|e| anyhow::anyhow!("posting WRITE {i} failed: {e}"))?;
+        agent
+            .post_xfer_req(r, None)
+            .map_err(|e| anyhow::anyhow!("posting WRITE {i} failed: {e}"))?;
     }
     wait_all(agent, &reqs.iter().collect::<Vec<_>>(), t)?;
     inbox.wait_for(agent, TARGET, b"ACK:attached", t)?;
@@ -345,7 +467,9 @@ fn initiator(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &mut Host
     let mut opt = OptArgs::new()?;
     opt.set_has_notification(true)?;
     opt.set_notification_message(b"REPOST:0")?;
-    agent.post_xfer_req(&reqs[0], Some(&opt)).map_err(|e| anyhow::anyhow!("re-posting WRITE 0 failed: {e}"))?;
+    agent
+        .post_xfer_req(&reqs[0], Some(&opt))
+        .map_err(|e| anyhow::anyhow!("re-posting WRITE 0 failed: {e}"))?;
     wait_all(agent, &[&reqs[0]], t)?;
     inbox.wait_for(agent, TARGET, b"ACK:repost", t)?;
     say!("[initiator] Target verified the re-posted WRITE ✓");
@@ -370,7 +494,10 @@ fn wait_all(agent: &Agent, reqs: &[&nixl_sys::XferRequest], timeout: Duration) -
         }
         pending = still;
         if start.elapsed() > timeout {
-            bail!("{} WRITE(s) did not complete within {timeout:?}", pending.len());
+            bail!(
+                "{} WRITE(s) did not complete within {timeout:?}",
+                pending.len()
+            );
         }
         if !pending.is_empty() {
             std::thread::yield_now();

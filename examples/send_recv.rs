@@ -182,7 +182,8 @@ impl Args {
         self.progress_every.unwrap_or((self.num_buffers / 4).max(1)) as u64
     }
     fn backpressure_at(&self) -> u64 {
-        self.backpressure_at.unwrap_or(self.num_buffers.saturating_sub(4).max(1)) as u64
+        self.backpressure_at
+            .unwrap_or(self.num_buffers.saturating_sub(4).max(1)) as u64
     }
     fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout)
@@ -229,14 +230,27 @@ fn main() -> ExitCode {
 
 /// What clap cannot express: relations between options.
 fn check_args(args: &Args) -> Result<()> {
-    let (i, b, n) = (args.progress_every(), args.backpressure_at(), args.num_buffers as u64);
-    ensure!(b <= n, "--backpressure-at {b} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed");
+    let (i, b, n) = (
+        args.progress_every(),
+        args.backpressure_at(),
+        args.num_buffers as u64,
+    );
+    ensure!(
+        b <= n,
+        "--backpressure-at {b} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed"
+    );
     // The sender stops at `b` ahead and waits for a report; reports come
     // every `i`. With i > b the receiver could consume everything posted
     // without reaching the next report: both would wait forever.
-    ensure!(i <= b, "--progress-every {i} exceeds --backpressure-at {b}: the sender would wait for a report that never comes");
     ensure!(
-        args.buffer_size.checked_add(8).and_then(|s| s.checked_mul(n)).is_some_and(|t| t <= 1 << 40),
+        i <= b,
+        "--progress-every {i} exceeds --backpressure-at {b}: the sender would wait for a report that never comes"
+    );
+    ensure!(
+        args.buffer_size
+            .checked_add(8)
+            .and_then(|s| s.checked_mul(n))
+            .is_some_and(|t| t <= 1 << 40),
         "--num-buffers × --buffer-size is too large"
     );
     Ok(())
@@ -246,7 +260,8 @@ fn check_args(args: &Args) -> Result<()> {
 fn run_both(args: &Args) -> Result<ExitCode> {
     if args.memory == Memory::Vram {
         // Fail here, once, rather than in both children.
-        nixl_examples::gpu::context::device_count().context("--memory vram needs an NVIDIA GPU (use --memory dram on this machine)")?;
+        nixl_examples::gpu::context::device_count()
+            .context("--memory vram needs an NVIDIA GPU (use --memory dram on this machine)")?;
     }
     let host = ExchangeHost::start(&args.exchange, &[SENDER, RECEIVER], args.timeout())?;
     say!(
@@ -289,7 +304,9 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         }
         v
     };
-    let receiver = role_command(common(RECEIVER, args.gpu))?.spawn().context("spawning the receiver process")?;
+    let receiver = role_command(common(RECEIVER, args.gpu))?
+        .spawn()
+        .context("spawning the receiver process")?;
     let mut sender_args = common(SENDER, args.sender_gpu.unwrap_or(args.gpu));
     if let Some(j) = &args.json {
         sender_args.extend(["--json".into(), j.display().to_string()]);
@@ -303,8 +320,11 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     };
     // A backstop only: every wait inside the roles is bounded by --timeout.
     // Allow the data to move at no less than 50 MB/s on top.
-    let bytes = args.num_transfers as f64 * args.buffer_size as f64 * (1 + args.baseline_reps as u64) as f64;
-    let deadline = args.timeout() * 3 + Duration::from_secs(10) + Duration::from_secs_f64(bytes / 50e6);
+    let bytes = args.num_transfers as f64
+        * args.buffer_size as f64
+        * (1 + args.baseline_reps as u64) as f64;
+    let deadline =
+        args.timeout() * 3 + Duration::from_secs(10) + Duration::from_secs_f64(bytes / 50e6);
     let exits = supervise::supervise(vec![(RECEIVER, receiver), (SENDER, sender)], deadline);
     drop(host);
     let code = supervise::overall(&exits);
@@ -317,20 +337,31 @@ fn run_both(args: &Args) -> Result<ExitCode> {
 }
 
 fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
-    let name = if role == Role::Sender { SENDER } else { RECEIVER };
+    let name = if role == Role::Sender {
+        SENDER
+    } else {
+        RECEIVER
+    };
     say!("[{name}] Starting");
     // First: it edits the environment, which must happen before CUDA
     // starts its threads.
     let mut exchange = Exchange::join(&args.exchange, args.timeout())?;
     // The CUDA context must exist before the agent: UCX looks for CUDA when
     // the backend starts.
-    let gpu = match args.memory {
-        Memory::Dram => None,
-        Memory::Vram => {
-            let ordinal = if role == Role::Sender { args.sender_gpu.unwrap_or(args.gpu) } else { args.gpu };
-            Some(Gpu::open(ordinal).context("--memory vram needs an NVIDIA GPU (use --memory dram on this machine)")?)
-        }
-    };
+    let gpu =
+        match args.memory {
+            Memory::Dram => None,
+            Memory::Vram => {
+                let ordinal = if role == Role::Sender {
+                    args.sender_gpu.unwrap_or(args.gpu)
+                } else {
+                    args.gpu
+                };
+                Some(Gpu::open(ordinal).context(
+                    "--memory vram needs an NVIDIA GPU (use --memory dram on this machine)",
+                )?)
+            }
+        };
     let nixl = create_polled_agent(name)?;
     let mut ring = match &gpu {
         None => SlotRing::host(args.num_buffers as usize, args.payload()),
@@ -359,7 +390,11 @@ fn check_ranges(verify: Verify, payload: usize, seq: u64) -> Vec<Range<usize>> {
     let blocks = payload / SAMPLE_BLOCK;
     let pick = (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % blocks;
     let last = (payload - SAMPLE_BLOCK) & !7;
-    let mut v = vec![0..SAMPLE_BLOCK, pick * SAMPLE_BLOCK..(pick + 1) * SAMPLE_BLOCK, last..payload];
+    let mut v = vec![
+        0..SAMPLE_BLOCK,
+        pick * SAMPLE_BLOCK..(pick + 1) * SAMPLE_BLOCK,
+        last..payload,
+    ];
     v.sort_by_key(|r| r.start);
     v.dedup_by(|b, a| b.start < a.end);
     v
@@ -399,19 +434,38 @@ impl Phases {
     /// Lines `  name  12.34 ms (5.6%)  12.3 µs/transfer`, then what the
     /// phases do not cover.
     fn print(&self, who: &str, total: Duration, transfers: u64) {
-        say!("[{who}] Timing breakdown (of {:.3} s, {transfers} transfers):", total.as_secs_f64());
+        say!(
+            "[{who}] Timing breakdown (of {:.3} s, {transfers} transfers):",
+            total.as_secs_f64()
+        );
         let per = |d: Duration| d.as_secs_f64() * 1e6 / transfers.max(1) as f64;
         let mut covered = Duration::ZERO;
         for (n, d) in &self.0 {
             covered += *d;
-            say!("  {n:<46} {:>10.2} ms ({:>5.1}%) {:>9.2} µs/transfer", ms(*d), pct(*d, total), per(*d));
+            say!(
+                "  {n:<46} {:>10.2} ms ({:>5.1}%) {:>9.2} µs/transfer",
+                ms(*d),
+                pct(*d, total),
+                per(*d)
+            );
         }
         let other = total.saturating_sub(covered);
-        say!("  {:<46} {:>10.2} ms ({:>5.1}%) {:>9.2} µs/transfer", "other", ms(other), pct(other, total), per(other));
+        say!(
+            "  {:<46} {:>10.2} ms ({:>5.1}%) {:>9.2} µs/transfer",
+            "other",
+            ms(other),
+            pct(other, total),
+            per(other)
+        );
     }
 
     fn json(&self) -> serde_json::Value {
-        serde_json::Value::Object(self.0.iter().map(|(n, d)| (n.to_string(), json!(ms(*d)))).collect())
+        serde_json::Value::Object(
+            self.0
+                .iter()
+                .map(|(n, d)| (n.to_string(), json!(ms(*d))))
+                .collect(),
+        )
     }
 }
 
@@ -420,7 +474,11 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn pct(d: Duration, total: Duration) -> f64 {
-    if total.is_zero() { 0.0 } else { 100.0 * d.as_secs_f64() / total.as_secs_f64() }
+    if total.is_zero() {
+        0.0
+    } else {
+        100.0 * d.as_secs_f64() / total.as_secs_f64()
+    }
 }
 
 fn gbps(bytes: u64, d: Duration) -> f64 {
@@ -433,7 +491,12 @@ fn take_progress(inbox: &mut NotifInbox, mut progress: u64) -> Result<u64> {
         let n: u64 = std::str::from_utf8(&m[2..])
             .ok()
             .and_then(|s| s.parse().ok())
-            .with_context(|| format!("malformed progress notification {:?}", String::from_utf8_lossy(&m)))?;
+            .with_context(|| {
+                format!(
+                    "malformed progress notification {:?}",
+                    String::from_utf8_lossy(&m)
+                )
+            })?;
         progress = progress.max(n);
     }
     Ok(progress)
@@ -441,14 +504,23 @@ fn take_progress(inbox: &mut NotifInbox, mut progress: u64) -> Result<u64> {
 
 // ---------------------------------------------------------------- receiver
 
-fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRing) -> Result<ExitCode> {
+fn receiver(
+    args: &Args,
+    agent: &Agent,
+    exchange: &mut Exchange,
+    ring: &mut SlotRing,
+) -> Result<ExitCode> {
     let timeout = args.timeout();
     let (n, total) = (ring.slots() as u64, args.num_transfers);
     exchange.publish(agent)?;
     exchange.offer_descs(agent, SENDER, &ring.descs())?;
     // The sender's metadata, for the progress notifications.
     exchange.load_peer(agent, SENDER)?;
-    say!("[{RECEIVER}] Connected to {SENDER} (metadata via {} at {})", exchange.mode().name(), exchange.endpoint());
+    say!(
+        "[{RECEIVER}] Connected to {SENDER} (metadata via {} at {})",
+        exchange.mode().name(),
+        exchange.endpoint()
+    );
     say!("[{RECEIVER}] Initialized, starting main loop");
 
     let mut inbox = NotifInbox::new();
@@ -471,17 +543,29 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
     let vram = ring.mem_type() == MemType::Vram;
     let (every, payload) = (args.progress_every(), ring.payload());
     let per_slot = HEADER_BYTES + max_check_bytes(args.verify, payload);
-    let staging_cap = if vram { (STAGING_BYTES / per_slot).max(1) as u64 } else { u64::MAX };
-    let want = args.check_batch.map_or(if vram { every } else { 1 }, u64::from);
+    let staging_cap = if vram {
+        (STAGING_BYTES / per_slot).max(1) as u64
+    } else {
+        u64::MAX
+    };
+    let want = args
+        .check_batch
+        .map_or(if vram { every } else { 1 }, u64::from);
     let max_batch = want.min(every).min(staging_cap).max(1);
     ring.reserve_staging(0, max_batch as usize * per_slot)?;
     ring.reset_copy_stats();
-    let job = |seq: u64| SlotJob { slot: (seq % n) as usize, seq, ranges: check_ranges(args.verify, payload, seq) };
+    let job = |seq: u64| SlotJob {
+        slot: (seq % n) as usize,
+        seq,
+        ranges: check_ranges(args.verify, payload, seq),
+    };
     let (mut next, mut verified, mut batches) = (0u64, 0u64, 0u64);
     while verified < total {
         // Never past the next progress report, so every report is sent
         // (the sender may be waiting for it), nor past the staging.
-        let batch_end = total.min(verified + max_batch).min((verified / every + 1) * every);
+        let batch_end = total
+            .min(verified + max_batch)
+            .min((verified / every + 1) * every);
         let tag = format!("S:{next}").into_bytes();
         let t = Instant::now();
         let mut backoff = Backoff::default();
@@ -490,7 +574,9 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
                 break;
             }
             if t.elapsed() > timeout {
-                bail!("sequence {next} did not arrive within {timeout:?} (no notification S:{next} from {SENDER}: did it stop?)");
+                bail!(
+                    "sequence {next} did not arrive within {timeout:?} (no notification S:{next} from {SENDER}: did it stop?)"
+                );
             }
             if inbox.poll(agent)? == 0 {
                 backoff.idle();
@@ -508,12 +594,18 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
         // already here: copies of consecutive slots share calls.
         let mut jobs = vec![job(next)];
         next += 1;
-        while next < batch_end && inbox.take(SENDER, |m| m == format!("S:{next}").as_bytes()).is_some() {
+        while next < batch_end
+            && inbox
+                .take(SENDER, |m| m == format!("S:{next}").as_bytes())
+                .is_some()
+        {
             jobs.push(job(next));
             next += 1;
         }
         if vram {
-            phases.time("queue D2H copies (header + checked)", || ring.queue_checks(jobs))?;
+            phases.time("queue D2H copies (header + checked)", || {
+                ring.queue_checks(jobs)
+            })?;
         } else {
             ring.queue_checks(jobs)?;
         }
@@ -537,10 +629,14 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
                 })
             } else if header != EMPTY && header > seq && (header - seq) % n == 0 {
                 overruns += 1;
-                Some(format!("sequence {seq} (slot {slot}) was overwritten by sequence {header} before it was consumed"))
+                Some(format!(
+                    "sequence {seq} (slot {slot}) was overwritten by sequence {header} before it was consumed"
+                ))
             } else {
                 mismatches += 1;
-                Some(format!("sequence {seq} (slot {slot}): header holds {header:#x}"))
+                Some(format!(
+                    "sequence {seq} (slot {slot}): header holds {header:#x}"
+                ))
             };
             problems.extend(problem);
         }
@@ -554,7 +650,9 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
 
         if args.consume_us > 0 {
             for _ in &checks {
-                phases.time("consume (--consume-us)", || std::thread::sleep(Duration::from_micros(args.consume_us)));
+                phases.time("consume (--consume-us)", || {
+                    std::thread::sleep(Duration::from_micros(args.consume_us))
+                });
             }
         }
 
@@ -574,7 +672,11 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
     }
     let elapsed = start.map(|s| s.elapsed()).unwrap_or_default();
     // The first wait is not inside `elapsed`; leave it out of the shares too.
-    if let Some((_, first_wait)) = phases.0.iter_mut().find(|(n, _)| *n == "wait for data (notification)") {
+    if let Some((_, first_wait)) = phases
+        .0
+        .iter_mut()
+        .find(|(n, _)| *n == "wait for data (notification)")
+    {
         *first_wait = first_wait.saturating_sub(first_wait_time);
     }
     let bytes = total * ring.slot_len() as u64;
@@ -586,14 +688,20 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
     );
     say!("[{RECEIVER}] Progress updates sent: {reports}");
     if overruns + mismatches == 0 {
-        say!("[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified ({:?})", args.verify);
+        say!(
+            "[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified ({:?})",
+            args.verify
+        );
     } else {
         say!("[{RECEIVER}] ✗ {overruns} overrun(s), {mismatches} mismatch(es)");
     }
     phases.print(RECEIVER, elapsed, total);
     let copies = ring.copy_stats();
     if let Some(c) = &copies {
-        say!("[{RECEIVER}] Checked in {batches} batches of up to {max_batch} slots, one wait each; D2H staging: {}", c.summary());
+        say!(
+            "[{RECEIVER}] Checked in {batches} batches of up to {max_batch} slots, one wait each; D2H staging: {}",
+            c.summary()
+        );
     }
 
     let stats = json!({
@@ -615,7 +723,11 @@ fn receiver(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut Slot
     // Keep the slots registered until the sender has nothing in flight.
     inbox.wait_for(agent, SENDER, b"DONE", timeout)?;
     say!("[{RECEIVER}] Done");
-    Ok(if overruns + mismatches == 0 { ExitCode::SUCCESS } else { ExitCode::from(EXIT_MISMATCH as u8) })
+    Ok(if overruns + mismatches == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_MISMATCH as u8)
+    })
 }
 
 // ------------------------------------------------------------------ sender
@@ -663,13 +775,24 @@ impl Pipeline<'_> {
 ///
 /// The caller waits for the batch ([`SlotRing::fill_wait`]) before posting
 /// its first WRITE.
-fn queue_fills(args: &Args, ring: &mut SlotRing, busy: &[bool], from: u64, next_post: u64, k: u64) -> Result<u64> {
+fn queue_fills(
+    args: &Args,
+    ring: &mut SlotRing,
+    busy: &[bool],
+    from: u64,
+    next_post: u64,
+    k: u64,
+) -> Result<u64> {
     let (n, payload) = (ring.slots() as u64, ring.payload());
     let end = args.num_transfers.min(from + k).min(next_post + n);
     let mut jobs = Vec::new();
     let mut seq = from;
     while seq < end && !busy[(seq % n) as usize] {
-        jobs.push(SlotJob { slot: (seq % n) as usize, seq, ranges: check_ranges(args.verify, payload, seq) });
+        jobs.push(SlotJob {
+            slot: (seq % n) as usize,
+            seq,
+            ranges: check_ranges(args.verify, payload, seq),
+        });
         seq += 1;
     }
     if !jobs.is_empty() {
@@ -678,7 +801,12 @@ fn queue_fills(args: &Args, ring: &mut SlotRing, busy: &[bool], from: u64, next_
     Ok(seq)
 }
 
-fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRing) -> Result<ExitCode> {
+fn sender(
+    args: &Args,
+    agent: &Agent,
+    exchange: &mut Exchange,
+    ring: &mut SlotRing,
+) -> Result<ExitCode> {
     let timeout = args.timeout();
     let (n, total) = (ring.slots(), args.num_transfers);
     exchange.publish(agent)?;
@@ -687,18 +815,28 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
     let remote = exchange.take_descs(agent, &mut inbox, RECEIVER)?;
     let expect_type = ring.mem_type();
     ensure!(
-        remote.mem_type == expect_type && remote.descs.len() == n && remote.descs.iter().all(|d| d.len == ring.slot_len() as u64),
+        remote.mem_type == expect_type
+            && remote.descs.len() == n
+            && remote.descs.iter().all(|d| d.len == ring.slot_len() as u64),
         "the receiver offered {} {:?} slot(s) of {} bytes, expected {n} {expect_type:?} slots of {} bytes (same --num-buffers, --buffer-size and --memory on both sides?)",
         remote.descs.len(),
         remote.mem_type,
         remote.descs.first().map_or(0, |d| d.len),
         ring.slot_len()
     );
-    say!("[{SENDER}] Connected to {RECEIVER} (metadata via {} at {})", exchange.mode().name(), exchange.endpoint());
+    say!(
+        "[{SENDER}] Connected to {RECEIVER} (metadata via {} at {})",
+        exchange.mode().name(),
+        exchange.endpoint()
+    );
 
     // Prepared once: both lists, then one request per slot, local [i] to remote [i].
-    let local_prep = agent.prepare_xfer_dlist("", &ring.descs().to_xfer_dlist()?, None).context("preparing our slot list")?;
-    let remote_prep = agent.prepare_xfer_dlist(RECEIVER, &remote.to_xfer_dlist()?, None).context("preparing the receiver's slot list")?;
+    let local_prep = agent
+        .prepare_xfer_dlist("", &ring.descs().to_xfer_dlist()?, None)
+        .context("preparing our slot list")?;
+    let remote_prep = agent
+        .prepare_xfer_dlist(RECEIVER, &remote.to_xfer_dlist()?, None)
+        .context("preparing the receiver's slot list")?;
     let reqs = (0..n as i32)
         .map(|i| agent.make_xfer_req(XferOp::Write, &local_prep, &[i], &remote_prep, &[i], None))
         .collect::<Result<Vec<_>, _>>()
@@ -710,15 +848,25 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
         args.verify
     );
 
-    let baseline = if args.baseline_reps > 0 { Some(baseline(args, agent, ring, &remote)?) } else { None };
+    let baseline = if args.baseline_reps > 0 {
+        Some(baseline(args, agent, ring, &remote)?)
+    } else {
+        None
+    };
 
     say!("[{SENDER}] Initialized, starting main loop");
-    let mut pipe = Pipeline { agent, reqs, in_flight: VecDeque::with_capacity(n), busy: vec![false; n] };
+    let mut pipe = Pipeline {
+        agent,
+        reqs,
+        in_flight: VecDeque::with_capacity(n),
+        busy: vec![false; n],
+    };
     let mut notif = OptArgs::new()?;
     notif.set_has_notification(true)?;
     let mut phases = Phases::default();
     let (bp_at, backpressure) = (args.backpressure_at(), !args.no_backpressure);
-    let (mut progress, mut bp_waits, mut bp_time, mut max_ahead) = (0u64, 0u64, Duration::ZERO, 0u64);
+    let (mut progress, mut bp_waits, mut bp_time, mut max_ahead) =
+        (0u64, 0u64, Duration::ZERO, 0u64);
     // With --fill-ahead (the default for VRAM) slots are filled ahead in
     // batches (see queue_fills). VRAM: the headers and pattern go into
     // pinned staging and async H2D copies take them into the next batch's
@@ -728,10 +876,20 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
     // place a batch at a time (the same schedule, no copies to wait for).
     let vram = ring.mem_type() == MemType::Vram;
     let per_slot = HEADER_BYTES + max_check_bytes(args.verify, ring.payload());
-    let staging_cap = if vram { (STAGING_BYTES / per_slot).max(1) } else { usize::MAX };
-    let want = args.fill_ahead.map_or(if vram { FILL_AHEAD } else { 0 }, |k| k as usize);
+    let staging_cap = if vram {
+        (STAGING_BYTES / per_slot).max(1)
+    } else {
+        usize::MAX
+    };
+    let want = args
+        .fill_ahead
+        .map_or(if vram { FILL_AHEAD } else { 0 }, |k| k as usize);
     let fill_ahead = want.min(n).min(staging_cap) as u64;
-    let fill_phase = if vram { "fill ahead: stage + queue H2D copies" } else { "fill ahead (in place)" };
+    let fill_phase = if vram {
+        "fill ahead: stage + queue H2D copies"
+    } else {
+        "fill ahead (in place)"
+    };
     ring.reserve_staging(fill_ahead as usize * per_slot, 0)?;
     // Sequences below this have their fill done or queued.
     let mut staged_to = 0u64;
@@ -747,7 +905,9 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             let mut backoff = Backoff::default();
             while seq - progress >= bp_at {
                 if t.elapsed() > timeout {
-                    bail!("the receiver reported no progress for {timeout:?} (it is at {progress}, we are at {seq}): did it stop?");
+                    bail!(
+                        "the receiver reported no progress for {timeout:?} (it is at {progress}, we are at {seq}): did it stop?"
+                    );
                 }
                 let reaped = pipe.reap()?;
                 let got = inbox.poll(agent)?;
@@ -766,7 +926,9 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
                 let mut backoff = Backoff::default();
                 while pipe.busy[slot] {
                     if t.elapsed() > timeout {
-                        bail!("the previous WRITE into slot {slot} did not complete within {timeout:?}");
+                        bail!(
+                            "the previous WRITE into slot {slot} did not complete within {timeout:?}"
+                        );
                     }
                     if pipe.reap()? == 0 {
                         backoff.idle();
@@ -777,10 +939,19 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             if fill_ahead > 0 {
                 // Not queued ahead (the first batch, or the previous one
                 // stopped at a slot still being written from): from here.
-                staged_to = phases.time(fill_phase, || queue_fills(args, ring, &pipe.busy, seq, seq, fill_ahead))?;
+                staged_to = phases.time(fill_phase, || {
+                    queue_fills(args, ring, &pipe.busy, seq, seq, fill_ahead)
+                })?;
                 wait_at = Some(seq);
             } else {
-                phases.time("fill slot (header + pattern)", || ring.fill(slot, args.seed, seq, &check_ranges(args.verify, ring.payload(), seq)))?;
+                phases.time("fill slot (header + pattern)", || {
+                    ring.fill(
+                        slot,
+                        args.seed,
+                        seq,
+                        &check_ranges(args.verify, ring.payload(), seq),
+                    )
+                })?;
             }
         }
         if wait_at.is_some_and(|w| seq >= w) {
@@ -790,14 +961,18 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             // One wait per batch, before its first WRITE; the batch was
             // queued a batch earlier, so its copies are usually done.
             if vram {
-                phases.time("fill ahead: wait for H2D copies (1 sync/batch)", || ring.fill_wait())?;
+                phases.time("fill ahead: wait for H2D copies (1 sync/batch)", || {
+                    ring.fill_wait()
+                })?;
             }
             wait_at = None;
         }
 
         let t = Instant::now();
         notif.set_notification_message(format!("S:{seq}").as_bytes())?;
-        agent.post_xfer_req(&pipe.reqs[slot], Some(&notif)).map_err(|e| anyhow::anyhow!("posting the WRITE of sequence {seq} failed: {e}"))?;
+        agent
+            .post_xfer_req(&pipe.reqs[slot], Some(&notif))
+            .map_err(|e| anyhow::anyhow!("posting the WRITE of sequence {seq} failed: {e}"))?;
         pipe.busy[slot] = true;
         pipe.in_flight.push_back(slot);
         phases.add("post WRITE", t.elapsed());
@@ -816,13 +991,18 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             // is still being written from, this is tried again after the
             // next post, or done at the top of the loop.)
             let from = staged_to;
-            staged_to = phases.time(fill_phase, || queue_fills(args, ring, &pipe.busy, from, seq + 1, fill_ahead))?;
+            staged_to = phases.time(fill_phase, || {
+                queue_fills(args, ring, &pipe.busy, from, seq + 1, fill_ahead)
+            })?;
             if staged_to > from {
                 wait_at = Some(from);
             }
         }
         if (seq + 1) % REPORT_EVERY == 0 {
-            say!("[{SENDER}] Sent {}/{total} (receiver at {progress})", seq + 1);
+            say!(
+                "[{SENDER}] Sent {}/{total} (receiver at {progress})",
+                seq + 1
+            );
         }
     }
     let send_end = start.elapsed();
@@ -831,7 +1011,10 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
     let mut backoff = Backoff::default();
     while !pipe.in_flight.is_empty() {
         if t.elapsed() > timeout {
-            bail!("{} WRITE(s) did not complete within {timeout:?}", pipe.in_flight.len());
+            bail!(
+                "{} WRITE(s) did not complete within {timeout:?}",
+                pipe.in_flight.len()
+            );
         }
         if pipe.reap()? == 0 {
             backoff.idle();
@@ -842,7 +1025,9 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
     let mut backoff = Backoff::default();
     while progress < total {
         if t.elapsed() > timeout {
-            bail!("the receiver's final progress report did not arrive within {timeout:?} (it is at {progress} of {total})");
+            bail!(
+                "the receiver's final progress report did not arrive within {timeout:?} (it is at {progress} of {total})"
+            );
         }
         if inbox.poll(agent)? == 0 {
             backoff.idle();
@@ -855,8 +1040,11 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
     let stats = inbox
         .wait_matching(agent, RECEIVER, |m| m.starts_with(b"STATS:"), timeout)
         .context("waiting for the receiver's statistics")?;
-    let rstats: serde_json::Value = serde_json::from_slice(&stats[6..]).context("decoding the receiver's statistics")?;
-    agent.send_notification(RECEIVER, b"DONE", None).map_err(|e| anyhow::anyhow!("sending DONE to {RECEIVER} failed: {e}"))?;
+    let rstats: serde_json::Value =
+        serde_json::from_slice(&stats[6..]).context("decoding the receiver's statistics")?;
+    agent
+        .send_notification(RECEIVER, b"DONE", None)
+        .map_err(|e| anyhow::anyhow!("sending DONE to {RECEIVER} failed: {e}"))?;
 
     let bytes = total * ring.slot_len() as u64;
     let rate = gbps(bytes, elapsed);
@@ -865,7 +1053,11 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
         bytes as f64 / 1e9,
         elapsed.as_secs_f64()
     );
-    say!("[{SENDER}] Send-only time: {:.3} s ({:.2} GB/s)", send_end.as_secs_f64(), gbps(bytes, send_end));
+    say!(
+        "[{SENDER}] Send-only time: {:.3} s ({:.2} GB/s)",
+        send_end.as_secs_f64(),
+        gbps(bytes, send_end)
+    );
     say!(
         "[{SENDER}] Backpressure: {bp_waits} waits, {:.1} ms, max ahead: {max_ahead}/{n}{}",
         ms(bp_time),
@@ -874,7 +1066,10 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
     phases.print(SENDER, elapsed, total);
     let copies = ring.copy_stats();
     if let Some(c) = &copies {
-        say!("[{SENDER}] Filled ahead in batches of up to {fill_ahead} slots, one wait each; H2D staging: {}", c.summary());
+        say!(
+            "[{SENDER}] Filled ahead in batches of up to {fill_ahead} slots, one wait each; H2D staging: {}",
+            c.summary()
+        );
     }
     let ratio = baseline.as_ref().map(|b| rate / b.median);
     if let (Some(b), Some(r)) = (&baseline, ratio) {
@@ -884,7 +1079,11 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             b.median,
             rate / b.best
         );
-        let fill = phases.0.iter().find(|(n, _)| n.starts_with("fill")).map_or(Duration::ZERO, |p| p.1);
+        let fill = phases
+            .0
+            .iter()
+            .find(|(n, _)| n.starts_with("fill"))
+            .map_or(Duration::ZERO, |p| p.1);
         if r < 0.8 && pct(fill, elapsed) > 25.0 {
             say!(
                 "[{SENDER}] Note: {:.0}% of the time went into generating the pattern (--verify full); --verify sample measures the transfer pipeline alone",
@@ -921,11 +1120,16 @@ fn sender(args: &Args, agent: &Agent, exchange: &mut Exchange, ring: &mut SlotRi
             "sender_copies": copies.map(|c| c.json()),
             "receiver": rstats,
         });
-        std::fs::write(path, format!("{out:#}\n")).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, format!("{out:#}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     say!("[{SENDER}] Done");
     drop((pipe, local_prep, remote_prep));
-    Ok(if overruns + mismatches == 0 { ExitCode::SUCCESS } else { ExitCode::from(EXIT_MISMATCH as u8) })
+    Ok(if overruns + mismatches == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_MISMATCH as u8)
+    })
 }
 
 /// The bandwidth of single large transfers on the same rings: one WRITE of
@@ -941,14 +1145,31 @@ struct Baseline {
 
 fn baseline(args: &Args, agent: &Agent, ring: &SlotRing, remote: &DescList) -> Result<Baseline> {
     let first = remote.descs[0];
-    let contiguous = remote.descs.iter().enumerate().all(|(i, d)| d.addr == first.addr + i as u64 * first.len);
-    ensure!(contiguous, "the receiver's slots are not contiguous: the baseline needs one region (use --baseline-reps 0)");
+    let contiguous = remote
+        .descs
+        .iter()
+        .enumerate()
+        .all(|(i, d)| d.addr == first.addr + i as u64 * first.len);
+    ensure!(
+        contiguous,
+        "the receiver's slots are not contiguous: the baseline needs one region (use --baseline-reps 0)"
+    );
     let remote_whole = DescList::new(
         remote.mem_type,
-        vec![Desc { addr: first.addr, len: first.len * remote.descs.len() as u64, dev_id: first.dev_id }],
+        vec![Desc {
+            addr: first.addr,
+            len: first.len * remote.descs.len() as u64,
+            dev_id: first.dev_id,
+        }],
     );
     let req = agent
-        .create_xfer_req(XferOp::Write, &ring.whole().to_xfer_dlist()?, &remote_whole.to_xfer_dlist()?, RECEIVER, None)
+        .create_xfer_req(
+            XferOp::Write,
+            &ring.whole().to_xfer_dlist()?,
+            &remote_whole.to_xfer_dlist()?,
+            RECEIVER,
+            None,
+        )
         .context("creating the baseline WRITE")?;
     let bytes = ring.len() as u64;
     post_and_wait(agent, &req, "the baseline warm-up WRITE", args.timeout())?;
@@ -966,7 +1187,12 @@ fn baseline(args: &Args, agent: &Agent, ring: &SlotRing, remote: &DescList) -> R
         args.baseline_reps,
         bytes as f64 / 1e9
     );
-    Ok(Baseline { bytes, gbps: rates, median, best })
+    Ok(Baseline {
+        bytes,
+        gbps: rates,
+        median,
+        best,
+    })
 }
 
 /// Waiting without taking a core from the peer (the machine may have only

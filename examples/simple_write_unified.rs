@@ -84,22 +84,50 @@ fn run(args: &Args) -> Result<()> {
         }
     }
     let timeout = Duration::from_secs(args.timeout);
-    say!("[main] target on GPU {}, initiator on GPU {initiator_gpu}, one process", args.target_gpu);
+    say!(
+        "[main] target on GPU {}, initiator on GPU {initiator_gpu}, one process",
+        args.target_gpu
+    );
     let store = Arc::new(MemoryStore::new(timeout));
 
     let target = {
         let store = store.clone();
-        let cfg = target::TargetConfig { gpu: args.target_gpu, expected_size: None, timeout, wait: args.wait };
-        std::thread::Builder::new().name("target".into()).spawn(move || target::run(&cfg, store.as_ref()))?
+        let cfg = target::TargetConfig {
+            gpu: args.target_gpu,
+            expected_size: None,
+            timeout,
+            wait: args.wait,
+        };
+        std::thread::Builder::new()
+            .name("target".into())
+            .spawn(move || target::run(&cfg, store.as_ref()))?
     };
     let rounds = args
         .level
         .iter()
-        .map(|&level| RoundSpec { size: args.size, level, blocks: args.blocks, threads: None, warmup: None, iters: args.iters, pingpong: false })
+        .map(|&level| RoundSpec {
+            size: args.size,
+            level,
+            blocks: args.blocks,
+            threads: None,
+            warmup: None,
+            iters: args.iters,
+            pingpong: false,
+        })
         .collect();
-    let cfg = initiator::InitiatorConfig { gpu: initiator_gpu, rounds, seed: 0x5eed, timeout, baselines: false, wait: args.wait, corrupt: false };
+    let cfg = initiator::InitiatorConfig {
+        gpu: initiator_gpu,
+        rounds,
+        seed: 0x5eed,
+        timeout,
+        baselines: false,
+        wait: args.wait,
+        corrupt: false,
+    };
     let out = initiator::run(&cfg, store.as_ref());
-    let target_result = target.join().map_err(|_| anyhow::anyhow!("the target thread panicked"))?;
+    let target_result = target
+        .join()
+        .map_err(|_| anyhow::anyhow!("the target thread panicked"))?;
     let same_process = |e: &anyhow::Error| format!("{e:#}").contains("preparing a memory view");
     if let Err(e) = &out {
         if same_process(e) {

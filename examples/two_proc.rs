@@ -106,9 +106,16 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     let spawn = |role: &str| -> Result<std::process::Child> {
         let mut a = vec!["--role".to_string(), role.to_string()];
         a.extend(args.exchange.to_args(host.port()));
-        a.extend(["--timeout".into(), args.timeout.to_string(), "--buf-size".into(), args.buf_size.to_string()]);
+        a.extend([
+            "--timeout".into(),
+            args.timeout.to_string(),
+            "--buf-size".into(),
+            args.buf_size.to_string(),
+        ]);
         a.extend(["--seed".into(), args.seed.to_string()]);
-        role_command(a)?.spawn().with_context(|| format!("spawning the {role} process"))
+        role_command(a)?
+            .spawn()
+            .with_context(|| format!("spawning the {role} process"))
     };
     let target = spawn(TARGET)?;
     let initiator = match spawn(INITIATOR) {
@@ -118,7 +125,10 @@ fn run_both(args: &Args) -> Result<ExitCode> {
             return Err(e);
         }
     };
-    let exits = supervise::supervise(vec![(TARGET, target), (INITIATOR, initiator)], timeout * 2 + Duration::from_secs(10));
+    let exits = supervise::supervise(
+        vec![(TARGET, target), (INITIATOR, initiator)],
+        timeout * 2 + Duration::from_secs(10),
+    );
     drop(host);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Test Complete - Both processes succeeded!");
@@ -141,7 +151,18 @@ fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
 fn two_descs(buf: &HostBuffer, size: u64) -> DescList {
     DescList::new(
         MemType::Dram,
-        vec![Desc { addr: buf.addr(), len: size, dev_id: 0 }, Desc { addr: buf.addr() + size, len: size, dev_id: 0 }],
+        vec![
+            Desc {
+                addr: buf.addr(),
+                len: size,
+                dev_id: 0,
+            },
+            Desc {
+                addr: buf.addr() + size,
+                len: size,
+                dev_id: 0,
+            },
+        ],
     )
 }
 
@@ -159,7 +180,10 @@ fn target(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<()>
     let nixl = create_polled_agent(TARGET)?;
     let mut buf = HostBuffer::new(2 * n);
     pattern::fill(buf.as_mut_slice(), args.seed, TARGET_DATA);
-    let _reg = nixl.agent.register_memory(&buf, None).context("registering the target's buffers")?;
+    let _reg = nixl
+        .agent
+        .register_memory(&buf, None)
+        .context("registering the target's buffers")?;
     say!("[target] Memory registered");
 
     let result = serve(args, exchange, &nixl.agent, &buf, timeout);
@@ -171,14 +195,23 @@ fn target(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<()>
 }
 
 /// The target's part once its buffers are registered.
-fn serve(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: &HostBuffer, timeout: Duration) -> Result<()> {
+fn serve(
+    args: &Args,
+    exchange: &mut Exchange,
+    agent: &nixl_sys::Agent,
+    buf: &HostBuffer,
+    timeout: Duration,
+) -> Result<()> {
     let n = args.buf_size as usize;
     exchange.publish(agent)?;
     exchange.offer_descs(agent, INITIATOR, &two_descs(buf, args.buf_size))?;
     if exchange.mode() == MetadataMode::Tcpstore {
         say!("[target] Published metadata and xfer descriptors to TCP server");
     } else {
-        say!("[target] Published metadata via {} and sent xfer descriptors to the initiator", exchange.mode().name());
+        say!(
+            "[target] Published metadata via {} and sent xfer descriptors to the initiator",
+            exchange.mode().name()
+        );
     }
     say!("[target] Waiting for transfers...");
 
@@ -194,8 +227,14 @@ fn serve(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: &Ho
     let mut expected = vec![0u8; 2 * n];
     pattern::fill(&mut expected, args.seed, WRITTEN);
     let got = buf.as_slice();
-    ensure!(got[n..] == expected[..n], "target buffer 1 after the WRITE does not hold initiator buffer 0");
-    ensure!(got[..n] == expected[n..], "target buffer 0 after the WRITE does not hold initiator buffer 1");
+    ensure!(
+        got[n..] == expected[..n],
+        "target buffer 1 after the WRITE does not hold initiator buffer 0"
+    );
+    ensure!(
+        got[..n] == expected[n..],
+        "target buffer 0 after the WRITE does not hold initiator buffer 1"
+    );
     say!("[target] Transfer 2 done");
     Ok(())
 }
@@ -205,7 +244,10 @@ fn initiator(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<
     let nixl = create_polled_agent(INITIATOR)?;
     let mut buf = HostBuffer::new(2 * args.buf_size as usize);
     pattern::fill(buf.as_mut_slice(), args.seed, POISON);
-    let reg = nixl.agent.register_memory(&buf, None).context("registering the initiator's buffers")?;
+    let reg = nixl
+        .agent
+        .register_memory(&buf, None)
+        .context("registering the initiator's buffers")?;
     say!("[initiator] Memory registered");
     let result = transfer(args, exchange, &nixl.agent, &mut buf, timeout);
     exchange.withdraw(&nixl.agent);
@@ -216,13 +258,21 @@ fn initiator(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<
 }
 
 /// The initiator's part once its buffers are registered.
-fn transfer(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: &mut HostBuffer, timeout: Duration) -> Result<()> {
+fn transfer(
+    args: &Args,
+    exchange: &mut Exchange,
+    agent: &nixl_sys::Agent,
+    buf: &mut HostBuffer,
+    timeout: Duration,
+) -> Result<()> {
     exchange.publish(agent)?;
     exchange.load_peer(agent, TARGET)?;
     let mut inbox = NotifInbox::new();
     let remote = exchange.take_descs(agent, &mut inbox, TARGET)?;
     ensure!(
-        remote.mem_type == MemType::Dram && remote.descs.len() == 2 && remote.descs.iter().all(|d| d.len == args.buf_size),
+        remote.mem_type == MemType::Dram
+            && remote.descs.len() == 2
+            && remote.descs.iter().all(|d| d.len == args.buf_size),
         "the target published {remote:?}, expected two DRAM buffers of {} bytes (same --buf-size on both sides?)",
         args.buf_size
     );
@@ -232,10 +282,21 @@ fn transfer(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: 
     // Transfer 1: a transfer request built in one call (initialize_xfer).
     say!("[initiator] Starting transfer 1 (READ)...");
     let req1 = agent
-        .create_xfer_req(XferOp::Read, &local.to_xfer_dlist()?, &remote.to_xfer_dlist()?, TARGET, Some(&notif_args(b"UUID1")?))
+        .create_xfer_req(
+            XferOp::Read,
+            &local.to_xfer_dlist()?,
+            &remote.to_xfer_dlist()?,
+            TARGET,
+            Some(&notif_args(b"UUID1")?),
+        )
         .context("creating transfer 1 (READ)")?;
     post_and_wait(agent, &req1, "transfer 1 (READ)", timeout)?;
-    check(buf.as_slice(), args.seed, TARGET_DATA, "initiator buffers after the READ")?;
+    check(
+        buf.as_slice(),
+        args.seed,
+        TARGET_DATA,
+        "initiator buffers after the READ",
+    )?;
     say!("[initiator] Transfer 1 done");
 
     // Transfer 2: prepared descriptor lists, then a request by indices
@@ -243,11 +304,21 @@ fn transfer(args: &Args, exchange: &mut Exchange, agent: &nixl_sys::Agent, buf: 
     // the local side.
     say!("[initiator] Starting transfer 2 (WRITE)...");
     pattern::fill(buf.as_mut_slice(), args.seed, WRITTEN);
-    let local_prep = agent.prepare_xfer_dlist("", &local.to_xfer_dlist()?, None).context("preparing the local descriptor list")?;
-    let remote_prep =
-        agent.prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None).context("preparing the remote descriptor list")?;
+    let local_prep = agent
+        .prepare_xfer_dlist("", &local.to_xfer_dlist()?, None)
+        .context("preparing the local descriptor list")?;
+    let remote_prep = agent
+        .prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)
+        .context("preparing the remote descriptor list")?;
     let req2 = agent
-        .make_xfer_req(XferOp::Write, &local_prep, &[0, 1], &remote_prep, &[1, 0], Some(&notif_args(b"UUID2")?))
+        .make_xfer_req(
+            XferOp::Write,
+            &local_prep,
+            &[0, 1],
+            &remote_prep,
+            &[1, 0],
+            Some(&notif_args(b"UUID2")?),
+        )
         .context("making transfer 2 (WRITE) from prepared lists")?;
     post_and_wait(agent, &req2, "transfer 2 (WRITE)", timeout)?;
     say!("[initiator] Transfer 2 done");

@@ -6,15 +6,23 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a byte count (e.g. 1048576, 64K, 1M, 2G)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count (e.g. 1048576, 64K, 1M, 2G)"))?;
     let mult: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => 1 << 10,
         "m" | "mib" | "mb" => 1 << 20,
         "g" | "gib" | "gb" => 1 << 30,
-        other => return Err(format!("unknown size suffix '{other}' in '{s}' (use K, M or G: powers of 1024)")),
+        other => {
+            return Err(format!(
+                "unknown size suffix '{other}' in '{s}' (use K, M or G: powers of 1024)"
+            ));
+        }
     };
-    let v = n.checked_mul(mult).ok_or_else(|| format!("'{s}' overflows 64 bits"))?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' overflows 64 bits"))?;
     if v == 0 {
         return Err("size must be at least 1 byte".into());
     }
@@ -67,7 +75,9 @@ pub fn print_usage_error(e: &UsageError) {
 /// Fails with a [`UsageError`] if this process cannot listen on `port`:
 /// taken by another process, or privileged (< 1024) for a non-root user.
 pub fn check_port_free(port: u16) -> Result<(), UsageError> {
-    match std::net::TcpListener::bind(("::", port)).or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port))) {
+    match std::net::TcpListener::bind(("::", port))
+        .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
+    {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(UsageError(format!(
             "port {port} is already in use (another simple_write initiator, or an earlier run still exiting?): \

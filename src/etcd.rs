@@ -21,10 +21,14 @@ pub const DEFAULT_NAMESPACE: &str = "/nixl/agents/";
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
     /// The endpoint is not `http://host:port`.
-    #[error("etcd endpoint {0:?} is not of the form http://host:port (TLS endpoints are not supported by this helper)")]
+    #[error(
+        "etcd endpoint {0:?} is not of the form http://host:port (TLS endpoints are not supported by this helper)"
+    )]
     BadEndpoint(String),
     /// Nothing answered at the endpoint.
-    #[error("no etcd server at {endpoint}: {source}. Start one (e.g. `etcd --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379`) or point --etcd-endpoints / NIXL_ETCD_ENDPOINTS at a running server")]
+    #[error(
+        "no etcd server at {endpoint}: {source}. Start one (e.g. `etcd --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379`) or point --etcd-endpoints / NIXL_ETCD_ENDPOINTS at a running server"
+    )]
     Unreachable {
         /// `http://host:port` as given.
         endpoint: String,
@@ -61,13 +65,23 @@ impl Etcd {
     /// `NIXL_ETCD_ENDPOINTS` (`http://127.0.0.1:2379,http://...`); every
     /// request (connect, send, receive) is bounded by `timeout`.
     pub fn from_endpoints(endpoints: &str, timeout: Duration) -> Result<Self, EtcdError> {
-        let first = endpoints.split(',').map(str::trim).find(|s| !s.is_empty()).unwrap_or("");
-        let rest = first.strip_prefix("http://").ok_or_else(|| EtcdError::BadEndpoint(first.to_string()))?;
+        let first = endpoints
+            .split(',')
+            .map(str::trim)
+            .find(|s| !s.is_empty())
+            .unwrap_or("");
+        let rest = first
+            .strip_prefix("http://")
+            .ok_or_else(|| EtcdError::BadEndpoint(first.to_string()))?;
         let addr = rest.trim_end_matches('/');
         if addr.is_empty() || !addr.contains(':') || addr.contains('/') {
             return Err(EtcdError::BadEndpoint(first.to_string()));
         }
-        Ok(Self { endpoint: first.to_string(), addr: addr.to_string(), timeout })
+        Ok(Self {
+            endpoint: first.to_string(),
+            addr: addr.to_string(),
+            timeout,
+        })
     }
 
     /// The endpoint as given (`http://host:port`).
@@ -106,8 +120,16 @@ impl Etcd {
         let path = "/v3/kv/range";
         let v = self.request("POST", path, Some(&body))?;
         let mut keys = Vec::new();
-        for kv in v.get("kvs").and_then(|k| k.as_array()).map(Vec::as_slice).unwrap_or(&[]) {
-            let raw = kv.get("key").and_then(|k| k.as_str()).ok_or_else(|| self.bad(path, "a kv without \"key\""))?;
+        for kv in v
+            .get("kvs")
+            .and_then(|k| k.as_array())
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
+            let raw = kv
+                .get("key")
+                .and_then(|k| k.as_str())
+                .ok_or_else(|| self.bad(path, "a kv without \"key\""))?;
             let bytes = unb64(raw).ok_or_else(|| self.bad(path, "a key that is not base64"))?;
             keys.push(String::from_utf8_lossy(&bytes).into_owned());
         }
@@ -122,13 +144,25 @@ impl Etcd {
     }
 
     fn bad(&self, path: &str, what: &str) -> EtcdError {
-        EtcdError::BadReply { endpoint: self.endpoint.clone(), path: path.to_string(), what: what.to_string() }
+        EtcdError::BadReply {
+            endpoint: self.endpoint.clone(),
+            path: path.to_string(),
+            what: what.to_string(),
+        }
     }
 
     /// One HTTP/1.0 exchange: HTTP/1.0 so the gateway closes the connection
     /// after the reply and never answers in chunks.
-    fn request(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> Result<serde_json::Value, EtcdError> {
-        let unreachable = |source| EtcdError::Unreachable { endpoint: self.endpoint.clone(), source };
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<serde_json::Value, EtcdError> {
+        let unreachable = |source| EtcdError::Unreachable {
+            endpoint: self.endpoint.clone(),
+            source,
+        };
         let addrs: Vec<_> = self.addr.to_socket_addrs().map_err(unreachable)?.collect();
         let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
         let mut stream = None;
@@ -142,8 +176,10 @@ impl Etcd {
             }
         }
         let mut s = stream.ok_or_else(|| unreachable(last))?;
-        s.set_read_timeout(Some(self.timeout)).map_err(unreachable)?;
-        s.set_write_timeout(Some(self.timeout)).map_err(unreachable)?;
+        s.set_read_timeout(Some(self.timeout))
+            .map_err(unreachable)?;
+        s.set_write_timeout(Some(self.timeout))
+            .map_err(unreachable)?;
         let payload = body.map(|b| b.to_string()).unwrap_or_default();
         let req = format!(
             "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
@@ -153,7 +189,10 @@ impl Etcd {
         s.write_all(req.as_bytes()).map_err(unreachable)?;
         let mut reply = Vec::new();
         s.read_to_end(&mut reply).map_err(unreachable)?;
-        let split = reply.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| self.bad(path, "no HTTP header"))?;
+        let split = reply
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| self.bad(path, "no HTTP header"))?;
         let head = String::from_utf8_lossy(&reply[..split]);
         let text = String::from_utf8_lossy(&reply[split + 4..]).into_owned();
         let status: u16 = head
@@ -162,7 +201,12 @@ impl Etcd {
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| self.bad(path, "no HTTP status"))?;
         if status != 200 {
-            return Err(EtcdError::Http { endpoint: self.endpoint.clone(), path: path.to_string(), status, body: text });
+            return Err(EtcdError::Http {
+                endpoint: self.endpoint.clone(),
+                path: path.to_string(),
+                status,
+                body: text,
+            });
         }
         serde_json::from_str(&text).map_err(|e| self.bad(path, &format!("not JSON ({e})")))
     }
@@ -197,7 +241,11 @@ const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 fn b64(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for i in 0..4 {
             if i <= chunk.len() {
@@ -232,7 +280,15 @@ mod tests {
 
     #[test]
     fn base64_round_trips() {
-        for s in [&b""[..], b"f", b"fo", b"foo", b"foob", b"/nixl/agents/", &[0xff, 0, 0x80]] {
+        for s in [
+            &b""[..],
+            b"f",
+            b"fo",
+            b"foo",
+            b"foob",
+            b"/nixl/agents/",
+            &[0xff, 0, 0x80],
+        ] {
             assert_eq!(unb64(&b64(s)).as_deref(), Some(s));
         }
         assert_eq!(b64(b"/nixl/"), "L25peGwv");
@@ -247,7 +303,8 @@ mod tests {
 
     #[test]
     fn endpoints_parse() {
-        let e = Etcd::from_endpoints("http://127.0.0.1:2379,http://x:1", Duration::from_secs(1)).unwrap();
+        let e = Etcd::from_endpoints("http://127.0.0.1:2379,http://x:1", Duration::from_secs(1))
+            .unwrap();
         assert_eq!(e.addr, "127.0.0.1:2379");
         assert!(Etcd::from_endpoints("https://a:1", Duration::from_secs(1)).is_err());
         assert!(Etcd::from_endpoints("127.0.0.1:2379", Duration::from_secs(1)).is_err());

@@ -130,7 +130,11 @@ impl ExchangeArgs {
     pub fn etcd_endpoints(&self) -> String {
         self.etcd_endpoints
             .clone()
-            .or_else(|| std::env::var("NIXL_ETCD_ENDPOINTS").ok().filter(|s| !s.is_empty()))
+            .or_else(|| {
+                std::env::var("NIXL_ETCD_ENDPOINTS")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
             .unwrap_or_else(|| "http://127.0.0.1:2379".into())
     }
 
@@ -188,7 +192,8 @@ impl ExchangeHost {
     /// does not answer ([`etcd::EtcdError::Unreachable`]).
     pub fn start(args: &ExchangeArgs, agents: &[&str], timeout: Duration) -> Result<Self> {
         if !args.metadata.needs_store() {
-            let etcd = Etcd::from_endpoints(&args.etcd_endpoints(), timeout.min(Duration::from_secs(5)))?;
+            let etcd =
+                Etcd::from_endpoints(&args.etcd_endpoints(), timeout.min(Duration::from_secs(5)))?;
             let version = etcd.version()?;
             let ns = namespace();
             let mut stale = 0;
@@ -199,7 +204,10 @@ impl ExchangeHost {
                 "[main] Using etcd {version} at {} for NIXL's metadata exchange (cleared {stale} stale key(s))",
                 etcd.endpoint()
             );
-            return Ok(Self { _store: None, port: args.port });
+            return Ok(Self {
+                _store: None,
+                port: args.port,
+            });
         }
         crate::say!("[main] Starting TCPStore on port {}...", args.port);
         let opts = args.store_options(true, timeout);
@@ -212,12 +220,20 @@ impl ExchangeHost {
             }
             StoreKind::Libtorch => {
                 if args.port == 0 {
-                    bail!("--store libtorch needs an explicit --port (torch's server does not report the port it bound)");
+                    bail!(
+                        "--store libtorch needs an explicit --port (torch's server does not report the port it bound)"
+                    );
                 }
-                (store::open(args.store.into(), &opts).context("starting the store")?, args.port)
+                (
+                    store::open(args.store.into(), &opts).context("starting the store")?,
+                    args.port,
+                )
             }
         };
-        Ok(Self { _store: Some(store), port })
+        Ok(Self {
+            _store: Some(store),
+            port,
+        })
     }
 
     /// The store port the roles must use (the bound one when `--port 0`).
@@ -228,7 +244,10 @@ impl ExchangeHost {
 
 /// The etcd key namespace NIXL uses (`NIXL_ETCD_NAMESPACE` or its default).
 pub fn namespace() -> String {
-    std::env::var("NIXL_ETCD_NAMESPACE").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| etcd::DEFAULT_NAMESPACE.into())
+    std::env::var("NIXL_ETCD_NAMESPACE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| etcd::DEFAULT_NAMESPACE.into())
 }
 
 /// The etcd prefix under which NIXL keeps agent `agent`'s keys: NIXL joins
@@ -287,7 +306,8 @@ impl Exchange {
             MetadataMode::Etcd => {
                 endpoint = args.etcd_endpoints();
                 let etcd = Etcd::from_endpoints(&endpoint, timeout.min(Duration::from_secs(5)))?;
-                etcd.version().context("NIXL's etcd exchange needs a running etcd server")?;
+                etcd.version()
+                    .context("NIXL's etcd exchange needs a running etcd server")?;
                 set_env("NIXL_TCPSTORE_ENDPOINT", None);
                 set_env("NIXL_ETCD_ENDPOINTS", Some(&endpoint));
             }
@@ -302,11 +322,21 @@ impl Exchange {
                 set_env("NIXL_ETCD_ENDPOINTS", None);
                 set_env("NIXL_TCPSTORE_ENDPOINT", Some(&endpoint));
                 if std::env::var_os("NIXL_TCPSTORE_TIMEOUT_MS").is_none() {
-                    set_env("NIXL_TCPSTORE_TIMEOUT_MS", Some(&timeout.as_millis().to_string()));
+                    set_env(
+                        "NIXL_TCPSTORE_TIMEOUT_MS",
+                        Some(&timeout.as_millis().to_string()),
+                    );
                 }
             }
         }
-        Ok(Self { mode: args.metadata, store, timeout, endpoint, loaded: HashSet::new(), published: Vec::new() })
+        Ok(Self {
+            mode: args.metadata,
+            store,
+            timeout,
+            endpoint,
+            loaded: HashSet::new(),
+            published: Vec::new(),
+        })
     }
 
     /// The mode in use.
@@ -325,12 +355,20 @@ impl Exchange {
     pub fn publish(&mut self, agent: &Agent) -> Result<()> {
         if let Some(store) = &self.store {
             let key = format!("{}_meta", agent.name());
-            store.set(&key, &agent.get_local_md().context("reading our agent metadata (getLocalMD)")?)?;
+            store.set(
+                &key,
+                &agent
+                    .get_local_md()
+                    .context("reading our agent metadata (getLocalMD)")?,
+            )?;
             self.published.push(key);
         } else {
-            agent
-                .send_local_md(None)
-                .map_err(|e| anyhow::anyhow!("sendLocalMD failed ({e}): NIXL could not queue our metadata for {}", self.endpoint))?;
+            agent.send_local_md(None).map_err(|e| {
+                anyhow::anyhow!(
+                    "sendLocalMD failed ({e}): NIXL could not queue our metadata for {}",
+                    self.endpoint
+                )
+            })?;
         }
         Ok(())
     }
@@ -343,14 +381,18 @@ impl Exchange {
             return Ok(());
         }
         if let Some(store) = &self.store {
-            let md = store.get(&format!("{peer}_meta")).with_context(|| format!("waiting for {peer}'s metadata"))?;
+            let md = store
+                .get(&format!("{peer}_meta"))
+                .with_context(|| format!("waiting for {peer}'s metadata"))?;
             load_peer_blob(agent, &md, peer, self.timeout)?;
         } else {
             let start = Instant::now();
             let mut last_fetch: Option<Instant> = None;
             while !agent.check_remote_metadata(peer, None) {
                 if last_fetch.is_none_or(|t| t.elapsed() > REFETCH) {
-                    agent.fetch_remote_md(peer, None).map_err(|e| anyhow::anyhow!("fetchRemoteMD({peer}) failed: {e}"))?;
+                    agent
+                        .fetch_remote_md(peer, None)
+                        .map_err(|e| anyhow::anyhow!("fetchRemoteMD({peer}) failed: {e}"))?;
                     last_fetch = Some(Instant::now());
                 }
                 if start.elapsed() > self.timeout {
@@ -382,9 +424,9 @@ impl Exchange {
         self.load_peer(agent, peer)?;
         let mut msg = DESCS_PREFIX.to_vec();
         msg.extend_from_slice(&descs.encode());
-        agent
-            .send_notification(peer, &msg, None)
-            .map_err(|e| anyhow::anyhow!("sending our descriptors to {peer} as a notification failed: {e}"))
+        agent.send_notification(peer, &msg, None).map_err(|e| {
+            anyhow::anyhow!("sending our descriptors to {peer} as a notification failed: {e}")
+        })
     }
 
     /// Initiator side: the descriptor list `peer` offered. Store: waits for
@@ -392,13 +434,22 @@ impl Exchange {
     /// (other notifications stay in `inbox`).
     ///
     /// Errors: nothing within the timeout; bytes that are not a descriptor list.
-    pub fn take_descs(&mut self, agent: &Agent, inbox: &mut NotifInbox, peer: &str) -> Result<DescList> {
+    pub fn take_descs(
+        &mut self,
+        agent: &Agent,
+        inbox: &mut NotifInbox,
+        peer: &str,
+    ) -> Result<DescList> {
         let bytes = if let Some(store) = &self.store {
-            store.get(&format!("{peer}_descs")).with_context(|| format!("waiting for {peer}'s descriptors"))?
+            store
+                .get(&format!("{peer}_descs"))
+                .with_context(|| format!("waiting for {peer}'s descriptors"))?
         } else {
             let mut m = inbox
                 .wait_matching(agent, peer, |m| m.starts_with(DESCS_PREFIX), self.timeout)
-                .with_context(|| format!("waiting for {peer}'s descriptors (a DESCS: notification)"))?;
+                .with_context(|| {
+                    format!("waiting for {peer}'s descriptors (a DESCS: notification)")
+                })?;
             m.drain(..DESCS_PREFIX.len());
             m
         };
@@ -415,7 +466,11 @@ impl Exchange {
                 let _ = store.delete_key(&key);
             }
         } else if let Err(e) = agent.invalidate_local_md(None) {
-            eprintln!("[{}] note: invalidateLocalMD failed ({e}); our metadata may stay in {}", agent.name(), self.endpoint);
+            eprintln!(
+                "[{}] note: invalidateLocalMD failed ({e}); our metadata may stay in {}",
+                agent.name(),
+                self.endpoint
+            );
         }
     }
 }
@@ -435,7 +490,10 @@ fn wait_for_port(host: &str, port: u16, timeout: Duration) -> Result<()> {
     use std::net::ToSocketAddrs;
     let start = Instant::now();
     loop {
-        let addrs: Vec<_> = (host, port).to_socket_addrs().with_context(|| format!("resolving {host}"))?.collect();
+        let addrs: Vec<_> = (host, port)
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {host}"))?
+            .collect();
         let mut last = None;
         for a in &addrs {
             match std::net::TcpStream::connect_timeout(a, Duration::from_secs(1)) {
@@ -444,7 +502,9 @@ fn wait_for_port(host: &str, port: u16, timeout: Duration) -> Result<()> {
             }
         }
         if start.elapsed() > timeout {
-            return Err(last.map(anyhow::Error::from).unwrap_or_else(|| anyhow::anyhow!("no address for {host}")));
+            return Err(last
+                .map(anyhow::Error::from)
+                .unwrap_or_else(|| anyhow::anyhow!("no address for {host}")));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -29,7 +29,9 @@ impl Interrupted {
 /// cleaning up are about to exist (before that, the default action, an
 /// immediate exit, is the right one).
 pub fn install() -> std::io::Result<()> {
-    let flag = RECEIVED.get_or_init(|| Arc::new(AtomicUsize::new(0))).clone();
+    let flag = RECEIVED
+        .get_or_init(|| Arc::new(AtomicUsize::new(0)))
+        .clone();
     for sig in [SIGINT, SIGTERM] {
         // A second signal after the first: exit now, with the usual status.
         let already = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -28,7 +28,10 @@ thread_local! {
 /// block changes with the variant and with the block's position.
 #[inline]
 fn block_key(seed: u64, variant: u64, block: u64) -> u64 {
-    splitmix64(seed ^ variant.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ block.wrapping_mul(0xA076_1D64_78BD_642F))
+    splitmix64(
+        seed ^ variant.wrapping_mul(0xD6E8_FEB8_6659_FD93)
+            ^ block.wrapping_mul(0xA076_1D64_78BD_642F),
+    )
 }
 
 /// Runs `f` with the base block for `seed` (computed once per seed and thread).
@@ -36,7 +39,9 @@ fn with_base<R>(seed: u64, f: impl FnOnce(&[u64]) -> R) -> R {
     BASE.with(|b| {
         let mut b = b.borrow_mut();
         if b.1.is_empty() || b.0 != seed {
-            let words = (0..BLOCK_WORDS).map(|i| splitmix64(seed.rotate_left(17) ^ i.wrapping_mul(0x9FB2_1C65_1E98_DF25))).collect();
+            let words = (0..BLOCK_WORDS)
+                .map(|i| splitmix64(seed.rotate_left(17) ^ i.wrapping_mul(0x9FB2_1C65_1E98_DF25)))
+                .collect();
             *b = (seed, words);
         }
         f(&b.1)
@@ -121,7 +126,12 @@ pub fn verify(buf: &[u8], seed: u64, variant: u64) -> Option<Mismatch> {
             for (i, (&a, &x)) in chunk.iter().zip(e.iter()).enumerate() {
                 if a != x {
                     count += 1;
-                    first.get_or_insert(Mismatch { offset: start + i as u64, expected: x, actual: a, count: 0 });
+                    first.get_or_insert(Mismatch {
+                        offset: start + i as u64,
+                        expected: x,
+                        actual: a,
+                        count: 0,
+                    });
                 }
             }
         }
@@ -152,8 +162,14 @@ mod tests {
         let mut buf = vec![0u8; 4096 + 5];
         fill(&mut buf, 1, 0);
         assert_eq!(verify(&buf, 1, 0), None);
-        assert!(verify(&buf, 1, 1).is_some(), "other variant (stale iteration) must fail");
-        assert!(verify(&buf, 2, 0).is_some(), "other seed (foreign run) must fail");
+        assert!(
+            verify(&buf, 1, 1).is_some(),
+            "other variant (stale iteration) must fail"
+        );
+        assert!(
+            verify(&buf, 2, 0).is_some(),
+            "other seed (foreign run) must fail"
+        );
         let mut shifted = buf.clone();
         shifted.rotate_right(1);
         assert!(verify(&shifted, 1, 0).is_some());

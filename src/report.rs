@@ -61,9 +61,20 @@ pub struct Row {
 
 impl Row {
     /// Builds a row from what the initiator measured and the target reported.
-    pub fn new(round: usize, r: &Round, gpu_ns: u64, kernel_event_us: f64, verdict: &str, rtt: Option<Summary>) -> Self {
+    pub fn new(
+        round: usize,
+        r: &Round,
+        gpu_ns: u64,
+        kernel_event_us: f64,
+        verdict: &str,
+        rtt: Option<Summary>,
+    ) -> Self {
         let iters = r.iters.max(1) as f64;
-        let gb_per_s = if r.pingpong || gpu_ns == 0 { 0.0 } else { r.size as f64 * iters / gpu_ns as f64 };
+        let gb_per_s = if r.pingpong || gpu_ns == 0 {
+            0.0
+        } else {
+            r.size as f64 * iters / gpu_ns as f64
+        };
         Self {
             round,
             mode: r.mode(),
@@ -112,7 +123,14 @@ impl Row {
             None => format!(
                 "{} B, {} level, {}×{} threads, {} iterations ({} warm-up): {:.2} µs/iteration, {:.2} GB/s \
                  (GPU time to the target's acknowledgement)",
-                self.size_bytes, self.level, self.blocks, self.threads, self.iters, self.warmup, self.us_per_iter, self.gb_per_s
+                self.size_bytes,
+                self.level,
+                self.blocks,
+                self.threads,
+                self.iters,
+                self.warmup,
+                self.us_per_iter,
+                self.gb_per_s
             ),
         }
     }
@@ -151,19 +169,26 @@ impl RunInfo {
     /// Fills what the process can know about itself.
     pub fn collect(seed: u64) -> Self {
         let env = std::env::vars()
-            .filter(|(k, _)| k.starts_with("UCX_") || k.starts_with("NIXL_") || k.starts_with("CUDA_"))
+            .filter(|(k, _)| {
+                k.starts_with("UCX_") || k.starts_with("NIXL_") || k.starts_with("CUDA_")
+            })
             .collect();
         let rt = crate::nixl::runtime::load().ok();
         Self {
             tool: format!("simple_write {}", env!("CARGO_PKG_VERSION")),
             command_line: std::env::args().collect(),
-            unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            unix_time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             seed,
             driver_version: crate::gpu::context::driver_version(),
             nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
             nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
             ucx_version: rt.as_ref().and_then(|r| r.ucx_version()),
-            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string()),
             env,
             ..Default::default()
         }
@@ -171,7 +196,8 @@ impl RunInfo {
 }
 
 fn opt(v: Option<f64>, scale: f64, prec: usize) -> String {
-    v.map(|x| format!("{:.*}", prec, x * scale)).unwrap_or_else(|| "-".into())
+    v.map(|x| format!("{:.*}", prec, x * scale))
+        .unwrap_or_else(|| "-".into())
 }
 
 /// The results table: bandwidth rows, then ping-pong rows, nccl-tests style.
@@ -183,7 +209,17 @@ pub fn table(rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "{:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>3}",
-            "size", "level", "grid", "iters", "p50 µs", "p99 µs", "GB/s", "CE GB/s", "NIXL GB/s", "ratio", "ok"
+            "size",
+            "level",
+            "grid",
+            "iters",
+            "p50 µs",
+            "p99 µs",
+            "GB/s",
+            "CE GB/s",
+            "NIXL GB/s",
+            "ratio",
+            "ok"
         );
         for r in bw {
             let _ = writeln!(
@@ -210,7 +246,16 @@ pub fn table(rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "{:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>3}",
-            "size", "level", "grid", "iters", "RTT p50µs", "RTT p99µs", "half p50", "half p99", "half min", "ok"
+            "size",
+            "level",
+            "grid",
+            "iters",
+            "RTT p50µs",
+            "RTT p99µs",
+            "half p50",
+            "half p99",
+            "half min",
+            "ok"
         );
         for r in pp {
             let (rtt, half) = (r.rtt.unwrap_or_default(), r.half_rtt.unwrap_or_default());

@@ -111,7 +111,13 @@ impl CopyStats {
 
     /// One line: calls, pieces, syncs, and the mean host cost of each.
     pub fn summary(&self) -> String {
-        let per = |d: Duration, n: u64| if n == 0 { 0.0 } else { d.as_secs_f64() * 1e6 / n as f64 };
+        let per = |d: Duration, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                d.as_secs_f64() * 1e6 / n as f64
+            }
+        };
         format!(
             "{} copy calls ({} of them 2D) moving {} pieces, {} B; {:.2} µs per call to enqueue; {} syncs, {:.2} µs each{}",
             self.calls,
@@ -121,7 +127,11 @@ impl CopyStats {
             per(self.issue, self.calls),
             self.syncs,
             per(self.wait, self.syncs),
-            if self.fell_back_to_1d { " (the driver refused 2D copies: fell back to one copy per piece)" } else { "" }
+            if self.fell_back_to_1d {
+                " (the driver refused 2D copies: fell back to one copy per piece)"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -150,7 +160,11 @@ impl Pinned {
         // Initialised, so every slice of it is sound to form.
         // SAFETY: `len` bytes were just allocated.
         unsafe { ptr.as_ptr().write_bytes(0, len) };
-        Ok(Self { ptr, len, ctx: ctx.clone() })
+        Ok(Self {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+        })
     }
 
     /// The bytes; callers form slices only while no copy into or out of
@@ -247,9 +261,15 @@ impl SlotRing {
     /// A ring in page-aligned DRAM, every header [`EMPTY`].
     pub fn host(slots: usize, payload: usize) -> Self {
         let region = Region::Host(HostBuffer::new(slots * (HEADER_BYTES + payload)));
-        let mut ring = Self { region, slots, payload, queued: Vec::new() };
+        let mut ring = Self {
+            region,
+            slots,
+            payload,
+            queued: Vec::new(),
+        };
         for i in 0..slots {
-            ring.set_header(i, EMPTY).expect("DRAM header writes cannot fail");
+            ring.set_header(i, EMPTY)
+                .expect("DRAM header writes cannot fail");
         }
         ring
     }
@@ -262,8 +282,12 @@ impl SlotRing {
     pub fn device(gpu: &Gpu, slots: usize, payload: usize) -> Result<Self> {
         let slot_len = HEADER_BYTES + payload;
         let len = slots * slot_len;
-        let buf = DeviceBuffer::zeroed(&gpu.ctx, len)
-            .with_context(|| format!("allocating {len} bytes on GPU {} for the slots", gpu.ordinal))?;
+        let buf = DeviceBuffer::zeroed(&gpu.ctx, len).with_context(|| {
+            format!(
+                "allocating {len} bytes on GPU {} for the slots",
+                gpu.ordinal
+            )
+        })?;
         let max_pitch = gpu
             .ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)
@@ -280,7 +304,12 @@ impl SlotRing {
             two_d: slot_len <= max_pitch.max(0) as usize,
             stats: CopyStats::default(),
         };
-        let mut ring = Self { region: Region::Device(Box::new(device)), slots, payload, queued: Vec::new() };
+        let mut ring = Self {
+            region: Region::Device(Box::new(device)),
+            slots,
+            payload,
+            queued: Vec::new(),
+        };
         for i in 0..slots {
             ring.set_header(i, EMPTY)?;
         }
@@ -356,18 +385,40 @@ impl SlotRing {
             Region::Host(b) => agent.register_memory(b, None),
             Region::Device(d) => agent.register_memory(&d.buf, None),
         };
-        r.with_context(|| format!("registering {} bytes of {:?} slots with NIXL", self.len(), self.mem_type()))
+        r.with_context(|| {
+            format!(
+                "registering {} bytes of {:?} slots with NIXL",
+                self.len(),
+                self.mem_type()
+            )
+        })
     }
 
     /// One descriptor per slot (header + payload), in slot order.
     pub fn descs(&self) -> DescList {
         let (base, len, dev_id) = (self.addr(), self.slot_len() as u64, self.dev_id());
-        DescList::new(self.mem_type(), (0..self.slots as u64).map(|i| Desc { addr: base + i * len, len, dev_id }).collect())
+        DescList::new(
+            self.mem_type(),
+            (0..self.slots as u64)
+                .map(|i| Desc {
+                    addr: base + i * len,
+                    len,
+                    dev_id,
+                })
+                .collect(),
+        )
     }
 
     /// One descriptor covering the whole region.
     pub fn whole(&self) -> DescList {
-        DescList::new(self.mem_type(), vec![Desc { addr: self.addr(), len: self.len() as u64, dev_id: self.dev_id() }])
+        DescList::new(
+            self.mem_type(),
+            vec![Desc {
+                addr: self.addr(),
+                len: self.len() as u64,
+                dev_id: self.dev_id(),
+            }],
+        )
     }
 
     fn offset(&self, slot: usize) -> usize {
@@ -378,8 +429,16 @@ impl SlotRing {
     fn check_job(&self, j: &SlotJob) {
         self.offset(j.slot);
         for r in &j.ranges {
-            assert!(r.start <= r.end && r.end <= self.payload, "range {r:?} outside the {}-byte payload", self.payload);
-            assert_eq!(r.start % 8, 0, "range {r:?} does not start at a multiple of 8");
+            assert!(
+                r.start <= r.end && r.end <= self.payload,
+                "range {r:?} outside the {}-byte payload",
+                self.payload
+            );
+            assert_eq!(
+                r.start % 8,
+                0,
+                "range {r:?} does not start at a multiple of 8"
+            );
         }
     }
 
@@ -397,7 +456,10 @@ impl SlotRing {
                 grow(&mut d.fill, &d.ctx, fill_bytes)?;
             }
             if read_bytes > 0 {
-                ensure!(self.queued.is_empty(), "cannot resize the read staging with checks queued");
+                ensure!(
+                    self.queued.is_empty(),
+                    "cannot resize the read staging with checks queued"
+                );
                 grow(&mut d.read, &d.ctx, read_bytes)?;
             }
         }
@@ -413,14 +475,22 @@ impl SlotRing {
             Region::Host(b) => {
                 // SAFETY: in bounds; volatile because a peer writes this
                 // memory behind the compiler's back.
-                let v = unsafe { std::ptr::read_volatile(b.as_slice().as_ptr().add(off) as *const [u8; 8]) };
+                let v = unsafe {
+                    std::ptr::read_volatile(b.as_slice().as_ptr().add(off) as *const [u8; 8])
+                };
                 Ok(u64::from_le_bytes(v))
             }
             Region::Device(d) => {
                 let mut v = [0u8; 8];
                 d.ctx.bind_to_thread()?;
                 // SAFETY: in bounds of the allocation; synchronised below.
-                unsafe { result::memcpy_dtoh_async(&mut v[..], d.buf.addr() + off as u64, d.stream.cu_stream())? };
+                unsafe {
+                    result::memcpy_dtoh_async(
+                        &mut v[..],
+                        d.buf.addr() + off as u64,
+                        d.stream.cu_stream(),
+                    )?
+                };
                 d.sync()?;
                 Ok(u64::from_le_bytes(v))
             }
@@ -439,7 +509,13 @@ impl SlotRing {
                 let v = value.to_le_bytes();
                 d.ctx.bind_to_thread()?;
                 // SAFETY: in bounds; `v` outlives the synchronize.
-                unsafe { result::memcpy_htod_async(d.buf.addr() + off as u64, &v[..], d.stream.cu_stream())? };
+                unsafe {
+                    result::memcpy_htod_async(
+                        d.buf.addr() + off as u64,
+                        &v[..],
+                        d.stream.cu_stream(),
+                    )?
+                };
                 d.sync()?;
                 Ok(())
             }
@@ -451,7 +527,13 @@ impl SlotRing {
     /// of 8) as pattern (`seed`, `seq`). Bytes outside `ranges` keep
     /// whatever they held. Done when it returns (VRAM: one batch and a
     /// wait, see [`fill_queue`](Self::fill_queue)).
-    pub fn fill(&mut self, slot: usize, seed: u64, seq: u64, ranges: &[Range<usize>]) -> Result<()> {
+    pub fn fill(
+        &mut self,
+        slot: usize,
+        seed: u64,
+        seq: u64,
+        ranges: &[Range<usize>],
+    ) -> Result<()> {
         let off = self.offset(slot);
         let slot_len = self.slot_len();
         match &mut self.region {
@@ -459,12 +541,24 @@ impl SlotRing {
                 let s = &mut b.as_mut_slice()[off..off + slot_len];
                 s[..HEADER_BYTES].copy_from_slice(&seq.to_le_bytes());
                 for r in ranges {
-                    pattern::fill_at(&mut s[HEADER_BYTES + r.start..HEADER_BYTES + r.end], r.start as u64, seed, seq);
+                    pattern::fill_at(
+                        &mut s[HEADER_BYTES + r.start..HEADER_BYTES + r.end],
+                        r.start as u64,
+                        seed,
+                        seq,
+                    );
                 }
                 Ok(())
             }
             Region::Device(_) => {
-                self.fill_queue(seed, &[SlotJob { slot, seq, ranges: ranges.to_vec() }])?;
+                self.fill_queue(
+                    seed,
+                    &[SlotJob {
+                        slot,
+                        seq,
+                        ranges: ranges.to_vec(),
+                    }],
+                )?;
                 self.fill_wait()
             }
         }
@@ -549,7 +643,10 @@ impl SlotRing {
         let slot_len = self.slot_len();
         let d = match &mut self.region {
             Region::Host(_) => {
-                self.queued.extend(jobs.into_iter().map(|job| Staged { job, pieces: Vec::new() }));
+                self.queued.extend(jobs.into_iter().map(|job| Staged {
+                    job,
+                    pieces: Vec::new(),
+                }));
                 return Ok(());
             }
             Region::Device(d) => d,
@@ -570,7 +667,11 @@ impl SlotRing {
         d.ctx.bind_to_thread()?;
         d.reads_pending = true;
         d.read_used = plan.end;
-        self.queued.extend(jobs.into_iter().zip(plan.pieces).map(|(job, pieces)| Staged { job, pieces }));
+        self.queued.extend(
+            jobs.into_iter()
+                .zip(plan.pieces)
+                .map(|(job, pieces)| Staged { job, pieces }),
+        );
         // SAFETY: as in fill_queue; the staging is read only after a
         // synchronisation (check_queued waits first).
         unsafe { issue(d, &plan.copies, Dir::ToHost, slot_len, host)? };
@@ -607,14 +708,29 @@ impl SlotRing {
                 Region::Host(b) => {
                     let off = slot * slot_len;
                     // SAFETY: in bounds; volatile, as in header().
-                    let h = unsafe { std::ptr::read_volatile(b.as_slice().as_ptr().add(off) as *const [u8; 8]) };
+                    let h = unsafe {
+                        std::ptr::read_volatile(b.as_slice().as_ptr().add(off) as *const [u8; 8])
+                    };
                     let header = u64::from_le_bytes(h);
                     let bytes = &b.as_slice()[off + HEADER_BYTES..off + slot_len];
-                    let mismatch = if header == seq { verify_ranges(ranges, seed, seq, |r| &bytes[r.clone()]) } else { None };
-                    SlotCheck { slot, seq, header, mismatch }
+                    let mismatch = if header == seq {
+                        verify_ranges(ranges, seed, seq, |r| &bytes[r.clone()])
+                    } else {
+                        None
+                    };
+                    SlotCheck {
+                        slot,
+                        seq,
+                        header,
+                        mismatch,
+                    }
                 }
                 Region::Device(d) => {
-                    let staging = d.read.as_ref().expect("checks were queued, so the staging exists").as_slice();
+                    let staging = d
+                        .read
+                        .as_ref()
+                        .expect("checks were queued, so the staging exists")
+                        .as_slice();
                     check_staged(staging, &s.pieces, &s.job, seed)
                 }
             };
@@ -630,7 +746,13 @@ impl SlotRing {
     /// Checks the payload bytes in `ranges` of `slot` against pattern
     /// (`seed`, `seq`); the first mismatch (offsets relative to the payload).
     /// VRAM: one copy and a wait per range.
-    pub fn verify(&mut self, slot: usize, seed: u64, seq: u64, ranges: &[Range<usize>]) -> Result<Option<Mismatch>> {
+    pub fn verify(
+        &mut self,
+        slot: usize,
+        seed: u64,
+        seq: u64,
+        ranges: &[Range<usize>],
+    ) -> Result<Option<Mismatch>> {
         let off = self.offset(slot);
         match &mut self.region {
             Region::Host(b) => {
@@ -644,7 +766,9 @@ impl SlotRing {
                     d.ctx.bind_to_thread()?;
                     let src = d.buf.addr() + (off + HEADER_BYTES + r.start) as u64;
                     // SAFETY: in bounds; synchronised before the bytes are read.
-                    unsafe { result::memcpy_dtoh_async(&mut piece[..], src, d.stream.cu_stream())? };
+                    unsafe {
+                        result::memcpy_dtoh_async(&mut piece[..], src, d.stream.cu_stream())?
+                    };
                     d.sync()?;
                     if let Some(m) = verify_at(&piece, r.start as u64, seed, seq) {
                         count += m.count;
@@ -671,7 +795,10 @@ fn grow(staging: &mut Option<Pinned>, ctx: &Arc<CudaContext>, need: usize) -> Re
     if staging.as_ref().is_none_or(|p| p.len < need) {
         // Free the old one first: pinned memory is a scarce resource.
         *staging = None;
-        *staging = Some(Pinned::new(ctx, need).with_context(|| format!("allocating {need} bytes of page-locked staging"))?);
+        *staging = Some(
+            Pinned::new(ctx, need)
+                .with_context(|| format!("allocating {need} bytes of page-locked staging"))?,
+        );
     }
     Ok(())
 }
@@ -715,7 +842,12 @@ struct Plan {
 /// ones dropped. Merging only touching spans moves no byte outside them.
 fn spans(ranges: &[Range<usize>]) -> Vec<(usize, usize)> {
     let mut v: Vec<(usize, usize)> = std::iter::once((0, HEADER_BYTES))
-        .chain(ranges.iter().filter(|r| !r.is_empty()).map(|r| (HEADER_BYTES + r.start, HEADER_BYTES + r.end)))
+        .chain(
+            ranges
+                .iter()
+                .filter(|r| !r.is_empty())
+                .map(|r| (HEADER_BYTES + r.start, HEADER_BYTES + r.end)),
+        )
         .collect();
     v.sort_unstable();
     let mut merged: Vec<(usize, usize)> = Vec::with_capacity(v.len());
@@ -742,7 +874,14 @@ fn plan(slots: &[(usize, Vec<(usize, usize)>)], base: usize, coalesce: bool) -> 
         for &(at, len) in spans {
             // The copy the previous entry's identical span went into: its
             // last row is the previous slot, so this slot is its next row.
-            let ext = if follows { rows[i - 1].iter().map(|&(c, _)| c).find(|&c| copies[c].at == at && copies[c].len == len) } else { None };
+            let ext = if follows {
+                rows[i - 1]
+                    .iter()
+                    .map(|&(c, _)| c)
+                    .find(|&c| copies[c].at == at && copies[c].len == len)
+            } else {
+                None
+            };
             match ext {
                 Some(c) => {
                     debug_assert_eq!(copies[c].first_slot + copies[c].rows, *slot);
@@ -751,7 +890,13 @@ fn plan(slots: &[(usize, Vec<(usize, usize)>)], base: usize, coalesce: bool) -> 
                 }
                 None => {
                     mine.push((copies.len(), 0));
-                    copies.push(CopyOp { first_slot: *slot, at, len, rows: 1, staging: 0 });
+                    copies.push(CopyOp {
+                        first_slot: *slot,
+                        at,
+                        len,
+                        rows: 1,
+                        staging: 0,
+                    });
                 }
             }
         }
@@ -766,10 +911,22 @@ fn plan(slots: &[(usize, Vec<(usize, usize)>)], base: usize, coalesce: bool) -> 
         .iter()
         .zip(&rows)
         .map(|((_, spans), mine)| {
-            spans.iter().zip(mine).map(|(&(at, len), &(c, r))| Piece { at, len, staging: copies[c].staging + r * len }).collect()
+            spans
+                .iter()
+                .zip(mine)
+                .map(|(&(at, len), &(c, r))| Piece {
+                    at,
+                    len,
+                    staging: copies[c].staging + r * len,
+                })
+                .collect()
         })
         .collect();
-    Plan { copies, pieces, end }
+    Plan {
+        copies,
+        pieces,
+        end,
+    }
 }
 
 /// The staging offset of slot bytes `at..at + len`, which one piece holds.
@@ -787,7 +944,12 @@ fn stage_fill(staging: &mut [u8], pieces: &[Piece], job: &SlotJob, seed: u64) {
     staging[h..h + HEADER_BYTES].copy_from_slice(&job.seq.to_le_bytes());
     for r in job.ranges.iter().filter(|r| !r.is_empty()) {
         let at = locate(pieces, HEADER_BYTES + r.start, r.len());
-        pattern::fill_at(&mut staging[at..at + r.len()], r.start as u64, seed, job.seq);
+        pattern::fill_at(
+            &mut staging[at..at + r.len()],
+            r.start as u64,
+            seed,
+            job.seq,
+        );
     }
 }
 
@@ -806,7 +968,12 @@ fn check_staged(staging: &[u8], pieces: &[Piece], job: &SlotJob, seed: u64) -> S
     } else {
         None
     };
-    SlotCheck { slot: job.slot, seq: job.seq, header, mismatch }
+    SlotCheck {
+        slot: job.slot,
+        seq: job.seq,
+        header,
+        mismatch,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -824,7 +991,13 @@ enum Dir {
 /// Every op's device bytes lie in the ring and its staging bytes in the
 /// allocation at `host`, which stays allocated and untouched by the CPU
 /// until the stream is synchronised; the ring's context is current.
-unsafe fn issue(d: &mut Device, copies: &[CopyOp], dir: Dir, slot_len: usize, host: *mut u8) -> Result<(), DriverError> {
+unsafe fn issue(
+    d: &mut Device,
+    copies: &[CopyOp],
+    dir: Dir,
+    slot_len: usize,
+    host: *mut u8,
+) -> Result<(), DriverError> {
     let stream = d.stream.cu_stream();
     let t = Instant::now();
     let result = (|| -> Result<(), DriverError> {
@@ -839,18 +1012,42 @@ unsafe fn issue(d: &mut Device, copies: &[CopyOp], dir: Dir, slot_len: usize, ho
                 let p = sys::CUDA_MEMCPY2D {
                     srcXInBytes: 0,
                     srcY: 0,
-                    srcMemoryType: if dir == Dir::ToDevice { sys::CUmemorytype::CU_MEMORYTYPE_HOST } else { sys::CUmemorytype::CU_MEMORYTYPE_DEVICE },
-                    srcHost: if dir == Dir::ToDevice { h as *const _ } else { std::ptr::null() },
+                    srcMemoryType: if dir == Dir::ToDevice {
+                        sys::CUmemorytype::CU_MEMORYTYPE_HOST
+                    } else {
+                        sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+                    },
+                    srcHost: if dir == Dir::ToDevice {
+                        h as *const _
+                    } else {
+                        std::ptr::null()
+                    },
                     srcDevice: if dir == Dir::ToDevice { 0 } else { dev },
                     srcArray: std::ptr::null_mut(),
-                    srcPitch: if dir == Dir::ToDevice { host_pitch } else { dev_pitch },
+                    srcPitch: if dir == Dir::ToDevice {
+                        host_pitch
+                    } else {
+                        dev_pitch
+                    },
                     dstXInBytes: 0,
                     dstY: 0,
-                    dstMemoryType: if dir == Dir::ToDevice { sys::CUmemorytype::CU_MEMORYTYPE_DEVICE } else { sys::CUmemorytype::CU_MEMORYTYPE_HOST },
-                    dstHost: if dir == Dir::ToDevice { std::ptr::null_mut() } else { h as *mut _ },
+                    dstMemoryType: if dir == Dir::ToDevice {
+                        sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+                    } else {
+                        sys::CUmemorytype::CU_MEMORYTYPE_HOST
+                    },
+                    dstHost: if dir == Dir::ToDevice {
+                        std::ptr::null_mut()
+                    } else {
+                        h as *mut _
+                    },
                     dstDevice: if dir == Dir::ToDevice { dev } else { 0 },
                     dstArray: std::ptr::null_mut(),
-                    dstPitch: if dir == Dir::ToDevice { dev_pitch } else { host_pitch },
+                    dstPitch: if dir == Dir::ToDevice {
+                        dev_pitch
+                    } else {
+                        host_pitch
+                    },
                     WidthInBytes: op.len,
                     Height: op.rows,
                 };
@@ -877,8 +1074,13 @@ unsafe fn issue(d: &mut Device, copies: &[CopyOp], dir: Dir, slot_len: usize, ho
                 // SAFETY: as above.
                 unsafe {
                     match dir {
-                        Dir::ToDevice => sys::cuMemcpyHtoDAsync_v2(dev, h as *const _, op.len, stream).result()?,
-                        Dir::ToHost => sys::cuMemcpyDtoHAsync_v2(h as *mut _, dev, op.len, stream).result()?,
+                        Dir::ToDevice => {
+                            sys::cuMemcpyHtoDAsync_v2(dev, h as *const _, op.len, stream)
+                                .result()?
+                        }
+                        Dir::ToHost => {
+                            sys::cuMemcpyDtoHAsync_v2(h as *mut _, dev, op.len, stream).result()?
+                        }
                     }
                 }
                 d.stats.calls += 1;
@@ -892,7 +1094,12 @@ unsafe fn issue(d: &mut Device, copies: &[CopyOp], dir: Dir, slot_len: usize, ho
 
 /// The first mismatch of the payload `ranges` against pattern (`seed`,
 /// `seq`), `bytes(r)` giving each range's bytes; the count covers all.
-fn verify_ranges<'a>(ranges: &[Range<usize>], seed: u64, seq: u64, bytes: impl Fn(&Range<usize>) -> &'a [u8]) -> Option<Mismatch> {
+fn verify_ranges<'a>(
+    ranges: &[Range<usize>],
+    seed: u64,
+    seq: u64,
+    bytes: impl Fn(&Range<usize>) -> &'a [u8],
+) -> Option<Mismatch> {
     let mut first: Option<Mismatch> = None;
     let mut count = 0;
     for r in ranges {
@@ -919,7 +1126,12 @@ fn verify_at(bytes: &[u8], start: u64, seed: u64, seq: u64) -> Option<Mismatch> 
     }
     let count = bytes.iter().zip(&expect).filter(|(a, b)| a != b).count() as u64;
     let i = bytes.iter().zip(&expect).position(|(a, b)| a != b)?;
-    Some(Mismatch { offset: start + i as u64, expected: expect[i], actual: bytes[i], count })
+    Some(Mismatch {
+        offset: start + i as u64,
+        expected: expect[i],
+        actual: bytes[i],
+        count,
+    })
 }
 
 #[cfg(test)]
@@ -936,7 +1148,10 @@ mod tests {
         assert_eq!(r.header(1).unwrap(), 42);
         assert_eq!(r.verify(1, 5, 42, &[0..4096]).unwrap(), None);
         assert_eq!(r.verify(1, 5, 42, &[1024..2048, 4000..4096]).unwrap(), None);
-        assert!(r.verify(1, 5, 41, &[0..64]).unwrap().is_some(), "stale sequence must fail");
+        assert!(
+            r.verify(1, 5, 41, &[0..64]).unwrap().is_some(),
+            "stale sequence must fail"
+        );
         let m = r.verify(0, 5, 42, &[4088..4096]).unwrap().unwrap();
         assert_eq!((m.offset, m.count > 0), (4088, true));
         assert_eq!(r.descs().descs.len(), 3);
@@ -949,14 +1164,41 @@ mod tests {
         let mut r = SlotRing::host(2, 4096);
         r.fill(0, 5, 10, &[0..4096]).unwrap();
         r.fill(1, 5, 13, &[0..4096]).unwrap();
-        let jobs = vec![SlotJob { slot: 0, seq: 10, ranges: vec![0..4096] }, SlotJob { slot: 1, seq: 11, ranges: vec![0..4096] }];
+        let jobs = vec![
+            SlotJob {
+                slot: 0,
+                seq: 10,
+                ranges: vec![0..4096],
+            },
+            SlotJob {
+                slot: 1,
+                seq: 11,
+                ranges: vec![0..4096],
+            },
+        ];
         r.queue_checks(jobs).unwrap();
         assert_eq!(r.queued_checks(), 2);
         let c = r.check_queued(5).unwrap();
         assert_eq!(r.queued_checks(), 0);
-        assert_eq!(c[0], SlotCheck { slot: 0, seq: 10, header: 10, mismatch: None });
+        assert_eq!(
+            c[0],
+            SlotCheck {
+                slot: 0,
+                seq: 10,
+                header: 10,
+                mismatch: None
+            }
+        );
         // A later sequence in the header: reported as found, payload not checked.
-        assert_eq!(c[1], SlotCheck { slot: 1, seq: 11, header: 13, mismatch: None });
+        assert_eq!(
+            c[1],
+            SlotCheck {
+                slot: 1,
+                seq: 11,
+                header: 13,
+                mismatch: None
+            }
+        );
         assert!(r.copy_stats().is_none());
     }
 
@@ -965,7 +1207,10 @@ mod tests {
         assert_eq!(spans(&[0..4096]), vec![(0, 4104)]);
         assert_eq!(spans(&[]), vec![(0, 8)]);
         assert_eq!(spans(&[8192..12288, 0..4096, 4096..8192]), vec![(0, 12296)]);
-        assert_eq!(spans(&[4096..8192, 100..100, 16384..20000]), vec![(0, 8), (4104, 4096), (16392, 3616)]);
+        assert_eq!(
+            spans(&[4096..8192, 100..100, 16384..20000]),
+            vec![(0, 8), (4104, 4096), (16392, 3616)]
+        );
         assert_eq!(spans(&[0..64, 32..128]), vec![(0, 136)]);
     }
 
@@ -973,26 +1218,69 @@ mod tests {
     fn plans_coalesce_identical_pieces_of_consecutive_slots() {
         let same = |slot| (slot, vec![(0, 4104), (65544, 4096)]);
         // Slots 6, 7, then the ring wraps to 0, 1.
-        let batch = vec![same(6), same(7), same(0), (1, vec![(0, 4104), (8200, 4096), (65544, 4096)])];
+        let batch = vec![
+            same(6),
+            same(7),
+            same(0),
+            (1, vec![(0, 4104), (8200, 4096), (65544, 4096)]),
+        ];
         let p = plan(&batch, 100, true);
-        let shape: Vec<_> = p.copies.iter().map(|c| (c.first_slot, c.at, c.rows)).collect();
-        assert_eq!(shape, vec![(6, 0, 2), (6, 65544, 2), (0, 0, 2), (0, 65544, 2), (1, 8200, 1)]);
+        let shape: Vec<_> = p
+            .copies
+            .iter()
+            .map(|c| (c.first_slot, c.at, c.rows))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (6, 0, 2),
+                (6, 65544, 2),
+                (0, 0, 2),
+                (0, 65544, 2),
+                (1, 8200, 1)
+            ]
+        );
         assert_eq!(p.end, 100 + 4 * 4104 + 4 * 4096 + 4096);
         assert_eq!(p.copies[0].staging, 100);
-        assert_eq!(p.pieces[1][0], Piece { at: 0, len: 4104, staging: 100 + 4104 });
-        assert_eq!(p.pieces[1][1], Piece { at: 65544, len: 4096, staging: 100 + 2 * 4104 + 4096 });
+        assert_eq!(
+            p.pieces[1][0],
+            Piece {
+                at: 0,
+                len: 4104,
+                staging: 100 + 4104
+            }
+        );
+        assert_eq!(
+            p.pieces[1][1],
+            Piece {
+                at: 65544,
+                len: 4096,
+                staging: 100 + 2 * 4104 + 4096
+            }
+        );
         let flat = plan(&batch, 0, false);
         assert!(flat.copies.iter().all(|c| c.rows == 1));
         assert_eq!(flat.copies.len(), 9);
         assert_eq!(flat.end, p.end - 100);
         // Staging pieces never overlap.
-        let mut all: Vec<_> = p.pieces.iter().flatten().map(|x| (x.staging, x.staging + x.len)).collect();
+        let mut all: Vec<_> = p
+            .pieces
+            .iter()
+            .flatten()
+            .map(|x| (x.staging, x.staging + x.len))
+            .collect();
         all.sort_unstable();
         assert!(all.windows(2).all(|w| w[0].1 <= w[1].0));
     }
 
     /// What the driver does with a plan, done with memcpy on host memory.
-    fn emulate(copies: &[CopyOp], dir: Dir, region: &mut [u8], slot_len: usize, staging: &mut [u8]) {
+    fn emulate(
+        copies: &[CopyOp],
+        dir: Dir,
+        region: &mut [u8],
+        slot_len: usize,
+        staging: &mut [u8],
+    ) {
         for op in copies {
             for r in 0..op.rows {
                 let d = (op.first_slot + r) * slot_len + op.at;
@@ -1028,8 +1316,13 @@ mod tests {
             let mut image = reference.host_bytes().to_vec();
             for first in [0u64, 3, 8, 16] {
                 // A batch: consecutive sequences, distinct slots, wrapping.
-                let jobs: Vec<SlotJob> =
-                    (first..first + n as u64).map(|seq| SlotJob { slot: seq as usize % n, seq, ranges: sample(payload, seq) }).collect();
+                let jobs: Vec<SlotJob> = (first..first + n as u64)
+                    .map(|seq| SlotJob {
+                        slot: seq as usize % n,
+                        seq,
+                        ranges: sample(payload, seq),
+                    })
+                    .collect();
                 for j in &jobs {
                     reference.fill(j.slot, seed, j.seq, &j.ranges).unwrap();
                 }
@@ -1040,7 +1333,10 @@ mod tests {
                     stage_fill(&mut staging, pieces, j, seed);
                 }
                 emulate(&p.copies, Dir::ToDevice, &mut image, slot_len, &mut staging);
-                assert!(image == reference.host_bytes(), "staged fill differs (first {first}, coalesce {coalesce})");
+                assert!(
+                    image == reference.host_bytes(),
+                    "staged fill differs (first {first}, coalesce {coalesce})"
+                );
                 if coalesce {
                     assert!(p.copies.len() < spans.iter().map(|s| s.1.len()).sum::<usize>());
                 }
@@ -1062,13 +1358,25 @@ mod tests {
                 let p = plan(&spans, 77, coalesce);
                 let mut staging = vec![0u8; p.end];
                 emulate(&p.copies, Dir::ToHost, &mut image, slot_len, &mut staging);
-                let staged: Vec<SlotCheck> = jobs.iter().zip(&p.pieces).map(|(j, pieces)| check_staged(&staging, pieces, j, seed)).collect();
+                let staged: Vec<SlotCheck> = jobs
+                    .iter()
+                    .zip(&p.pieces)
+                    .map(|(j, pieces)| check_staged(&staging, pieces, j, seed))
+                    .collect();
                 damaged.queue_checks(jobs.clone()).unwrap();
                 let in_place = damaged.check_queued(seed).unwrap();
                 assert_eq!(staged, in_place);
-                assert!(staged[1].mismatch.is_some_and(|m| m.count == 1), "{:?}", staged[1]);
+                assert!(
+                    staged[1].mismatch.is_some_and(|m| m.count == 1),
+                    "{:?}",
+                    staged[1]
+                );
                 assert_eq!(staged[3].header, jobs[3].seq + n as u64);
-                assert!(staged.iter().enumerate().all(|(i, c)| i == 1 || i == 3 || (c.header == c.seq && c.mismatch.is_none())));
+                assert!(
+                    staged.iter().enumerate().all(|(i, c)| i == 1
+                        || i == 3
+                        || (c.header == c.seq && c.mismatch.is_none()))
+                );
 
                 // Undo the damage for the next round.
                 image[byte] ^= 0x40;

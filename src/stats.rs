@@ -58,7 +58,13 @@ impl Summary {
     /// Parses [`Summary::encode`]'s words out of `text` (other words ignored).
     pub fn decode(text: &str, prefix: &str) -> Option<Self> {
         let get = |k: &str| -> Option<f64> {
-            text.split_whitespace().find_map(|w| w.strip_prefix(prefix)?.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+            text.split_whitespace().find_map(|w| {
+                w.strip_prefix(prefix)?
+                    .strip_prefix(k)?
+                    .strip_prefix('=')?
+                    .parse()
+                    .ok()
+            })
         };
         Some(Self {
             n: get("n")? as usize,
@@ -79,7 +85,10 @@ mod tests {
     fn nearest_rank_percentiles() {
         let v: Vec<f64> = (1..=100).map(|x| x as f64).collect();
         let s = Summary::of(&v);
-        assert_eq!((s.min_ns, s.p50_ns, s.p99_ns, s.max_ns), (1.0, 50.0, 99.0, 100.0));
+        assert_eq!(
+            (s.min_ns, s.p50_ns, s.p99_ns, s.max_ns),
+            (1.0, 50.0, 99.0, 100.0)
+        );
         assert_eq!(s.avg_ns, 50.5);
         let one = Summary::of(&[7.0]);
         assert_eq!((one.p50_ns, one.p99_ns), (7.0, 7.0));

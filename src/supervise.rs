@@ -49,8 +49,10 @@ pub struct RoleExit {
 pub fn supervise(children: Vec<(&str, Child)>, deadline: Duration) -> Vec<RoleExit> {
     let start = Instant::now();
     let mut failed_at: Option<Instant> = None;
-    let mut slots: Vec<(String, Child, Option<RoleExit>)> =
-        children.into_iter().map(|(n, c)| (n.to_string(), c, None)).collect();
+    let mut slots: Vec<(String, Child, Option<RoleExit>)> = children
+        .into_iter()
+        .map(|(n, c)| (n.to_string(), c, None))
+        .collect();
     while slots.iter().any(|s| s.2.is_none()) {
         for (name, child, done) in slots.iter_mut().filter(|s| s.2.is_none()) {
             let code = match child.try_wait() {
@@ -62,14 +64,22 @@ pub fn supervise(children: Vec<(&str, Child)>, deadline: Duration) -> Vec<RoleEx
             if code != 0 && failed_at.is_none() {
                 failed_at = Some(Instant::now());
             }
-            *done = Some(RoleExit { name: name.clone(), code, killed: false });
+            *done = Some(RoleExit {
+                name: name.clone(),
+                code,
+                killed: false,
+            });
         }
         let give_up = start.elapsed() > deadline || failed_at.is_some_and(|t| t.elapsed() > GRACE);
         if give_up {
             for (name, child, done) in slots.iter_mut().filter(|s| s.2.is_none()) {
                 let _ = child.kill();
                 let _ = child.wait();
-                *done = Some(RoleExit { name: name.clone(), code: 128 + 9, killed: true });
+                *done = Some(RoleExit {
+                    name: name.clone(),
+                    code: 128 + 9,
+                    killed: true,
+                });
             }
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -107,7 +117,11 @@ pub fn summary(exits: &[RoleExit]) -> String {
             if let Some(first) = name.get_mut(0..1) {
                 first.make_ascii_uppercase();
             }
-            format!("{name}: {}{}", e.code, if e.killed { " (killed)" } else { "" })
+            format!(
+                "{name}: {}{}",
+                e.code,
+                if e.killed { " (killed)" } else { "" }
+            )
         })
         .collect::<Vec<_>>()
         .join(", ")

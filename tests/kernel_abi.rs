@@ -10,22 +10,39 @@ use nixl_examples::gpu::kernels::{KernelReport, MemViewElem, WaitParams, WritePa
 #[test]
 fn mem_view_elem_is_nixls_24_byte_struct() {
     assert_eq!(size_of::<MemViewElem>(), 24);
-    assert_eq!((offset_of!(MemViewElem, mvh), offset_of!(MemViewElem, index), offset_of!(MemViewElem, offset)), (0, 8, 16));
+    assert_eq!(
+        (
+            offset_of!(MemViewElem, mvh),
+            offset_of!(MemViewElem, index),
+            offset_of!(MemViewElem, offset)
+        ),
+        (0, 8, 16)
+    );
 }
 
 #[test]
 fn rust_and_cuda_assert_the_same_layout() {
-    let cu = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/kernels.cu")).unwrap();
+    let cu =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/kernels.cu")).unwrap();
     for needle in [
         "sizeof(nixlMemViewElem) == 24".to_string(),
         "offsetof(nixlMemViewElem, index) == 8".to_string(),
         "offsetof(nixlMemViewElem, offset) == 16".to_string(),
         format!("sizeof(KernelReport) == {}", size_of::<KernelReport>()),
         format!("sizeof(WriteParams) == {}", size_of::<WriteParams>()),
-        format!("offsetof(WriteParams, ack) == {}", offset_of!(WriteParams, ack)),
-        format!("offsetof(WriteParams, warmup) == {}", offset_of!(WriteParams, warmup)),
+        format!(
+            "offsetof(WriteParams, ack) == {}",
+            offset_of!(WriteParams, ack)
+        ),
+        format!(
+            "offsetof(WriteParams, warmup) == {}",
+            offset_of!(WriteParams, warmup)
+        ),
         format!("sizeof(WaitParams) == {}", size_of::<WaitParams>()),
     ] {
-        assert!(cu.contains(&format!("static_assert({needle}")), "cuda/kernels.cu lacks static_assert({needle}, ...)");
+        assert!(
+            cu.contains(&format!("static_assert({needle}")),
+            "cuda/kernels.cu lacks static_assert({needle}, ...)"
+        );
     }
 }

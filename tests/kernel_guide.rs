@@ -22,7 +22,9 @@ fn sources() -> String {
 
 #[test]
 fn every_snippet_is_the_code() {
-    let guide = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("KERNEL_GUIDE.md")).unwrap();
+    let guide =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("KERNEL_GUIDE.md"))
+            .unwrap();
     let code = sources();
     let mut checked = 0;
     let mut lines = guide.lines();
@@ -31,9 +33,15 @@ fn every_snippet_is_the_code() {
         if lang != "cuda" && lang != "rust" {
             continue;
         }
-        let block: Vec<&str> = lines.by_ref().take_while(|l| !l.trim_start().starts_with("```")).collect();
+        let block: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.trim_start().starts_with("```"))
+            .collect();
         let text = block.join("\n");
-        assert!(code.contains(&text), "KERNEL_GUIDE.md snippet is not in the sources:\n{text}");
+        assert!(
+            code.contains(&text),
+            "KERNEL_GUIDE.md snippet is not in the sources:\n{text}"
+        );
         checked += 1;
     }
     assert!(checked >= 5, "only {checked} snippets found");

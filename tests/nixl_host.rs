@@ -26,8 +26,23 @@ fn write_with_notification_between_two_agents() {
     assert_eq!(a.agent.load_remote_md(&md_b).unwrap(), "host_test_b");
     wait_remote_md(&a.agent, "host_test_b", Duration::from_secs(5)).unwrap();
 
-    let local = DescList::new(MemType::Dram, vec![Desc { addr: src.addr(), len: 4096, dev_id: 0 }]);
-    let remote_bytes = DescList::new(MemType::Dram, vec![Desc { addr: dst.addr(), len: 4096, dev_id: 0 }]).encode();
+    let local = DescList::new(
+        MemType::Dram,
+        vec![Desc {
+            addr: src.addr(),
+            len: 4096,
+            dev_id: 0,
+        }],
+    );
+    let remote_bytes = DescList::new(
+        MemType::Dram,
+        vec![Desc {
+            addr: dst.addr(),
+            len: 4096,
+            dev_id: 0,
+        }],
+    )
+    .encode();
     let remote = DescList::decode(&remote_bytes).unwrap();
 
     let mut opt = OptArgs::new().unwrap();
@@ -35,12 +50,21 @@ fn write_with_notification_between_two_agents() {
     opt.set_has_notification(true).unwrap();
     let req = a
         .agent
-        .create_xfer_req(XferOp::Write, &local.to_xfer_dlist().unwrap(), &remote.to_xfer_dlist().unwrap(), "host_test_b", Some(&opt))
+        .create_xfer_req(
+            XferOp::Write,
+            &local.to_xfer_dlist().unwrap(),
+            &remote.to_xfer_dlist().unwrap(),
+            "host_test_b",
+            Some(&opt),
+        )
         .unwrap();
     a.agent.post_xfer_req(&req, None).unwrap();
     let start = Instant::now();
     while a.agent.get_xfer_status(&req).unwrap() != XferStatus::Success {
-        assert!(start.elapsed() < Duration::from_secs(10), "transfer did not complete");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "transfer did not complete"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 

@@ -34,37 +34,107 @@ fn every_notification_arrives_over_our_tcpstore() {
 
 #[test]
 fn every_notification_arrives_over_nixls_tcpstore_client() {
-    assert_complete(&run("notifications", &["--port", "0", "--timeout", "20", "--metadata", "nixl-tcpstore"]));
+    assert_complete(&run(
+        "notifications",
+        &[
+            "--port",
+            "0",
+            "--timeout",
+            "20",
+            "--metadata",
+            "nixl-tcpstore",
+        ],
+    ));
 }
 
 #[test]
 fn every_notification_arrives_over_nixls_etcd_exchange() {
     let etcd = EtcdServer::start();
-    let o = run("notifications", &["--timeout", "20", "--metadata", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+    let o = run(
+        "notifications",
+        &[
+            "--timeout",
+            "20",
+            "--metadata",
+            "etcd",
+            "--etcd-endpoints",
+            &etcd.endpoint,
+        ],
+    );
     assert_complete(&o);
     assert_eq!(etcd.nixl_keys(), Vec::<String>::new());
 }
 
 #[test]
 fn many_messages_and_large_slots() {
-    let o = run("notifications", &["--port", "0", "--timeout", "20", "--messages", "500", "--transfers", "16", "--buf-size", "1048576"]);
+    let o = run(
+        "notifications",
+        &[
+            "--port",
+            "0",
+            "--timeout",
+            "20",
+            "--messages",
+            "500",
+            "--transfers",
+            "16",
+            "--buf-size",
+            "1048576",
+        ],
+    );
     assert!(o.status.success(), "{}", both(&o));
-    assert!(stdout(&o).contains("Prefix match \"MSG:\": 500/500 arrived"), "{}", both(&o));
-    assert!(stdout(&o).contains("Attached to WRITEs: 16/16"), "{}", both(&o));
+    assert!(
+        stdout(&o).contains("Prefix match \"MSG:\": 500/500 arrived"),
+        "{}",
+        both(&o)
+    );
+    assert!(
+        stdout(&o).contains("Attached to WRITEs: 16/16"),
+        "{}",
+        both(&o)
+    );
 }
 
 #[test]
 fn missing_notifications_are_named_and_fail_the_run() {
     let store = store_server();
     let port = store.port().to_string();
-    let target = spawn("notifications", &["--role", "target", "--port", &port, "--timeout", "3", "--messages", "10"]);
-    let initiator = spawn("notifications", &["--role", "initiator", "--port", &port, "--timeout", "3", "--messages", "7"]);
+    let target = spawn(
+        "notifications",
+        &[
+            "--role",
+            "target",
+            "--port",
+            &port,
+            "--timeout",
+            "3",
+            "--messages",
+            "10",
+        ],
+    );
+    let initiator = spawn(
+        "notifications",
+        &[
+            "--role",
+            "initiator",
+            "--port",
+            &port,
+            "--timeout",
+            "3",
+            "--messages",
+            "7",
+        ],
+    );
     let start = Instant::now();
     let t = target.wait_output(Duration::from_secs(20));
     let i = initiator.wait_output(Duration::from_secs(20));
     assert!(start.elapsed() < Duration::from_secs(15));
     assert_eq!(t.status.code(), Some(1), "{}", both(&t));
-    assert!(stderr(&t).contains("missing 3 of 10: MSG:7, MSG:8, MSG:9"), "{}", both(&t));
+    assert!(
+        stderr(&t).contains("missing 3 of 10: MSG:7, MSG:8, MSG:9"),
+        "{}",
+        both(&t)
+    );
     // The initiator never gets its acknowledgement.
     assert_eq!(i.status.code(), Some(1), "{}", both(&i));
     assert!(stderr(&i).contains("ACK:alone"), "{}", both(&i));

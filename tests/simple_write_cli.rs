@@ -5,7 +5,10 @@
 use std::process::{Command, Output};
 
 fn simple_write(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_simple_write")).args(args).output().expect("running simple_write")
+    Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .args(args)
+        .output()
+        .expect("running simple_write")
 }
 
 fn stderr(o: &Output) -> String {
@@ -17,7 +20,20 @@ fn help_documents_the_options() {
     let o = simple_write(&["--help"]);
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout);
-    for opt in ["--mode", "--size", "--level", "--iters", "--warmup", "--gpu", "--host", "--port", "--timeout", "--blocks", "--threads", "--json"] {
+    for opt in [
+        "--mode",
+        "--size",
+        "--level",
+        "--iters",
+        "--warmup",
+        "--gpu",
+        "--host",
+        "--port",
+        "--timeout",
+        "--blocks",
+        "--threads",
+        "--json",
+    ] {
         assert!(text.contains(opt), "--help lacks {opt}");
     }
 }
@@ -35,17 +51,33 @@ fn bad_arguments_exit_2_with_a_reason() {
         (&["--timeout", "abc"][..], "seconds"),
         (&["--threads", "2048"][..], "threads"),
         (&["--blocks", "0"][..], "blocks"),
-        (&["--threads", "48", "--level", "warp"][..], "multiple of 32"),
-        (&["--threads", "16", "--level", "block"][..], "multiple of 32"),
+        (
+            &["--threads", "48", "--level", "warp"][..],
+            "multiple of 32",
+        ),
+        (
+            &["--threads", "16", "--level", "block"][..],
+            "multiple of 32",
+        ),
         (&["--pingpong", "--blocks", "4"][..], "one block"),
-        (&["--min-size", "1M", "--max-size", "8"][..], "larger than --max-size"),
+        (
+            &["--min-size", "1M", "--max-size", "8"][..],
+            "larger than --max-size",
+        ),
         (&["--size", "1G", "--level", "thread"][..], "thread level"),
-        (&["--size", "8", "--min-size", "8"][..], "cannot be used with"),
+        (
+            &["--size", "8", "--min-size", "8"][..],
+            "cannot be used with",
+        ),
         (&["--step-factor", "1", "-b", "8"][..], "step-factor"),
     ] {
         let o = simple_write(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains(needle), "{args:?}: stderr lacks {needle:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(needle),
+            "{args:?}: stderr lacks {needle:?}: {}",
+            stderr(&o)
+        );
     }
 }
 
@@ -63,15 +95,25 @@ fn a_machine_that_cannot_run_it_says_why_and_exits_1() {
         let o = simple_write(&["--mode", mode, "--port", "1", "--timeout", "60"]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{err}");
-        assert!(start.elapsed().as_secs() < 20, "took {:?}: it waited on the network", start.elapsed());
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "took {:?}: it waited on the network",
+            start.elapsed()
+        );
         assert!(err.contains("cannot run simple_write"), "{err}");
         if !has_driver {
             assert!(err.contains("no NVIDIA driver"), "{err}");
-            assert!(err.contains("two_proc"), "the message should point at the host-API example: {err}");
+            assert!(
+                err.contains("two_proc"),
+                "the message should point at the host-API example: {err}"
+            );
         }
         if !has_kernels {
             assert!(err.contains("built without the device kernels"), "{err}");
-            assert!(err.contains("NIXL_PREFIX") || err.contains("nvcc") || err.contains("UCX"), "names no fix: {err}");
+            assert!(
+                err.contains("NIXL_PREFIX") || err.contains("nvcc") || err.contains("UCX"),
+                "names no fix: {err}"
+            );
         }
     }
 }
@@ -83,7 +125,11 @@ fn a_busy_port_is_a_usage_error_before_anything_else() {
     let o = simple_write(&["--mode", "initiator", "--port", &port]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("already in use"), "{}", stderr(&o));
-    assert!(stderr(&o).contains("For more information, try '--help'."), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("For more information, try '--help'."),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -111,7 +157,11 @@ fn ucx_tls_without_cuda_ipc_is_named() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("UCX_TLS=^cuda_ipc leaves out cuda_ipc"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("UCX_TLS=^cuda_ipc leaves out cuda_ipc"),
+        "{}",
+        stderr(&o)
+    );
     let o = Command::new(env!("CARGO_BIN_EXE_simple_write"))
         .args(["--port", "1"])
         .env("UCX_TLS", "tcp,cuda_copy")
@@ -121,7 +171,12 @@ fn ucx_tls_without_cuda_ipc_is_named() {
 }
 
 fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string()
 }
 
 /// The store exchange between two real processes of the real binary: the
@@ -131,12 +186,28 @@ fn free_port() -> String {
 fn two_processes_meet_through_the_store_without_a_gpu() {
     let port = free_port();
     let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
-        .args(["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "20"])
+        .args([
+            "--mode",
+            "initiator",
+            "--check-connection",
+            "--port",
+            &port,
+            "--timeout",
+            "20",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t = simple_write(&["--mode", "target", "--check-connection", "--port", &port, "--timeout", "20"]);
+    let t = simple_write(&[
+        "--mode",
+        "target",
+        "--check-connection",
+        "--port",
+        &port,
+        "--timeout",
+        "20",
+    ]);
     let i = init.wait_with_output().unwrap();
     assert!(t.status.success(), "target: {}", stderr(&t));
     assert!(i.status.success(), "initiator: {}", stderr(&i));
@@ -148,9 +219,21 @@ fn two_processes_meet_through_the_store_without_a_gpu() {
 fn a_target_without_initiator_names_the_address_and_the_fix() {
     let port = free_port();
     let start = std::time::Instant::now();
-    let o = simple_write(&["--mode", "target", "--check-connection", "--port", &port, "--timeout", "2"]);
+    let o = simple_write(&[
+        "--mode",
+        "target",
+        "--check-connection",
+        "--port",
+        &port,
+        "--timeout",
+        "2",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains(&format!("no initiator at 127.0.0.1:{port} after 2s")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("no initiator at 127.0.0.1:{port} after 2s")),
+        "{}",
+        stderr(&o)
+    );
     assert!(stderr(&o).contains("--mode initiator"), "{}", stderr(&o));
     assert!(start.elapsed().as_secs() < 15);
 }
@@ -158,16 +241,36 @@ fn a_target_without_initiator_names_the_address_and_the_fix() {
 #[test]
 fn an_initiator_without_target_says_the_target_did_not_join() {
     let port = free_port();
-    let o = simple_write(&["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "2"]);
+    let o = simple_write(&[
+        "--mode",
+        "initiator",
+        "--check-connection",
+        "--port",
+        &port,
+        "--timeout",
+        "2",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains("the target did not join the store"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the target did not join the store"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn sigint_while_waiting_for_the_peer_exits_130_promptly() {
     let port = free_port();
     let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
-        .args(["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "30"])
+        .args([
+            "--mode",
+            "initiator",
+            "--check-connection",
+            "--port",
+            &port,
+            "--timeout",
+            "30",
+        ])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -182,7 +285,10 @@ fn sigint_while_waiting_for_the_peer_exits_130_promptly() {
     assert!(start.elapsed().as_secs() < 5, "took {:?}", start.elapsed());
     // Before resources exist the default action (termination by SIGINT) is right.
     use std::os::unix::process::ExitStatusExt;
-    assert!(status.signal() == Some(2) || status.code() == Some(130), "{status:?}");
+    assert!(
+        status.signal() == Some(2) || status.code() == Some(130),
+        "{status:?}"
+    );
 }
 
 unsafe extern "C" {
@@ -197,7 +303,15 @@ fn interrupting_a_joined_run_unwinds_tells_the_peer_and_exits_128_plus_signal() 
     for (sig, code) in [(2, 130), (15, 143)] {
         let port = free_port();
         let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
-            .args(["--mode", "initiator", "--check-connection", "--port", &port, "--timeout", "30"])
+            .args([
+                "--mode",
+                "initiator",
+                "--check-connection",
+                "--port",
+                &port,
+                "--timeout",
+                "30",
+            ])
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -212,18 +326,28 @@ fn interrupting_a_joined_run_unwinds_tells_the_peer_and_exits_128_plus_signal() 
             timeout: std::time::Duration::from_secs(10),
         })
         .unwrap();
-        peer.wait(&["NIXL_2PROC/initiator_meta"], std::time::Duration::from_secs(10)).unwrap();
+        peer.wait(
+            &["NIXL_2PROC/initiator_meta"],
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
         // SAFETY: kill(2) with a pid we spawned.
         unsafe { kill(init.id() as i32, sig) };
         // The initiator hosts the store, so its abort message and its exit
         // race: a peer sees either the message or the store closing.
-        let abort = peer.wait(&["NIXL_2PROC/abort"], std::time::Duration::from_secs(5)).and_then(|_| peer.get("NIXL_2PROC/abort"));
+        let abort = peer
+            .wait(&["NIXL_2PROC/abort"], std::time::Duration::from_secs(5))
+            .and_then(|_| peer.get("NIXL_2PROC/abort"));
         let out = init.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "signal {sig}: {err}");
         assert!(err.contains("interrupted by"), "{err}");
         match abort {
-            Ok(msg) => assert!(String::from_utf8_lossy(&msg).contains("interrupted"), "{}", String::from_utf8_lossy(&msg)),
+            Ok(msg) => assert!(
+                String::from_utf8_lossy(&msg).contains("interrupted"),
+                "{}",
+                String::from_utf8_lossy(&msg)
+            ),
             Err(e) => assert!(e.to_string().contains("lost the connection"), "{e}"),
         }
     }

@@ -11,12 +11,19 @@ fn example(name: &str) -> PathBuf {
     p.pop();
     p.push("examples");
     p.push(name);
-    assert!(p.exists(), "{} not built (cargo test builds examples)", p.display());
+    assert!(
+        p.exists(),
+        "{} not built (cargo test builds examples)",
+        p.display()
+    );
     p
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(example("two_proc")).args(args).output().expect("running two_proc")
+    Command::new(example("two_proc"))
+        .args(args)
+        .output()
+        .expect("running two_proc")
 }
 
 fn lines(o: &Output) -> String {
@@ -27,7 +34,11 @@ fn lines(o: &Output) -> String {
 fn read_then_prepared_write_both_verify() {
     let o = run(&["--port", "0", "--timeout", "20"]);
     let out = lines(&o);
-    assert!(o.status.success(), "stdout:\n{out}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "stdout:\n{out}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     for line in [
         "[target] Memory registered",
         "[target] Published metadata and xfer descriptors to TCP server",
@@ -45,22 +56,54 @@ fn read_then_prepared_write_both_verify() {
 #[test]
 fn larger_buffers_verify_too() {
     let o = run(&["--port", "0", "--buf-size", "1048576", "--seed", "99"]);
-    assert!(o.status.success(), "{}\n{}", lines(&o), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        lines(&o),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[cfg(feature = "libtorch")]
 #[test]
 fn runs_over_torchs_own_tcpstore() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let o = run(&["--store", "libtorch", "--port", &port.to_string(), "--timeout", "20"]);
-    assert!(o.status.success(), "{}\n{}", lines(&o), String::from_utf8_lossy(&o.stderr));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = run(&[
+        "--store",
+        "libtorch",
+        "--port",
+        &port.to_string(),
+        "--timeout",
+        "20",
+    ]);
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        lines(&o),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
 fn a_role_without_a_store_fails_fast_and_names_it() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let start = std::time::Instant::now();
-    let o = run(&["--role", "initiator", "--port", &port.to_string(), "--timeout", "2"]);
+    let o = run(&[
+        "--role",
+        "initiator",
+        "--port",
+        &port.to_string(),
+        "--timeout",
+        "2",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(start.elapsed().as_secs() < 15);
@@ -82,12 +125,30 @@ fn different_buffer_sizes_are_refused_clearly() {
     .unwrap();
     let port = server.port().to_string();
     let mut target = Command::new(example("two_proc"))
-        .args(["--role", "target", "--port", &port, "--timeout", "5", "--buf-size", "256"])
+        .args([
+            "--role",
+            "target",
+            "--port",
+            &port,
+            "--timeout",
+            "5",
+            "--buf-size",
+            "256",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let o = run(&["--role", "initiator", "--port", &port, "--timeout", "5", "--buf-size", "512"]);
+    let o = run(&[
+        "--role",
+        "initiator",
+        "--port",
+        &port,
+        "--timeout",
+        "5",
+        "--buf-size",
+        "512",
+    ]);
     let _ = target.kill();
     let _ = target.wait();
     let err = String::from_utf8_lossy(&o.stderr);

@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{EXIT_USAGE, UsageError, check_port_free, fmt_bytes, parse_bytes, print_usage_error};
+use nixl_examples::cli::{
+    EXIT_USAGE, UsageError, check_port_free, fmt_bytes, parse_bytes, print_usage_error,
+};
 use nixl_examples::gpu::Gpu;
-use nixl_examples::interrupt;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
+use nixl_examples::interrupt;
 use nixl_examples::nixl::runtime;
 use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
 use nixl_examples::roles::plan::{RoundSpec, size_sweep};
@@ -54,11 +56,14 @@ enum StoreKind {
 /// Results go to stdout; progress and diagnostics to stderr. Exit status:
 /// 0 success, 1 failure, 2 bad arguments, 3 data mismatch.
 #[derive(Parser, Debug)]
-#[command(version, after_help = "Examples:\n  \
+#[command(
+    version,
+    after_help = "Examples:\n  \
     simple_write --mode initiator & simple_write --mode target\n  \
     simple_write -m initiator --size 64M --level block --blocks 132 & simple_write -m target\n\n\
     In containers set UCX_POSIX_USE_PROC_LINK=n, and give both processes a shared PID and IPC namespace \
-    (CUDA IPC); scripts/run_simple_write.sh does the first for you.")]
+    (CUDA IPC); scripts/run_simple_write.sh does the first for you."
+)]
 struct Args {
     /// Which side this process plays. Start the initiator first.
     #[arg(short, long, value_enum, default_value_t = Mode::Initiator)]
@@ -165,7 +170,9 @@ struct Args {
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
     if !(v > 0.0 && v <= 86_400.0) {
         return Err("timeout must be between 0 and 86400 seconds".into());
     }
@@ -187,7 +194,9 @@ fn main() -> ExitCode {
             }
             // Whatever the error chain says, an interrupted run exits 130/143.
             if let Some(sig) = interrupt::received() {
-                eprintln!("[{tag}] {sig}: released memory views, deregistered memory, deleted store keys");
+                eprintln!(
+                    "[{tag}] {sig}: released memory views, deregistered memory, deleted store keys"
+                );
                 return ExitCode::from(sig.exit_code() as u8);
             }
             if let Some(m) = e.downcast_ref::<DataMismatch>() {
@@ -203,7 +212,11 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<()> {
     let timeout = Duration::from_secs_f64(args.timeout);
     // Arguments that cannot work, whatever the machine (exit 2).
-    let rounds = if args.mode == Mode::Initiator { Some(rounds(&args)?) } else { None };
+    let rounds = if args.mode == Mode::Initiator {
+        Some(rounds(&args)?)
+    } else {
+        None
+    };
     if args.mode == Mode::Initiator {
         check_port_free(args.port)?;
     }
@@ -230,25 +243,42 @@ fn run(args: Args) -> Result<()> {
         problems.push(why);
     }
     if !problems.is_empty() {
-        anyhow::bail!("this machine cannot run simple_write:\n  - {}", problems.join("\n  - "));
+        anyhow::bail!(
+            "this machine cannot run simple_write:\n  - {}",
+            problems.join("\n  - ")
+        );
     }
     let gpu = match (args.mode, args.gpu) {
         (_, Some(g)) => g,
         (Mode::Initiator, None) => 0,
         (Mode::Target, None) if gpus >= 2 => 1,
         (Mode::Target, None) => {
-            eprintln!("[target] note: one GPU visible, so both processes use GPU 0 (writes stay on one device)");
+            eprintln!(
+                "[target] note: one GPU visible, so both processes use GPU 0 (writes stay on one device)"
+            );
             0
         }
     };
     if gpu >= gpus {
-        return Err(UsageError(format!("--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0..{gpus}")).into());
+        return Err(UsageError(format!(
+            "--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0..{gpus}"
+        ))
+        .into());
     }
     if let Some(rounds) = &rounds {
         check_fits(gpu, rounds, !args.no_baselines)?;
     }
     let rt = runtime::load()?;
-    eprintln!("[{}] NIXL from {} ({})", if args.mode == Mode::Initiator { "initiator" } else { "target" }, rt.lib_dir.display(), rt.found_by);
+    eprintln!(
+        "[{}] NIXL from {} ({})",
+        if args.mode == Mode::Initiator {
+            "initiator"
+        } else {
+            "target"
+        },
+        rt.lib_dir.display(),
+        rt.found_by
+    );
 
     let (backend, opts) = store_config(&args, timeout);
 
@@ -256,7 +286,10 @@ fn run(args: Args) -> Result<()> {
         Mode::Initiator => {
             let rounds = rounds.unwrap_or_default();
             say!("[initiator] Starting...");
-            eprintln!("[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join", args.port);
+            eprintln!(
+                "[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join",
+                args.port
+            );
             let store = open_store(&args, backend, &opts, timeout)?;
             interrupt::install()?;
             let cfg = initiator::InitiatorConfig {
@@ -284,7 +317,15 @@ fn run(args: Args) -> Result<()> {
             say!("[target] Starting...");
             let store = open_store(&args, backend, &opts, timeout)?;
             interrupt::install()?;
-            target::run(&target::TargetConfig { gpu, expected_size: args.size, timeout, wait: args.wait }, store.as_ref())?;
+            target::run(
+                &target::TargetConfig {
+                    gpu,
+                    expected_size: args.size,
+                    timeout,
+                    wait: args.wait,
+                },
+                store.as_ref(),
+            )?;
         }
     }
     Ok(())
@@ -318,7 +359,12 @@ fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
 
 /// Opens (initiator: hosts) the store, turning its errors into the
 /// messages a user of this tool needs.
-fn open_store(args: &Args, backend: StoreBackend, opts: &StoreOptions, timeout: Duration) -> Result<Box<dyn store::Store>> {
+fn open_store(
+    args: &Args,
+    backend: StoreBackend,
+    opts: &StoreOptions,
+    timeout: Duration,
+) -> Result<Box<dyn store::Store>> {
     store::open(backend, opts).map_err(|e| match (args.mode, e) {
         (Mode::Initiator, e @ StoreError::Bind { .. }) => anyhow::Error::new(UsageError(e.to_string())),
         (Mode::Initiator, StoreError::WorkersTimeout { .. }) => anyhow::anyhow!(
@@ -341,7 +387,9 @@ fn open_store(args: &Args, backend: StoreBackend, opts: &StoreOptions, timeout: 
 /// buffer and a copy destination.
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
-    let need = max.saturating_mul(2 + 2 * baselines as u64).saturating_add(64 << 20);
+    let need = max
+        .saturating_mul(2 + 2 * baselines as u64)
+        .saturating_add(64 << 20);
     let free = Gpu::open(gpu)?.free_memory()? as u64;
     if need > free {
         return Err(UsageError(format!(
@@ -372,7 +420,9 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         }
     }
     if args.pingpong && args.blocks.is_some_and(|b| b > 1) {
-        return Err(usage("--pingpong times one group's round trips: it runs one block, so drop --blocks".into()));
+        return Err(usage(
+            "--pingpong times one group's round trips: it runs one block, so drop --blocks".into(),
+        ));
     }
     let sizes = match (args.size, args.min_size, args.max_size) {
         (Some(s), _, _) => vec![s],
@@ -380,7 +430,9 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         (None, b, e) => {
             let (b, e) = (b.unwrap_or(8), e.unwrap_or(64 << 20));
             if b > e {
-                return Err(usage(format!("--min-size {b} is larger than --max-size {e}")));
+                return Err(usage(format!(
+                    "--min-size {b} is larger than --max-size {e}"
+                )));
             }
             size_sweep(b, e, args.step_factor)
         }
@@ -401,8 +453,16 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
     }
     eprintln!(
         "[initiator] plan: sizes {}, levels {}{}",
-        sizes.iter().map(|&s| fmt_bytes(s)).collect::<Vec<_>>().join(" "),
-        args.level.iter().map(|l| l.name()).collect::<Vec<_>>().join(","),
+        sizes
+            .iter()
+            .map(|&s| fmt_bytes(s))
+            .collect::<Vec<_>>()
+            .join(" "),
+        args.level
+            .iter()
+            .map(|l| l.name())
+            .collect::<Vec<_>>()
+            .join(","),
         if args.pingpong { ", ping-pong" } else { "" }
     );
     Ok(sizes
@@ -425,9 +485,19 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
 /// support between GPUs of one machine (UCX then reports "lane not found").
 fn ucx_tls_excludes_cuda_ipc() -> Option<String> {
     let tls = std::env::var("UCX_TLS").ok()?;
-    let list: Vec<&str> = tls.trim_start_matches('^').split(',').map(str::trim).collect();
-    let names_it = list.iter().any(|t| matches!(*t, "cuda_ipc" | "cuda" | "all"));
-    let excluded = if tls.starts_with('^') { names_it } else { !names_it };
+    let list: Vec<&str> = tls
+        .trim_start_matches('^')
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let names_it = list
+        .iter()
+        .any(|t| matches!(*t, "cuda_ipc" | "cuda" | "all"));
+    let excluded = if tls.starts_with('^') {
+        names_it
+    } else {
+        !names_it
+    };
     excluded.then(|| {
         format!(
             "UCX_TLS={tls} leaves out cuda_ipc, the transport NIXL's device API uses between GPUs of one machine \
@@ -438,6 +508,9 @@ fn ucx_tls_excludes_cuda_ipc() -> Option<String> {
 
 /// A fresh seed per run: time and pid.
 fn seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     t ^ ((std::process::id() as u64) << 32)
 }

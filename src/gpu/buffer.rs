@@ -28,7 +28,11 @@ impl DeviceBuffer {
         ctx.bind_to_thread()?;
         // SAFETY: context is current; the allocation is freed exactly once in Drop.
         let ptr = unsafe { result::malloc_sync(len)? };
-        let buf = Self { ptr, len, ctx: ctx.clone() };
+        let buf = Self {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+        };
         // SAFETY: ptr is valid for len bytes.
         unsafe { result::memset_d8_sync(ptr, 0, len)? };
         Ok(buf)
@@ -90,7 +94,13 @@ impl Drop for DeviceBuffer {
 
 impl std::fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBuffer(GPU {}, {:#x}, {} B)", self.ordinal(), self.ptr, self.len)
+        write!(
+            f,
+            "DeviceBuffer(GPU {}, {:#x}, {} B)",
+            self.ordinal(),
+            self.ptr,
+            self.len
+        )
     }
 }
 

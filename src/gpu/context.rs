@@ -7,14 +7,25 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 /// Why a GPU could not be used. Messages name the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("no NVIDIA driver on this machine (libcuda.so not loadable): run on a machine with a GPU, or try the host-API example `cargo run --example two_proc`")]
+    #[error(
+        "no NVIDIA driver on this machine (libcuda.so not loadable): run on a machine with a GPU, or try the host-API example `cargo run --example two_proc`"
+    )]
     NoDriver,
-    #[error("the NVIDIA driver found no GPU ({0}): run on a machine with a GPU, or try the host-API example `cargo run --example two_proc`")]
+    #[error(
+        "the NVIDIA driver found no GPU ({0}): run on a machine with a GPU, or try the host-API example `cargo run --example two_proc`"
+    )]
     NoDevice(String),
-    #[error("GPU {index} does not exist: this machine has {count} GPU(s), numbered 0..{count}; pick one with --gpu")]
+    #[error(
+        "GPU {index} does not exist: this machine has {count} GPU(s), numbered 0..{count}; pick one with --gpu"
+    )]
     BadIndex { index: usize, count: usize },
     #[error("CUDA error on GPU {gpu} during {what}: {source}")]
-    Driver { gpu: usize, what: &'static str, #[source] source: DriverError },
+    Driver {
+        gpu: usize,
+        what: &'static str,
+        #[source]
+        source: DriverError,
+    },
 }
 
 /// Whether `libcuda.so` can be loaded at all.
@@ -55,22 +66,43 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Self, GpuError> {
         let count = device_count()?;
         if ordinal >= count {
-            return Err(GpuError::BadIndex { index: ordinal, count });
+            return Err(GpuError::BadIndex {
+                index: ordinal,
+                count,
+            });
         }
-        let drv = |what| move |source| GpuError::Driver { gpu: ordinal, what, source };
+        let drv = |what| {
+            move |source| GpuError::Driver {
+                gpu: ordinal,
+                what,
+                source,
+            }
+        };
         let ctx = CudaContext::new(ordinal).map_err(drv("creating the context"))?;
         let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
         let name = ctx.name().map_err(drv("reading the device name"))?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("reading the SM count"))? as u32;
-        Ok(Self { ctx, stream, ordinal, name, sm_count })
+        Ok(Self {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            sm_count,
+        })
     }
 
     /// Makes this GPU's context current on the calling thread (each thread
     /// that touches CUDA or NIXL memory views needs it).
     pub fn bind(&self) -> Result<(), GpuError> {
-        self.ctx.bind_to_thread().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "binding the context", source })
+        self.ctx
+            .bind_to_thread()
+            .map_err(|source| GpuError::Driver {
+                gpu: self.ordinal,
+                what: "binding the context",
+                source,
+            })
     }
 
     /// Free device memory in bytes.
@@ -78,18 +110,36 @@ impl Gpu {
         self.ctx
             .mem_get_info()
             .map(|(free, _)| free)
-            .map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "querying free memory", source })
+            .map_err(|source| GpuError::Driver {
+                gpu: self.ordinal,
+                what: "querying free memory",
+                source,
+            })
     }
 
     /// How reports name this GPU.
     pub fn info(&self) -> Result<crate::report::GpuInfo, GpuError> {
-        let uuid = self.ctx.uuid().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "reading the UUID", source })?;
-        Ok(crate::report::GpuInfo { ordinal: self.ordinal, name: self.name.clone(), uuid: crate::roles::baseline::uuid_string(&uuid) })
+        let uuid = self.ctx.uuid().map_err(|source| GpuError::Driver {
+            gpu: self.ordinal,
+            what: "reading the UUID",
+            source,
+        })?;
+        Ok(crate::report::GpuInfo {
+            ordinal: self.ordinal,
+            name: self.name.clone(),
+            uuid: crate::roles::baseline::uuid_string(&uuid),
+        })
     }
 
     /// Waits for all work queued on this role's stream.
     pub fn sync(&self) -> Result<(), GpuError> {
-        self.stream.synchronize().map_err(|source| GpuError::Driver { gpu: self.ordinal, what: "synchronizing the stream", source })
+        self.stream
+            .synchronize()
+            .map_err(|source| GpuError::Driver {
+                gpu: self.ordinal,
+                what: "synchronizing the stream",
+                source,
+            })
     }
 }
 

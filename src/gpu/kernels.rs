@@ -5,7 +5,10 @@
 use std::mem::{offset_of, size_of};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
 
 /// Which group of threads makes one collective `nixlPut` / `nixlAtomicAdd`
 /// call (`nixl_gpu_level_t`). GRID exists in the header but is a silent
@@ -61,7 +64,8 @@ impl Level {
 impl std::str::FromStr for Level {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        <Level as clap::ValueEnum>::from_str(s, true).map_err(|_| format!("unknown level '{s}' (thread, warp, block)"))
+        <Level as clap::ValueEnum>::from_str(s, true)
+            .map_err(|_| format!("unknown level '{s}' (thread, warp, block)"))
     }
 }
 
@@ -89,7 +93,11 @@ pub struct MemViewElem {
 impl MemViewElem {
     /// Element `index` of `view`, at offset 0.
     pub fn new(view: &nixl_sys::MemView, index: u64) -> Self {
-        Self { mvh: view.as_ptr() as u64, index, offset: 0 }
+        Self {
+            mvh: view.as_ptr() as u64,
+            index,
+            offset: 0,
+        }
     }
 }
 
@@ -273,7 +281,11 @@ pub enum KernelsError {
     #[error("this binary was built without the device kernels: {0}; then rebuild (cargo build)")]
     NotBuilt(&'static str),
     #[error("loading the kernels into GPU {gpu}: {source}")]
-    Load { gpu: usize, #[source] source: DriverError },
+    Load {
+        gpu: usize,
+        #[source]
+        source: DriverError,
+    },
 }
 
 /// The fatbin built from cuda/kernels.cu, or why there is none.
@@ -302,8 +314,13 @@ impl Kernels {
     /// Loads the embedded fatbin into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, KernelsError> {
         let image = FATBIN.map_err(KernelsError::NotBuilt)?;
-        let err = |source| KernelsError::Load { gpu: ctx.ordinal(), source };
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec())).map_err(err)?;
+        let err = |source| KernelsError::Load {
+            gpu: ctx.ordinal(),
+            source,
+        };
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
+            .map_err(err)?;
         let f = |name: &str| module.load_function(name).map_err(err);
         Ok(Self {
             thread: f(Level::Thread.kernel())?,
@@ -328,8 +345,15 @@ impl Kernels {
     /// GPU with `sm_count` SMs. The write kernel's blocks wait on each
     /// other (through the target's acknowledgement), so a grid larger than
     /// this would deadlock until the timeout.
-    pub fn max_resident_blocks(&self, level: Level, threads: u32, sm_count: u32) -> Result<u32, DriverError> {
-        let per_sm = self.write_fn(level).occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+    pub fn max_resident_blocks(
+        &self,
+        level: Level,
+        threads: u32,
+        sm_count: u32,
+    ) -> Result<u32, DriverError> {
+        let per_sm = self
+            .write_fn(level)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
         Ok(per_sm * sm_count)
     }
 
@@ -346,7 +370,11 @@ impl Kernels {
         threads: u32,
         p: &WriteParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = stream.launch_builder(self.write_fn(level));
         b.arg(p);
         unsafe { b.launch(cfg) }.map(|_| ())
@@ -356,8 +384,16 @@ impl Kernels {
     ///
     /// # Safety
     /// As for [`Kernels::launch_write`].
-    pub unsafe fn launch_wait(&self, stream: &CudaStream, p: &WaitParams) -> Result<(), DriverError> {
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    pub unsafe fn launch_wait(
+        &self,
+        stream: &CudaStream,
+        p: &WaitParams,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = stream.launch_builder(&self.wait);
         b.arg(p);
         unsafe { b.launch(cfg) }.map(|_| ())
@@ -370,8 +406,18 @@ impl Kernels {
     ///
     /// # Safety
     /// `report` and `word` must be device addresses valid until it runs.
-    pub unsafe fn launch_stamp(&self, stream: &CudaStream, report: u64, word: u64, which: u32) -> Result<(), DriverError> {
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    pub unsafe fn launch_stamp(
+        &self,
+        stream: &CudaStream,
+        report: u64,
+        word: u64,
+        which: u32,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = stream.launch_builder(&self.stamp);
         b.arg(&report).arg(&word).arg(&which);
         unsafe { b.launch(cfg) }.map(|_| ())
@@ -382,8 +428,19 @@ impl Kernels {
     ///
     /// # Safety
     /// As for [`Kernels::launch_stamp`]; `ack` must name a live memory view.
-    pub unsafe fn launch_ack(&self, stream: &CudaStream, ack: &MemViewElem, report: u64, signal: u64, which: u32) -> Result<(), DriverError> {
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    pub unsafe fn launch_ack(
+        &self,
+        stream: &CudaStream,
+        ack: &MemViewElem,
+        report: u64,
+        signal: u64,
+        which: u32,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = stream.launch_builder(&self.ack);
         b.arg(ack).arg(&report).arg(&signal).arg(&which);
         unsafe { b.launch(cfg) }.map(|_| ())
@@ -397,7 +454,11 @@ impl Kernels {
 ///
 /// # Safety
 /// `addr` must be valid device memory until the wait completes.
-pub unsafe fn wait_value_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<(), DriverError> {
+pub unsafe fn wait_value_geq(
+    stream: &CudaStream,
+    addr: u64,
+    value: u64,
+) -> Result<(), DriverError> {
     unsafe {
         cudarc::driver::sys::cuStreamWaitValue64_v2(
             stream.cu_stream(),

@@ -59,7 +59,10 @@ pub fn run_watched(
     let mut released = false;
     let mut last_probe = Instant::now();
     loop {
-        if end.try_is_complete().context("the kernel failed (a CUDA error; see above)")? {
+        if end
+            .try_is_complete()
+            .context("the kernel failed (a CUDA error; see above)")?
+        {
             break;
         }
         if !released && began.elapsed() > deadline {
@@ -92,7 +95,11 @@ pub fn run_watched(
         bail!("{reason}");
     }
     let event_us = start.elapsed_ms(&end)? as f64 * 1e3;
-    Ok(Finished { report, event_us, released })
+    Ok(Finished {
+        report,
+        event_us,
+        released,
+    })
 }
 
 /// Raises the kernels' cancel flag and releases stream waits on `word`,

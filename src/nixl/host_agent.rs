@@ -23,5 +23,12 @@ use super::agent::{UcxAgent, create_ucx_agent_with};
 /// calls: a caller waiting for a transfer or a notification must keep
 /// calling `get_xfer_status` / `get_notifications`.
 pub fn create_polled_agent(name: &str) -> Result<UcxAgent> {
-    create_ucx_agent_with(name, &AgentConfig { enable_prog_thread: false, enable_listen_thread: false, ..Default::default() })
+    create_ucx_agent_with(
+        name,
+        &AgentConfig {
+            enable_prog_thread: false,
+            enable_listen_thread: false,
+            ..Default::default()
+        },
+    )
 }

@@ -25,7 +25,8 @@ impl HostBuffer {
         let layout = std::alloc::Layout::from_size_align(len, PAGE).expect("buffer size overflows");
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         Self { ptr, len }
     }
 

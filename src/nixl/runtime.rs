@@ -36,7 +36,9 @@ pub enum NixlLoadError {
         .searched.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n")
     )]
     NotFound { searched: Vec<String> },
-    #[error("found {path} but could not load it: {reason}. Its dependencies (libnixl.so, UCX) must sit beside it as in the wheel or install")]
+    #[error(
+        "found {path} but could not load it: {reason}. Its dependencies (libnixl.so, UCX) must sit beside it as in the wheel or install"
+    )]
     LoadFailed { path: PathBuf, reason: String },
 }
 
@@ -67,7 +69,10 @@ fn load_uncached() -> Result<NixlRuntime, NixlLoadError> {
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
         )
     }
-    .map_err(|e| NixlLoadError::LoadFailed { path: path.clone(), reason: e.to_string() })?;
+    .map_err(|e| NixlLoadError::LoadFailed {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
     // Keep it loaded for the life of the process: nixl-sys holds raw pointers into it.
     std::mem::forget(lib);
 
@@ -80,7 +85,11 @@ fn load_uncached() -> Result<NixlRuntime, NixlLoadError> {
             dir
         }
     };
-    Ok(NixlRuntime { lib_dir, plugin_dir, found_by })
+    Ok(NixlRuntime {
+        lib_dir,
+        plugin_dir,
+        found_by,
+    })
 }
 
 fn has_capi(dir: &Path) -> bool {
@@ -106,7 +115,12 @@ fn find(searched: &mut Vec<String>) -> Option<(PathBuf, String)> {
     }
 
     let prefix = std::env::var("NIXL_PREFIX").unwrap_or_else(|_| "/opt/nvidia/nvda_nixl".into());
-    for sub in ["lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "lib"] {
+    for sub in [
+        "lib/x86_64-linux-gnu",
+        "lib/aarch64-linux-gnu",
+        "lib64",
+        "lib",
+    ] {
         if let found @ Some(_) = try_dir(Path::new(&prefix).join(sub), "NIXL_PREFIX", searched) {
             return found;
         }
@@ -121,7 +135,10 @@ fn find(searched: &mut Vec<String>) -> Option<(PathBuf, String)> {
                 }
             }
         }
-        searched.push(format!("{} (project venv: nixl-cu13/nixl-cu12 wheel)", venv.display()));
+        searched.push(format!(
+            "{} (project venv: nixl-cu13/nixl-cu12 wheel)",
+            venv.display()
+        ));
     }
 
     match python_site_libs() {
@@ -145,7 +162,9 @@ fn project_venvs() -> Vec<PathBuf> {
 }
 
 fn site_packages(venv: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(venv.join("lib")) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(venv.join("lib")) else {
+        return Vec::new();
+    };
     entries
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("site-packages"))
@@ -172,25 +191,42 @@ impl NixlRuntime {
     /// beside the libraries), e.g. `nixl-cu13 1.5.1`.
     pub fn nixl_version(&self) -> Option<String> {
         let site = self.lib_dir.parent()?;
-        std::fs::read_dir(site).ok()?.filter_map(|e| e.ok()).find_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let stem = name.strip_suffix(".dist-info")?;
-            let (pkg, ver) = stem.split_once('-')?;
-            pkg.starts_with("nixl").then(|| format!("{} {ver}", pkg.replace('_', "-")))
-        })
+        std::fs::read_dir(site)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let stem = name.strip_suffix(".dist-info")?;
+                let (pkg, ver) = stem.split_once('-')?;
+                pkg.starts_with("nixl")
+                    .then(|| format!("{} {ver}", pkg.replace('_', "-")))
+            })
     }
 
     /// The version string of the UCX that NIXL's UCX plugin loads
     /// (`ucp_get_version_string`), found beside the libraries.
     pub fn ucx_version(&self) -> Option<String> {
-        let dirs = [self.lib_dir.clone(), self.lib_dir.parent()?.join("nixl_cu13.libs"), self.lib_dir.parent()?.join("nixl_cu12.libs")];
-        let lib = dirs.iter().filter_map(|d| std::fs::read_dir(d).ok()).flatten().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libucp") && n.contains(".so"))
-        })?;
+        let dirs = [
+            self.lib_dir.clone(),
+            self.lib_dir.parent()?.join("nixl_cu13.libs"),
+            self.lib_dir.parent()?.join("nixl_cu12.libs"),
+        ];
+        let lib = dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libucp") && n.contains(".so"))
+            })?;
         // SAFETY: loading the same UCX the plugin loads; we call one getter.
         unsafe {
             let lib = libloading::Library::new(&lib).ok()?;
-            let f: libloading::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> = lib.get(b"ucp_get_version_string").ok()?;
+            let f: libloading::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> =
+                lib.get(b"ucp_get_version_string").ok()?;
             let s = std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned();
             std::mem::forget(lib);
             Some(s)

@@ -84,11 +84,19 @@ pub enum SerdesError {
     #[error("not a nixlSerDes buffer (missing the \"nixlSerDes|\" header)")]
     BadHeader,
     #[error("truncated: field {field:?} needs {need} more bytes, {have} left")]
-    Truncated { field: &'static str, need: u64, have: usize },
+    Truncated {
+        field: &'static str,
+        need: u64,
+        have: usize,
+    },
     #[error("expected field tag {expected:?}")]
     BadTag { expected: &'static str },
     #[error("field {field:?} has length {len}, expected {expected}")]
-    BadLength { field: &'static str, len: u64, expected: u64 },
+    BadLength {
+        field: &'static str,
+        len: u64,
+        expected: u64,
+    },
     #[error("field {field:?} is not terminated by '|'")]
     MissingSeparator { field: &'static str },
     #[error("list kind {0:?} is not a transfer descriptor list (nixlBDList)")]
@@ -139,7 +147,9 @@ impl DescList {
         r.buf = &r.buf[HEADER.len()..];
         let kind = r.field("nixlDList")?;
         if kind != b"nixlBDList" {
-            return Err(SerdesError::UnsupportedKind(String::from_utf8_lossy(kind).into_owned()));
+            return Err(SerdesError::UnsupportedKind(
+                String::from_utf8_lossy(kind).into_owned(),
+            ));
         }
         let t = r.fixed::<4>("t")?;
         let raw_type = u32::from_le_bytes(t);
@@ -148,19 +158,30 @@ impl DescList {
         let mut descs = Vec::new();
         if count > 0 {
             // Check before multiplying or allocating: count comes from the wire.
-            let expected = count.checked_mul(DESC_BYTES).ok_or(SerdesError::BadLength {
-                field: "",
-                len: u64::MAX,
-                expected: u64::MAX,
-            })?;
+            let expected = count
+                .checked_mul(DESC_BYTES)
+                .ok_or(SerdesError::BadLength {
+                    field: "",
+                    len: u64::MAX,
+                    expected: u64::MAX,
+                })?;
             let payload = r.field("")?;
             if payload.len() as u64 != expected {
-                return Err(SerdesError::BadLength { field: "", len: payload.len() as u64, expected });
+                return Err(SerdesError::BadLength {
+                    field: "",
+                    len: payload.len() as u64,
+                    expected,
+                });
             }
             descs.reserve(count as usize);
             for chunk in payload.chunks_exact(24) {
-                let word = |i: usize| u64::from_le_bytes(chunk[i * 8..i * 8 + 8].try_into().unwrap());
-                descs.push(Desc { addr: word(0), len: word(1), dev_id: word(2) });
+                let word =
+                    |i: usize| u64::from_le_bytes(chunk[i * 8..i * 8 + 8].try_into().unwrap());
+                descs.push(Desc {
+                    addr: word(0),
+                    len: word(1),
+                    dev_id: word(2),
+                });
             }
         }
         if !r.buf.is_empty() {
@@ -180,7 +201,10 @@ impl DescList {
 
     /// The same list as an `nixl_sys::RemoteDescList` whose every buffer is
     /// owned by `agent`, for preparing a remote memory view.
-    pub fn to_remote_dlist(&self, agent: &str) -> Result<nixl_sys::RemoteDescList, nixl_sys::NixlError> {
+    pub fn to_remote_dlist(
+        &self,
+        agent: &str,
+    ) -> Result<nixl_sys::RemoteDescList, nixl_sys::NixlError> {
         let mut list = nixl_sys::RemoteDescList::new(self.mem_type.into())?;
         for d in &self.descs {
             list.add_desc(&nixl_sys::RemoteDescriptor {
@@ -208,7 +232,11 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, field: &'static str, n: u64) -> Result<&'a [u8], SerdesError> {
         if (self.buf.len() as u64) < n {
-            return Err(SerdesError::Truncated { field, need: n, have: self.buf.len() });
+            return Err(SerdesError::Truncated {
+                field,
+                need: n,
+                have: self.buf.len(),
+            });
         }
         let (head, tail) = self.buf.split_at(n as usize);
         self.buf = tail;
@@ -222,7 +250,11 @@ impl<'a> Reader<'a> {
         self.buf = &self.buf[tag.len()..];
         let len = u64::from_le_bytes(self.take(tag, 8)?.try_into().unwrap());
         let payload = self.take(tag, len)?;
-        if self.take(tag, 1).map_err(|_| SerdesError::MissingSeparator { field: tag })? != b"|" {
+        if self
+            .take(tag, 1)
+            .map_err(|_| SerdesError::MissingSeparator { field: tag })?
+            != b"|"
+        {
             return Err(SerdesError::MissingSeparator { field: tag });
         }
         Ok(payload)
@@ -230,9 +262,11 @@ impl<'a> Reader<'a> {
 
     fn fixed<const N: usize>(&mut self, tag: &'static str) -> Result<[u8; N], SerdesError> {
         let payload = self.field(tag)?;
-        payload
-            .try_into()
-            .map_err(|_| SerdesError::BadLength { field: tag, len: payload.len() as u64, expected: N as u64 })
+        payload.try_into().map_err(|_| SerdesError::BadLength {
+            field: tag,
+            len: payload.len() as u64,
+            expected: N as u64,
+        })
     }
 }
 
@@ -242,7 +276,14 @@ mod tests {
 
     #[test]
     fn one_vram_descriptor_is_104_bytes() {
-        let l = DescList::new(MemType::Vram, vec![Desc { addr: 0x1000, len: 256, dev_id: 0 }]);
+        let l = DescList::new(
+            MemType::Vram,
+            vec![Desc {
+                addr: 0x1000,
+                len: 256,
+                dev_id: 0,
+            }],
+        );
         let b = l.encode();
         assert_eq!(b.len(), 104);
         assert_eq!(DescList::decode(&b).unwrap(), l);
@@ -257,10 +298,23 @@ mod tests {
 
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
-        let l = DescList::new(MemType::Vram, vec![Desc { addr: 1, len: 2, dev_id: 3 }; 3]);
+        let l = DescList::new(
+            MemType::Vram,
+            vec![
+                Desc {
+                    addr: 1,
+                    len: 2,
+                    dev_id: 3
+                };
+                3
+            ],
+        );
         let b = l.encode();
         for cut in 0..b.len() {
-            assert!(DescList::decode(&b[..cut]).is_err(), "prefix of {cut} bytes decoded");
+            assert!(
+                DescList::decode(&b[..cut]).is_err(),
+                "prefix of {cut} bytes decoded"
+            );
         }
     }
 

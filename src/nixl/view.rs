@@ -43,7 +43,12 @@ pub unsafe fn prep_local(agent: &Agent, backend: &Backend, descs: &DescList) -> 
 ///
 /// # Safety
 /// The peer's buffers must stay registered until the view drops.
-pub unsafe fn prep_remote(agent: &Agent, backend: &Backend, descs: &DescList, remote_agent: &str) -> Result<MemView> {
+pub unsafe fn prep_remote(
+    agent: &Agent,
+    backend: &Backend,
+    descs: &DescList,
+    remote_agent: &str,
+) -> Result<MemView> {
     let list = descs.to_remote_dlist(remote_agent)?;
     let opt = backend_hint(backend)?;
     unsafe { agent.prep_mem_view_remote(&list, Some(&opt)) }.map_err(|e| {
@@ -57,10 +62,19 @@ pub unsafe fn prep_remote(agent: &Agent, backend: &Backend, descs: &DescList, re
 }
 
 /// Loads a peer's metadata blob (from `getLocalMD`) and waits until it is usable.
-pub fn load_peer(agent: &Agent, metadata: &[u8], expected_name: &str, timeout: Duration) -> Result<()> {
-    let name = agent.load_remote_md(metadata).context("loading the peer's agent metadata")?;
+pub fn load_peer(
+    agent: &Agent,
+    metadata: &[u8],
+    expected_name: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let name = agent
+        .load_remote_md(metadata)
+        .context("loading the peer's agent metadata")?;
     if name != expected_name {
-        bail!("the store holds metadata of agent '{name}', expected '{expected_name}': another pair of processes is using this port");
+        bail!(
+            "the store holds metadata of agent '{name}', expected '{expected_name}': another pair of processes is using this port"
+        );
     }
     super::agent::wait_remote_md(agent, &name, timeout)
 }

@@ -18,9 +18,16 @@ pub fn notif_args(tag: &[u8]) -> Result<OptArgs> {
 
 /// Posts `req` and polls it to completion, for at most `timeout`.
 /// Errors name the transfer (`what`) and whether it failed or timed out.
-pub fn post_and_wait(agent: &Agent, req: &XferRequest, what: &str, timeout: Duration) -> Result<Duration> {
+pub fn post_and_wait(
+    agent: &Agent,
+    req: &XferRequest,
+    what: &str,
+    timeout: Duration,
+) -> Result<Duration> {
     let start = Instant::now();
-    let in_progress = agent.post_xfer_req(req, None).map_err(|e| anyhow::anyhow!("posting {what} failed: {e}"))?;
+    let in_progress = agent
+        .post_xfer_req(req, None)
+        .map_err(|e| anyhow::anyhow!("posting {what} failed: {e}"))?;
     if in_progress {
         loop {
             match agent.get_xfer_status(req) {
@@ -59,7 +66,10 @@ impl NotifInbox {
         // only clear a map by converting its messages to UTF-8 strings.
         let mut map = NotificationMap::new()?;
         agent.get_notifications(&mut map, None)?;
-        let agents: Vec<String> = map.agents().filter_map(|a| a.ok().map(str::to_string)).collect();
+        let agents: Vec<String> = map
+            .agents()
+            .filter_map(|a| a.ok().map(str::to_string))
+            .collect();
         let mut count = 0;
         for a in agents {
             let n = map.get_notifications_size(&a)?;
@@ -80,10 +90,21 @@ impl NotifInbox {
     }
 
     /// Waits until a notification equal to `tag` arrives from `from`.
-    pub fn wait_for(&mut self, agent: &Agent, from: &str, tag: &[u8], timeout: Duration) -> Result<()> {
-        self.wait_matching(agent, from, |m| m == tag, timeout).map(|_| ()).map_err(|e| {
-            e.context(format!("waiting for notification {:?} from {from}", String::from_utf8_lossy(tag)))
-        })
+    pub fn wait_for(
+        &mut self,
+        agent: &Agent,
+        from: &str,
+        tag: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.wait_matching(agent, from, |m| m == tag, timeout)
+            .map(|_| ())
+            .map_err(|e| {
+                e.context(format!(
+                    "waiting for notification {:?} from {from}",
+                    String::from_utf8_lossy(tag)
+                ))
+            })
     }
 
     /// Waits until a notification from `from` satisfies `matches` (e.g. a

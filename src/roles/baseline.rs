@@ -43,7 +43,10 @@ impl Baselines {
 /// Where copy-engine baselines copy to.
 enum Destination {
     /// Another GPU of this process: its context and a buffer there.
-    Peer { ctx: Arc<CudaContext>, buf: DeviceBuffer },
+    Peer {
+        ctx: Arc<CudaContext>,
+        buf: DeviceBuffer,
+    },
     /// The initiator's own GPU (both processes share it).
     Local(DeviceBuffer),
 }
@@ -68,26 +71,47 @@ impl BaselineRig {
         let dest = if target_gpu == gpu.ordinal {
             Destination::Local(DeviceBuffer::zeroed(&gpu.ctx, size)?)
         } else {
-            let peer = CudaContext::new(target_gpu).context("opening a context on the target's GPU for the copy-engine baseline")?;
+            let peer = CudaContext::new(target_gpu)
+                .context("opening a context on the target's GPU for the copy-engine baseline")?;
             let buf = DeviceBuffer::zeroed(&peer, size)?;
             enable_peer_access(&gpu.ctx, &peer)?;
             enable_peer_access(&peer, &gpu.ctx)?;
             gpu.bind()?;
             Destination::Peer { ctx: peer, buf }
         };
-        Ok(Self { scratch, dest, dest_gpu: target_gpu })
+        Ok(Self {
+            scratch,
+            dest,
+            dest_gpu: target_gpu,
+        })
     }
 
     /// Copy-engine rate for `size` bytes from `src`, GB/s.
-    pub fn copy_engine(&self, gpu: &Gpu, src: &DeviceBuffer, size: usize, iters: u32) -> Result<f64> {
+    pub fn copy_engine(
+        &self,
+        gpu: &Gpu,
+        src: &DeviceBuffer,
+        size: usize,
+        iters: u32,
+    ) -> Result<f64> {
         gpu.bind()?;
         let s = gpu.stream.cu_stream();
         let copy = || -> Result<()> {
             // SAFETY: both buffers hold at least `size` bytes and outlive the sync below.
             unsafe {
                 match &self.dest {
-                    Destination::Peer { ctx, buf } => sys::cuMemcpyPeerAsync(buf.addr(), ctx.cu_ctx(), src.addr(), gpu.ctx.cu_ctx(), size, s).result()?,
-                    Destination::Local(buf) => result::memcpy_dtod_async(buf.addr(), src.addr(), size, s)?,
+                    Destination::Peer { ctx, buf } => sys::cuMemcpyPeerAsync(
+                        buf.addr(),
+                        ctx.cu_ctx(),
+                        src.addr(),
+                        gpu.ctx.cu_ctx(),
+                        size,
+                        s,
+                    )
+                    .result()?,
+                    Destination::Local(buf) => {
+                        result::memcpy_dtod_async(buf.addr(), src.addr(), size, s)?
+                    }
                 }
             }
             Ok(())
@@ -107,15 +131,39 @@ impl BaselineRig {
 
     /// NIXL host-API WRITE rate for `size` bytes into `remote` (the target's
     /// data buffer, owned by agent `target`), GB/s, host timed.
-    pub fn nixl_write(&self, agent: &Agent, remote: &DescList, target: &str, size: usize, iters: u32, timeout: Duration) -> Result<f64> {
+    pub fn nixl_write(
+        &self,
+        agent: &Agent,
+        remote: &DescList,
+        target: &str,
+        size: usize,
+        iters: u32,
+        timeout: Duration,
+    ) -> Result<f64> {
         let local = DescList::new(
             MemType::Vram,
-            vec![Desc { addr: self.scratch.addr(), len: size as u64, dev_id: self.scratch.ordinal() as u64 }],
+            vec![Desc {
+                addr: self.scratch.addr(),
+                len: size as u64,
+                dev_id: self.scratch.ordinal() as u64,
+            }],
         );
         let d = remote.descs[0];
-        let remote = DescList::new(MemType::Vram, vec![Desc { len: size as u64, ..d }]);
+        let remote = DescList::new(
+            MemType::Vram,
+            vec![Desc {
+                len: size as u64,
+                ..d
+            }],
+        );
         let req = agent
-            .create_xfer_req(XferOp::Write, &local.to_xfer_dlist()?, &remote.to_xfer_dlist()?, target, None)
+            .create_xfer_req(
+                XferOp::Write,
+                &local.to_xfer_dlist()?,
+                &remote.to_xfer_dlist()?,
+                target,
+                None,
+            )
             .context("creating the NIXL WRITE baseline request")?;
         let run = |n: u32| -> Result<Duration> {
             let start = Instant::now();
@@ -141,7 +189,9 @@ fn enable_peer_access(from: &Arc<CudaContext>, to: &Arc<CudaContext>) -> Result<
     // SAFETY: both contexts are live; enabling twice is reported, not harmful.
     let r = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };
     match r {
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+            Ok(())
+        }
         other => bail!(
             "cannot enable peer access from GPU {} to GPU {} ({other:?}): the copy-engine baseline would be staged through \
              the host and not comparable",
@@ -168,12 +218,19 @@ pub fn find_gpu(uuid: &str) -> Option<usize> {
     let n = crate::gpu::context::device_count().ok()?;
     // Device handles, not contexts: a context would take memory on every GPU.
     (0..n).find(|&i| {
-        result::device::get(i as i32).ok().and_then(|d| result::device::get_uuid(d).ok()).map(|u| uuid_string(&u)).as_deref()
+        result::device::get(i as i32)
+            .ok()
+            .and_then(|d| result::device::get_uuid(d).ok())
+            .map(|u| uuid_string(&u))
+            .as_deref()
             == Some(uuid)
     })
 }
 
 /// A GPU UUID as lowercase hex.
 pub fn uuid_string(u: &sys::CUuuid) -> String {
-    u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect()
+    u.bytes
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect()
 }

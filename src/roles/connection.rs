@@ -29,7 +29,12 @@ pub fn initiator(store: &dyn Store, timeout: std::time::Duration) -> Result<()> 
         peer.set(keys::INITIATOR_DONE, b"")?;
         peer.get(keys::TARGET_DONE, "completion")?;
         let _ = nixl.agent.invalidate_remote_md(keys::TARGET_NAME);
-        peer.delete(&[keys::INITIATOR_META, keys::INITIATOR_DONE, keys::TARGET_DONE, keys::TARGET_CLAIM]);
+        peer.delete(&[
+            keys::INITIATOR_META,
+            keys::INITIATOR_DONE,
+            keys::TARGET_DONE,
+            keys::TARGET_CLAIM,
+        ]);
         Ok(())
     })
 }

@@ -7,14 +7,16 @@
 //! collective calls made by every lane, per-position data, timing that stops
 //! at the receiver, and a teardown that cannot race the target.
 
-
 use anyhow::{Context, Result, bail};
 
+use super::baseline::{self, BaselineRig, Baselines};
 use super::keys;
 use super::peer::Peer;
 use super::plan::{Round, RoundSpec, RunPlan};
+use crate::cli::fmt_bytes;
 use crate::gpu::kernels::{
-    KernelReport, Kernels, MemViewElem, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
+    KernelReport, Kernels, MemViewElem, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP,
+    WaitMode, WriteParams, wait_value_geq,
 };
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
@@ -22,8 +24,6 @@ use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::serdes::{Desc, DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote};
 use crate::pattern;
-use super::baseline::{self, BaselineRig, Baselines};
-use crate::cli::fmt_bytes;
 use crate::report::{DataMismatch, GpuInfo, Row, RunInfo};
 use crate::say;
 use crate::stats::Summary;
@@ -82,7 +82,13 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
         rounds: cfg
             .rounds
             .iter()
-            .map(|spec| spec.resolve(|level, threads| kernels.max_resident_blocks(level, threads, gpu.sm_count).unwrap_or(1)))
+            .map(|spec| {
+                spec.resolve(|level, threads| {
+                    kernels
+                        .max_resident_blocks(level, threads, gpu.sm_count)
+                        .unwrap_or(1)
+                })
+            })
             .collect(),
     };
     peer.set(keys::RUN_PLAN, &plan.encode())?;
@@ -97,10 +103,17 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
             gpu.ordinal,
             free >> 20,
             need >> 20,
-            if cfg.baselines { " and a baseline scratch buffer" } else { "" }
+            if cfg.baselines {
+                " and a baseline scratch buffer"
+            } else {
+                ""
+            }
         );
     }
-    let sources = [DeviceBuffer::zeroed(&gpu.ctx, size)?, DeviceBuffer::zeroed(&gpu.ctx, size)?];
+    let sources = [
+        DeviceBuffer::zeroed(&gpu.ctx, size)?,
+        DeviceBuffer::zeroed(&gpu.ctx, size)?,
+    ];
     let ack = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
     let report_buf = DeviceBuffer::zeroed(&gpu.ctx, 40)?;
     let mut host = vec![0u8; size];
@@ -112,15 +125,28 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
         src.upload(&gpu.stream, &host)?;
     }
     let first = &plan.rounds[0];
-    pattern::fill(&mut host[..first.size as usize], plan.seed, first.final_variant(0));
-    say!("[initiator] Data checksum: {}", pattern::byte_sum(&host[..first.size as usize]));
+    pattern::fill(
+        &mut host[..first.size as usize],
+        plan.seed,
+        first.final_variant(0),
+    );
+    say!(
+        "[initiator] Data checksum: {}",
+        pattern::byte_sum(&host[..first.size as usize])
+    );
     drop(host);
 
     let nixl = create_ucx_agent(keys::INITIATOR_NAME)?;
     let agent = &nixl.agent;
-    let _reg_src0 = agent.register_memory(&sources[0], None).context("registering source buffer 0 (VRAM)")?;
-    let _reg_src1 = agent.register_memory(&sources[1], None).context("registering source buffer 1 (VRAM)")?;
-    let _reg_ack = agent.register_memory(&ack, None).context("registering the acknowledgement word (VRAM)")?;
+    let _reg_src0 = agent
+        .register_memory(&sources[0], None)
+        .context("registering source buffer 0 (VRAM)")?;
+    let _reg_src1 = agent
+        .register_memory(&sources[1], None)
+        .context("registering source buffer 1 (VRAM)")?;
+    let _reg_ack = agent
+        .register_memory(&ack, None)
+        .context("registering the acknowledgement word (VRAM)")?;
     peer.set(keys::INITIATOR_META, &agent.get_local_md()?)?;
     let ack_descs = DescList::new(MemType::Vram, vec![vram_desc(&ack)]);
     peer.set(keys::INITIATOR_ACK_DESCS, &ack_descs.encode())?;
@@ -130,21 +156,29 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     load_peer(agent, &target_md, keys::TARGET_NAME, timeout)?;
     let data_descs = DescList::decode(&peer.get(keys::TARGET_DATA_DESCS, "data descriptors")?)
         .context("decoding the target's data descriptors")?;
-    let signal_descs = DescList::decode(&peer.get(keys::TARGET_SIGNAL_DESCS, "signal descriptors")?)
-        .context("decoding the target's signal descriptors")?;
+    let signal_descs =
+        DescList::decode(&peer.get(keys::TARGET_SIGNAL_DESCS, "signal descriptors")?)
+            .context("decoding the target's signal descriptors")?;
     check_remote(&data_descs, plan.max_size(), "data")?;
     check_remote(&signal_descs, 8, "signal")?;
-    let target_gpu = String::from_utf8_lossy(&peer.get(keys::TARGET_GPU, "GPU identity")?).into_owned();
+    let target_gpu =
+        String::from_utf8_lossy(&peer.get(keys::TARGET_GPU, "GPU identity")?).into_owned();
     info.target_gpu = parse_gpu(&target_gpu);
     say!("[initiator] Connected to target");
 
     // Baselines need the target's GPU among ours (the same numbering), and
     // our zeroed scratch buffer registered for the NIXL WRITE.
     let rig = if cfg.baselines {
-        match info.target_gpu.as_ref().and_then(|g| baseline::find_gpu(&g.uuid)) {
+        match info
+            .target_gpu
+            .as_ref()
+            .and_then(|g| baseline::find_gpu(&g.uuid))
+        {
             Some(t) => Some(BaselineRig::new(&gpu, t, size)?),
             None => {
-                eprintln!("[initiator] note: the target's GPU is not visible to this process; copy-engine and NIXL baselines skipped");
+                eprintln!(
+                    "[initiator] note: the target's GPU is not visible to this process; copy-engine and NIXL baselines skipped"
+                );
                 None
             }
         }
@@ -153,18 +187,33 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     };
     gpu.bind()?;
     let _reg_scratch = match &rig {
-        Some(r) => Some(agent.register_memory(r.scratch(), None).context("registering the baseline scratch buffer")?),
+        Some(r) => Some(
+            agent
+                .register_memory(r.scratch(), None)
+                .context("registering the baseline scratch buffer")?,
+        ),
         None => None,
     };
     info.same_gpu = info.target_gpu.as_ref().is_some_and(|t| t.uuid == me.uuid);
     let wait = cfg.wait.resolve(info.same_gpu);
     info.initiator_wait = Some(wait.name());
-    eprintln!("[initiator] waiting for acknowledgements with a {} ({})", match wait {
-        WaitMode::Stream => "stream wait (cuStreamWaitValue64)",
-        _ => "spinning kernel",
-    }, if info.same_gpu { "both processes share the GPU" } else { "the processes use different GPUs" });
+    eprintln!(
+        "[initiator] waiting for acknowledgements with a {} ({})",
+        match wait {
+            WaitMode::Stream => "stream wait (cuStreamWaitValue64)",
+            _ => "spinning kernel",
+        },
+        if info.same_gpu {
+            "both processes share the GPU"
+        } else {
+            "the processes use different GPUs"
+        }
+    );
 
-    let local = DescList::new(MemType::Vram, vec![vram_desc(&sources[0]), vram_desc(&sources[1])]);
+    let local = DescList::new(
+        MemType::Vram,
+        vec![vram_desc(&sources[0]), vram_desc(&sources[1])],
+    );
     // SAFETY: the sources stay registered and allocated until after the views drop (explicit drop below).
     let src_view = unsafe { prep_local(agent, &nixl.backend, &local)? };
     // SAFETY: the target keeps its buffers until we set INITIATOR_DONE, after these views drop.
@@ -184,8 +233,20 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
             if baselines_of.map(|(s, _)| s) != Some(round.size) {
                 let n = round.size as usize;
                 let b = Baselines {
-                    copy_engine_gbps: Some(rig.copy_engine(&gpu, &sources[0], n, baseline::ce_iters(round.size))?),
-                    nixl_write_gbps: Some(rig.nixl_write(agent, &data_descs, keys::TARGET_NAME, n, baseline::nixl_iters(round.size), timeout)?),
+                    copy_engine_gbps: Some(rig.copy_engine(
+                        &gpu,
+                        &sources[0],
+                        n,
+                        baseline::ce_iters(round.size),
+                    )?),
+                    nixl_write_gbps: Some(rig.nixl_write(
+                        agent,
+                        &data_descs,
+                        keys::TARGET_NAME,
+                        n,
+                        baseline::nixl_iters(round.size),
+                        timeout,
+                    )?),
                 };
                 eprintln!(
                     "[initiator] baselines for {}: copy engine {:.1} GB/s, NIXL WRITE {:.1} GB/s",
@@ -201,10 +262,22 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
             bail!(
                 "{} blocks of {} threads cannot all be resident on GPU {} (at most {max_blocks}); the blocks wait \
                  on each other, so use --blocks {max_blocks} or fewer",
-                round.blocks, round.threads, gpu.ordinal
+                round.blocks,
+                round.threads,
+                gpu.ordinal
             );
         }
-        let run = RoundRun { gpu: &gpu, kernels: &kernels, round, wait, report: &report_buf, ack: &ack, ack_base, first_iter, timeout };
+        let run = RoundRun {
+            gpu: &gpu,
+            kernels: &kernels,
+            round,
+            wait,
+            report: &report_buf,
+            ack: &ack,
+            ack_base,
+            first_iter,
+            timeout,
+        };
         let base = WriteParams {
             src: MemViewElem::new(&src_view, 0),
             dst: MemViewElem::new(&dst_view, 0),
@@ -218,7 +291,14 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
 
         let verdict = peer.get(&keys::verdict(i), "verdict on the data")?;
         let verdict = String::from_utf8_lossy(&verdict).into_owned();
-        let mut row = Row::new(i, round, r.t_end_ns.saturating_sub(r.t_start_ns), event_us, &verdict, rtt);
+        let mut row = Row::new(
+            i,
+            round,
+            r.t_end_ns.saturating_sub(r.t_start_ns),
+            event_us,
+            &verdict,
+            rtt,
+        );
         if let Some((_, b)) = baselines_of {
             row = row.with_baselines(b);
         }
@@ -273,7 +353,11 @@ struct RoundRun<'a> {
 impl RoundRun<'_> {
     /// Launches the round and waits for it; returns the report, the event
     /// time (µs) and, for ping-pong, the round trips.
-    fn execute(&self, views: WriteParams, peer: &Peer) -> Result<(KernelReport, f64, Option<Summary>)> {
+    fn execute(
+        &self,
+        views: WriteParams,
+        peer: &Peer,
+    ) -> Result<(KernelReport, f64, Option<Summary>)> {
         let (round, k) = (self.round, self.kernels);
         let stream_mode = self.wait == WaitMode::Stream;
         // Ping-pong slots: kernel mode keeps cycles per round trip (+2 for
@@ -285,7 +369,11 @@ impl RoundRun<'_> {
         } else {
             round.iters as usize + 2
         };
-        let stamps = if slots > 0 { Some(DeviceBuffer::zeroed(&self.gpu.ctx, slots * 8)?) } else { None };
+        let stamps = if slots > 0 {
+            Some(DeviceBuffer::zeroed(&self.gpu.ctx, slots * 8)?)
+        } else {
+            None
+        };
         let mut p = WriteParams {
             ack: self.ack.addr(),
             report: self.report.addr(),
@@ -316,7 +404,13 @@ impl RoundRun<'_> {
                 if round.pingpong {
                     p.flags |= WRITE_STAMP;
                     for i in 0..round.warmup + round.iters {
-                        let one = WriteParams { warmup: 0, iters: 1, first_iter: self.first_iter + i, stamp_index: i, ..p };
+                        let one = WriteParams {
+                            warmup: 0,
+                            iters: 1,
+                            first_iter: self.first_iter + i,
+                            stamp_index: i,
+                            ..p
+                        };
                         k.launch_write(s, lv, blocks, threads, &one)?;
                         wait_value_geq(s, ack_addr, self.ack_base + i as u64 + 1)?;
                     }
@@ -325,7 +419,11 @@ impl RoundRun<'_> {
                         k.launch_write(s, lv, blocks, threads, &WriteParams { iters: 0, ..p })?;
                         wait_value_geq(s, ack_addr, self.ack_base + 1)?;
                     }
-                    let timed = WriteParams { warmup: 0, first_iter: self.first_iter + round.warmup, ..p };
+                    let timed = WriteParams {
+                        warmup: 0,
+                        first_iter: self.first_iter + round.warmup,
+                        ..p
+                    };
                     k.launch_write(s, lv, blocks, threads, &timed)?;
                     wait_value_geq(s, ack_addr, self.ack_base + round.acks())?;
                 }
@@ -336,7 +434,11 @@ impl RoundRun<'_> {
         )?;
         let mut r = finished.report;
         if r.errors > 0 {
-            bail!("{} NIXL device call(s) failed (first status {}: NIXL_ERR_BACKEND = -3)", r.errors, r.first_status);
+            bail!(
+                "{} NIXL device call(s) failed (first status {}: NIXL_ERR_BACKEND = -3)",
+                r.errors,
+                r.first_status
+            );
         }
         if finished.released || r.timed_out != 0 || r.t_end_ns == 0 {
             bail!(
@@ -357,13 +459,19 @@ impl RoundRun<'_> {
                     // Each launch starts when the last acknowledgement arrived.
                     let first = round.warmup as usize;
                     r.t_start_ns = w(first);
-                    (first..slots).map(|i| (if i + 1 < slots { w(i + 1) } else { r.t_end_ns }).saturating_sub(w(i)) as f64).collect()
+                    (first..slots)
+                        .map(|i| {
+                            (if i + 1 < slots { w(i + 1) } else { r.t_end_ns }).saturating_sub(w(i))
+                                as f64
+                        })
+                        .collect()
                 } else {
                     // Cycle counts, calibrated by the globaltimer span of the
                     // same iterations (SM clocks vary with boost).
                     let n = round.iters as usize;
                     let cycles = w(n + 1).saturating_sub(w(n)).max(1);
-                    let ns_per_cycle = r.t_end_ns.saturating_sub(r.t_start_ns) as f64 / cycles as f64;
+                    let ns_per_cycle =
+                        r.t_end_ns.saturating_sub(r.t_start_ns) as f64 / cycles as f64;
                     (0..n).map(|i| w(i) as f64 * ns_per_cycle).collect()
                 };
                 Some(Summary::of(&rtts))
@@ -377,16 +485,26 @@ fn parse_gpu(text: &str) -> Option<GpuInfo> {
     let mut w = text.splitn(3, ' ');
     let uuid = w.next()?.to_string();
     let ordinal = w.next()?.parse().ok()?;
-    Some(GpuInfo { ordinal, uuid, name: w.next().unwrap_or("").to_string() })
+    Some(GpuInfo {
+        ordinal,
+        uuid,
+        name: w.next().unwrap_or("").to_string(),
+    })
 }
 
 fn vram_desc(buf: &DeviceBuffer) -> Desc {
-    Desc { addr: buf.addr(), len: buf.len() as u64, dev_id: buf.ordinal() as u64 }
+    Desc {
+        addr: buf.addr(),
+        len: buf.len() as u64,
+        dev_id: buf.ordinal() as u64,
+    }
 }
 
 fn check_remote(list: &DescList, min_len: u64, what: &str) -> Result<()> {
     match list.descs.as_slice() {
         [d] if list.mem_type == MemType::Vram && d.len >= min_len => Ok(()),
-        _ => bail!("the target's {what} descriptors are not one VRAM buffer of at least {min_len} bytes: {list:?}"),
+        _ => bail!(
+            "the target's {what} descriptors are not one VRAM buffer of at least {min_len} bytes: {list:?}"
+        ),
     }
 }

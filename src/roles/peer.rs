@@ -34,8 +34,19 @@ pub struct Peer<'a> {
 }
 
 impl<'a> Peer<'a> {
-    pub fn new(store: &'a dyn Store, me: &'static str, peer: &'static str, timeout: Duration) -> Self {
-        Self { store, me, peer, timeout, seen: Mutex::new(None) }
+    pub fn new(
+        store: &'a dyn Store,
+        me: &'static str,
+        peer: &'static str,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            store,
+            me,
+            peer,
+            timeout,
+            seen: Mutex::new(None),
+        }
     }
 
     /// Runs `work` while a scoped thread bumps our heartbeat every [`BEAT`].
@@ -93,9 +104,18 @@ impl<'a> Peer<'a> {
             Ok(false) => {}
             Ok(true) => {
                 let why = self.store.get(keys::ABORT).unwrap_or_default();
-                return Some(format!("the {} gave up: {}", self.peer, String::from_utf8_lossy(&why)));
+                return Some(format!(
+                    "the {} gave up: {}",
+                    self.peer,
+                    String::from_utf8_lossy(&why)
+                ));
             }
-            Err(e) => return Some(format!("lost the store ({e}): the {} probably exited", self.peer)),
+            Err(e) => {
+                return Some(format!(
+                    "lost the store ({e}): the {} probably exited",
+                    self.peer
+                ));
+            }
         }
         self.peer_gone()
     }
@@ -123,7 +143,9 @@ impl<'a> Peer<'a> {
 
     /// Tells the peer we failed, best effort.
     pub fn abort(&self, why: &str) {
-        let _ = self.store.set(keys::ABORT, format!("{}: {why}", self.me).as_bytes());
+        let _ = self
+            .store
+            .set(keys::ABORT, format!("{}: {why}", self.me).as_bytes());
     }
 
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {

@@ -62,7 +62,11 @@ impl Round {
 
     /// Short name of the mode, as in reports.
     pub fn mode(&self) -> &'static str {
-        if self.pingpong { "pingpong" } else { "bandwidth" }
+        if self.pingpong {
+            "pingpong"
+        } else {
+            "bandwidth"
+        }
     }
 
     /// Pattern variant the target's buffer holds after the round: the
@@ -100,10 +104,14 @@ impl RoundSpec {
         let blocks = match (self.blocks, self.level, self.pingpong) {
             (_, _, true) => 1,
             (Some(b), _, _) => b,
-            (None, Level::Block, false) => auto_blocks(self.size, max_resident(self.level, threads)),
+            (None, Level::Block, false) => {
+                auto_blocks(self.size, max_resident(self.level, threads))
+            }
             (None, _, false) => 1,
         };
-        let iters = self.iters.unwrap_or_else(|| auto_iters(self.size, self.level, blocks, self.pingpong));
+        let iters = self
+            .iters
+            .unwrap_or_else(|| auto_iters(self.size, self.level, blocks, self.pingpong));
         Round {
             size: self.size,
             level: self.level,
@@ -168,7 +176,10 @@ impl RunPlan {
         };
         let h = kv(words)?;
         let num = |m: &std::collections::HashMap<String, String>, k: &str| -> Result<u64> {
-            m.get(k).with_context(|| format!("run plan lacks {k}"))?.parse().with_context(|| format!("run plan field {k}"))
+            m.get(k)
+                .with_context(|| format!("run plan lacks {k}"))?
+                .parse()
+                .with_context(|| format!("run plan field {k}"))
         };
         let mut rounds = Vec::new();
         for line in lines {
@@ -177,7 +188,11 @@ impl RunPlan {
                 bail!("bad run plan line {line:?}");
             }
             let m = kv(w)?;
-            let level: Level = m.get("level").context("run plan lacks level")?.parse().map_err(anyhow::Error::msg)?;
+            let level: Level = m
+                .get("level")
+                .context("run plan lacks level")?
+                .parse()
+                .map_err(anyhow::Error::msg)?;
             rounds.push(Round {
                 size: num(&m, "size")?,
                 level,
@@ -214,7 +229,11 @@ fn estimated_gbps(level: Level, blocks: u32) -> f64 {
 /// ping-pongs get 1000 round trips and their p99 means something.
 pub fn auto_iters(size: u64, level: Level, blocks: u32, pingpong: bool) -> u32 {
     let want = 0.25e9 * estimated_gbps(level, blocks) / size.max(1) as f64;
-    let lo = if pingpong || level == Level::Block { 5.0 } else { 1.0 };
+    let lo = if pingpong || level == Level::Block {
+        5.0
+    } else {
+        1.0
+    };
     want.clamp(lo, 1000.0).round() as u32
 }
 
@@ -254,8 +273,24 @@ mod tests {
             timeout: Duration::from_secs(30),
             initiator_gpu: "0a1b".into(),
             rounds: vec![
-                Round { size: 8, level: Level::Thread, blocks: 1, threads: 1, warmup: 10, iters: 100, pingpong: true },
-                Round { size: 1 << 26, level: Level::Block, blocks: 132, threads: 1024, warmup: 0, iters: 5, pingpong: false },
+                Round {
+                    size: 8,
+                    level: Level::Thread,
+                    blocks: 1,
+                    threads: 1,
+                    warmup: 10,
+                    iters: 100,
+                    pingpong: true,
+                },
+                Round {
+                    size: 1 << 26,
+                    level: Level::Block,
+                    blocks: 132,
+                    threads: 1024,
+                    warmup: 0,
+                    iters: 5,
+                    pingpong: false,
+                },
             ],
         };
         assert_eq!(RunPlan::decode(&p.encode()).unwrap(), p);
@@ -263,10 +298,26 @@ mod tests {
 
     #[test]
     fn signals_count_only_groups_with_data() {
-        let r = Round { size: 8, level: Level::Warp, blocks: 2, threads: 64, warmup: 0, iters: 1, pingpong: false };
+        let r = Round {
+            size: 8,
+            level: Level::Warp,
+            blocks: 2,
+            threads: 64,
+            warmup: 0,
+            iters: 1,
+            pingpong: false,
+        };
         assert_eq!(r.groups(), 4);
         assert_eq!(r.signals_per_iter(), 1);
-        let r = Round { size: 1 << 20, level: Level::Block, blocks: 4, threads: 256, warmup: 1, iters: 1, pingpong: false };
+        let r = Round {
+            size: 1 << 20,
+            level: Level::Block,
+            blocks: 4,
+            threads: 256,
+            warmup: 1,
+            iters: 1,
+            pingpong: false,
+        };
         assert_eq!(r.signals_per_iter(), 4);
     }
 

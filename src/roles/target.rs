@@ -66,13 +66,20 @@ pub fn run(cfg: &TargetConfig, store: &dyn Store) -> Result<Vec<TargetRound>> {
             peer.abort(&format!("{e:#}"));
         }
         // Our keys go with us, on every path.
-        peer.delete(&[keys::TARGET_META, keys::TARGET_DATA_DESCS, keys::TARGET_SIGNAL_DESCS, keys::TARGET_GPU]);
+        peer.delete(&[
+            keys::TARGET_META,
+            keys::TARGET_DATA_DESCS,
+            keys::TARGET_SIGNAL_DESCS,
+            keys::TARGET_GPU,
+        ]);
     }
     result
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
@@ -82,7 +89,11 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
         if plan.rounds.iter().any(|r| r.size != want) {
             bail!(
                 "--size {want} on the target differs from the initiator's ({}): give --size to the initiator only, or the same to both",
-                plan.rounds.iter().map(|r| r.size.to_string()).collect::<Vec<_>>().join(", ")
+                plan.rounds
+                    .iter()
+                    .map(|r| r.size.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
@@ -93,7 +104,11 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
     let size = plan.max_size() as usize;
     let free = gpu.free_memory()?;
     if size + (1 << 20) > free {
-        bail!("GPU {} has {} MiB free, the target needs {size} bytes: use a smaller --size", gpu.ordinal, free >> 20);
+        bail!(
+            "GPU {} has {} MiB free, the target needs {size} bytes: use a smaller --size",
+            gpu.ordinal,
+            free >> 20
+        );
     }
     let data = DeviceBuffer::zeroed(&gpu.ctx, size)?;
     let signal = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
@@ -101,25 +116,43 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
 
     let nixl = create_ucx_agent(keys::TARGET_NAME)?;
     let agent = &nixl.agent;
-    let _reg_data = agent.register_memory(&data, None).context("registering the data buffer (VRAM)")?;
-    let _reg_signal = agent.register_memory(&signal, None).context("registering the signal (VRAM)")?;
+    let _reg_data = agent
+        .register_memory(&data, None)
+        .context("registering the data buffer (VRAM)")?;
+    let _reg_signal = agent
+        .register_memory(&signal, None)
+        .context("registering the signal (VRAM)")?;
     peer.set(keys::TARGET_META, &agent.get_local_md()?)?;
-    peer.set(keys::TARGET_DATA_DESCS, &DescList::new(MemType::Vram, vec![vram_desc(&data)]).encode())?;
-    peer.set(keys::TARGET_SIGNAL_DESCS, &DescList::new(MemType::Vram, vec![vram_desc(&signal)]).encode())?;
-    peer.set(keys::TARGET_GPU, format!("{} {} {}", me.uuid, me.ordinal, me.name).as_bytes())?;
+    peer.set(
+        keys::TARGET_DATA_DESCS,
+        &DescList::new(MemType::Vram, vec![vram_desc(&data)]).encode(),
+    )?;
+    peer.set(
+        keys::TARGET_SIGNAL_DESCS,
+        &DescList::new(MemType::Vram, vec![vram_desc(&signal)]).encode(),
+    )?;
+    peer.set(
+        keys::TARGET_GPU,
+        format!("{} {} {}", me.uuid, me.ordinal, me.name).as_bytes(),
+    )?;
     say!("[target] Published metadata and descriptors");
 
     let initiator_md = peer.get(keys::INITIATOR_META, "agent metadata")?;
     load_peer(agent, &initiator_md, keys::INITIATOR_NAME, timeout)?;
-    let ack_descs = DescList::decode(&peer.get(keys::INITIATOR_ACK_DESCS, "acknowledgement descriptors")?)
-        .context("decoding the initiator's acknowledgement descriptors")?;
+    let ack_descs =
+        DescList::decode(&peer.get(keys::INITIATOR_ACK_DESCS, "acknowledgement descriptors")?)
+            .context("decoding the initiator's acknowledgement descriptors")?;
     say!("[target] Connected to initiator");
     // SAFETY: the initiator keeps its ack word until we set TARGET_DONE, after this view drops.
     let ack_view = unsafe { prep_remote(agent, &nixl.backend, &ack_descs, keys::INITIATOR_NAME)? };
     let wait = cfg.wait.resolve(me.uuid == plan.initiator_gpu);
     eprintln!(
         "[target] waiting for signals with a {}",
-        if wait == WaitMode::Stream { "stream wait (cuStreamWaitValue64): both processes share the GPU" } else { "spinning kernel" }
+        if wait == WaitMode::Stream {
+            "stream wait (cuStreamWaitValue64): both processes share the GPU"
+        } else {
+            "spinning kernel"
+        }
     );
 
     let mut host = vec![0u8; size];
@@ -163,7 +196,13 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
                 if round.pingpong {
                     for i in 0..total {
                         wait_value_geq(s, sig, signal_base + step * (i as u64 + 1))?;
-                        kernels.launch_ack(s, &params.ack, rep, sig, if i + 1 == total { 1 } else { 2 })?;
+                        kernels.launch_ack(
+                            s,
+                            &params.ack,
+                            rep,
+                            sig,
+                            if i + 1 == total { 1 } else { 2 },
+                        )?;
                     }
                 } else {
                     if round.warmup > 0 {
@@ -192,10 +231,17 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
             );
         }
         if r.errors > 0 {
-            bail!("round {i}: acknowledging failed ({} NIXL device call(s), first status {})", r.errors, r.first_status);
+            bail!(
+                "round {i}: acknowledging failed ({} NIXL device call(s), first status {})",
+                r.errors,
+                r.first_status
+            );
         }
         if r.observed != fin {
-            bail!("round {i}: the signal reads {} but exactly {fin} signals were sent: a signal was duplicated or lost", r.observed);
+            bail!(
+                "round {i}: the signal reads {} but exactly {fin} signals were sent: a signal was duplicated or lost",
+                r.observed
+            );
         }
         if i == 0 {
             say!("[target] Signal received!");
@@ -224,14 +270,20 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
                     pattern::byte_sum(&e)
                 };
                 eprintln!("[target] ✗ Checksum MISMATCH: got={checksum} expected={expected}");
-                eprintln!("[target]   round {i} ({} B, {}): {m}", round.size, round.level);
+                eprintln!(
+                    "[target]   round {i} ({} B, {}): {m}",
+                    round.size, round.level
+                );
                 format!("mismatch {m}")
             }
         };
         // Clear the buffer before the initiator may start the next round, so
         // a put that silently wrote nothing can never pass on stale data.
         data.zero(&gpu.stream)?;
-        out.push(TargetRound { checksum, wait_ns: r.t_end_ns.saturating_sub(r.t_start_ns) });
+        out.push(TargetRound {
+            checksum,
+            wait_ns: r.t_end_ns.saturating_sub(r.t_start_ns),
+        });
         let failed = !verdict.starts_with("ok");
         peer.set(&keys::verdict(i), verdict.as_bytes())?;
         if failed {
@@ -249,7 +301,12 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
     let released = peer.get(keys::INITIATOR_DONE, "release of its memory views");
     drop(ack_view);
     let _ = agent.invalidate_remote_md(keys::INITIATOR_NAME);
-    peer.delete(&[keys::TARGET_META, keys::TARGET_DATA_DESCS, keys::TARGET_SIGNAL_DESCS, keys::TARGET_GPU]);
+    peer.delete(&[
+        keys::TARGET_META,
+        keys::TARGET_DATA_DESCS,
+        keys::TARGET_SIGNAL_DESCS,
+        keys::TARGET_GPU,
+    ]);
     released?;
     peer.set(keys::TARGET_DONE, b"")?;
     if let Some(m) = mismatch {
@@ -261,7 +318,12 @@ fn run_inner(cfg: &TargetConfig, peer: &Peer) -> Result<Vec<TargetRound>> {
 
 /// Per-iteration intervals between the moments the target's GPU saw each
 /// timed iteration complete (the first measured from the end of warm-up), ns.
-fn arrival_intervals(gpu: &Gpu, stamps: &DeviceBuffer, iters: usize, start_ns: u64) -> Result<Summary> {
+fn arrival_intervals(
+    gpu: &Gpu,
+    stamps: &DeviceBuffer,
+    iters: usize,
+    start_ns: u64,
+) -> Result<Summary> {
     let mut raw = vec![0u8; iters * 8];
     stamps.download(&gpu.stream, &mut raw)?;
     let mut prev = start_ns;
@@ -275,5 +337,9 @@ fn arrival_intervals(gpu: &Gpu, stamps: &DeviceBuffer, iters: usize, start_ns: u
 }
 
 fn vram_desc(buf: &DeviceBuffer) -> Desc {
-    Desc { addr: buf.addr(), len: buf.len() as u64, dev_id: buf.ordinal() as u64 }
+    Desc {
+        addr: buf.addr(),
+        len: buf.len() as u64,
+        dev_id: buf.ordinal() as u64,
+    }
 }

@@ -15,17 +15,19 @@
 
 use std::time::Duration;
 
-pub mod memory;
-pub mod native;
 #[cfg(feature = "libtorch")]
 pub mod libtorch;
+pub mod memory;
+pub mod native;
 
 /// What can go wrong talking to a store. Each message names the cause and
 /// the usual fix, because these surface directly to users of the examples.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// No server answered at `addr` within `waited`.
-    #[error("no TCPStore at {addr} after {waited:.0?}: start the side that hosts the store first (the initiator), or check --host/--port")]
+    #[error(
+        "no TCPStore at {addr} after {waited:.0?}: start the side that hosts the store first (the initiator), or check --host/--port"
+    )]
     Unreachable {
         /// `host:port` the client tried.
         addr: String,
@@ -33,7 +35,9 @@ pub enum StoreError {
         waited: Duration,
     },
     /// The server could not bind its port.
-    #[error("cannot listen on {addr}: {source}; another process (an earlier run?) holds the port: stop it or pick another with --port")]
+    #[error(
+        "cannot listen on {addr}: {source}; another process (an earlier run?) holds the port: stop it or pick another with --port"
+    )]
     Bind {
         /// The address(es) tried, e.g. `[::]:9998 (and 0.0.0.0:9998)`.
         addr: String,
@@ -42,7 +46,9 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// Keys did not appear in time.
-    #[error("timed out after {after:.0?} waiting for key(s) {keys:?}: the peer never published them (is it running, and on the same --host/--port?)")]
+    #[error(
+        "timed out after {after:.0?} waiting for key(s) {keys:?}: the peer never published them (is it running, and on the same --host/--port?)"
+    )]
     Timeout {
         /// The keys waited for, as the caller named them (no `/` prefix).
         keys: Vec<String>,
@@ -50,7 +56,9 @@ pub enum StoreError {
         after: Duration,
     },
     /// Not all participants joined a store opened with `num_workers`.
-    #[error("only {joined} of {expected} participants joined the store at {addr} within {after:.0?}: start the peer process")]
+    #[error(
+        "only {joined} of {expected} participants joined the store at {addr} within {after:.0?}: start the peer process"
+    )]
     WorkersTimeout {
         /// `host:port` of the store.
         addr: String,
@@ -93,7 +101,12 @@ pub trait Store: Send + Sync {
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError>;
     /// Sets `key` to `desired` if its value is `expected` (or if it is absent
     /// and `expected` is empty); returns the value now stored.
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError>;
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError>;
     /// Waits for all keys, then returns their values in order.
     fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Deletes `key`; returns whether it existed.
@@ -163,7 +176,8 @@ pub fn open(backend: StoreBackend, opts: &StoreOptions) -> Result<Box<dyn Store>
         StoreBackend::Libtorch => Ok(Box::new(libtorch::TorchStore::open(opts)?)),
         #[cfg(not(feature = "libtorch"))]
         StoreBackend::Libtorch => Err(StoreError::Invalid(
-            "this binary was built without the libtorch store: rebuild with `--features libtorch`".into(),
+            "this binary was built without the libtorch store: rebuild with `--features libtorch`"
+                .into(),
         )),
     }
 }

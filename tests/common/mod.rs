@@ -9,8 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nixl_examples::etcd::Etcd;
-use nixl_examples::store::native::TcpStore;
 use nixl_examples::store::StoreOptions;
+use nixl_examples::store::native::TcpStore;
 
 /// The built example `name` (cargo builds examples before integration tests).
 pub fn example(name: &str) -> PathBuf {
@@ -20,13 +20,20 @@ pub fn example(name: &str) -> PathBuf {
     p.pop();
     p.push("examples");
     p.push(name);
-    assert!(p.exists(), "{} not built (run `cargo build --features libtorch --examples` first)", p.display());
+    assert!(
+        p.exists(),
+        "{} not built (run `cargo build --features libtorch --examples` first)",
+        p.display()
+    );
     p
 }
 
 /// Runs example `name` with `args` to completion.
 pub fn run(name: &str, args: &[&str]) -> Output {
-    Command::new(example(name)).args(args).output().unwrap_or_else(|e| panic!("running {name}: {e}"))
+    Command::new(example(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"))
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -39,12 +46,21 @@ pub fn stderr(o: &Output) -> String {
 
 /// Both streams, for assertion messages.
 pub fn both(o: &Output) -> String {
-    format!("status {:?}\n--- stdout\n{}--- stderr\n{}", o.status.code(), stdout(o), stderr(o))
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    )
 }
 
 /// A TCP port nobody listens on right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Our TCPStore server, for tests that start the roles by hand.
@@ -95,8 +111,14 @@ impl Reaped {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
-        Output { status, stdout: join(out), stderr: join(err) }
+        let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+            h.map(|h| h.join().unwrap()).unwrap_or_default()
+        };
+        Output {
+            status,
+            stdout: join(out),
+            stderr: join(err),
+        }
     }
 }
 
@@ -135,13 +157,20 @@ impl EtcdServer {
     /// and waits until it answers. Panics with the fix when etcd is missing.
     pub fn start() -> Self {
         let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| {
-            if Command::new("etcd").arg("--version").output().is_ok() { "etcd".into() } else { "/usr/bin/etcd".into() }
+            if Command::new("etcd").arg("--version").output().is_ok() {
+                "etcd".into()
+            } else {
+                "/usr/bin/etcd".into()
+            }
         });
         let mut last = String::new();
         // The free ports may be taken between choosing and binding: retry.
         for attempt in 0..3 {
             let (client, peer) = (free_port(), free_port());
-            let dir = std::env::temp_dir().join(format!("nixl-examples-etcd-{}-{client}-{attempt}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!(
+                "nixl-examples-etcd-{}-{client}-{attempt}",
+                std::process::id()
+            ));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
@@ -157,7 +186,11 @@ impl EtcdServer {
                 .stderr(log)
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start {bin}: {e}. Install etcd-server (scripts/setup.sh does) or set ETCD_BIN"));
-            let mut server = Self { child, dir, endpoint };
+            let mut server = Self {
+                child,
+                dir,
+                endpoint,
+            };
             let client = Etcd::from_endpoints(&server.endpoint, Duration::from_secs(1)).unwrap();
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(15) {
