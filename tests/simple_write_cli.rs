@@ -170,6 +170,25 @@ fn ucx_tls_without_cuda_ipc_is_named() {
     assert!(stderr(&o).contains("leaves out cuda_ipc"), "{}", stderr(&o));
 }
 
+/// Starts `simple_write --mode initiator --check-connection` in the
+/// background, stdout and stderr captured.
+fn spawn_connection_initiator(port: &str, timeout: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .args([
+            "--mode",
+            "initiator",
+            "--check-connection",
+            "--port",
+            port,
+            "--timeout",
+            timeout,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn free_port() -> String {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -185,20 +204,7 @@ fn free_port() -> String {
 #[test]
 fn two_processes_meet_through_the_store_without_a_gpu() {
     let port = free_port();
-    let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
-        .args([
-            "--mode",
-            "initiator",
-            "--check-connection",
-            "--port",
-            &port,
-            "--timeout",
-            "20",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut init = spawn_connection_initiator(&port, "20");
     let t = simple_write(&[
         "--mode",
         "target",
@@ -261,19 +267,7 @@ fn an_initiator_without_target_says_the_target_did_not_join() {
 #[test]
 fn sigint_while_waiting_for_the_peer_exits_130_promptly() {
     let port = free_port();
-    let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
-        .args([
-            "--mode",
-            "initiator",
-            "--check-connection",
-            "--port",
-            &port,
-            "--timeout",
-            "30",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut init = spawn_connection_initiator(&port, "30");
     // Let the target join, then interrupt the initiator while it waits for
     // the target's metadata... here the target never starts, so the
     // initiator is still waiting for the join: a plain SIGINT ends it.
@@ -302,19 +296,7 @@ fn interrupting_a_joined_run_unwinds_tells_the_peer_and_exits_128_plus_signal() 
     use nixl_examples::store::{Store, StoreOptions, native::TcpStore};
     for (sig, code) in [(2, 130), (15, 143)] {
         let port = free_port();
-        let mut init = Command::new(env!("CARGO_BIN_EXE_simple_write"))
-            .args([
-                "--mode",
-                "initiator",
-                "--check-connection",
-                "--port",
-                &port,
-                "--timeout",
-                "30",
-            ])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut init = spawn_connection_initiator(&port, "30");
         // Join as the second participant with the library's client, then
         // never publish target metadata: the initiator waits for it.
         let peer = TcpStore::open(&StoreOptions {

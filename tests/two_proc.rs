@@ -1,33 +1,18 @@
 //! The host-API example end to end: two real processes, the real NIXL
 //! library over UCX, metadata through a real TCPStore.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::{Command, Output};
 
-fn example(name: &str) -> PathBuf {
-    // Integration tests live in target/<profile>/deps; examples one level up.
-    let mut p = std::env::current_exe().unwrap();
-    p.pop();
-    p.pop();
-    p.push("examples");
-    p.push(name);
-    assert!(
-        p.exists(),
-        "{} not built (cargo test builds examples)",
-        p.display()
-    );
-    p
-}
+use common::example;
 
 fn run(args: &[&str]) -> Output {
-    Command::new(example("two_proc"))
-        .args(args)
-        .output()
-        .expect("running two_proc")
+    common::run("two_proc", args)
 }
 
 fn lines(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::stdout(o)
 }
 
 #[test]

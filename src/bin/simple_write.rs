@@ -382,14 +382,11 @@ fn open_store(
     })
 }
 
-/// Fails with a usage error when the initiator's GPU lacks the memory the
-/// largest round needs: two source buffers, and with baselines a scratch
-/// buffer and a copy destination.
+/// Fails with a usage error, before any network wait, when the initiator's
+/// GPU lacks the memory the largest round needs ([`initiator::memory_needed`]).
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
-    let need = max
-        .saturating_mul(2 + 2 * baselines as u64)
-        .saturating_add(64 << 20);
+    let need = initiator::memory_needed(max, baselines);
     let free = Gpu::open(gpu)?.free_memory()? as u64;
     if need > free {
         return Err(UsageError(format!(

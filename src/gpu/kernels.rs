@@ -275,6 +275,13 @@ pub fn active_groups(size: u64, slice: u64) -> u64 {
     size.div_ceil(slice.max(1))
 }
 
+/// The launch shape of the one-thread kernels (wait, stamp, ack).
+const ONE_THREAD: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
 /// Why the kernels are not available in this binary.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelsError {
@@ -389,14 +396,9 @@ impl Kernels {
         stream: &CudaStream,
         p: &WaitParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let mut b = stream.launch_builder(&self.wait);
         b.arg(p);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
     }
 }
 
@@ -413,14 +415,9 @@ impl Kernels {
         word: u64,
         which: u32,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let mut b = stream.launch_builder(&self.stamp);
         b.arg(&report).arg(&word).arg(&which);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
     }
 
     /// Queues `nixl_ack`: `nixlAtomicAdd(1)` on the peer's ack word, stamping
@@ -436,14 +433,9 @@ impl Kernels {
         signal: u64,
         which: u32,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let mut b = stream.launch_builder(&self.ack);
         b.arg(ack).arg(&report).arg(&signal).arg(&which);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
     }
 }
 

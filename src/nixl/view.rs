@@ -56,7 +56,8 @@ pub unsafe fn prep_remote(
             "preparing a memory view of {remote_agent}'s buffers failed ({e}). Usual causes: no device-capable UCX \
              lane between the two GPUs (\"lane not found\" above: cuda_ipc disabled by UCX_TLS, or the processes \
              cannot share CUDA IPC handles — containers need a shared PID namespace and --ipc=host), or /proc \
-             access denied (set UCX_POSIX_USE_PROC_LINK=n)"
+             access denied (set UCX_POSIX_USE_PROC_LINK=n), or both agents in one process (UCX's cuda_ipc refuses \
+             a peer in its own process: \"cannot reach ...: same process\" at UCX_LOG_LEVEL=debug)"
         )
     })
 }

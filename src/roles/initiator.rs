@@ -96,7 +96,7 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     info.initiator_gpu = Some(me.clone());
     let size = plan.max_size() as usize;
     let free = gpu.free_memory()?;
-    let need = (2 + 2 * cfg.baselines as usize) * size + (64 << 20);
+    let need = memory_needed(size as u64, cfg.baselines) as usize;
     if need > free {
         bail!(
             "GPU {} has {} MiB free; the initiator needs {} MiB (two sources{}): use a smaller --size / --max-size",
@@ -335,6 +335,15 @@ fn run_inner(cfg: &InitiatorConfig, peer: &Peer) -> Result<InitiatorOutput> {
     }
     say!("[initiator] Complete!");
     Ok(InitiatorOutput { rows, info })
+}
+
+/// Bytes the initiator allocates on its GPU for rounds of up to `max_size`
+/// bytes: two source buffers, with baselines a scratch buffer and a copy
+/// destination, plus 64 MiB of headroom for the driver and UCX.
+pub fn memory_needed(max_size: u64, baselines: bool) -> u64 {
+    max_size
+        .saturating_mul(2 + 2 * baselines as u64)
+        .saturating_add(64 << 20)
 }
 
 /// One round on the initiator's GPU, in either wait mode.
