@@ -18,7 +18,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # --show-output prints what passing tests wrote, so every SKIP is visible.
 set +e
-cargo test --features libtorch "$@" -- --show-output 2>&1 | tee "$log"
+cargo test --no-fail-fast --features libtorch "$@" -- --show-output 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 echo
