@@ -33,15 +33,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
+use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
-use nixl_examples::nixl::host_agent::create_polled_agent;
+use nixl_examples::launch::{self, RoleSpec};
+use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args};
 use nixl_examples::pattern;
-use nixl_examples::report::{DataMismatch, EXIT_MISMATCH};
 use nixl_examples::say;
-use nixl_examples::supervise::{self, role_command};
 use nixl_sys::{Agent, OptArgs, XferOp, XferStatus};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -122,7 +122,7 @@ fn timeout(args: &Args) -> Duration {
 fn run_both(args: &Args) -> Result<ExitCode> {
     let host = ExchangeHost::start(&args.exchange, &[TARGET, INITIATOR], timeout(args))?;
     say!("[main] Starting target and initiator processes...");
-    let spawn = |role: &str| -> Result<std::process::Child> {
+    let spawn = |role: &str| {
         let mut a = vec!["--role".to_string(), role.to_string()];
         a.extend(args.exchange.to_args(host.port()));
         for (k, v) in [
@@ -134,29 +134,19 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         ] {
             a.extend([k.to_string(), v.to_string()]);
         }
-        role_command(a)?
-            .spawn()
-            .with_context(|| format!("spawning the {role} process"))
+        RoleSpec::new(role, a)
     };
-    let target = spawn(TARGET)?;
-    let initiator = match spawn(INITIATOR) {
-        Ok(c) => c,
-        Err(e) => {
-            supervise::kill_all(vec![(TARGET, target)]);
-            return Err(e);
-        }
-    };
-    let exits = supervise::supervise(
-        vec![(TARGET, target), (INITIATOR, initiator)],
+    let exits = launch::run_roles(
+        vec![spawn(TARGET), spawn(INITIATOR)],
         timeout(args) * 3 + Duration::from_secs(10),
-    );
+    )?;
     drop(host);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Test Complete - Both processes succeeded!");
     } else {
-        eprintln!("[main] ✗ Process error - {}", supervise::summary(&exits));
+        eprintln!("[main] ✗ Process error - {}", launch::summary(&exits));
     }
-    Ok(supervise::overall(&exits))
+    Ok(launch::overall(&exits))
 }
 
 fn run_role(args: &Args, role: Role) -> Result<()> {

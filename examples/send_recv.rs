@@ -55,16 +55,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
+use nixl_examples::cli::EXIT_MISMATCH;
 use nixl_examples::cli::{fmt_bytes, parse_bytes};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
 use nixl_examples::gpu::Gpu;
-use nixl_examples::nixl::host_agent::create_polled_agent;
+use nixl_examples::launch::{self, RoleSpec};
+use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, post_and_wait};
-use nixl_examples::report::EXIT_MISMATCH;
 use nixl_examples::say;
 use nixl_examples::slots::{EMPTY, HEADER_BYTES, SlotJob, SlotRing};
-use nixl_examples::supervise::{self, role_command};
 use nixl_sys::{Agent, OptArgs, XferOp, XferRequest, XferStatus};
 use serde_json::json;
 
@@ -304,20 +304,14 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         }
         v
     };
-    let receiver = role_command(common(RECEIVER, args.gpu))?
-        .spawn()
-        .context("spawning the receiver process")?;
     let mut sender_args = common(SENDER, args.sender_gpu.unwrap_or(args.gpu));
     if let Some(j) = &args.json {
         sender_args.extend(["--json".into(), j.display().to_string()]);
     }
-    let sender = match role_command(sender_args)?.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            supervise::kill_all(vec![(RECEIVER, receiver)]);
-            return Err(e).context("spawning the sender process");
-        }
-    };
+    let roles = vec![
+        RoleSpec::new(RECEIVER, common(RECEIVER, args.gpu)),
+        RoleSpec::new(SENDER, sender_args),
+    ];
     // A backstop only: every wait inside the roles is bounded by --timeout.
     // Allow the data to move at no less than 50 MB/s on top.
     let bytes = args.num_transfers as f64
@@ -325,13 +319,13 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         * (1 + args.baseline_reps as u64) as f64;
     let deadline =
         args.timeout() * 3 + Duration::from_secs(10) + Duration::from_secs_f64(bytes / 50e6);
-    let exits = supervise::supervise(vec![(RECEIVER, receiver), (SENDER, sender)], deadline);
+    let exits = launch::run_roles(roles, deadline)?;
     drop(host);
-    let code = supervise::overall(&exits);
+    let code = launch::overall(&exits);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Success!");
     } else {
-        eprintln!("[main] ✗ Error - {}", supervise::summary(&exits));
+        eprintln!("[main] ✗ Error - {}", launch::summary(&exits));
     }
     Ok(code)
 }

@@ -23,14 +23,15 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use nixl_examples::cli::parse_bytes;
+use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
 use nixl_examples::nixl::runtime;
-use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
-use nixl_examples::roles::plan::RoundSpec;
-use nixl_examples::roles::{initiator, target};
-use nixl_examples::say;
+use nixl_examples::simple_write::plan::RoundSpec;
+use nixl_examples::simple_write::report::{self, Row};
+use nixl_examples::simple_write::{initiator, target};
 use nixl_examples::store::memory::MemoryStore;
+use nixl_examples::{logging, say};
 
 /// simple_write with both roles as threads of one process (in-memory store).
 #[derive(Parser, Debug)]
@@ -64,6 +65,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    logging::init("main");
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<DataMismatch>().is_some() => {
@@ -129,13 +131,14 @@ fn run(args: &Args) -> Result<()> {
         wait: args.wait,
         corrupt: false,
     };
-    let out = initiator::run(&cfg, store.as_ref());
+    let out = initiator::run(&cfg, store.as_ref(), &mut |_| {});
     let target_result = target
         .join()
         .map_err(|_| anyhow::anyhow!("the target thread panicked"))?;
     let out = out.context("initiator")?;
     target_result.context("target")?;
-    say!("\n{}", report::table(&out.rows));
+    let rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
+    say!("\n{}", report::table(&rows));
     say!("[main] ✓ both roles succeeded");
     Ok(())
 }

@@ -28,13 +28,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost, MetadataMode};
-use nixl_examples::nixl::host_agent::create_polled_agent;
+use nixl_examples::launch::{self, RoleSpec};
+use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args, post_and_wait};
 use nixl_examples::pattern;
 use nixl_examples::say;
-use nixl_examples::supervise::{self, role_command};
 use nixl_sys::XferOp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -103,39 +103,25 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     let timeout = Duration::from_secs(args.timeout);
     let host = ExchangeHost::start(&args.exchange, &[TARGET, INITIATOR], timeout)?;
     say!("[main] Starting target and initiator processes...");
-    let spawn = |role: &str| -> Result<std::process::Child> {
-        let mut a = vec!["--role".to_string(), role.to_string()];
+    let role = |name: &str| {
+        let mut a = vec!["--role".to_string(), name.to_string()];
         a.extend(args.exchange.to_args(host.port()));
-        a.extend([
-            "--timeout".into(),
-            args.timeout.to_string(),
-            "--buf-size".into(),
-            args.buf_size.to_string(),
-        ]);
-        a.extend(["--seed".into(), args.seed.to_string()]);
-        role_command(a)?
-            .spawn()
-            .with_context(|| format!("spawning the {role} process"))
+        a.extend(["--timeout", &args.timeout.to_string()].map(str::to_string));
+        a.extend(["--buf-size", &args.buf_size.to_string()].map(str::to_string));
+        a.extend(["--seed", &args.seed.to_string()].map(str::to_string));
+        RoleSpec::new(name, a)
     };
-    let target = spawn(TARGET)?;
-    let initiator = match spawn(INITIATOR) {
-        Ok(c) => c,
-        Err(e) => {
-            supervise::kill_all(vec![(TARGET, target)]);
-            return Err(e);
-        }
-    };
-    let exits = supervise::supervise(
-        vec![(TARGET, target), (INITIATOR, initiator)],
+    let exits = launch::run_roles(
+        vec![role(TARGET), role(INITIATOR)],
         timeout * 2 + Duration::from_secs(10),
-    );
+    )?;
     drop(host);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Test Complete - Both processes succeeded!");
     } else {
-        eprintln!("[main] ✗ Process error - {}", supervise::summary(&exits));
+        eprintln!("[main] ✗ Process error - {}", launch::summary(&exits));
     }
-    Ok(supervise::overall(&exits))
+    Ok(launch::overall(&exits))
 }
 
 fn run_role(args: &Args, role: Role) -> Result<ExitCode> {

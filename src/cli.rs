@@ -1,4 +1,6 @@
-//! Small command-line helpers shared by the binaries and examples.
+//! What the programs share at their edges: byte counts on the command
+//! line, exit statuses and the errors that select them, clap's names for
+//! the library's enums, and checking a port before listening on it.
 
 /// Parses a byte count: a plain number, or one with a binary suffix
 /// (`K`/`KiB` = 1024, `M`/`MiB`, `G`/`GiB`), e.g. `64M`. Zero is refused.
@@ -67,6 +69,15 @@ pub struct UsageError(pub String);
 /// Exit status for bad arguments, as clap uses.
 pub const EXIT_USAGE: i32 = 2;
 
+/// A data verification failure. Programs exit with [`EXIT_MISMATCH`] for
+/// it, so scripts can tell wrong data from other failures.
+#[derive(Debug, thiserror::Error)]
+#[error("data mismatch: {0}")]
+pub struct DataMismatch(pub String);
+
+/// Exit status for a run whose data did not verify.
+pub const EXIT_MISMATCH: i32 = 3;
+
 /// Prints a [`UsageError`] like clap does.
 pub fn print_usage_error(e: &UsageError) {
     eprintln!("error: {}\n\nFor more information, try '--help'.", e.0);
@@ -87,5 +98,42 @@ pub fn check_port_free(port: u16) -> Result<(), UsageError> {
             "port {port} is privileged (below 1024) and this process may not listen on it: pick one above 1023 with --port"
         ))),
         Err(e) => Err(UsageError(format!("cannot listen on port {port}: {e}"))),
+    }
+}
+
+// clap's view of the library's enums: the library itself knows nothing of
+// clap (its layers sit below the programs), so the programs' parsers are
+// taught the names here, once.
+impl clap::ValueEnum for crate::gpu::kernels::Level {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use crate::gpu::kernels::Level;
+        let help = match self {
+            Level::Thread => "one thread per call; on cuda_ipc its put is a single-thread memcpy",
+            Level::Warp => "one warp (32 lanes) per call, every lane with the same arguments",
+            Level::Block => "one thread block per call, every thread with the same arguments",
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+    }
+}
+
+impl clap::ValueEnum for crate::gpu::kernels::WaitMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use crate::gpu::kernels::WaitMode;
+        let help = match self {
+            WaitMode::Kernel => {
+                "a kernel spins on the word (the device-API pattern; different GPUs, or MPS)"
+            }
+            WaitMode::Stream => {
+                "cuStreamWaitValue64, then a one-thread kernel: leaves the GPU free while waiting"
+            }
+            WaitMode::Auto => "stream when both processes share a GPU without MPS, else kernel",
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }

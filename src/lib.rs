@@ -1,33 +1,29 @@
 //! Reference examples for NVIDIA NIXL's GPU device API, in Rust.
 //!
-//! The crate reads like the architecture of the examples:
+//! The crate is layered; each layer uses only the ones below it.
 //!
-//! - [`store`]: the exchange — a PyTorch-compatible TCPStore (and an
-//!   in-memory one) through which the processes swap agent metadata and
-//!   descriptors;
-//! - [`nixl`]: the NIXL side — finding the library at run time, agents with
-//!   the UCX backend, NIXL's descriptor-list wire format, memory views;
-//! - [`gpu`]: the GPU side — context, device buffers, the kernels and how
-//!   they are run;
-//! - [`roles`]: the initiator and the target of `simple_write`;
-//! - [`pattern`] and [`report`]: what is sent and how it is checked, and
-//!   what is printed;
-//! - [`exchange`]: how the two-process examples swap agent metadata and
-//!   descriptors (our TCPStore, or NIXL's own etcd / TCPStore clients), with
-//!   [`etcd`] to check and clean an etcd server;
-//! - [`slots`]: the slot ring of the streaming example (DRAM or VRAM);
-//! - [`supervise`]: running an example's roles as child processes.
+//! | layer | modules | what it is |
+//! |---|---|---|
+//! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
+//! | roles | [`simple_write`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report |
+//! | example support | [`exchange`], [`slots`], [`launch`], [`cli`] | how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes |
+//! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
+//! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
+//!
+//! Read `examples/` in the order README.md's "Learn" section gives; the
+//! device-API pattern itself is in `examples/put_and_signal.rs` and
+//! `cuda/put_and_signal.cu`, and KERNEL_GUIDE.md walks through it.
 
 pub mod cli;
-pub mod etcd;
+pub mod deadline;
 pub mod exchange;
 pub mod gpu;
 pub mod interrupt;
+pub mod launch;
+pub mod logging;
 pub mod nixl;
 pub mod pattern;
-pub mod report;
-pub mod roles;
+pub mod simple_write;
 pub mod slots;
 pub mod stats;
 pub mod store;
-pub mod supervise;

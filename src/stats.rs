@@ -1,11 +1,11 @@
 //! Summaries of per-iteration times.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Distribution of a set of durations, in ns. Percentiles are nearest-rank
 /// (the value below which `p`% of the samples fall, rounded up), as nccl-
 /// and ucx_perftest-style tools report them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub n: usize,
     pub min_ns: f64,
@@ -46,35 +46,6 @@ impl Summary {
             avg_ns: self.avg_ns * k,
         }
     }
-
-    /// `key=value` words for passing through the store.
-    pub fn encode(&self, prefix: &str) -> String {
-        format!(
-            "{prefix}n={} {prefix}min_ns={} {prefix}p50_ns={} {prefix}p99_ns={} {prefix}max_ns={} {prefix}avg_ns={}",
-            self.n, self.min_ns, self.p50_ns, self.p99_ns, self.max_ns, self.avg_ns
-        )
-    }
-
-    /// Parses [`Summary::encode`]'s words out of `text` (other words ignored).
-    pub fn decode(text: &str, prefix: &str) -> Option<Self> {
-        let get = |k: &str| -> Option<f64> {
-            text.split_whitespace().find_map(|w| {
-                w.strip_prefix(prefix)?
-                    .strip_prefix(k)?
-                    .strip_prefix('=')?
-                    .parse()
-                    .ok()
-            })
-        };
-        Some(Self {
-            n: get("n")? as usize,
-            min_ns: get("min_ns")?,
-            p50_ns: get("p50_ns")?,
-            p99_ns: get("p99_ns")?,
-            max_ns: get("max_ns")?,
-            avg_ns: get("avg_ns")?,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -92,12 +63,5 @@ mod tests {
         assert_eq!(s.avg_ns, 50.5);
         let one = Summary::of(&[7.0]);
         assert_eq!((one.p50_ns, one.p99_ns), (7.0, 7.0));
-    }
-
-    #[test]
-    fn encodes_through_text() {
-        let s = Summary::of(&[3.0, 1.0, 2.0]);
-        let text = format!("ok 123 {} other=1", s.encode("recv_"));
-        assert_eq!(Summary::decode(&text, "recv_"), Some(s));
     }
 }

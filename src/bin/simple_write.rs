@@ -2,11 +2,13 @@
 //! and raises a signal there, through NIXL's device API; no CPU in the data
 //! path.
 //!
-//! Start the initiator first (it hosts the store), then the target:
+//! Start the initiator first (it hosts the store), then the target, or let
+//! one process run both:
 //!
 //! ```text
 //! simple_write --mode initiator &
 //! simple_write --mode target
+//! simple_write --mode pair            # both roles as child processes
 //! ```
 
 use std::process::ExitCode;
@@ -15,18 +17,21 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{
-    EXIT_USAGE, UsageError, check_port_free, fmt_bytes, parse_bytes, print_usage_error,
+    DataMismatch, EXIT_MISMATCH, EXIT_USAGE, UsageError, check_port_free, fmt_bytes, parse_bytes,
+    print_usage_error,
 };
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
-use nixl_examples::interrupt;
+use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
-use nixl_examples::report::{self, DataMismatch, EXIT_MISMATCH};
-use nixl_examples::roles::plan::{RoundSpec, size_sweep};
-use nixl_examples::roles::{connection, initiator, target};
-use nixl_examples::say;
+use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
+use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
+use nixl_examples::simple_write::report::{self, Row, RunInfo};
+use nixl_examples::simple_write::{connection, target};
 use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
+use nixl_examples::{interrupt, logging, say};
+use tracing::info;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -34,6 +39,9 @@ enum Mode {
     Initiator,
     /// Exposes a data buffer and a signal, waits for them on the GPU, verifies.
     Target,
+    /// Both roles as child processes of this one (it hosts the store on a
+    /// free port): one command instead of two.
+    Pair,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -53,14 +61,17 @@ enum StoreKind {
 /// descriptors travel through a PyTorch-compatible TCPStore that the
 /// initiator hosts.
 ///
-/// Results go to stdout; progress and diagnostics to stderr. Exit status:
-/// 0 success, 1 failure, 2 bad arguments, 3 data mismatch.
+/// Results go to stdout; progress and diagnostics to stderr (RUST_LOG
+/// filters them). Exit status: 0 success, 1 failure, 2 bad arguments,
+/// 3 data mismatch.
 #[derive(Parser, Debug)]
 #[command(
     version,
     after_help = "Examples:\n  \
     simple_write --mode initiator & simple_write --mode target\n  \
-    simple_write -m initiator --size 64M --level block --blocks 132 & simple_write -m target\n\n\
+    simple_write --mode pair --size 64M --level block --target-gpu 1\n  \
+    simple_write -m pair -b 8 -e 256M --levels block --json out.json   # a bandwidth sweep\n  \
+    simple_write -m pair --pingpong -b 8 -e 1M -f 8                  # latency\n\n\
     In containers set UCX_POSIX_USE_PROC_LINK=n, and give both processes a shared PID and IPC namespace \
     (CUDA IPC); scripts/run_simple_write.sh does the first for you."
 )]
@@ -89,7 +100,7 @@ struct Args {
 
     /// Level(s) of the collective put + signal, comma-separated; one round
     /// per size and level.
-    #[arg(short, long, visible_alias = "levels", value_enum, value_delimiter = ',', default_values_t = [Level::Thread, Level::Warp, Level::Block])]
+    #[arg(short, long, visible_alias = "levels", value_enum, value_delimiter = ',', default_values_t = Level::ALL)]
     level: Vec<Level>,
 
     /// Latency instead of bandwidth: one group puts and signals, the target
@@ -126,13 +137,17 @@ struct Args {
     #[arg(short, long)]
     gpu: Option<usize>,
 
+    /// --mode pair: the target's GPU [default: as --gpu's default for the target].
+    #[arg(long)]
+    target_gpu: Option<usize>,
+
     /// Store host (the target connects to it; the initiator listens on all interfaces).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
 
-    /// Store port.
-    #[arg(short, long, default_value_t = 9998, value_parser = clap::value_parser!(u16).range(1..))]
-    port: u16,
+    /// Store port [default: 9998; --mode pair: a free port the OS picks].
+    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..))]
+    port: Option<u16>,
 
     /// Seconds any wait may take: the peer joining, keys, GPU spin-waits.
     #[arg(short, long, default_value_t = 30.0, value_parser = parse_timeout)]
@@ -160,6 +175,11 @@ struct Args {
     #[arg(long, hide = true, value_parser = ["corrupt-data"])]
     inject: Option<String>,
 
+    /// Connect to a store hosted elsewhere instead of hosting it (initiator;
+    /// --mode pair starts its roles this way).
+    #[arg(long, hide = true)]
+    store_client: bool,
+
     /// Also write every figure and the run's configuration as JSON (initiator).
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
@@ -184,64 +204,84 @@ fn main() -> ExitCode {
     let tag = match args.mode {
         Mode::Initiator => "initiator",
         Mode::Target => "target",
+        Mode::Pair => "main",
     };
+    logging::init(tag);
     match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if let Some(u) = e.downcast_ref::<UsageError>() {
-                print_usage_error(u);
-                return ExitCode::from(EXIT_USAGE as u8);
-            }
-            // Whatever the error chain says, an interrupted run exits 130/143.
-            if let Some(sig) = interrupt::received() {
-                eprintln!(
-                    "[{tag}] {sig}: released memory views, deregistered memory, deleted store keys"
-                );
-                return ExitCode::from(sig.exit_code() as u8);
-            }
-            if let Some(m) = e.downcast_ref::<DataMismatch>() {
-                eprintln!("[{tag}] error: {m}");
-                return ExitCode::from(EXIT_MISMATCH as u8);
-            }
-            eprintln!("[{tag}] error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Ok(code) => code,
+        Err(e) => exit_for(tag, &e),
     }
 }
 
-fn run(args: Args) -> Result<()> {
+/// The exit status and last line of a failed run.
+fn exit_for(tag: &str, e: &anyhow::Error) -> ExitCode {
+    if let Some(u) = e.downcast_ref::<UsageError>() {
+        print_usage_error(u);
+        return ExitCode::from(EXIT_USAGE as u8);
+    }
+    // Whatever the error chain says, an interrupted run exits 130/143.
+    if let Some(sig) = interrupt::received() {
+        eprintln!("[{tag}] {sig}: released memory views, deregistered memory, deleted store keys");
+        return ExitCode::from(sig.exit_code() as u8);
+    }
+    if let Some(m) = e.downcast_ref::<DataMismatch>() {
+        eprintln!("[{tag}] error: {m}");
+        return ExitCode::from(EXIT_MISMATCH as u8);
+    }
+    eprintln!("[{tag}] error: {e:#}");
+    ExitCode::FAILURE
+}
+
+fn run(args: Args) -> Result<ExitCode> {
     let timeout = Duration::from_secs_f64(args.timeout);
     // Arguments that cannot work, whatever the machine (exit 2).
-    let rounds = if args.mode == Mode::Initiator {
-        Some(rounds(&args)?)
-    } else {
-        None
+    let rounds = match args.mode {
+        Mode::Target => Vec::new(),
+        _ => rounds(&args)?,
     };
-    if args.mode == Mode::Initiator {
-        check_port_free(args.port)?;
+    if args.mode == Mode::Pair {
+        return run_pair(&args, timeout);
+    }
+    if args.mode == Mode::Initiator && !args.store_client {
+        check_port_free(port(&args))?;
     }
     if args.check_connection {
-        return check_connection(&args, timeout);
+        check_connection(&args, timeout)?;
+        return Ok(ExitCode::SUCCESS);
     }
-    // Check everything local before touching the network, and report every
-    // problem at once, so a machine that cannot run this says so at once.
+    let gpu = check_machine(&args)?;
+    if args.mode == Mode::Initiator {
+        check_fits(gpu, &rounds, !args.no_baselines)?;
+    }
+    let rt = runtime::load()?;
+    info!("NIXL from {} ({})", rt.lib_dir.display(), rt.found_by);
+    match args.mode {
+        Mode::Initiator => run_initiator(&args, gpu, rounds, timeout)?,
+        _ => run_target(&args, gpu, timeout)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn port(args: &Args) -> u16 {
+    args.port.unwrap_or(9998)
+}
+
+/// Checks everything local before touching the network, and reports every
+/// problem at once, so a machine that cannot run this says so at once.
+/// Returns the GPU this role uses.
+fn check_machine(args: &Args) -> Result<usize> {
     let mut problems = Vec::new();
     if let Err(why) = kernels::availability() {
         problems.push(kernels::KernelsError::NotBuilt(why).to_string());
     }
-    let gpus = match device_count() {
-        Ok(n) => n,
-        Err(e) => {
-            problems.push(e.to_string());
-            0
-        }
-    };
+    let gpus = device_count().unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        0
+    });
     if let Err(e) = runtime::load() {
         problems.push(e.to_string());
     }
-    if let Some(why) = ucx_tls_excludes_cuda_ipc() {
-        problems.push(why);
-    }
+    problems.extend(ucx_tls_excludes_cuda_ipc());
     if !problems.is_empty() {
         anyhow::bail!(
             "this machine cannot run simple_write:\n  - {}",
@@ -250,14 +290,8 @@ fn run(args: Args) -> Result<()> {
     }
     let gpu = match (args.mode, args.gpu) {
         (_, Some(g)) => g,
-        (Mode::Initiator, None) => 0,
-        (Mode::Target, None) if gpus >= 2 => 1,
-        (Mode::Target, None) => {
-            eprintln!(
-                "[target] note: one GPU visible, so both processes use GPU 0 (writes stay on one device)"
-            );
-            0
-        }
+        (Mode::Target, None) => default_target_gpu(gpus),
+        _ => 0,
     };
     if gpu >= gpus {
         return Err(UsageError(format!(
@@ -265,120 +299,226 @@ fn run(args: Args) -> Result<()> {
         ))
         .into());
     }
-    if let Some(rounds) = &rounds {
-        check_fits(gpu, rounds, !args.no_baselines)?;
+    Ok(gpu)
+}
+
+fn default_target_gpu(gpus: usize) -> usize {
+    if gpus >= 2 {
+        return 1;
     }
-    let rt = runtime::load()?;
-    eprintln!(
-        "[{}] NIXL from {} ({})",
-        if args.mode == Mode::Initiator {
-            "initiator"
-        } else {
-            "target"
-        },
-        rt.lib_dir.display(),
-        rt.found_by
-    );
+    info!("note: one GPU visible, so both processes use GPU 0 (writes stay on one device)");
+    0
+}
 
-    let (backend, opts) = store_config(&args, timeout);
-
-    match args.mode {
-        Mode::Initiator => {
-            let rounds = rounds.unwrap_or_default();
-            say!("[initiator] Starting...");
-            eprintln!(
-                "[initiator] hosting the store on port {}; waiting up to {timeout:?} for the target to join",
-                args.port
-            );
-            let store = open_store(&args, backend, &opts, timeout)?;
-            interrupt::install()?;
-            let cfg = initiator::InitiatorConfig {
-                gpu,
-                rounds,
-                seed: seed(),
-                timeout,
-                baselines: !args.no_baselines,
-                wait: args.wait,
-                corrupt: args.inject.as_deref() == Some("corrupt-data"),
-            };
-            let out = initiator::run(&cfg, store.as_ref())?;
-            for r in &out.rows {
-                say!("[initiator] Round {}: {}", r.round, r.line());
-            }
-            say!("\n{}", report::table(&out.rows));
-            if let Some(path) = &args.json {
-                report::write_json(path, &out.info, &out.rows)?;
-            }
-            if let Some(path) = &args.csv {
-                report::write_csv(path, &out.info, &out.rows)?;
-            }
-        }
-        Mode::Target => {
-            say!("[target] Starting...");
-            let store = open_store(&args, backend, &opts, timeout)?;
-            interrupt::install()?;
-            target::run(
-                &target::TargetConfig {
-                    gpu,
-                    expected_size: args.size,
-                    timeout,
-                    wait: args.wait,
-                },
-                store.as_ref(),
-            )?;
-        }
+fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Duration) -> Result<()> {
+    say!("[initiator] Starting...");
+    if !args.store_client {
+        info!(
+            "hosting the store on port {}; waiting up to {timeout:?} for the target to join",
+            port(args)
+        );
+    }
+    let store = open_store(args, timeout)?;
+    interrupt::install()?;
+    let cfg = InitiatorConfig {
+        gpu,
+        rounds,
+        seed: seed(),
+        timeout,
+        baselines: !args.no_baselines,
+        wait: args.wait,
+        corrupt: args.inject.as_deref() == Some("corrupt-data"),
+    };
+    let mut print_round = |r: &_| {
+        let row = Row::of(r);
+        say!("[initiator] Round {}: {}", row.round, row.line());
+    };
+    let out = initiator::run(&cfg, store.as_ref(), &mut print_round)?;
+    let rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
+    say!("\n{}", report::table(&rows));
+    let info = RunInfo::of(&out);
+    if let Some(path) = &args.json {
+        report::write_json(path, &info, &rows)?;
+    }
+    if let Some(path) = &args.csv {
+        report::write_csv(path, &info, &rows)?;
     }
     Ok(())
 }
 
-/// The store implementation and options both modes use: upstream's
-/// (numWorkers=2, waitWorkers) with our --host/--port/--timeout.
-fn store_config(args: &Args, timeout: Duration) -> (StoreBackend, StoreOptions) {
-    let backend = match args.store {
-        StoreKind::Native => StoreBackend::Native,
-        StoreKind::Libtorch => StoreBackend::Libtorch,
+fn run_target(args: &Args, gpu: usize, timeout: Duration) -> Result<()> {
+    say!("[target] Starting...");
+    let store = open_store(args, timeout)?;
+    interrupt::install()?;
+    let cfg = target::TargetConfig {
+        gpu,
+        expected_size: args.size,
+        timeout,
+        wait: args.wait,
     };
-    let mut opts = StoreOptions::two_process(args.mode == Mode::Initiator);
+    target::run(&cfg, store.as_ref())
+}
+
+/// `--mode pair`: hosts the store on a free port, runs the initiator and
+/// the target as child processes (this executable), and exits as the
+/// worse of the two.
+fn run_pair(args: &Args, timeout: Duration) -> Result<ExitCode> {
+    if !args.check_connection {
+        // Once here, rather than the same message from both children.
+        check_machine(args)?;
+    }
+    let host_opts = StoreOptions {
+        host: args.host.clone(),
+        port: args.port.unwrap_or(0),
+        is_server: true,
+        num_workers: None,
+        wait_workers: false,
+        timeout,
+    };
+    let store = store::native::TcpStore::open(&host_opts).map_err(|e| match e {
+        e @ StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
+        e => e.into(),
+    })?;
+    info!(
+        "hosting the store on port {}; starting initiator and target",
+        store.port()
+    );
+    let roles = vec![
+        RoleSpec::new("initiator", initiator_args(args, store.port())),
+        RoleSpec::new("target", target_args(args, store.port())),
+    ];
+    // A backstop only: every wait inside the roles is bounded by --timeout.
+    let exits = launch::run_roles(roles, timeout * 4 + Duration::from_secs(60))?;
+    drop(store);
+    if exits.iter().any(|e| e.code != 0) {
+        eprintln!("[main] ✗ {}", launch::summary(&exits));
+    }
+    Ok(launch::overall(&exits))
+}
+
+/// The initiator's command line in `--mode pair`.
+fn initiator_args(a: &Args, port: u16) -> Vec<String> {
+    let mut v = common_args(a, "initiator", port);
+    v.push("--store-client".into());
+    v.extend(["--step-factor".into(), a.step_factor.to_string()]);
+    let levels: Vec<&str> = a.level.iter().map(|l| l.name()).collect();
+    v.extend(["--level".into(), levels.join(",")]);
+    let opt = |v: &mut Vec<String>, flag: &str, x: Option<String>| {
+        if let Some(x) = x {
+            v.extend([flag.to_string(), x]);
+        }
+    };
+    opt(&mut v, "--size", a.size.map(|x| x.to_string()));
+    opt(&mut v, "--min-size", a.min_size.map(|x| x.to_string()));
+    opt(&mut v, "--max-size", a.max_size.map(|x| x.to_string()));
+    opt(&mut v, "--iters", a.iters.map(|x| x.to_string()));
+    opt(&mut v, "--warmup", a.warmup.map(|x| x.to_string()));
+    opt(&mut v, "--blocks", a.blocks.map(|x| x.to_string()));
+    opt(&mut v, "--threads", a.threads.map(|x| x.to_string()));
+    opt(&mut v, "--gpu", a.gpu.map(|x| x.to_string()));
+    opt(&mut v, "--inject", a.inject.clone());
+    opt(
+        &mut v,
+        "--json",
+        a.json.as_ref().map(|p| p.display().to_string()),
+    );
+    opt(
+        &mut v,
+        "--csv",
+        a.csv.as_ref().map(|p| p.display().to_string()),
+    );
+    for (flag, on) in [
+        ("--pingpong", a.pingpong),
+        ("--no-baselines", a.no_baselines),
+    ] {
+        if on {
+            v.push(flag.into());
+        }
+    }
+    v
+}
+
+/// The target's command line in `--mode pair`.
+fn target_args(a: &Args, port: u16) -> Vec<String> {
+    let mut v = common_args(a, "target", port);
+    if let Some(g) = a.target_gpu {
+        v.extend(["--gpu".into(), g.to_string()]);
+    }
+    v
+}
+
+fn common_args(a: &Args, mode: &str, port: u16) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--mode",
+        mode,
+        "--host",
+        &a.host,
+        "--port",
+        &port.to_string(),
+        "--timeout",
+        &a.timeout.to_string(),
+        "--wait",
+        a.wait.name(),
+        "--store",
+        if a.store == StoreKind::Native {
+            "native"
+        } else {
+            "libtorch"
+        },
+    ]
+    .map(str::to_string)
+    .to_vec();
+    if a.check_connection {
+        v.push("--check-connection".into());
+    }
+    v
+}
+
+/// The store options both roles use: upstream's (numWorkers=2,
+/// waitWorkers) with our --host/--port/--timeout. Under `--mode pair` the
+/// parent hosts the store and both roles are plain clients.
+fn store_options(args: &Args, timeout: Duration) -> StoreOptions {
+    let hosts = args.mode == Mode::Initiator && !args.store_client;
+    let mut opts = StoreOptions::two_process(hosts);
+    if args.store_client {
+        opts.wait_workers = false;
+    }
     opts.host = args.host.clone();
-    opts.port = args.port;
+    opts.port = port(args);
     opts.timeout = timeout;
-    (backend, opts)
+    opts
 }
 
 /// `--check-connection`: the store and NIXL's agents, no GPU.
 fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
     runtime::load()?;
-    let (backend, opts) = store_config(args, timeout);
-    let store = open_store(args, backend, &opts, timeout)?;
+    let store = open_store(args, timeout)?;
     interrupt::install()?;
     match args.mode {
         Mode::Initiator => connection::initiator(store.as_ref(), timeout),
-        Mode::Target => connection::target(store.as_ref(), timeout),
+        _ => connection::target(store.as_ref(), timeout),
     }
 }
 
 /// Opens (initiator: hosts) the store, turning its errors into the
 /// messages a user of this tool needs.
-fn open_store(
-    args: &Args,
-    backend: StoreBackend,
-    opts: &StoreOptions,
-    timeout: Duration,
-) -> Result<Box<dyn store::Store>> {
-    store::open(backend, opts).map_err(|e| match (args.mode, e) {
+fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
+    let backend = match args.store {
+        StoreKind::Native => StoreBackend::Native,
+        StoreKind::Libtorch => StoreBackend::Libtorch,
+    };
+    let (host, port) = (&args.host, port(args));
+    store::open(backend, &store_options(args, timeout)).map_err(|e| match (args.mode, e) {
         (Mode::Initiator, e @ StoreError::Bind { .. }) => anyhow::Error::new(UsageError(e.to_string())),
         (Mode::Initiator, StoreError::WorkersTimeout { .. }) => anyhow::anyhow!(
-            "the target did not join the store on port {} within {timeout:?}: start `simple_write --mode target` \
-             (same --host/--port), or raise --timeout",
-            args.port
+            "the target did not join the store on port {port} within {timeout:?}: start `simple_write --mode \
+             target` (same --host/--port), or raise --timeout"
         ),
-        (Mode::Target, StoreError::Unreachable { .. }) => anyhow::anyhow!(
-            "no initiator at {}:{} after {timeout:?}: start `simple_write --mode initiator` first (it hosts the \
-             store), or check --host/--port",
-            args.host,
-            args.port
+        (_, StoreError::Unreachable { .. }) => anyhow::anyhow!(
+            "no initiator at {host}:{port} after {timeout:?}: start `simple_write --mode initiator` first (it hosts \
+             the store), or check --host/--port"
         ),
-        (_, e) => anyhow::Error::new(e).context(format!("opening the store at {}:{}", args.host, args.port)),
+        (_, e) => anyhow::Error::new(e).context(format!("opening the store at {host}:{port}")),
     })
 }
 
@@ -386,80 +526,32 @@ fn open_store(
 /// GPU lacks the memory the largest round needs ([`initiator::memory_needed`]).
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
-    let need = initiator::memory_needed(max, baselines);
-    let free = Gpu::open(gpu)?.free_memory()? as u64;
-    if need > free {
-        return Err(UsageError(format!(
-            "size {} needs about {} MiB on GPU {gpu}, which has {} MiB free: use a smaller --size/--max-size{}",
-            fmt_bytes(max),
-            need >> 20,
-            free >> 20,
-            if baselines { " (or --no-baselines, which halves it)" } else { "" }
-        ))
-        .into());
-    }
-    Ok(())
+    let fix = if baselines {
+        "use a smaller --size/--max-size (or --no-baselines, which halves it)"
+    } else {
+        "use a smaller --size/--max-size"
+    };
+    Gpu::open(gpu)?
+        .ensure_free(
+            initiator::memory_needed(max, baselines),
+            &format!("size {}", fmt_bytes(max)),
+            fix,
+        )
+        .map_err(|e| UsageError(e.to_string()).into())
 }
 
 /// The rounds asked for: every size of the sweep (or the one --size) at
 /// every level, smallest size first. Combinations that cannot work are
 /// usage errors.
 fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
-    let usage = |msg: String| -> anyhow::Error { UsageError(msg).into() };
-    if let Some(t) = args.threads {
-        for l in &args.level {
-            if *l != Level::Thread && t % 32 != 0 {
-                return Err(usage(format!(
-                    "--threads {t} with {l} level: warp and block level calls are made by whole warps, so --threads \
-                     must be a multiple of 32"
-                )));
-            }
-        }
-    }
-    if args.pingpong && args.blocks.is_some_and(|b| b > 1) {
-        return Err(usage(
-            "--pingpong times one group's round trips: it runs one block, so drop --blocks".into(),
-        ));
-    }
-    let sizes = match (args.size, args.min_size, args.max_size) {
-        (Some(s), _, _) => vec![s],
-        (None, None, None) => vec![1 << 20],
-        (None, b, e) => {
-            let (b, e) = (b.unwrap_or(8), e.unwrap_or(64 << 20));
-            if b > e {
-                return Err(usage(format!(
-                    "--min-size {b} is larger than --max-size {e}"
-                )));
-            }
-            size_sweep(b, e, args.step_factor)
-        }
-    };
-    // A single thread copies at about 25 MB/s (REFERENCE §2): past a
-    // quarter of the timeout per iteration it is no longer a measurement.
-    let thread_max = (args.timeout / 4.0 * 25e6) as u64;
-    if let Some(&too_big) = sizes.iter().find(|&&s| s > thread_max) {
-        if args.level.contains(&Level::Thread) {
-            return Err(usage(format!(
-                "size {} at thread level: one thread copies about 25 MB/s, so one iteration would take ~{:.0} s of a \
-                 {:.0} s timeout; use --level warp,block for this size, or raise --timeout",
-                fmt_bytes(too_big),
-                too_big as f64 / 25e6,
-                args.timeout
-            )));
-        }
-    }
-    eprintln!(
-        "[initiator] plan: sizes {}, levels {}{}",
-        sizes
-            .iter()
-            .map(|&s| fmt_bytes(s))
-            .collect::<Vec<_>>()
-            .join(" "),
-        args.level
-            .iter()
-            .map(|l| l.name())
-            .collect::<Vec<_>>()
-            .join(","),
+    check_grid_args(args)?;
+    let sizes = sizes(args)?;
+    check_thread_level_fits(args, &sizes)?;
+    let names = |v: Vec<String>| v.join(" ");
+    info!(
+        "plan: sizes {}, levels {}{}",
+        names(sizes.iter().map(|&s| fmt_bytes(s)).collect()),
+        names(args.level.iter().map(|l| l.name().to_string()).collect()),
         if args.pingpong { ", ping-pong" } else { "" }
     );
     Ok(sizes
@@ -478,23 +570,72 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         .collect())
 }
 
+fn check_grid_args(args: &Args) -> Result<()> {
+    let usage = |msg: String| -> anyhow::Error { UsageError(msg).into() };
+    if let Some(t) = args.threads {
+        if let Some(l) = args
+            .level
+            .iter()
+            .find(|l| **l != Level::Thread && t % 32 != 0)
+        {
+            return Err(usage(format!(
+                "--threads {t} with {l} level: warp and block level calls are made by whole warps, so --threads \
+                 must be a multiple of 32"
+            )));
+        }
+    }
+    if args.pingpong && args.blocks.is_some_and(|b| b > 1) {
+        return Err(usage(
+            "--pingpong times one group's round trips: it runs one block, so drop --blocks".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn sizes(args: &Args) -> Result<Vec<u64>> {
+    Ok(match (args.size, args.min_size, args.max_size) {
+        (Some(s), _, _) => vec![s],
+        (None, None, None) => vec![1 << 20],
+        (None, b, e) => {
+            let (b, e) = (b.unwrap_or(8), e.unwrap_or(64 << 20));
+            if b > e {
+                return Err(
+                    UsageError(format!("--min-size {b} is larger than --max-size {e}")).into(),
+                );
+            }
+            size_sweep(b, e, args.step_factor)
+        }
+    })
+}
+
+/// One thread copies about 25 MB/s (measured across NVLink and on one
+/// GPU): past a quarter of the timeout per iteration it is no longer a
+/// measurement.
+fn check_thread_level_fits(args: &Args, sizes: &[u64]) -> Result<()> {
+    let thread_max = (args.timeout / 4.0 * 25e6) as u64;
+    match sizes.iter().find(|&&s| s > thread_max) {
+        Some(&too_big) if args.level.contains(&Level::Thread) => Err(UsageError(format!(
+            "size {} at thread level: one thread copies about 25 MB/s, so one iteration would take ~{:.0} s of a \
+             {:.0} s timeout; use --level warp,block for this size, or raise --timeout",
+            fmt_bytes(too_big),
+            too_big as f64 / 25e6,
+            args.timeout
+        ))
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// `UCX_TLS` that leaves out cuda_ipc, the only transport with device-API
 /// support between GPUs of one machine (UCX then reports "lane not found").
 fn ucx_tls_excludes_cuda_ipc() -> Option<String> {
     let tls = std::env::var("UCX_TLS").ok()?;
-    let list: Vec<&str> = tls
+    let names_it = tls
         .trim_start_matches('^')
         .split(',')
         .map(str::trim)
-        .collect();
-    let names_it = list
-        .iter()
-        .any(|t| matches!(*t, "cuda_ipc" | "cuda" | "all"));
-    let excluded = if tls.starts_with('^') {
-        names_it
-    } else {
-        !names_it
-    };
+        .any(|t| matches!(t, "cuda_ipc" | "cuda" | "all"));
+    let excluded = names_it == tls.starts_with('^');
     excluded.then(|| {
         format!(
             "UCX_TLS={tls} leaves out cuda_ipc, the transport NIXL's device API uses between GPUs of one machine \

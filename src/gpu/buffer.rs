@@ -51,6 +51,11 @@ impl DeviceBuffer {
         self.len == 0
     }
 
+    /// The context the memory belongs to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// GPU ordinal, the descriptor's `devId`.
     pub fn ordinal(&self) -> usize {
         self.ctx.ordinal()

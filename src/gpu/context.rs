@@ -19,6 +19,14 @@ pub enum GpuError {
         "GPU {index} does not exist: this machine has {count} GPU(s), numbered 0..{count}; pick one with --gpu"
     )]
     BadIndex { index: usize, count: usize },
+    #[error("{what} needs about {need_mib} MiB on GPU {gpu}, which has {free_mib} MiB free: {fix}")]
+    OutOfMemory {
+        gpu: usize,
+        need_mib: u64,
+        free_mib: u64,
+        what: String,
+        fix: String,
+    },
     #[error("CUDA error on GPU {gpu} during {what}: {source}")]
     Driver {
         gpu: usize,
@@ -44,6 +52,40 @@ pub fn device_count() -> Result<usize, GpuError> {
         Ok(n) => Ok(n as usize),
         Err(e) => Err(GpuError::NoDevice(e.to_string())),
     }
+}
+
+/// One GPU as reports and the peer identify it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuInfo {
+    /// CUDA ordinal in the process that reported it.
+    pub ordinal: usize,
+    /// Device name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// UUID as 32 lowercase hex digits ([`uuid_string`]).
+    pub uuid: String,
+}
+
+/// A GPU UUID as 32 lowercase hex digits.
+pub fn uuid_string(u: &sys::CUuuid) -> String {
+    u.bytes
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect()
+}
+
+/// The ordinal of the GPU whose UUID is `uuid` ([`uuid_string`] form)
+/// among this process's visible GPUs, if it is one of them.
+pub fn find_gpu(uuid: &str) -> Option<usize> {
+    let n = device_count().ok()?;
+    // Device handles, not contexts: a context would take memory on every GPU.
+    (0..n).find(|&i| {
+        cudarc::driver::result::device::get(i as i32)
+            .ok()
+            .and_then(|d| cudarc::driver::result::device::get_uuid(d).ok())
+            .map(|u| uuid_string(&u))
+            .as_deref()
+            == Some(uuid)
+    })
 }
 
 /// One GPU, its primary context made current on the calling thread, and a
@@ -117,18 +159,35 @@ impl Gpu {
             })
     }
 
-    /// How reports name this GPU.
-    pub fn info(&self) -> Result<crate::report::GpuInfo, GpuError> {
+    /// Ordinal, name and UUID, as reports and the peer identify this GPU.
+    pub fn info(&self) -> Result<GpuInfo, GpuError> {
         let uuid = self.ctx.uuid().map_err(|source| GpuError::Driver {
             gpu: self.ordinal,
             what: "reading the UUID",
             source,
         })?;
-        Ok(crate::report::GpuInfo {
+        Ok(GpuInfo {
             ordinal: self.ordinal,
             name: self.name.clone(),
-            uuid: crate::roles::baseline::uuid_string(&uuid),
+            uuid: uuid_string(&uuid),
         })
+    }
+
+    /// Fails, naming `what` needs the memory and the fix, unless `need`
+    /// bytes are free on this GPU. The one memory check every program here
+    /// makes before allocating.
+    pub fn ensure_free(&self, need: u64, what: &str, fix: &str) -> Result<(), GpuError> {
+        let free = self.free_memory()? as u64;
+        if need > free {
+            return Err(GpuError::OutOfMemory {
+                gpu: self.ordinal,
+                need_mib: need >> 20,
+                free_mib: free >> 20,
+                what: what.to_string(),
+                fix: fix.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Waits for all work queued on this role's stream.

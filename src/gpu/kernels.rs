@@ -13,7 +13,8 @@ use cudarc::driver::{
 /// Which group of threads makes one collective `nixlPut` / `nixlAtomicAdd`
 /// call (`nixl_gpu_level_t`). GRID exists in the header but is a silent
 /// no-op on the cuda_ipc transport, so it is not offered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Level {
     /// One thread per call; on cuda_ipc its put is a single-thread memcpy.
     Thread,
@@ -24,6 +25,9 @@ pub enum Level {
 }
 
 impl Level {
+    /// Every level, smallest group first.
+    pub const ALL: [Level; 3] = [Level::Thread, Level::Warp, Level::Block];
+
     /// Lower-case name, as on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -64,8 +68,10 @@ impl Level {
 impl std::str::FromStr for Level {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        <Level as clap::ValueEnum>::from_str(s, true)
-            .map_err(|_| format!("unknown level '{s}' (thread, warp, block)"))
+        Level::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown level '{s}' (thread, warp, block)"))
     }
 }
 
@@ -186,7 +192,7 @@ pub const WRITE_HOST_SEQUENCED: u32 = 2;
 pub const WRITE_STAMP: u32 = 4;
 
 /// How a side waits for the other's signal or acknowledgement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitMode {
     /// A kernel spins on the word with system-scope acquire loads (the
     /// device-API pattern; right when the two processes use different GPUs).
@@ -211,6 +217,19 @@ impl WaitMode {
         }
     }
 
+    /// Every mode, as `--wait` offers them.
+    pub const ALL: [WaitMode; 3] = [WaitMode::Kernel, WaitMode::Stream, WaitMode::Auto];
+
+    /// How the waiting is done, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitMode::Kernel => "spinning kernel",
+            WaitMode::Stream => "stream wait (cuStreamWaitValue64)",
+            WaitMode::Auto => "kernel or stream wait, decided per pair of GPUs",
+        }
+    }
+
+    /// Lower-case name, as on the command line.
     pub fn name(self) -> &'static str {
         match self {
             WaitMode::Kernel => "kernel",

@@ -1,10 +1,12 @@
-//! The GPU side: device selection and context, device buffers NIXL can
-//! register, and the device-API kernels.
+//! The GPU side: device selection and context, device memory NIXL can
+//! register, the device-API kernels and how they are run, and the copy
+//! engine as the baseline. Depends on nothing above it.
 
 pub mod buffer;
 pub mod context;
+pub mod copy;
 pub mod kernels;
 pub mod run;
 
 pub use buffer::DeviceBuffer;
-pub use context::{Gpu, GpuError};
+pub use context::{Gpu, GpuError, GpuInfo};

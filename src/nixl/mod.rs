@@ -1,8 +1,8 @@
-//! The NIXL side: loading the library, agents, descriptor lists, memory,
-//! memory views.
+//! The NIXL side: loading the library, agents, descriptor lists (NIXL's
+//! own wire format), host memory, memory views, and host-API transfers.
+//! Depends on nothing above it.
 
 pub mod agent;
-pub mod host_agent;
 pub mod memory;
 pub mod runtime;
 pub mod serdes;

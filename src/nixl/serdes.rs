@@ -71,6 +71,18 @@ pub struct Desc {
     pub dev_id: u64,
 }
 
+impl Desc {
+    /// The whole of a buffer NIXL can register (host or device memory).
+    pub fn of(buf: &(impl nixl_sys::NixlDescriptor + ?Sized)) -> Self {
+        Self {
+            // SAFETY: only the address is read, never dereferenced.
+            addr: unsafe { buf.as_ptr() } as u64,
+            len: buf.size() as u64,
+            dev_id: buf.device_id(),
+        }
+    }
+}
+
 /// A transfer descriptor list (`nixlXferDList`): a memory type and buffers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DescList {

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::deadline::{Pace, poll};
+
 use anyhow::{Result, bail};
 use nixl_sys::{Agent, NotificationMap, OptArgs, XferRequest, XferStatus};
 
@@ -16,8 +18,9 @@ pub fn notif_args(tag: &[u8]) -> Result<OptArgs> {
     Ok(opt)
 }
 
-/// Posts `req` and polls it to completion, for at most `timeout`.
-/// Errors name the transfer (`what`) and whether it failed or timed out.
+/// Posts `req` and polls it to completion, for at most `timeout`; returns
+/// the time from post to completion. Errors name the transfer (`what`) and
+/// whether it failed or timed out.
 pub fn post_and_wait(
     agent: &Agent,
     req: &XferRequest,
@@ -29,19 +32,27 @@ pub fn post_and_wait(
         .post_xfer_req(req, None)
         .map_err(|e| anyhow::anyhow!("posting {what} failed: {e}"))?;
     if in_progress {
-        loop {
-            match agent.get_xfer_status(req) {
-                Ok(XferStatus::Success) => break,
-                Ok(XferStatus::InProgress) => {}
-                Err(e) => bail!("{what} failed: {e} (the peer may have exited)"),
-            }
-            if start.elapsed() > timeout {
-                bail!("{what} did not complete within {timeout:?}");
-            }
-            std::thread::yield_now();
-        }
+        wait_done(agent, req, what, timeout)?;
     }
     Ok(start.elapsed())
+}
+
+/// Polls a posted `req` until it completes, for at most `timeout`.
+pub fn wait_done(agent: &Agent, req: &XferRequest, what: &str, timeout: Duration) -> Result<()> {
+    poll(
+        timeout,
+        Pace::Yield,
+        || match agent.get_xfer_status(req) {
+            Ok(XferStatus::Success) => Ok(Some(())),
+            Ok(XferStatus::InProgress) => Ok(None),
+            Err(e) => bail!("{what} failed: {e} (the peer may have exited)"),
+        },
+        |waited| {
+            anyhow::anyhow!(
+                "{what} did not complete within {waited:?}: the peer stopped progressing (frozen or gone?)"
+            )
+        },
+    )
 }
 
 /// Notifications received so far, per sending agent, kept until matched.
@@ -116,16 +127,21 @@ impl NotifInbox {
         matches: impl Fn(&[u8]) -> bool,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let start = Instant::now();
-        loop {
-            if let Some(m) = self.take(from, &matches) {
-                return Ok(m);
-            }
-            if start.elapsed() > timeout {
-                bail!("none arrived within {timeout:?} (is {from} running and connected?)");
-            }
-            self.poll(agent)?;
-            std::thread::sleep(Duration::from_micros(100));
-        }
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                if let Some(m) = self.take(from, &matches) {
+                    return Ok(Some(m));
+                }
+                self.poll(agent)?;
+                Ok(self.take(from, &matches))
+            },
+            |waited| {
+                anyhow::anyhow!(
+                    "none arrived within {waited:?}: {from} is not running, not connected, or frozen"
+                )
+            },
+        )
     }
 }

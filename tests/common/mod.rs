@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use nixl_examples::etcd::Etcd;
+use nixl_examples::exchange::etcd::Etcd;
 use nixl_examples::store::StoreOptions;
 use nixl_examples::store::native::TcpStore;
 

@@ -9,19 +9,13 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use super::baseline::Baselines;
+use super::initiator::RunResult;
+use super::protocol::Verdict;
+use super::rounds::RoundResult;
 use crate::cli::fmt_bytes;
-use crate::roles::baseline::Baselines;
-use crate::roles::plan::Round;
+use crate::gpu::GpuInfo;
 use crate::stats::Summary;
-
-/// A data verification failure. Binaries exit with [`EXIT_MISMATCH`] for it,
-/// so scripts can tell wrong data from other failures.
-#[derive(Debug, thiserror::Error)]
-#[error("data mismatch: {0}")]
-pub struct DataMismatch(pub String);
-
-/// Exit status for a run whose data did not verify.
-pub const EXIT_MISMATCH: i32 = 3;
 
 /// One round as measured. Times in ns or µs as named, rates in GB/s (1e9 B/s).
 #[derive(Clone, Debug, Serialize)]
@@ -60,52 +54,45 @@ pub struct Row {
 }
 
 impl Row {
-    /// Builds a row from what the initiator measured and the target reported.
-    pub fn new(
-        round: usize,
-        r: &Round,
-        gpu_ns: u64,
-        kernel_event_us: f64,
-        verdict: &str,
-        rtt: Option<Summary>,
-    ) -> Self {
-        let iters = r.iters.max(1) as f64;
-        let gb_per_s = if r.pingpong || gpu_ns == 0 {
+    /// The report's view of one round.
+    pub fn of(r: &RoundResult) -> Self {
+        let round = &r.round;
+        let iters = round.iters.max(1) as f64;
+        let gb_per_s = if round.pingpong || r.gpu_ns == 0 {
             0.0
         } else {
-            r.size as f64 * iters / gpu_ns as f64
+            round.size as f64 * iters / r.gpu_ns as f64
         };
-        Self {
-            round,
-            mode: r.mode(),
-            size_bytes: r.size,
-            level: r.level.name(),
-            blocks: r.blocks,
-            threads: r.threads,
-            warmup: r.warmup,
-            iters: r.iters,
-            gpu_ns,
-            us_per_iter: gpu_ns as f64 / 1e3 / iters,
-            gb_per_s,
-            recv: Summary::decode(verdict, "recv_"),
-            half_rtt: rtt.map(|s| s.scaled(0.5)),
-            rtt,
-            kernel_event_us,
-            baselines: Baselines::default(),
-            ratio: None,
-            verified: verdict.starts_with("ok"),
-            verdict: verdict.to_string(),
-        }
-    }
-
-    /// Attaches the size's baselines and the ratio to the best of them.
-    pub fn with_baselines(mut self, b: Baselines) -> Self {
-        self.baselines = b;
-        self.ratio = match (self.mode, b.best()) {
-            ("bandwidth", Some(best)) if best > 0.0 => Some(self.gb_per_s / best),
+        let baselines = r.baselines.unwrap_or_default();
+        let ratio = match (round.pingpong, baselines.best()) {
+            (false, Some(best)) if best > 0.0 => Some(gb_per_s / best),
             _ => None,
         };
-        self
+        let recv = match &r.verdict {
+            Verdict::Ok { arrivals, .. } => *arrivals,
+            Verdict::Mismatch { .. } => None,
+        };
+        Self {
+            round: r.index,
+            mode: round.mode(),
+            size_bytes: round.size,
+            level: round.level.name(),
+            blocks: round.blocks,
+            threads: round.threads,
+            warmup: round.warmup,
+            iters: round.iters,
+            gpu_ns: r.gpu_ns,
+            us_per_iter: r.gpu_ns as f64 / 1e3 / iters,
+            gb_per_s,
+            recv,
+            half_rtt: r.rtt.map(|s| s.scaled(0.5)),
+            rtt: r.rtt,
+            kernel_event_us: r.event_us,
+            baselines,
+            ratio,
+            verified: r.verdict.ok(),
+            verdict: r.verdict_text(),
+        }
     }
 
     /// One human line, printed as each round finishes.
@@ -157,17 +144,22 @@ pub struct RunInfo {
     pub env: BTreeMap<String, String>,
 }
 
-/// One GPU as identified in reports.
-#[derive(Clone, Debug, Serialize)]
-pub struct GpuInfo {
-    pub ordinal: usize,
-    pub name: String,
-    pub uuid: String,
-}
-
 impl RunInfo {
-    /// Fills what the process can know about itself.
-    pub fn collect(seed: u64) -> Self {
+    /// The configuration of a finished run, and what the process can know
+    /// about itself.
+    pub fn of(run: &RunResult) -> Self {
+        Self {
+            seed: run.plan.seed,
+            initiator_gpu: Some(run.initiator_gpu.clone()),
+            target_gpu: Some(run.target_gpu.clone()),
+            same_gpu: run.same_gpu,
+            initiator_wait: Some(run.wait.name()),
+            ..Self::collect()
+        }
+    }
+
+    /// What the process can know about itself.
+    fn collect() -> Self {
         let env = std::env::vars()
             .filter(|(k, _)| {
                 k.starts_with("UCX_") || k.starts_with("NIXL_") || k.starts_with("CUDA_")
@@ -181,7 +173,6 @@ impl RunInfo {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            seed,
             driver_version: crate::gpu::context::driver_version(),
             nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
             nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
@@ -335,16 +326,4 @@ pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
         );
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Prints a line to stdout and flushes it, so the two processes' lines
-/// interleave in order when both write to one terminal or pipe.
-#[macro_export]
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, $($arg)*);
-        let _ = out.flush();
-    }};
 }

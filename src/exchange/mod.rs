@@ -45,7 +45,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use nixl_sys::Agent;
 
-use crate::etcd::{self, Etcd};
+pub mod etcd;
+
+use self::etcd::Etcd;
 use crate::nixl::serdes::DescList;
 use crate::nixl::view::load_peer as load_peer_blob;
 use crate::nixl::xfer::NotifInbox;

@@ -1,0 +1,382 @@
+//! The initiator of `simple_write`: owns the source data and launches the
+//! kernels that put it into the target's GPU memory and raise the target's
+//! signal. (It also hosts the store; the binary opens it.)
+//!
+//! Four phases: [`set_up`] (GPU, plan, memory, agent), [`connect`]
+//! (metadata and descriptors through the store, memory views), the rounds
+//! ([`super::rounds`]), and [`tear_down`] (views first, then a handshake so
+//! the target frees nothing the initiator still maps).
+//!
+//! Mirrors upstream's `simple_write --mode initiator` (NIXL PR #1259) on the
+//! 1.x device API, with its defects fixed: a fence between put and signal,
+//! collective calls made by every lane, per-position data, timing that stops
+//! at the receiver, and a teardown that cannot race the target.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use nixl_sys::{MemView, RegistrationHandle};
+use tracing::info;
+
+use super::baseline::BaselineRig;
+use super::plan::{RoundSpec, RunPlan};
+use super::protocol::{self as p, AgentMetadata, GpuInfo, Role};
+use super::rounds::{self, RoundResult};
+use super::session::Session;
+use crate::cli::DataMismatch;
+use crate::gpu::context::find_gpu;
+use crate::gpu::kernels::{Kernels, WaitMode};
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::nixl::agent::{UcxAgent, create_ucx_agent};
+use crate::nixl::serdes::{Desc, DescList, MemType};
+use crate::nixl::view::{load_peer, prep_local, prep_remote};
+use crate::{pattern, say};
+
+/// What the initiator needs beyond the store.
+pub struct InitiatorConfig {
+    /// GPU ordinal.
+    pub gpu: usize,
+    /// The rounds as asked for; resolved on our GPU into the published plan.
+    pub rounds: Vec<RoundSpec>,
+    /// Pattern seed (fresh per run).
+    pub seed: u64,
+    /// Timeout of every wait.
+    pub timeout: Duration,
+    /// Measure the copy-engine and NIXL host-API baselines for each size.
+    pub baselines: bool,
+    /// How this side waits for the target's acknowledgements.
+    pub wait: WaitMode,
+    /// Fault injection for testing the verification path: flip one byte of
+    /// the source data, so the target must report a mismatch.
+    pub corrupt: bool,
+}
+
+/// What a run measured, for the report.
+pub struct RunResult {
+    pub plan: RunPlan,
+    pub rounds: Vec<RoundResult>,
+    pub initiator_gpu: GpuInfo,
+    pub target_gpu: GpuInfo,
+    /// Whether both processes use one GPU.
+    pub same_gpu: bool,
+    /// How the initiator waited for acknowledgements.
+    pub wait: WaitMode,
+}
+
+/// Bytes the initiator allocates on its GPU for rounds of up to `max_size`
+/// bytes: two source buffers, with baselines a scratch buffer and a copy
+/// destination, plus 64 MiB of headroom for the driver and UCX.
+pub fn memory_needed(max_size: u64, baselines: bool) -> u64 {
+    max_size
+        .saturating_mul(2 + 2 * baselines as u64)
+        .saturating_add(64 << 20)
+}
+
+/// Runs the initiator against an open store. `on_round` sees each round as
+/// it finishes. A data mismatch reported by the target is an error
+/// ([`DataMismatch`]), raised after the teardown handshake; any other error
+/// is published to the target first ([`p::abort`]).
+pub fn run(
+    cfg: &InitiatorConfig,
+    store: &dyn crate::store::Store,
+    on_round: &mut dyn FnMut(&RoundResult),
+) -> Result<RunResult> {
+    let session = Session::new(store, Role::Initiator, cfg.timeout);
+    let result: Result<_> = session.with_heartbeat(|| {
+        let local = set_up(cfg, &session)?;
+        let mut held = connect(local, cfg, &session)?;
+        say!("[initiator] Transferring data via GPU kernel...");
+        let outcome = rounds::run_all(&held, &session, on_round);
+        say!("[initiator] Transfer complete!");
+        tear_down(&mut held, &session)?;
+        let rounds = outcome?;
+        check_verdicts(&rounds)?;
+        say!("[initiator] Complete!");
+        Ok(held.result(rounds))
+    });
+    if let Err(e) = &result {
+        if e.downcast_ref::<DataMismatch>().is_none() {
+            session.abort(&format!("{e:#}"));
+        }
+    }
+    result
+}
+
+/// Everything the initiator holds, in teardown order: Rust drops fields
+/// in declaration order, so the memory views (which map the target's
+/// memory) go first, then the baseline's registration, our registrations,
+/// the memory they name, the agent, and the GPU context last.
+pub(super) struct Held {
+    pub views: Option<Views>,
+    pub baseline: Option<BaselineRig>,
+    _registrations: Vec<RegistrationHandle>,
+    pub mem: Memory,
+    pub nixl: UcxAgent,
+    pub kernels: Kernels,
+    pub gpu: Gpu,
+    pub plan: RunPlan,
+    pub me: GpuInfo,
+    pub target: GpuInfo,
+    /// The target's data buffer, for the NIXL WRITE baseline.
+    pub target_data: DescList,
+    pub wait: WaitMode,
+    pub timeout: Duration,
+}
+
+/// The three memory views the write kernel takes.
+pub(super) struct Views {
+    /// Our two source buffers (index 0 and 1).
+    pub src: MemView,
+    /// The target's data buffer.
+    pub dst: MemView,
+    /// The target's 8-byte signal.
+    pub signal: MemView,
+}
+
+/// The initiator's device memory.
+pub(super) struct Memory {
+    /// Two sources with different patterns, alternating by iteration, so
+    /// a stale iteration can never verify.
+    pub sources: [DeviceBuffer; 2],
+    /// The 8-byte word the target's acknowledgements increment.
+    pub ack: DeviceBuffer,
+    /// The kernels' [`crate::gpu::kernels::KernelReport`].
+    pub report: DeviceBuffer,
+}
+
+/// Set-up, before the peer is involved: the GPU (before the agent: UCX
+/// looks for CUDA when its backend starts), the plan, the memory, the agent.
+struct Local {
+    gpu: Gpu,
+    kernels: Kernels,
+    plan: RunPlan,
+    me: GpuInfo,
+    mem: Memory,
+    nixl: UcxAgent,
+    registrations: Vec<RegistrationHandle>,
+}
+
+fn set_up(cfg: &InitiatorConfig, session: &Session) -> Result<Local> {
+    let gpu = Gpu::open(cfg.gpu)?;
+    let kernels = Kernels::load(&gpu.ctx)?;
+    let me = gpu.info()?;
+    let plan = RunPlan {
+        seed: cfg.seed,
+        timeout_ms: cfg.timeout.as_millis() as u64,
+        initiator_gpu: me.clone(),
+        rounds: cfg
+            .rounds
+            .iter()
+            .map(|spec| {
+                spec.resolve(|level, threads| {
+                    kernels
+                        .max_resident_blocks(level, threads, gpu.sm_count)
+                        .unwrap_or(1)
+                })
+            })
+            .collect(),
+    };
+    session.put(&p::run_plan(), &plan)?;
+    gpu.ensure_free(
+        memory_needed(plan.max_size(), cfg.baselines),
+        "the initiator (two sources, and with baselines a scratch buffer and a copy destination)",
+        "use a smaller --size / --max-size, or --no-baselines",
+    )?;
+    let mem = allocate(&gpu, &plan, cfg.corrupt)?;
+    let nixl = create_ucx_agent(p::INITIATOR_NAME)?;
+    let registrations = [&mem.sources[0], &mem.sources[1], &mem.ack]
+        .into_iter()
+        .map(|b| nixl.agent.register_memory(b, None))
+        .collect::<Result<Vec<_>, _>>()
+        .context("registering the sources and the acknowledgement word (VRAM)")?;
+    Ok(Local {
+        gpu,
+        kernels,
+        plan,
+        me,
+        mem,
+        nixl,
+        registrations,
+    })
+}
+
+/// Allocates the device memory and fills the two sources with their
+/// patterns (one byte flipped when `corrupt`). Prints upstream's checksum
+/// line for what the target will hold after the first round.
+fn allocate(gpu: &Gpu, plan: &RunPlan, corrupt: bool) -> Result<Memory> {
+    let size = plan.max_size() as usize;
+    let mem = Memory {
+        sources: [
+            DeviceBuffer::zeroed(&gpu.ctx, size)?,
+            DeviceBuffer::zeroed(&gpu.ctx, size)?,
+        ],
+        ack: DeviceBuffer::zeroed(&gpu.ctx, 8)?,
+        report: DeviceBuffer::zeroed(&gpu.ctx, 40)?,
+    };
+    let mut host = vec![0u8; size];
+    for (variant, src) in mem.sources.iter().enumerate() {
+        pattern::fill(&mut host, plan.seed, variant as u64);
+        if corrupt {
+            host[size / 2] ^= 0x40;
+        }
+        src.upload(&gpu.stream, &host)?;
+    }
+    let first = &plan.rounds[0];
+    let n = first.size as usize;
+    pattern::fill(&mut host[..n], plan.seed, first.final_variant(0));
+    say!(
+        "[initiator] Data checksum: {}",
+        pattern::byte_sum(&host[..n])
+    );
+    Ok(mem)
+}
+
+/// Publishes our metadata and acknowledgement word, takes the target's
+/// metadata, descriptors and GPU, and prepares the three memory views.
+fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Held> {
+    let agent = &local.nixl.agent;
+    session.put(&p::initiator_meta(), &AgentMetadata(agent.get_local_md()?))?;
+    let ack_descs = DescList::new(MemType::Vram, vec![Desc::of(&local.mem.ack)]);
+    session.put(&p::initiator_ack_descs(), &ack_descs)?;
+    say!("[initiator] Published metadata, waiting for target...");
+
+    let target_md = session.get(&p::target_meta(), "agent metadata")?;
+    load_peer(agent, &target_md.0, p::TARGET_NAME, cfg.timeout)?;
+    let data = session.get(&p::target_data_descs(), "data descriptors")?;
+    let signal = session.get(&p::target_signal_descs(), "signal descriptors")?;
+    check_remote(&data, local.plan.max_size(), "data")?;
+    check_remote(&signal, 8, "signal")?;
+    let target = session.get(&p::target_gpu(), "GPU identity")?;
+    say!("[initiator] Connected to target");
+
+    let same_gpu = target.uuid == local.me.uuid;
+    let wait = cfg.wait.resolve(same_gpu);
+    info!(
+        "waiting for acknowledgements with a {} ({})",
+        wait.describe(),
+        if same_gpu {
+            "both processes share the GPU"
+        } else {
+            "the processes use different GPUs"
+        }
+    );
+    let baseline = baseline_rig(cfg, &local, &target)?;
+    local.gpu.bind()?;
+    let views = prepare_views(&local, &data, &signal)?;
+    Ok(Held {
+        views: Some(views),
+        baseline,
+        _registrations: local.registrations,
+        mem: local.mem,
+        nixl: local.nixl,
+        kernels: local.kernels,
+        gpu: local.gpu,
+        plan: local.plan,
+        me: local.me,
+        target,
+        target_data: data,
+        wait,
+        timeout: cfg.timeout,
+    })
+}
+
+/// The baselines need the target's GPU among ours (the same machine).
+fn baseline_rig(
+    cfg: &InitiatorConfig,
+    local: &Local,
+    target: &GpuInfo,
+) -> Result<Option<BaselineRig>> {
+    if !cfg.baselines {
+        return Ok(None);
+    }
+    let Some(ordinal) = find_gpu(&target.uuid) else {
+        info!(
+            "note: the target's GPU is not visible to this process; copy-engine and NIXL baselines skipped"
+        );
+        return Ok(None);
+    };
+    let size = local.plan.max_size() as usize;
+    Ok(Some(BaselineRig::new(
+        &local.gpu,
+        &local.nixl.agent,
+        ordinal,
+        size,
+    )?))
+}
+
+fn prepare_views(local: &Local, data: &DescList, signal: &DescList) -> Result<Views> {
+    let (agent, backend) = (&local.nixl.agent, &local.nixl.backend);
+    let sources = DescList::new(
+        MemType::Vram,
+        local.mem.sources.iter().map(Desc::of).collect(),
+    );
+    // SAFETY: the sources stay registered and allocated until the views
+    // drop (`Held`'s field order); the target keeps its buffers until we
+    // set `initiator_done`, which `tear_down` does after dropping them.
+    unsafe {
+        Ok(Views {
+            src: prep_local(agent, backend, &sources)?,
+            dst: prep_remote(agent, backend, data, p::TARGET_NAME)?,
+            signal: prep_remote(agent, backend, signal, p::TARGET_NAME)?,
+        })
+    }
+}
+
+/// Ordered so neither side frees memory the other still maps: our views
+/// of the target go first, then we say so and wait until the target is
+/// done with the store (it connects to ours), then delete every key.
+fn tear_down(held: &mut Held, session: &Session) -> Result<()> {
+    drop(held.views.take());
+    let _ = held.nixl.agent.invalidate_remote_md(p::TARGET_NAME);
+    session.mark(&p::initiator_done())?;
+    let done = session.get(&p::target_done(), "completion");
+    let mut keys: Vec<String> = [
+        p::initiator_meta().key(),
+        p::initiator_ack_descs().key(),
+        p::run_plan().key(),
+        p::initiator_done().key(),
+        p::target_done().key(),
+        p::target_gpu().key(),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    for i in 0..held.plan.rounds.len() {
+        keys.push(p::verdict(i).key().to_string());
+        keys.push(p::go(i).key().to_string());
+    }
+    session.delete(keys);
+    done.map(|_| ())
+}
+
+fn check_verdicts(rounds: &[RoundResult]) -> Result<()> {
+    match rounds.iter().find(|r| !r.verdict.ok()) {
+        None => Ok(()),
+        Some(r) => Err(anyhow::Error::new(DataMismatch(format!(
+            "round {}: the target found wrong data: {}",
+            r.index,
+            r.verdict_text()
+        )))),
+    }
+}
+
+fn check_remote(list: &DescList, min_len: u64, what: &str) -> Result<()> {
+    match list.descs.as_slice() {
+        [d] if list.mem_type == MemType::Vram && d.len >= min_len => Ok(()),
+        _ => bail!(
+            "the target's {what} descriptors are not one VRAM buffer of at least {min_len} bytes: {list:?}"
+        ),
+    }
+}
+
+impl Held {
+    fn result(self, rounds: Vec<RoundResult>) -> RunResult {
+        RunResult {
+            same_gpu: self.target.uuid == self.me.uuid,
+            plan: self.plan.clone(),
+            rounds,
+            initiator_gpu: self.me.clone(),
+            target_gpu: self.target.clone(),
+            wait: self.wait,
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! `simple_write`: a kernel in the initiator puts a buffer into the
+//! target's GPU memory and raises a signal there; the target's kernel waits
+//! for it, acknowledges, and every byte is verified.
+//!
+//! - [`protocol`]: every key the two roles exchange through the store, its
+//!   type, and who writes and reads it when;
+//! - [`session`]: the store as one role sees it, with waits that notice a
+//!   peer that gave up, died or froze;
+//! - [`plan`]: the rounds (sizes, levels, grids, iterations) the initiator
+//!   decides and the target follows;
+//! - [`initiator`] and [`rounds`]; [`target`] and [`receive`]: the roles,
+//!   each a short sequence of phases;
+//! - [`baseline`]: the copy engine and NIXL's host API in the same run;
+//! - [`connection`]: `--check-connection`, the exchange without a GPU;
+//! - [`report`]: tables, JSON and CSV.
+//!
+//! The shortest complete form of the pattern is `examples/put_and_signal.rs`;
+//! this is the same pattern as a benchmark.
+
+pub mod baseline;
+pub mod connection;
+pub mod initiator;
+pub mod plan;
+pub mod protocol;
+pub mod receive;
+pub mod report;
+pub mod rounds;
+pub mod session;
+pub mod target;

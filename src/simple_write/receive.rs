@@ -1,0 +1,252 @@
+//! The target's rounds: wait on the GPU for every signal of the round,
+//! acknowledge, then verify the data and publish the verdict.
+
+use anyhow::{Result, bail};
+use cudarc::driver::CudaStream;
+
+use super::plan::Round;
+use super::protocol::{self as p, Verdict};
+use super::session::Session;
+use super::target::Held;
+use crate::cli::DataMismatch;
+use crate::gpu::DeviceBuffer;
+use crate::gpu::kernels::{KernelReport, MemViewElem, WaitMode, WaitParams, wait_value_geq};
+use crate::gpu::run::run_watched;
+use crate::stats::Summary;
+use crate::{pattern, say};
+
+/// Receives every round of the plan; after a round whose data did not
+/// verify it publishes the verdict and fails with [`DataMismatch`].
+pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
+    let mut host = vec![0u8; held.plan.max_size() as usize];
+    let (mut signal_base, mut first_iter) = (0u64, 0u32);
+    for (i, round) in held.plan.rounds.iter().enumerate() {
+        // Not before the initiator says so: its baselines must run alone.
+        session.get(&p::go(i), "start of the round")?;
+        let wait = Wait {
+            held,
+            round,
+            index: i,
+            base: signal_base,
+        };
+        let (report, stamps) = wait.run(session)?;
+        if i == 0 {
+            say!("[target] Signal received!");
+        }
+        let n = round.size as usize;
+        held.data.download(&held.gpu.stream, &mut host[..n])?;
+        // Cleared before the initiator may start the next round, so a put
+        // that silently wrote nothing can never pass on stale data.
+        held.data.zero(&held.gpu.stream)?;
+        let arrivals = match &stamps {
+            Some(st) => Some(arrival_intervals(
+                held,
+                st,
+                round.iters as usize,
+                report.t_start_ns,
+            )?),
+            None => None,
+        };
+        let variant = round.final_variant(first_iter);
+        let verdict = judge(&host[..n], held.plan.seed, variant, arrivals, i, round);
+        session.put(&p::verdict(i), &verdict)?;
+        if let Verdict::Mismatch { first, .. } = verdict {
+            return Err(DataMismatch(format!("round {i}: {first}")).into());
+        }
+        signal_base = wait.end();
+        first_iter += round.warmup + round.iters;
+    }
+    Ok(())
+}
+
+/// Checks the received bytes against the pattern; prints upstream's
+/// checksum line (✓ on stdout, ✗ with the first wrong byte on stderr).
+fn judge(
+    data: &[u8],
+    seed: u64,
+    variant: u64,
+    arrivals: Option<Summary>,
+    index: usize,
+    round: &Round,
+) -> Verdict {
+    let checksum = pattern::byte_sum(data);
+    match pattern::verify(data, seed, variant) {
+        None => {
+            say!("[target] ✓ Checksum OK: {checksum}");
+            Verdict::Ok { checksum, arrivals }
+        }
+        Some(m) => {
+            let mut expected = vec![0u8; data.len()];
+            pattern::fill(&mut expected, seed, variant);
+            let expected_checksum = pattern::byte_sum(&expected);
+            eprintln!("[target] ✗ Checksum MISMATCH: got={checksum} expected={expected_checksum}");
+            eprintln!(
+                "[target]   round {index} ({} B, {}): {m}",
+                round.size, round.level
+            );
+            Verdict::Mismatch {
+                checksum,
+                expected_checksum,
+                first: m.to_string(),
+            }
+        }
+    }
+}
+
+/// One round's wait on the target's GPU, in either wait mode.
+struct Wait<'a> {
+    held: &'a Held,
+    round: &'a Round,
+    index: usize,
+    /// The signal's value before the round.
+    base: u64,
+}
+
+impl Wait<'_> {
+    /// The signal's value once every group has signalled every iteration.
+    fn end(&self) -> u64 {
+        let r = self.round;
+        self.base + r.signals_per_iter() * (r.warmup + r.iters) as u64
+    }
+
+    /// Waits for the round; returns the report and, with a spinning wait,
+    /// the per-iteration arrival stamps.
+    fn run(&self, session: &Session) -> Result<(KernelReport, Option<DeviceBuffer>)> {
+        let held = self.held;
+        let stream_mode = held.wait == WaitMode::Stream;
+        // Per-iteration arrival times exist only where a kernel follows the
+        // signal iteration by iteration.
+        let stamps = match stream_mode {
+            true => None,
+            false => Some(DeviceBuffer::zeroed(
+                &held.gpu.ctx,
+                self.round.iters.max(1) as usize * 8,
+            )?),
+        };
+        let params = self.params(stamps.as_ref());
+        let finished = run_watched(
+            &held.gpu,
+            &held.report,
+            held.plan.timeout(),
+            stream_mode.then_some(held.signal.addr()),
+            // SAFETY: the view, signal, stamps and report outlive the work.
+            |s| unsafe {
+                if stream_mode {
+                    self.queue_host_sequenced(s, &params)
+                } else {
+                    Ok(held.kernels.launch_wait(s, &params)?)
+                }
+            },
+            || session.probe(),
+        )?;
+        if finished.released {
+            bail!("{}", self.silent(None));
+        }
+        self.check(&finished.report)?;
+        Ok((finished.report, stamps))
+    }
+
+    fn params(&self, stamps: Option<&DeviceBuffer>) -> WaitParams {
+        let (held, r) = (self.held, self.round);
+        let view = held.ack_view.as_ref().expect("view lives until tear-down");
+        WaitParams {
+            ack: MemViewElem::new(view, 0),
+            signal: held.signal.addr(),
+            report: held.report.addr(),
+            iter_ns: stamps.map_or(0, DeviceBuffer::addr),
+            base: self.base,
+            step: r.signals_per_iter(),
+            timeout_ns: held.plan.timeout().as_nanos() as u64,
+            warmup: r.warmup,
+            iters: r.iters,
+            pong: r.pingpong as u32,
+            reserved: 0,
+        }
+    }
+
+    /// Stream mode: stream waits on the signal, each followed by `nixl_ack`.
+    ///
+    /// # Safety
+    /// As for [`crate::gpu::kernels::Kernels::launch_ack`].
+    unsafe fn queue_host_sequenced(&self, s: &CudaStream, params: &WaitParams) -> Result<()> {
+        let (k, r) = (&self.held.kernels, self.round);
+        let (sig, rep, step) = (
+            self.held.signal.addr(),
+            self.held.report.addr(),
+            params.step,
+        );
+        let total = r.warmup + r.iters;
+        unsafe {
+            if r.pingpong {
+                for i in 0..total {
+                    wait_value_geq(s, sig, self.base + step * (i as u64 + 1))?;
+                    let which = if i + 1 == total { 1 } else { 2 };
+                    k.launch_ack(s, &params.ack, rep, sig, which)?;
+                }
+            } else {
+                if r.warmup > 0 {
+                    wait_value_geq(s, sig, self.base + step * r.warmup as u64)?;
+                    k.launch_ack(s, &params.ack, rep, sig, 0)?;
+                }
+                wait_value_geq(s, sig, self.end())?;
+                k.launch_ack(s, &params.ack, rep, sig, 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self, r: &KernelReport) -> Result<()> {
+        let (i, fin) = (self.index, self.end());
+        if r.timed_out != 0 {
+            bail!("{}", self.silent(Some(r.observed)));
+        }
+        if r.errors > 0 {
+            bail!(
+                "round {i}: acknowledging failed ({} NIXL device call(s), first status {})",
+                r.errors,
+                r.first_status
+            );
+        }
+        if r.observed != fin {
+            bail!(
+                "round {i}: the signal reads {} but exactly {fin} signals were sent: a signal was duplicated or lost",
+                r.observed
+            );
+        }
+        Ok(())
+    }
+
+    fn silent(&self, observed: Option<u64>) -> String {
+        let seen = observed.map_or(String::new(), |o| format!(" (it reached {o})"));
+        format!(
+            "round {}: the signal did not reach {} within {:?}{seen}: the initiator stopped sending (died or froze); \
+             raise --timeout if it is just slow",
+            self.index,
+            self.end(),
+            self.held.plan.timeout()
+        )
+    }
+}
+
+/// Per-iteration intervals between the moments the target's GPU saw each
+/// timed iteration complete (the first measured from the end of warm-up), ns.
+fn arrival_intervals(
+    held: &Held,
+    stamps: &DeviceBuffer,
+    iters: usize,
+    start_ns: u64,
+) -> Result<Summary> {
+    let mut raw = vec![0u8; iters * 8];
+    stamps.download(&held.gpu.stream, &mut raw)?;
+    let mut prev = start_ns;
+    let v: Vec<f64> = raw
+        .chunks_exact(8)
+        .map(|c| {
+            let t = u64::from_le_bytes(c.try_into().unwrap());
+            let d = t.saturating_sub(prev) as f64;
+            prev = t;
+            d
+        })
+        .collect();
+    Ok(Summary::of(&v))
+}

@@ -1,0 +1,315 @@
+//! The initiator's rounds: for each size and level of the plan, the
+//! baselines (once per size), the go-ahead, the write + signal kernels, and
+//! the target's verdict.
+
+use anyhow::{Result, bail};
+use cudarc::driver::CudaStream;
+use tracing::info;
+
+use super::baseline::Baselines;
+use super::initiator::Held;
+use super::plan::Round;
+use super::protocol::{self as p, Verdict};
+use super::session::Session;
+use crate::cli::fmt_bytes;
+use crate::gpu::DeviceBuffer;
+use crate::gpu::kernels::{
+    KernelReport, MemViewElem, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode,
+    WriteParams, wait_value_geq,
+};
+use crate::gpu::run::{Finished, run_watched};
+use crate::stats::Summary;
+
+/// One round as measured by the initiator and judged by the target.
+#[derive(Clone, Debug)]
+pub struct RoundResult {
+    /// Position in the plan.
+    pub index: usize,
+    pub round: Round,
+    /// Bandwidth: GPU time (`%globaltimer`) from the first timed put to the
+    /// initiator's GPU seeing the target's final acknowledgement, ns.
+    /// Ping-pong: the span of the timed round trips.
+    pub gpu_ns: u64,
+    /// CUDA-event time of everything queued for the round, µs.
+    pub event_us: f64,
+    /// Ping-pong: each round trip, ns.
+    pub rtt: Option<Summary>,
+    pub verdict: Verdict,
+    /// The same size's baselines, when measured.
+    pub baselines: Option<Baselines>,
+}
+
+impl RoundResult {
+    /// The verdict in words.
+    pub fn verdict_text(&self) -> String {
+        match &self.verdict {
+            Verdict::Ok { checksum, .. } => format!("ok (checksum {checksum})"),
+            Verdict::Mismatch {
+                checksum,
+                expected_checksum,
+                first,
+            } => format!("checksum {checksum}, expected {expected_checksum}; {first}"),
+        }
+    }
+}
+
+/// Runs every round of the plan; stops after the first round whose data
+/// did not verify (the caller turns that into a mismatch error).
+pub(super) fn run_all(
+    held: &Held,
+    session: &Session,
+    on_round: &mut dyn FnMut(&RoundResult),
+) -> Result<Vec<RoundResult>> {
+    let mut out: Vec<RoundResult> = Vec::new();
+    let (mut ack_base, mut first_iter) = (0u64, 0u32);
+    for (index, round) in held.plan.rounds.iter().enumerate() {
+        // Once per size, between rounds: the target's buffer is idle (its
+        // verdict on the last round is in) and zeroed.
+        let baselines = match out.last().filter(|r| r.round.size == round.size) {
+            Some(prev) => prev.baselines,
+            None => measure_baselines(held, round.size)?,
+        };
+        check_grid(held, round)?;
+        session.mark(&p::go(index))?;
+        let launch = Launch {
+            held,
+            round,
+            ack_base,
+            first_iter,
+        };
+        let (report, event_us, rtt) = launch.run(session)?;
+        ack_base += round.acks();
+        first_iter += round.warmup + round.iters;
+        let verdict = session.get(&p::verdict(index), "verdict on the data")?;
+        let result = RoundResult {
+            index,
+            round: round.clone(),
+            gpu_ns: report.t_end_ns.saturating_sub(report.t_start_ns),
+            event_us,
+            rtt,
+            verdict,
+            baselines,
+        };
+        on_round(&result);
+        let ok = result.verdict.ok();
+        out.push(result);
+        if !ok {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn measure_baselines(held: &Held, size: u64) -> Result<Option<Baselines>> {
+    let Some(rig) = &held.baseline else {
+        return Ok(None);
+    };
+    let b = rig.measure(
+        &held.gpu,
+        &held.mem.sources[0],
+        &held.nixl.agent,
+        (&held.target_data, p::TARGET_NAME),
+        size,
+        held.timeout,
+    )?;
+    info!(
+        "baselines for {}: copy engine {:.1} GB/s, NIXL WRITE {:.1} GB/s",
+        fmt_bytes(size),
+        b.copy_engine_gbps.unwrap_or(0.0),
+        b.nixl_write_gbps.unwrap_or(0.0)
+    );
+    Ok(Some(b))
+}
+
+/// The write kernel's blocks wait on each other (through the target's
+/// acknowledgement), so they must all be resident at once.
+fn check_grid(held: &Held, round: &Round) -> Result<()> {
+    let max = held
+        .kernels
+        .max_resident_blocks(round.level, round.threads, held.gpu.sm_count)?;
+    if round.blocks > max {
+        bail!(
+            "{} blocks of {} threads cannot all be resident on GPU {} (at most {max}); the blocks wait on each \
+             other, so use --blocks {max} or fewer",
+            round.blocks,
+            round.threads,
+            held.gpu.ordinal
+        );
+    }
+    Ok(())
+}
+
+/// One round on the initiator's GPU, in either wait mode.
+struct Launch<'a> {
+    held: &'a Held,
+    round: &'a Round,
+    /// The ack word's value before this round.
+    ack_base: u64,
+    /// Global index of the round's first iteration (its parity picks the source).
+    first_iter: u32,
+}
+
+impl Launch<'_> {
+    /// Launches the round and waits for it; returns the report, the event
+    /// time (µs) and, for ping-pong, the round trips.
+    fn run(&self, session: &Session) -> Result<(KernelReport, f64, Option<Summary>)> {
+        let (held, round) = (self.held, self.round);
+        let stream_mode = held.wait == WaitMode::Stream;
+        let stamps = match self.stamp_slots(stream_mode) {
+            0 => None,
+            n => Some(DeviceBuffer::zeroed(&held.gpu.ctx, n * 8)?),
+        };
+        let params = self.params(stamps.as_ref());
+        let finished = run_watched(
+            &held.gpu,
+            &held.mem.report,
+            held.timeout,
+            stream_mode.then_some(held.mem.ack.addr()),
+            // SAFETY: views, ack, stamps and report outlive the work
+            // (run_watched waits for it).
+            |s| unsafe {
+                if stream_mode {
+                    self.queue_host_sequenced(s, params)
+                } else {
+                    Ok(held.kernels.launch_write(
+                        s,
+                        round.level,
+                        round.blocks,
+                        round.threads,
+                        &params,
+                    )?)
+                }
+            },
+            || session.probe(),
+        )?;
+        let mut report = self.check(&finished)?;
+        let rtt = match &stamps {
+            None => None,
+            Some(st) => Some(self.round_trips(st, stream_mode, &mut report)?),
+        };
+        Ok((report, finished.event_us, rtt))
+    }
+
+    /// Ping-pong slots: kernel mode keeps cycles per round trip (+2 for
+    /// calibration); stream mode keeps each launch's start time.
+    fn stamp_slots(&self, stream_mode: bool) -> usize {
+        let r = self.round;
+        match (r.pingpong, stream_mode) {
+            (false, _) => 0,
+            (true, true) => (r.warmup + r.iters) as usize,
+            (true, false) => r.iters as usize + 2,
+        }
+    }
+
+    fn params(&self, stamps: Option<&DeviceBuffer>) -> WriteParams {
+        let (held, round) = (self.held, self.round);
+        let views = held.views.as_ref().expect("views live until tear-down");
+        WriteParams {
+            src: MemViewElem::new(&views.src, 0),
+            dst: MemViewElem::new(&views.dst, 0),
+            signal: MemViewElem::new(&views.signal, 0),
+            ack: held.mem.ack.addr(),
+            report: held.mem.report.addr(),
+            iter_cycles: stamps.map_or(0, DeviceBuffer::addr),
+            size: round.size,
+            slice: round.slice(),
+            ack_base: self.ack_base,
+            timeout_ns: held.timeout.as_nanos() as u64,
+            warmup: round.warmup,
+            iters: round.iters,
+            first_iter: self.first_iter,
+            flags: if round.pingpong { WRITE_PINGPONG } else { 0 },
+            ..Default::default()
+        }
+    }
+
+    /// Stream mode: no kernel spins. Each launch is followed by a stream
+    /// wait on the ack word, and `nixl_stamp` records when it was satisfied.
+    ///
+    /// # Safety
+    /// As for [`crate::gpu::kernels::Kernels::launch_write`].
+    unsafe fn queue_host_sequenced(&self, s: &CudaStream, mut p: WriteParams) -> Result<()> {
+        let (k, r, ack) = (&self.held.kernels, self.round, self.held.mem.ack.addr());
+        let write = |p: &WriteParams| unsafe { k.launch_write(s, r.level, r.blocks, r.threads, p) };
+        p.flags |= WRITE_HOST_SEQUENCED;
+        if r.pingpong {
+            p.flags |= WRITE_STAMP;
+            for i in 0..r.warmup + r.iters {
+                write(&WriteParams {
+                    warmup: 0,
+                    iters: 1,
+                    first_iter: self.first_iter + i,
+                    stamp_index: i,
+                    ..p
+                })?;
+                unsafe { wait_value_geq(s, ack, self.ack_base + i as u64 + 1)? };
+            }
+        } else {
+            if r.warmup > 0 {
+                write(&WriteParams { iters: 0, ..p })?;
+                unsafe { wait_value_geq(s, ack, self.ack_base + 1)? };
+            }
+            write(&WriteParams {
+                warmup: 0,
+                first_iter: self.first_iter + r.warmup,
+                ..p
+            })?;
+            unsafe { wait_value_geq(s, ack, self.ack_base + r.acks())? };
+        }
+        unsafe { k.launch_stamp(s, self.held.mem.report.addr(), ack, 1)? };
+        Ok(())
+    }
+
+    fn check(&self, f: &Finished) -> Result<KernelReport> {
+        let r = f.report;
+        if r.errors > 0 {
+            bail!(
+                "{} NIXL device call(s) failed (first status {}: NIXL_ERR_BACKEND = -3)",
+                r.errors,
+                r.first_status
+            );
+        }
+        if f.released || r.timed_out != 0 || r.t_end_ns == 0 {
+            bail!(
+                "the target's acknowledgement never came (ack {} of {} after {:?}): the target stopped, or its \
+                 signal never arrived",
+                r.observed.min(u64::MAX / 4),
+                self.ack_base + self.round.acks(),
+                self.held.timeout
+            );
+        }
+        Ok(r)
+    }
+
+    /// Ping-pong round trips, ns. Stream mode: each launch starts when the
+    /// previous acknowledgement arrived. Kernel mode: SM cycle counts,
+    /// calibrated by the globaltimer span of the same iterations (SM clocks
+    /// move with boost).
+    fn round_trips(
+        &self,
+        stamps: &DeviceBuffer,
+        stream_mode: bool,
+        r: &mut KernelReport,
+    ) -> Result<Summary> {
+        let slots = stamps.len() / 8;
+        let mut raw = vec![0u8; stamps.len()];
+        stamps.download(&self.held.gpu.stream, &mut raw)?;
+        let w = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
+        let rtts: Vec<f64> = if stream_mode {
+            let first = self.round.warmup as usize;
+            r.t_start_ns = w(first);
+            (first..slots)
+                .map(|i| {
+                    let next = if i + 1 < slots { w(i + 1) } else { r.t_end_ns };
+                    next.saturating_sub(w(i)) as f64
+                })
+                .collect()
+        } else {
+            let n = self.round.iters as usize;
+            let cycles = w(n + 1).saturating_sub(w(n)).max(1);
+            let ns_per_cycle = r.t_end_ns.saturating_sub(r.t_start_ns) as f64 / cycles as f64;
+            (0..n).map(|i| w(i) as f64 * ns_per_cycle).collect()
+        };
+        Ok(Summary::of(&rtts))
+    }
+}

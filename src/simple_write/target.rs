@@ -1,0 +1,212 @@
+//! The target of `simple_write`: exposes a data buffer and an 8-byte
+//! signal, waits on the GPU until the initiator's puts and signals arrive,
+//! acknowledges them, and verifies every byte.
+//!
+//! Four phases: [`set_up`] (the plan, GPU, memory, agent, and publishing
+//! them), [`connect`] (the initiator's metadata and acknowledgement word),
+//! the rounds ([`super::receive`]), and [`tear_down`] (after the initiator
+//! released its views of our memory).
+//!
+//! Mirrors upstream's `simple_write --mode target` (NIXL PR #1259) on the
+//! 1.x device API; the data check, the acknowledgement and the teardown
+//! handshake are ours.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use nixl_sys::{MemView, RegistrationHandle};
+use tracing::info;
+
+use super::plan::RunPlan;
+use super::protocol::{self as p, AgentMetadata, Claim, Role};
+use super::receive;
+use super::session::Session;
+use crate::cli::DataMismatch;
+use crate::gpu::kernels::{Kernels, WaitMode};
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::nixl::agent::{UcxAgent, create_ucx_agent};
+use crate::nixl::serdes::{Desc, DescList, MemType};
+use crate::nixl::view::{load_peer, prep_remote};
+use crate::say;
+use crate::store::Store;
+
+/// What the target needs; everything else comes from the initiator's plan.
+pub struct TargetConfig {
+    /// GPU ordinal.
+    pub gpu: usize,
+    /// `--size` as given on the target's command line, if it was: it must
+    /// match the initiator's.
+    pub expected_size: Option<u64>,
+    /// Used until the plan (which carries the initiator's timeout) arrives.
+    pub timeout: Duration,
+    /// How this side waits for the signal.
+    pub wait: WaitMode,
+}
+
+/// Runs the target against an open store. A data mismatch is an error
+/// ([`DataMismatch`]) after the verdict has been published.
+pub fn run(cfg: &TargetConfig, store: &dyn Store) -> Result<()> {
+    let session = Session::new(store, Role::Target, cfg.timeout);
+    claim_pair(&session, false)?;
+    let result: Result<_> = session.with_heartbeat(|| {
+        let plan = session.get(&p::run_plan(), "run plan")?;
+        let session = Session::new(store, Role::Target, plan.timeout());
+        let mut held = set_up(cfg, plan, &session)?;
+        connect(&mut held, &session)?;
+        say!("[target] Waiting for data...");
+        let rounds = receive::run_all(&held, &session);
+        tear_down(&mut held, &session)?;
+        rounds?;
+        say!("[target] Complete!");
+        Ok(())
+    });
+    if let Err(e) = &result {
+        if e.downcast_ref::<DataMismatch>().is_none() {
+            session.abort(&format!("{e:#}"));
+        }
+        // Our keys go with us, on every path.
+        session.delete(own_keys());
+    }
+    result
+}
+
+/// One target per initiator: a second one must leave without touching
+/// the first pair's keys (no abort, no heartbeat, no cleanup).
+pub(super) fn claim_pair(session: &Session, check_only: bool) -> Result<()> {
+    let me = Claim {
+        pid: std::process::id(),
+        host: hostname(),
+        check_only,
+    };
+    if let Some(holder) = session.claim(&p::target_claim(), &me)? {
+        bail!(
+            "another target (pid {} on {}) already joined this initiator's store: one target per initiator; \
+             start another initiator on another --port for a second pair",
+            holder.pid,
+            holder.host
+        );
+    }
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The keys the target writes and deletes itself.
+fn own_keys() -> Vec<String> {
+    [
+        p::target_meta().key(),
+        p::target_data_descs().key(),
+        p::target_signal_descs().key(),
+        p::target_gpu().key(),
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// Everything the target holds, in teardown order (fields drop in
+/// declaration order): the view of the initiator's ack word, our
+/// registrations, the memory they name, the agent, the GPU context.
+pub(super) struct Held {
+    pub ack_view: Option<MemView>,
+    _registrations: Vec<RegistrationHandle>,
+    pub data: DeviceBuffer,
+    pub signal: DeviceBuffer,
+    pub report: DeviceBuffer,
+    pub nixl: UcxAgent,
+    pub kernels: Kernels,
+    pub gpu: Gpu,
+    pub plan: RunPlan,
+    pub wait: WaitMode,
+}
+
+fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> {
+    if let Some(want) = cfg.expected_size {
+        if plan.rounds.iter().any(|r| r.size != want) {
+            let sizes: Vec<String> = plan.rounds.iter().map(|r| r.size.to_string()).collect();
+            bail!(
+                "--size {want} on the target differs from the initiator's ({}): give --size to the initiator only, \
+                 or the same to both",
+                sizes.join(", ")
+            );
+        }
+    }
+    let gpu = Gpu::open(cfg.gpu)?;
+    let kernels = Kernels::load(&gpu.ctx)?;
+    let me = gpu.info()?;
+    let size = plan.max_size();
+    gpu.ensure_free(
+        size + (1 << 20),
+        "the target's data buffer",
+        "use a smaller --size on the initiator",
+    )?;
+    let data = DeviceBuffer::zeroed(&gpu.ctx, size as usize)?;
+    let signal = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
+    let report = DeviceBuffer::zeroed(&gpu.ctx, 40)?;
+    let nixl = create_ucx_agent(p::TARGET_NAME)?;
+    let registrations = [&data, &signal]
+        .into_iter()
+        .map(|b| nixl.agent.register_memory(b, None))
+        .collect::<Result<Vec<_>, _>>()
+        .context("registering the data buffer and the signal (VRAM)")?;
+    // Upstream's keys in upstream's order, then ours.
+    session.put(
+        &p::target_meta(),
+        &AgentMetadata(nixl.agent.get_local_md()?),
+    )?;
+    session.put(
+        &p::target_data_descs(),
+        &DescList::new(MemType::Vram, vec![Desc::of(&data)]),
+    )?;
+    session.put(
+        &p::target_signal_descs(),
+        &DescList::new(MemType::Vram, vec![Desc::of(&signal)]),
+    )?;
+    session.put(&p::target_gpu(), &me)?;
+    say!("[target] Published metadata and descriptors");
+    let wait = cfg.wait.resolve(me.uuid == plan.initiator_gpu.uuid);
+    Ok(Held {
+        ack_view: None,
+        _registrations: registrations,
+        data,
+        signal,
+        report,
+        nixl,
+        kernels,
+        gpu,
+        plan,
+        wait,
+    })
+}
+
+/// Loads the initiator's metadata and prepares the view of its
+/// acknowledgement word.
+fn connect(held: &mut Held, session: &Session) -> Result<()> {
+    let agent = &held.nixl.agent;
+    let md = session.get(&p::initiator_meta(), "agent metadata")?;
+    load_peer(agent, &md.0, p::INITIATOR_NAME, held.plan.timeout())?;
+    let ack = session.get(&p::initiator_ack_descs(), "acknowledgement descriptors")?;
+    say!("[target] Connected to initiator");
+    // SAFETY: the initiator keeps its ack word until we set `target_done`,
+    // which `tear_down` does after dropping this view.
+    held.ack_view =
+        Some(unsafe { prep_remote(agent, &held.nixl.backend, &ack, p::INITIATOR_NAME)? });
+    info!("waiting for signals with a {}", held.wait.describe());
+    Ok(())
+}
+
+/// Waits until the initiator has released its views of our memory, then
+/// releases ours of its ack word, deletes our keys and says done as the
+/// very last store operation (the initiator hosts the store and exits
+/// once it sees it). Deregistration follows when `held` drops.
+fn tear_down(held: &mut Held, session: &Session) -> Result<()> {
+    let released = session.get(&p::initiator_done(), "release of its memory views");
+    drop(held.ack_view.take());
+    let _ = held.nixl.agent.invalidate_remote_md(p::INITIATOR_NAME);
+    session.delete(own_keys());
+    released?;
+    session.mark(&p::target_done())
+}
