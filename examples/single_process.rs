@@ -16,18 +16,19 @@
 //! Exit status: 0 success, 1 failure, 3 data mismatch.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
+use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
+use nixl_examples::deadline::{Pace, poll};
 use nixl_examples::nixl::agent::UcxAgent;
-use nixl_examples::nixl::host_agent::create_polled_agent;
+use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::runtime;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args};
 use nixl_examples::pattern;
-use nixl_examples::report::{DataMismatch, EXIT_MISMATCH};
 use nixl_examples::say;
 use nixl_sys::{RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus};
 
@@ -117,7 +118,7 @@ fn create_agents() -> Result<(UcxAgent, UcxAgent)> {
     // No progress threads: this one thread drives both agents, and each
     // status or notification poll below advances that agent's UCX worker.
     // A progress thread would only spin beside us (see
-    // `nixl_examples::nixl::host_agent`).
+    // `nixl_examples::nixl::agent::create_polled_agent`).
     let target = create_polled_agent(TARGET)?;
     let initiator = create_polled_agent(INITIATOR)?;
     let plugins: Vec<String> = target
@@ -275,17 +276,15 @@ fn target_receives(
     matches: impl Fn(&[u8]) -> bool,
     timeout: Duration,
 ) -> Result<Vec<u8>> {
-    let start = Instant::now();
-    loop {
-        poll_both(target, initiator)?;
-        if let Some(m) = target.inbox.take(INITIATOR, &matches) {
-            return Ok(m);
-        }
-        if start.elapsed() > timeout {
-            bail!("the target received no such notification within {timeout:?}");
-        }
-        std::thread::yield_now();
-    }
+    poll(
+        timeout,
+        Pace::Yield,
+        || {
+            poll_both(target, initiator)?;
+            Ok(target.inbox.take(INITIATOR, &matches))
+        },
+        |waited| anyhow::anyhow!("the target received no such notification within {waited:?}"),
+    )
 }
 
 /// Posts `req` on the initiator and waits until both sides are done: the
@@ -298,23 +297,25 @@ fn post_and_wait_both(
     tag: &[u8],
     timeout: Duration,
 ) -> Result<()> {
-    let start = Instant::now();
     let agent = &initiator.nixl.agent;
-    let mut in_progress = agent.post_xfer_req(req, None).context("posting")?;
-    while in_progress {
-        in_progress = match agent.get_xfer_status(req) {
-            Ok(XferStatus::Success) => false,
-            Ok(XferStatus::InProgress) => true,
-            Err(e) => bail!("the transfer failed: {e}"),
-        };
-        // Between shared-memory peers the data moves one-sided, but where
-        // UCX has no one-sided path (over TCP, say) it emulates READ and
-        // WRITE with messages that the target's worker must handle.
-        target.inbox.poll(&target.nixl.agent)?;
-        if start.elapsed() > timeout {
-            bail!("the transfer did not complete within {timeout:?}");
-        }
-        std::thread::yield_now();
+    if agent.post_xfer_req(req, None).context("posting")? {
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                let done = match agent.get_xfer_status(req) {
+                    Ok(XferStatus::Success) => true,
+                    Ok(XferStatus::InProgress) => false,
+                    Err(e) => bail!("the transfer failed: {e}"),
+                };
+                // Between shared-memory peers the data moves one-sided, but
+                // where UCX has no one-sided path (over TCP, say) it emulates
+                // READ and WRITE with messages the target's worker must handle.
+                target.inbox.poll(&target.nixl.agent)?;
+                Ok(done.then_some(()))
+            },
+            |waited| anyhow::anyhow!("the transfer did not complete within {waited:?}"),
+        )?;
     }
     say!("[{}] Initiator done", initiator.name);
     target_receives(target, initiator, |m| m == tag, timeout)
