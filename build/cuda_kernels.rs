@@ -1,4 +1,5 @@
-//! Compiles cuda/kernels.cu with nvcc into a fatbin the binary embeds.
+//! Compiles each `cuda/*.cu` of [`SOURCES`] with nvcc into a fatbin the
+//! library embeds (`NIXL_FATBIN_<NAME>`, e.g. `NIXL_FATBIN_PUT_AND_SIGNAL`).
 //!
 //! Needs three things; each is looked for in the order a user's machine has it:
 //! - nvcc: `NVCC`, `CUDA_HOME`/`CUDA_PATH` `/bin/nvcc`, `nvcc` on PATH,
@@ -18,9 +19,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The kernel sources, each built into its own fatbin.
+const SOURCES: &[&str] = &["kernels", "put_and_signal"];
+
 pub fn build() {
     println!("cargo::rustc-check-cfg=cfg(nixl_kernels)");
-    println!("cargo:rerun-if-changed=cuda/kernels.cu");
+    for name in SOURCES {
+        println!("cargo:rerun-if-changed=cuda/{name}.cu");
+    }
     for var in [
         "NVCC",
         "CUDA_HOME",
@@ -34,10 +40,13 @@ pub fn build() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    match compile() {
-        Ok(fatbin) => {
+    match compile_all() {
+        Ok(fatbins) => {
             println!("cargo:rustc-cfg=nixl_kernels");
-            println!("cargo:rustc-env=NIXL_KERNELS_FATBIN={}", fatbin.display());
+            for (name, fatbin) in SOURCES.iter().zip(fatbins) {
+                let var = format!("NIXL_FATBIN_{}", name.to_uppercase());
+                println!("cargo:rustc-env={var}={}", fatbin.display());
+            }
         }
         Err(why) => {
             if std::env::var("NIXL_REQUIRE_KERNELS").as_deref() == Ok("1") {
@@ -49,7 +58,8 @@ pub fn build() {
     }
 }
 
-fn compile() -> Result<PathBuf, String> {
+/// All of [`SOURCES`], or why not: the kernels come all together or not at all.
+fn compile_all() -> Result<Vec<PathBuf>, String> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let venv_sites = venv_site_packages(&manifest.join(".venv"));
     let nvcc = find_nvcc(&venv_sites).ok_or(
@@ -65,9 +75,30 @@ fn compile() -> Result<PathBuf, String> {
         println!("cargo:rerun-if-changed={}", watched.display());
     }
 
-    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("kernels.fatbin");
+    let includes = [nixl_inc, ucx_inc];
+    SOURCES
+        .iter()
+        .map(|name| {
+            compile(
+                &nvcc,
+                &includes,
+                &manifest.join(format!("cuda/{name}.cu")),
+                name,
+            )
+        })
+        .collect()
+}
+
+/// One `.cu` into `$OUT_DIR/<name>.fatbin`.
+fn compile(
+    nvcc: &Path,
+    includes: &[PathBuf; 2],
+    source: &Path,
+    name: &str,
+) -> Result<PathBuf, String> {
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join(format!("{name}.fatbin"));
     let arch = std::env::var("NIXL_CUDA_ARCH").unwrap_or_else(|_| "90".into());
-    let status = Command::new(&nvcc)
+    let status = Command::new(nvcc)
         .args([
             "-std=c++17",
             "--expt-relaxed-constexpr",
@@ -80,10 +111,10 @@ fn compile() -> Result<PathBuf, String> {
             "-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"
         ))
         .arg("-I")
-        .arg(&nixl_inc)
+        .arg(&includes[0])
         .arg("-I")
-        .arg(&ucx_inc)
-        .arg(manifest.join("cuda/kernels.cu"))
+        .arg(&includes[1])
+        .arg(source)
         .arg("-o")
         .arg(&out)
         .output()
@@ -96,7 +127,7 @@ fn compile() -> Result<PathBuf, String> {
             .take(3)
             .collect();
         return Err(format!(
-            "nvcc failed on cuda/kernels.cu: {}",
+            "nvcc failed on cuda/{name}.cu: {}",
             first.join(" | ")
         ));
     }

@@ -79,6 +79,14 @@ impl DeviceBuffer {
         stream.synchronize()
     }
 
+    /// The first 8 bytes as a little-endian `u64` (a signal, a counter), after
+    /// the work queued on `stream`.
+    pub fn read_u64(&self, stream: &CudaStream) -> Result<u64, DriverError> {
+        let mut raw = [0u8; 8];
+        self.download(stream, &mut raw)?;
+        Ok(u64::from_le_bytes(raw))
+    }
+
     /// Sets every byte to zero and waits.
     pub fn zero(&self, stream: &CudaStream) -> Result<(), DriverError> {
         self.ctx.bind_to_thread()?;

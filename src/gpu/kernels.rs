@@ -301,29 +301,8 @@ const ONE_THREAD: LaunchConfig = LaunchConfig {
     shared_mem_bytes: 0,
 };
 
-/// Why the kernels are not available in this binary.
-#[derive(Debug, thiserror::Error)]
-pub enum KernelsError {
-    #[error("this binary was built without the device kernels: {0}; then rebuild (cargo build)")]
-    NotBuilt(&'static str),
-    #[error("loading the kernels into GPU {gpu}: {source}")]
-    Load {
-        gpu: usize,
-        #[source]
-        source: DriverError,
-    },
-}
-
-/// The fatbin built from cuda/kernels.cu, or why there is none.
-#[cfg(nixl_kernels)]
-const FATBIN: Result<&[u8], &str> = Ok(include_bytes!(env!("NIXL_KERNELS_FATBIN")));
-#[cfg(not(nixl_kernels))]
-const FATBIN: Result<&[u8], &str> = Err(env!("NIXL_KERNELS_MISSING"));
-
-/// Whether the kernels were compiled in, and if not, why.
-pub fn availability() -> Result<(), &'static str> {
-    FATBIN.map(|_| ())
-}
+use super::module::{Fatbin, load};
+pub use super::module::{KernelsError, availability};
 
 /// The kernels loaded into one GPU's context.
 pub struct Kernels {
@@ -339,14 +318,11 @@ pub struct Kernels {
 impl Kernels {
     /// Loads the embedded fatbin into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, KernelsError> {
-        let image = FATBIN.map_err(KernelsError::NotBuilt)?;
+        let module = load(ctx, Fatbin::Kernels)?;
         let err = |source| KernelsError::Load {
             gpu: ctx.ordinal(),
             source,
         };
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
-            .map_err(err)?;
         let f = |name: &str| module.load_function(name).map_err(err);
         Ok(Self {
             thread: f(Level::Thread.kernel())?,

@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod context;
 pub mod copy;
 pub mod kernels;
+pub mod module;
 pub mod run;
 
 pub use buffer::DeviceBuffer;

@@ -139,6 +139,26 @@ pub struct StoreOptions {
 }
 
 impl StoreOptions {
+    /// A client of the store at `host:port` that counts no workers.
+    pub fn client(host: &str, port: u16, timeout: Duration) -> Self {
+        Self {
+            host: host.to_string(),
+            port,
+            is_server: false,
+            num_workers: None,
+            wait_workers: false,
+            timeout,
+        }
+    }
+
+    /// A server on `port` (0: any free port) that counts no workers.
+    pub fn server(port: u16, timeout: Duration) -> Self {
+        Self {
+            is_server: true,
+            ..Self::client("127.0.0.1", port, timeout)
+        }
+    }
+
     /// The options upstream's `simple_write` uses: 127.0.0.1:9998,
     /// `numWorkers=2`, `waitWorkers=true`, 30 s.
     pub fn two_process(is_server: bool) -> Self {
