@@ -57,8 +57,12 @@ struct WriteParams {
     uint32_t flags;          // WRITE_* below
     uint32_t stamp_index;    // WRITE_STAMP: slot of iter_cycles that gets %globaltimer at start
     uint32_t reserved;
+    const uint8_t *src_addr[2];  // store path: the two sources, as local pointers
+    uint64_t chunk;          // 0: each group puts one contiguous slice; else chunks of this many
+                             // bytes dealt round-robin to the groups (see Layout below)
 };
-static_assert(sizeof(WriteParams) == 152, "WriteParams layout is shared with the host");
+static_assert(sizeof(WriteParams) == 176, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, src_addr) == 152, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, warmup) == 128, "WriteParams layout is shared with the host");
 
@@ -85,7 +89,7 @@ struct WaitParams {
     uint32_t warmup;
     uint32_t iters;
     uint32_t pong;         // 1: acknowledge every iteration (ping-pong), else after warm-up and at the end
-    uint32_t reserved;
+    uint32_t ack_store;    // 1: acknowledge through the peer pointer (nixlGetPtr) instead of nixlAtomicAdd
 };
 static_assert(sizeof(WaitParams) == 88, "WaitParams layout is shared with the host");
 
@@ -147,36 +151,83 @@ template <nixl_gpu_level_t L> struct Group;
 // THREAD: every thread is a group of one.
 template <> struct Group<nixl_gpu_level_t::THREAD> {
     __device__ static unsigned index() { return blockIdx.x * blockDim.x + threadIdx.x; }
+    __device__ static unsigned count() { return gridDim.x * blockDim.x; }
+    __device__ static unsigned rank() { return 0; }
+    __device__ static unsigned size() { return 1; }
     __device__ static void sync() {}
 };
 // WARP: each warp; every lane calls nixlPut/nixlAtomicAdd with the same arguments.
 template <> struct Group<nixl_gpu_level_t::WARP> {
     __device__ static unsigned index() { return (blockIdx.x * blockDim.x + threadIdx.x) / 32; }
+    __device__ static unsigned count() { return gridDim.x * blockDim.x / 32; }
+    __device__ static unsigned rank() { return threadIdx.x % 32; }
+    __device__ static unsigned size() { return 32; }
     __device__ static void sync() { __syncwarp(); }
 };
 // BLOCK: each block; every thread of the block calls with the same arguments.
 template <> struct Group<nixl_gpu_level_t::BLOCK> {
     __device__ static unsigned index() { return blockIdx.x; }
+    __device__ static unsigned count() { return gridDim.x; }
+    __device__ static unsigned rank() { return threadIdx.x; }
+    __device__ static unsigned size() { return blockDim.x; }
     __device__ static void sync() { __syncthreads(); }
 };
 
-// One iteration for one group: put the group's slice, fence, signal.
+// Which bytes a group moves in one iteration. Contiguous (chunk == 0): one
+// slice per group, an even split rounded up to 16 bytes. Interleaved
+// (chunk > 0): chunks of `chunk` bytes dealt round-robin, group g taking
+// chunks g, g + G, g + 2G, ...; at any moment the groups then work on
+// neighbouring chunks rather than on G regions spread over the buffer,
+// which keeps the pages in flight few (the source's and the peer's).
+// The host (Round::signals_per_iter) counts the groups with data alike.
+struct Layout {
+    uint64_t first, step, len, end;  // chunks at first, first+step, ... below end, each len bytes
+};
+
+template <nixl_gpu_level_t L>
+__device__ Layout layout_of(const WriteParams &p) {
+    const uint64_t g = Group<L>::index();
+    if (p.chunk == 0) return Layout{g * p.slice, p.size, p.slice, p.size};
+    return Layout{g * p.chunk, Group<L>::count() * p.chunk, p.chunk, p.size};
+}
+
+// The copy of the store path: the group's threads move 16-byte vectors,
+// four loads in flight per thread before the stores, then the tail bytes.
+template <nixl_gpu_level_t L>
+__device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
+    const unsigned lane = Group<L>::rank(), n = Group<L>::size();
+    const uint64_t vecs = len / 16;
+    const int4 *src = reinterpret_cast<const int4 *>(from);
+    int4 *dst = reinterpret_cast<int4 *>(to);
+    uint64_t i = lane;
+    for (; i + 3 * n < vecs; i += 4 * n) {
+        const int4 a = src[i], b = src[i + n], c = src[i + 2 * n], d = src[i + 3 * n];
+        dst[i] = a;
+        dst[i + n] = b;
+        dst[i + 2 * n] = c;
+        dst[i + 3 * n] = d;
+    }
+    for (; i < vecs; i += n) dst[i] = src[i];
+    for (uint64_t b = vecs * 16 + lane; b < len; b += n) to[b] = from[b];
+}
+
+// One iteration for one group, put path: nixlPut each of the group's
+// chunks, then fence and signal once.
 template <nixl_gpu_level_t L>
 __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
     using G = Group<L>;
-    const uint64_t start = uint64_t(G::index()) * p.slice;
-    if (start >= p.size) return;  // more groups than slices: this one idles
-    const uint64_t len = min(p.slice, p.size - start);
+    const Layout at = layout_of<L>(p);
+    if (at.first >= at.end) return;  // more groups than data: this one idles
     // Each group on its own channel, so groups do not serialise on one.
     const unsigned channel = G::index();
-
     nixlMemViewElem src = p.src;
     src.index = iter & 1;  // alternate sources: a stale iteration cannot pass verification
-    src.offset = start;
     nixlMemViewElem dst = p.dst;
-    dst.offset = p.dst.offset + start;
-
-    record_status(p.report, nixlPut<L>(src, dst, len, channel));
+    for (uint64_t off = at.first; off < at.end; off += at.step) {
+        src.offset = off;
+        dst.offset = p.dst.offset + off;
+        record_status(p.report, nixlPut<L>(src, dst, min(at.len, at.end - off), channel));
+    }
     // On cuda_ipc a put is plain stores by the calling threads, and the
     // atomic add orders nothing before it (UCX fences *after* the add). So:
     // the group syncs, which orders every member's stores before what each
@@ -187,6 +238,55 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
     cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
     record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
 }
+
+// The peer's memory as a pointer in our address space (cuda_ipc maps it),
+// or null where the transport maps nothing (RDMA).
+__device__ __forceinline__ uint8_t *peer_ptr(const nixlMemViewElem &e) {
+    uint8_t *base = static_cast<uint8_t *>(nixlGetPtr(e.mvh, e.index));
+    return base == nullptr ? nullptr : base + e.offset;
+}
+
+// One iteration for one group, store path: plain vector stores through the
+// peer pointer, then one release add on the peer's signal. Same layout,
+// same signal count as the put path.
+template <nixl_gpu_level_t L>
+__device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *dst,
+                                 unsigned long long *signal) {
+    using G = Group<L>;
+    const Layout at = layout_of<L>(p);
+    if (at.first >= at.end) return;
+    const uint8_t *src = p.src_addr[iter & 1];
+    for (uint64_t off = at.first; off < at.end; off += at.step) {
+        group_copy<L>(dst + off, src + off, min(at.len, at.end - off));
+    }
+    // Sync, then one thread's release: cumulative over the stores of every
+    // member it synchronized with, so the data is visible before the count.
+    G::sync();
+    if (G::rank() == 0) {
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> s(*signal);
+        s.fetch_add(1, cuda::memory_order_release);
+    }
+}
+
+// One iteration on the round's path: P = false puts, P = true stores.
+template <nixl_gpu_level_t L, bool P>
+struct Path {
+    uint8_t *dst;
+    unsigned long long *signal;
+    __device__ explicit Path(const WriteParams &p)
+        : dst(P ? peer_ptr(p.dst) : nullptr),
+          signal(P ? reinterpret_cast<unsigned long long *>(peer_ptr(p.signal)) : nullptr) {}
+    // Whether the path can run here (the store path needs peer pointers).
+    __device__ bool usable(const WriteParams &p) const {
+        if (!P || (dst != nullptr && signal != nullptr)) return true;
+        if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
+        return false;
+    }
+    __device__ void iteration(const WriteParams &p, uint32_t iter) const {
+        if (P) store_and_signal<L>(p, iter, dst, signal);
+        else put_and_signal<L>(p, iter);
+    }
+};
 
 // Waits (one thread per block) for the ack to reach `target`; the block then
 // proceeds together. Returns false on timeout.
@@ -199,13 +299,13 @@ __device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t d
 
 // Bandwidth: every group streams its slice `iters` times without waiting;
 // the target acknowledges once after warm-up and once at the end.
-template <nixl_gpu_level_t L>
-__device__ void stream_rounds(const WriteParams &p, uint64_t deadline) {
+template <nixl_gpu_level_t L, bool P>
+__device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
     uint64_t ack_target = p.ack_base;
 
-    for (uint32_t i = 0; i < p.warmup; ++i) put_and_signal<L>(p, p.first_iter + i);
+    for (uint32_t i = 0; i < p.warmup; ++i) path.iteration(p, p.first_iter + i);
     if (p.iters == 0) return;  // host-sequenced warm-up launch
     if (p.warmup > 0 && spin) {
         // The target acknowledges once every group's warm-up signals have
@@ -213,7 +313,7 @@ __device__ void stream_rounds(const WriteParams &p, uint64_t deadline) {
         if (!block_wait_ack(p, ++ack_target, deadline)) return;
     }
     if (timer) p.report->t_start_ns = globaltimer_ns();
-    for (uint32_t i = 0; i < p.iters; ++i) put_and_signal<L>(p, p.first_iter + p.warmup + i);
+    for (uint32_t i = 0; i < p.iters; ++i) path.iteration(p, p.first_iter + p.warmup + i);
     // Bandwidth stops when the receiver has everything, which we learn from
     // its acknowledgement (one extra one-way signal latency, see the guide).
     // Host-sequenced: a stream wait and nixl_stamp take that role.
@@ -225,8 +325,8 @@ __device__ void stream_rounds(const WriteParams &p, uint64_t deadline) {
 // Latency: one group puts and signals, then waits for the target's
 // acknowledgement before the next iteration; each round trip is timed with
 // clock64 (cycle resolution), calibrated against %globaltimer by the host.
-template <nixl_gpu_level_t L>
-__device__ void ping_pong(const WriteParams &p, uint64_t deadline) {
+template <nixl_gpu_level_t L, bool P>
+__device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
@@ -236,7 +336,7 @@ __device__ void ping_pong(const WriteParams &p, uint64_t deadline) {
             c_start = clock64();
         }
         const uint64_t c0 = clock64();
-        put_and_signal<L>(p, p.first_iter + i);
+        path.iteration(p, p.first_iter + i);
         if (!block_wait_ack(p, p.ack_base + i + 1, deadline)) return;
         const uint64_t c1 = clock64();
         if (timer && i >= p.warmup) p.iter_cycles[i - p.warmup] = c1 - c0;
@@ -248,28 +348,41 @@ __device__ void ping_pong(const WriteParams &p, uint64_t deadline) {
     }
 }
 
-template <nixl_gpu_level_t L>
+template <nixl_gpu_level_t L, bool P>
 __device__ void write_signal(const WriteParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     if ((p.flags & WRITE_STAMP) && blockIdx.x == 0 && threadIdx.x == 0) {
         p.iter_cycles[p.stamp_index] = globaltimer_ns();
     }
+    const Path<L, P> path(p);
+    if (!path.usable(p)) return;
     if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
-        ping_pong<L>(p, deadline);
+        ping_pong<L, P>(p, path, deadline);
     } else {
         // Host-sequenced ping-pong is one iteration per launch.
-        stream_rounds<L>(p, deadline);
+        stream_rounds<L, P>(p, path, deadline);
     }
 }
 
+// Put path: nixlPut + nixlAtomicAdd.
 extern "C" __global__ void nixl_write_signal_thread(WriteParams p) {
-    write_signal<nixl_gpu_level_t::THREAD>(p);
+    write_signal<nixl_gpu_level_t::THREAD, false>(p);
 }
 extern "C" __global__ void nixl_write_signal_warp(WriteParams p) {
-    write_signal<nixl_gpu_level_t::WARP>(p);
+    write_signal<nixl_gpu_level_t::WARP, false>(p);
 }
 extern "C" __global__ void nixl_write_signal_block(WriteParams p) {
-    write_signal<nixl_gpu_level_t::BLOCK>(p);
+    write_signal<nixl_gpu_level_t::BLOCK, false>(p);
+}
+// Store path: nixlGetPtr + vector stores + a release add.
+extern "C" __global__ void nixl_store_signal_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, true>(p);
+}
+extern "C" __global__ void nixl_store_signal_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, true>(p);
+}
+extern "C" __global__ void nixl_store_signal_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, true>(p);
 }
 
 // Host-sequenced waits end in this one-thread kernel: it records when the
@@ -297,25 +410,44 @@ extern "C" __global__ void nixl_ack(nixlMemViewElem ack, KernelReport *r, const 
 // timestamps each completed timed iteration, and acknowledges after the
 // warm-up and at the end (or, in ping-pong, after every iteration).
 // Launched <<<1, 1>>>.
+// The target's acknowledgement: nixlAtomicAdd, or (ack_store) a release
+// add through the peer pointer, the store path's way back.
+struct Ack {
+    unsigned long long *ptr;
+    __device__ explicit Ack(const WaitParams &p)
+        : ptr(p.ack_store ? reinterpret_cast<unsigned long long *>(peer_ptr(p.ack)) : nullptr) {}
+    __device__ void send(const WaitParams &p) const {
+        if (ptr == nullptr) {
+            record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+            return;
+        }
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> a(*ptr);
+        a.fetch_add(1, cuda::memory_order_release);
+    }
+};
+
 extern "C" __global__ void nixl_wait_signal(WaitParams p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint32_t total = p.warmup + p.iters;
+    const Ack ack(p);
+    if (p.ack_store && ack.ptr == nullptr) {
+        record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
+        return;
+    }
     for (uint32_t i = 0; i < total; ++i) {
         if (i == p.warmup) {
-            if (p.warmup > 0 && !p.pong) {
-                record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
-            }
+            if (p.warmup > 0 && !p.pong) ack.send(p);
             p.report->t_start_ns = globaltimer_ns();
         }
         if (!wait_at_least(p.signal, p.base + uint64_t(i + 1) * p.step, deadline, p.report)) return;
         // Ping-pong: answer first, bookkeeping after; the answer is the
         // latency-critical path.
-        if (p.pong && i + 1 < total) record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+        if (p.pong && i + 1 < total) ack.send(p);
         if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
     }
     // Acquire: the data (read by the host once this kernel is done) is
     // ordered after the signal count we saw. Then the final acknowledgement.
     cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
     p.report->t_end_ns = globaltimer_ns();
-    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
+    ack.send(p);
 }

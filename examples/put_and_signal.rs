@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! cargo run --release --example put_and_signal                 # both roles, as child processes
-//! cargo run --release --example put_and_signal -- --path ptr   # stores through nixlGetPtr instead of nixlPut
+//! cargo run --release --example put_and_signal -- --path store # stores through nixlGetPtr instead of nixlPut
 //! ```
 //! Exit status: 0 verified, 1 failure, 3 wrong data.
 
@@ -45,7 +45,7 @@ enum Path {
     /// nixlPut + nixlAtomicAdd: any UCX device transport, RDMA included.
     Put,
     /// nixlGetPtr + plain stores + a release atomic: peer-mapped memory (NVLink, PCIe) only.
-    Ptr,
+    Store,
 }
 
 /// GPU-initiated write + signal between two processes, the smallest complete program.
@@ -234,7 +234,7 @@ fn initiator(a: &Args) -> Result<ExitCode> {
     store.set("put_and_signal/initiator_done", b"")?;
     ensure!(
         errors == 0,
-        "{errors} block(s) saw a NIXL device call fail (or no peer pointer, with --path ptr)"
+        "{errors} block(s) saw a NIXL device call fail (or no peer pointer, with --path store)"
     );
     let verdict = store
         .get("put_and_signal/verdict")
@@ -271,7 +271,7 @@ fn write(
     let mut launch = gpu.stream.launch_builder(&f);
     match a.path {
         Path::Put => launch.arg(&src_elem),
-        Path::Ptr => launch.arg(&src_ptr),
+        Path::Store => launch.arg(&src_ptr),
     };
     launch.arg(&dst).arg(&signal).arg(&a.size).arg(&err);
     let cfg = LaunchConfig {

@@ -113,6 +113,8 @@ fn run(args: &Args) -> Result<()> {
         .level
         .iter()
         .map(|&level| RoundSpec {
+            path: nixl_examples::gpu::kernels::Path::Put,
+            chunk: None,
             size: args.size,
             level,
             blocks: args.blocks,

@@ -137,3 +137,19 @@ impl clap::ValueEnum for crate::gpu::kernels::WaitMode {
         Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }
+
+impl clap::ValueEnum for crate::gpu::kernels::Path {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use crate::gpu::kernels::Path;
+        let help = match self {
+            Path::Put => "nixlPut + nixlAtomicAdd: any UCX device transport, RDMA included",
+            Path::Store => {
+                "nixlGetPtr + 16-byte stores + a release add: NVLink/PCIe peers (cuda_ipc) only"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+    }
+}

@@ -22,7 +22,7 @@ use nixl_examples::cli::{
 };
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
-use nixl_examples::gpu::kernels::{self, Level, WaitMode};
+use nixl_examples::gpu::kernels::{self, Level, Path, WaitMode};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
@@ -102,6 +102,18 @@ struct Args {
     /// per size and level.
     #[arg(short, long, visible_alias = "levels", value_enum, value_delimiter = ',', default_values_t = Level::ALL)]
     level: Vec<Level>,
+
+    /// How the kernel moves the data, comma-separated for one round each:
+    /// nixlPut (any UCX device transport; the default and the teaching path)
+    /// or stores through the peer pointer from nixlGetPtr (NVLink/PCIe).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Path::Put])]
+    path: Vec<Path>,
+
+    /// Bytes per chunk when chunks are dealt round-robin to the groups, so
+    /// that the groups work on neighbouring memory; 0 = one contiguous slice
+    /// per group [default: 0].
+    #[arg(long, value_parser = parse_chunk)]
+    chunk: Option<u64>,
 
     /// Latency instead of bandwidth: one group puts and signals, the target
     /// acknowledges each iteration before the next; reports round trips and
@@ -187,6 +199,16 @@ struct Args {
     /// Also write every figure as CSV, the configuration as `#` lines (initiator).
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
+}
+
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    if s == "0" {
+        return Ok(0);
+    }
+    let v = parse_bytes(s)?;
+    (v % 16 == 0).then_some(v).ok_or_else(|| {
+        format!("--chunk {v} is not a multiple of 16 (chunks start 16-byte aligned)")
+    })
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
@@ -403,6 +425,8 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     v.extend(["--step-factor".into(), a.step_factor.to_string()]);
     let levels: Vec<&str> = a.level.iter().map(|l| l.name()).collect();
     v.extend(["--level".into(), levels.join(",")]);
+    let paths: Vec<&str> = a.path.iter().map(|p| p.name()).collect();
+    v.extend(["--path".into(), paths.join(",")]);
     let opt = |v: &mut Vec<String>, flag: &str, x: Option<String>| {
         if let Some(x) = x {
             v.extend([flag.to_string(), x]);
@@ -412,6 +436,7 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     opt(&mut v, "--min-size", a.min_size.map(|x| x.to_string()));
     opt(&mut v, "--max-size", a.max_size.map(|x| x.to_string()));
     opt(&mut v, "--iters", a.iters.map(|x| x.to_string()));
+    opt(&mut v, "--chunk", a.chunk.map(|x| x.to_string()));
     opt(&mut v, "--warmup", a.warmup.map(|x| x.to_string()));
     opt(&mut v, "--blocks", a.blocks.map(|x| x.to_string()));
     opt(&mut v, "--threads", a.threads.map(|x| x.to_string()));
@@ -554,20 +579,25 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         names(args.level.iter().map(|l| l.name().to_string()).collect()),
         if args.pingpong { ", ping-pong" } else { "" }
     );
-    Ok(sizes
-        .iter()
-        .flat_map(|&size| {
-            args.level.iter().map(move |&level| RoundSpec {
-                size,
-                level,
-                blocks: args.blocks,
-                threads: args.threads,
-                warmup: args.warmup,
-                iters: args.iters,
-                pingpong: args.pingpong,
-            })
-        })
-        .collect())
+    let mut specs = Vec::new();
+    for &size in &sizes {
+        for &level in &args.level {
+            for &path in &args.path {
+                specs.push(RoundSpec {
+                    size,
+                    level,
+                    path,
+                    chunk: args.chunk,
+                    blocks: args.blocks,
+                    threads: args.threads,
+                    warmup: args.warmup,
+                    iters: args.iters,
+                    pingpong: args.pingpong,
+                });
+            }
+        }
+    }
+    Ok(specs)
 }
 
 fn check_grid_args(args: &Args) -> Result<()> {

@@ -63,6 +63,9 @@ pub struct GpuInfo {
     pub name: String,
     /// UUID as 32 lowercase hex digits ([`uuid_string`]).
     pub uuid: String,
+    /// Whether the process's context on it is an MPS client.
+    #[serde(default)]
+    pub mps: bool,
 }
 
 /// A GPU UUID as 32 lowercase hex digits.
@@ -101,6 +104,10 @@ pub struct Gpu {
     pub name: String,
     /// Streaming multiprocessors; the ceiling on co-resident blocks.
     pub sm_count: u32,
+    /// Whether this context is an MPS client: other processes' kernels
+    /// then run on this GPU at the same time as ours (without MPS the GPU
+    /// time-slices between processes).
+    pub mps: bool,
 }
 
 impl Gpu {
@@ -126,12 +133,17 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("reading the SM count"))? as u32;
+        let mps = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED)
+            .map_err(drv("asking whether MPS is on"))?
+            != 0;
         Ok(Self {
             ctx,
             stream,
             ordinal,
             name,
             sm_count,
+            mps,
         })
     }
 
@@ -170,6 +182,7 @@ impl Gpu {
             ordinal: self.ordinal,
             name: self.name.clone(),
             uuid: uuid_string(&uuid),
+            mps: self.mps,
         })
     }
 

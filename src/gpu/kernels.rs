@@ -56,11 +56,14 @@ impl Level {
         }
     }
 
-    fn kernel(self) -> &'static str {
-        match self {
-            Level::Thread => "nixl_write_signal_thread",
-            Level::Warp => "nixl_write_signal_warp",
-            Level::Block => "nixl_write_signal_block",
+    fn kernel(self, path: Path) -> &'static str {
+        match (path, self) {
+            (Path::Put, Level::Thread) => "nixl_write_signal_thread",
+            (Path::Put, Level::Warp) => "nixl_write_signal_warp",
+            (Path::Put, Level::Block) => "nixl_write_signal_block",
+            (Path::Store, Level::Thread) => "nixl_store_signal_thread",
+            (Path::Store, Level::Warp) => "nixl_store_signal_warp",
+            (Path::Store, Level::Block) => "nixl_store_signal_block",
         }
     }
 }
@@ -181,6 +184,11 @@ pub struct WriteParams {
     /// start time (`%globaltimer`, ns).
     pub stamp_index: u32,
     pub reserved: u32,
+    /// Store path: device addresses of the two sources (local pointers).
+    pub src_addr: [u64; 2],
+    /// 0: each group moves one contiguous slice; else chunks of this many
+    /// bytes dealt round-robin to the groups ([`signals_per_iter`]).
+    pub chunk: u64,
 }
 
 /// Wait for the target's acknowledgement after every iteration (latency).
@@ -208,10 +216,12 @@ pub enum WaitMode {
 }
 
 impl WaitMode {
-    /// Resolves `Auto` for a pair of GPUs that are (or are not) the same.
-    pub fn resolve(self, same_gpu: bool) -> WaitMode {
+    /// Resolves `Auto`: a stream wait when both processes share a GPU
+    /// without MPS (their kernels cannot run at the same time), else a
+    /// spinning kernel (different GPUs, or MPS running both at once).
+    pub fn resolve(self, same_gpu: bool, mps: bool) -> WaitMode {
         match self {
-            WaitMode::Auto if same_gpu => WaitMode::Stream,
+            WaitMode::Auto if same_gpu && !mps => WaitMode::Stream,
             WaitMode::Auto => WaitMode::Kernel,
             m => m,
         }
@@ -263,7 +273,9 @@ pub struct WaitParams {
     pub iters: u32,
     /// 1: acknowledge every iteration (ping-pong).
     pub pong: u32,
-    pub reserved: u32,
+    /// 1: acknowledge with a release add through the peer pointer
+    /// (`nixlGetPtr`) instead of `nixlAtomicAdd`.
+    pub ack_store: u32,
 }
 
 // The layout contract with kernels.cu; a mismatch fails the build.
@@ -271,8 +283,9 @@ const _: () = {
     assert!(size_of::<MemViewElem>() == 24);
     assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
     assert!(size_of::<KernelReport>() == 40);
-    assert!(size_of::<WriteParams>() == 152);
+    assert!(size_of::<WriteParams>() == 176);
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
+    assert!(offset_of!(WriteParams, src_addr) == 152);
     assert!(size_of::<WaitParams>() == 88);
 };
 
@@ -294,6 +307,46 @@ pub fn active_groups(size: u64, slice: u64) -> u64 {
     size.div_ceil(slice.max(1))
 }
 
+/// Signals per iteration: one per group with data. Contiguous layout
+/// (`chunk` 0): the groups with a slice of [`slice_for`]. Interleaved:
+/// chunks of `chunk` bytes dealt round-robin, so every group with at least
+/// one chunk.
+pub fn signals_per_iter(size: u64, groups: u64, chunk: u64) -> u64 {
+    match chunk {
+        0 => active_groups(size, slice_for(size, groups)),
+        c => groups.min(size.div_ceil(c)),
+    }
+}
+
+/// How the initiator's kernel moves the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Path {
+    /// `nixlPut` + `nixlAtomicAdd`: any UCX device transport, RDMA included.
+    Put,
+    /// `nixlGetPtr` + 16-byte stores + a release add: memory the transport
+    /// maps into the GPU's address space (cuda_ipc: NVLink or PCIe) only.
+    Store,
+}
+
+impl Path {
+    pub const ALL: [Path; 2] = [Path::Put, Path::Store];
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Put => "put",
+            Path::Store => "store",
+        }
+    }
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The launch shape of the one-thread kernels (wait, stamp, ack).
 const ONE_THREAD: LaunchConfig = LaunchConfig {
     grid_dim: (1, 1, 1),
@@ -307,9 +360,8 @@ pub use super::module::{KernelsError, availability};
 /// The kernels loaded into one GPU's context.
 pub struct Kernels {
     _module: Arc<CudaModule>,
-    thread: CudaFunction,
-    warp: CudaFunction,
-    block: CudaFunction,
+    /// Write + signal, indexed `[path][level]`.
+    write: [[CudaFunction; 3]; 2],
     wait: CudaFunction,
     stamp: CudaFunction,
     ack: CudaFunction,
@@ -324,10 +376,15 @@ impl Kernels {
             source,
         };
         let f = |name: &str| module.load_function(name).map_err(err);
+        let row = |p: Path| -> Result<[CudaFunction; 3], KernelsError> {
+            Ok([
+                f(Level::Thread.kernel(p))?,
+                f(Level::Warp.kernel(p))?,
+                f(Level::Block.kernel(p))?,
+            ])
+        };
         Ok(Self {
-            thread: f(Level::Thread.kernel())?,
-            warp: f(Level::Warp.kernel())?,
-            block: f(Level::Block.kernel())?,
+            write: [row(Path::Put)?, row(Path::Store)?],
             wait: f("nixl_wait_signal")?,
             stamp: f("nixl_stamp")?,
             ack: f("nixl_ack")?,
@@ -335,12 +392,8 @@ impl Kernels {
         })
     }
 
-    fn write_fn(&self, level: Level) -> &CudaFunction {
-        match level {
-            Level::Thread => &self.thread,
-            Level::Warp => &self.warp,
-            Level::Block => &self.block,
-        }
+    fn write_fn(&self, path: Path, level: Level) -> &CudaFunction {
+        &self.write[path as usize][level as usize]
     }
 
     /// Most blocks of `threads` threads that can be resident at once on a
@@ -349,14 +402,44 @@ impl Kernels {
     /// this would deadlock until the timeout.
     pub fn max_resident_blocks(
         &self,
+        path: Path,
         level: Level,
         threads: u32,
         sm_count: u32,
     ) -> Result<u32, DriverError> {
-        let per_sm = self
-            .write_fn(level)
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
-        Ok(per_sm * sm_count)
+        Ok(self.blocks_per_sm(path, level, threads)? * sm_count)
+    }
+
+    /// The most blocks a write kernel on `gpu` may have: all resident at
+    /// once (they wait on each other through the acknowledgement), and
+    /// under MPS one SM's worth fewer, because the peer process's wait
+    /// kernel may share the GPU and must find room: with every SM full it
+    /// would never start, and the round would stall until the timeout.
+    pub fn grid_limit(
+        &self,
+        gpu: &super::Gpu,
+        path: Path,
+        level: Level,
+        threads: u32,
+    ) -> Result<u32, DriverError> {
+        let per_sm = self.blocks_per_sm(path, level, threads)?;
+        let all = per_sm * gpu.sm_count;
+        Ok(if gpu.mps {
+            all.saturating_sub(per_sm).max(1)
+        } else {
+            all
+        })
+    }
+
+    /// Blocks of `threads` threads one SM holds at once.
+    pub fn blocks_per_sm(
+        &self,
+        path: Path,
+        level: Level,
+        threads: u32,
+    ) -> Result<u32, DriverError> {
+        self.write_fn(path, level)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
     }
 
     /// Queues the write + signal kernel: `blocks` × `threads`.
@@ -367,7 +450,7 @@ impl Kernels {
     pub unsafe fn launch_write(
         &self,
         stream: &CudaStream,
-        level: Level,
+        (path, level): (Path, Level),
         blocks: u32,
         threads: u32,
         p: &WriteParams,
@@ -377,7 +460,7 @@ impl Kernels {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = stream.launch_builder(self.write_fn(level));
+        let mut b = stream.launch_builder(self.write_fn(path, level));
         b.arg(p);
         unsafe { b.launch(cfg) }.map(|_| ())
     }

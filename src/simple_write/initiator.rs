@@ -168,10 +168,8 @@ fn set_up(cfg: &InitiatorConfig, session: &Session) -> Result<Local> {
             .rounds
             .iter()
             .map(|spec| {
-                spec.resolve(|level, threads| {
-                    kernels
-                        .max_resident_blocks(level, threads, gpu.sm_count)
-                        .unwrap_or(1)
+                spec.resolve(|path, level, threads| {
+                    kernels.grid_limit(&gpu, path, level, threads).unwrap_or(1)
                 })
             })
             .collect(),
@@ -250,15 +248,16 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
     say!("[initiator] Connected to target");
 
     let same_gpu = target.uuid == local.me.uuid;
-    let wait = cfg.wait.resolve(same_gpu);
+    let wait = cfg.wait.resolve(same_gpu, local.gpu.mps);
     info!(
-        "waiting for acknowledgements with a {} ({})",
+        "waiting for acknowledgements with a {} ({}{})",
         wait.describe(),
         if same_gpu {
             "both processes share the GPU"
         } else {
             "the processes use different GPUs"
-        }
+        },
+        if local.gpu.mps { ", under MPS" } else { "" }
     );
     let baseline = baseline_rig(cfg, &local, &target)?;
     local.gpu.bind()?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::GpuInfo;
-use crate::gpu::kernels::{Level, active_groups, slice_for};
+use crate::gpu::kernels::{Level, Path, signals_per_iter, slice_for};
 
 /// One measured configuration: a size at a level with a grid shape.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +18,11 @@ pub struct Round {
     /// Bytes per iteration.
     pub size: u64,
     pub level: Level,
+    /// How the data moves: `nixlPut`, or stores through `nixlGetPtr`.
+    pub path: Path,
+    /// 0: each group moves one contiguous slice; else chunks of this many
+    /// bytes dealt round-robin to the groups.
+    pub chunk: u64,
     pub blocks: u32,
     pub threads: u32,
     /// Untimed iterations before the timed ones.
@@ -47,7 +52,7 @@ impl Round {
 
     /// Signals the target receives per iteration: one per group with data.
     pub fn signals_per_iter(&self) -> u64 {
-        active_groups(self.size, self.slice())
+        signals_per_iter(self.size, self.groups(), self.chunk)
     }
 
     /// Acknowledgements the target sends in this round.
@@ -83,6 +88,8 @@ impl Round {
 pub struct RoundSpec {
     pub size: u64,
     pub level: Level,
+    pub path: Path,
+    pub chunk: Option<u64>,
     pub blocks: Option<u32>,
     pub threads: Option<u32>,
     pub warmup: Option<u32>,
@@ -93,9 +100,9 @@ pub struct RoundSpec {
 impl RoundSpec {
     /// Fills the defaults: threads per level, blocks ([`auto_blocks`] at
     /// BLOCK level in bandwidth mode, else 1), iterations ([`auto_iters`])
-    /// and warm-up ([`auto_warmup`]). `max_resident(level, threads)` is the
-    /// most blocks that fit the GPU at once.
-    pub fn resolve(&self, max_resident: impl Fn(Level, u32) -> u32) -> Round {
+    /// and warm-up ([`auto_warmup`]). `max_resident(path, level, threads)`
+    /// is the most blocks the round may have resident at once.
+    pub fn resolve(&self, max_resident: impl Fn(Path, Level, u32) -> u32) -> Round {
         // Ping-pong times one group; wide blocks only add barrier cost there.
         let threads = self.threads.unwrap_or(match (self.level, self.pingpong) {
             (Level::Block, false) => 512,
@@ -106,7 +113,7 @@ impl RoundSpec {
             (_, _, true) => 1,
             (Some(b), _, _) => b,
             (None, Level::Block, false) => {
-                auto_blocks(self.size, max_resident(self.level, threads))
+                auto_blocks(self.size, max_resident(self.path, self.level, threads))
             }
             (None, _, false) => 1,
         };
@@ -116,6 +123,8 @@ impl RoundSpec {
         Round {
             size: self.size,
             level: self.level,
+            path: self.path,
+            chunk: self.chunk.unwrap_or(0),
             blocks,
             threads,
             warmup: self.warmup.unwrap_or_else(|| auto_warmup(iters)),
@@ -210,6 +219,8 @@ mod tests {
         let r = Round {
             size: 8,
             level: Level::Warp,
+            path: Path::Put,
+            chunk: 0,
             blocks: 2,
             threads: 64,
             warmup: 0,
@@ -221,6 +232,8 @@ mod tests {
         let r = Round {
             size: 1 << 20,
             level: Level::Block,
+            path: Path::Put,
+            chunk: 0,
             blocks: 4,
             threads: 256,
             warmup: 1,

@@ -10,7 +10,7 @@ use super::session::Session;
 use super::target::Held;
 use crate::cli::DataMismatch;
 use crate::gpu::DeviceBuffer;
-use crate::gpu::kernels::{KernelReport, MemViewElem, WaitMode, WaitParams, wait_value_geq};
+use crate::gpu::kernels::{KernelReport, MemViewElem, Path, WaitMode, WaitParams, wait_value_geq};
 use crate::gpu::run::run_watched;
 use crate::stats::Summary;
 use crate::{pattern, say};
@@ -160,7 +160,7 @@ impl Wait<'_> {
             warmup: r.warmup,
             iters: r.iters,
             pong: r.pingpong as u32,
-            reserved: 0,
+            ack_store: (r.path == Path::Store) as u32,
         }
     }
 

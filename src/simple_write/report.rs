@@ -25,6 +25,10 @@ pub struct Row {
     pub mode: &'static str,
     pub size_bytes: u64,
     pub level: &'static str,
+    /// `put` (nixlPut) or `store` (stores through nixlGetPtr).
+    pub path: &'static str,
+    /// Bytes per round-robin chunk; 0 = one contiguous slice per group.
+    pub chunk: u64,
     pub blocks: u32,
     pub threads: u32,
     pub warmup: u32,
@@ -77,6 +81,8 @@ impl Row {
             mode: round.mode(),
             size_bytes: round.size,
             level: round.level.name(),
+            path: round.path.name(),
+            chunk: round.chunk,
             blocks: round.blocks,
             threads: round.threads,
             warmup: round.warmup,
@@ -99,19 +105,21 @@ impl Row {
     pub fn line(&self) -> String {
         match &self.half_rtt {
             Some(h) => format!(
-                "{} {} ping-pong, {} round trips: half round trip p50 {:.2} µs, p99 {:.2} µs, min {:.2} µs",
+                "{} {} {} ping-pong, {} round trips: half round trip p50 {:.2} µs, p99 {:.2} µs, min {:.2} µs",
                 fmt_bytes(self.size_bytes),
                 self.level,
+                self.path,
                 self.iters,
                 h.p50_ns / 1e3,
                 h.p99_ns / 1e3,
                 h.min_ns / 1e3
             ),
             None => format!(
-                "{} B, {} level, {}×{} threads, {} iterations ({} warm-up): {:.2} µs/iteration, {:.2} GB/s \
+                "{} B, {} level, {} path, {}×{} threads, {} iterations ({} warm-up): {:.2} µs/iteration, {:.2} GB/s \
                  (GPU time to the target's acknowledgement)",
                 self.size_bytes,
                 self.level,
+                self.path,
                 self.blocks,
                 self.threads,
                 self.iters,
@@ -133,6 +141,9 @@ pub struct RunInfo {
     pub initiator_gpu: Option<GpuInfo>,
     pub target_gpu: Option<GpuInfo>,
     pub same_gpu: bool,
+    /// Whether the initiator's context is an MPS client (the two processes'
+    /// kernels can then run at once on a shared GPU).
+    pub mps: bool,
     /// How each side waited: `kernel` (spinning) or `stream` (cuStreamWaitValue64).
     pub initiator_wait: Option<&'static str>,
     pub driver_version: Option<String>,
@@ -153,6 +164,7 @@ impl RunInfo {
             initiator_gpu: Some(run.initiator_gpu.clone()),
             target_gpu: Some(run.target_gpu.clone()),
             same_gpu: run.same_gpu,
+            mps: run.initiator_gpu.mps,
             initiator_wait: Some(run.wait.name()),
             ..Self::collect()
         }
@@ -186,9 +198,71 @@ impl RunInfo {
     }
 }
 
+/// A table or CSV column: its header and how a row fills it.
+type Column = (&'static str, fn(&Row) -> String);
+
 fn opt(v: Option<f64>, scale: f64, prec: usize) -> String {
     v.map(|x| format!("{:.*}", prec, x * scale))
         .unwrap_or_else(|| "-".into())
+}
+
+fn us(ns: Option<f64>) -> String {
+    opt(ns, 1e-3, 2)
+}
+
+const ROUND: [Column; 4] = [
+    ("size", |r| r.size_bytes.to_string()),
+    ("level", |r| r.level.to_string()),
+    ("path", |r| r.path.to_string()),
+    ("grid", |r| format!("{}x{}", r.blocks, r.threads)),
+];
+
+const BANDWIDTH: [Column; 8] = [
+    ("iters", |r| r.iters.to_string()),
+    ("p50 µs", |r| us(r.recv.map(|s| s.p50_ns))),
+    ("p99 µs", |r| us(r.recv.map(|s| s.p99_ns))),
+    ("GB/s", |r| format!("{:.2}", r.gb_per_s)),
+    ("CE GB/s", |r| opt(r.baselines.copy_engine_gbps, 1.0, 1)),
+    ("NIXL GB/s", |r| opt(r.baselines.nixl_write_gbps, 1.0, 1)),
+    ("ratio", |r| opt(r.ratio, 1.0, 3)),
+    ("ok", |r| if r.verified { "✓" } else { "✗" }.into()),
+];
+
+const PINGPONG: [Column; 7] = [
+    ("iters", |r| r.iters.to_string()),
+    ("RTT p50µs", |r| us(r.rtt.map(|s| s.p50_ns))),
+    ("RTT p99µs", |r| us(r.rtt.map(|s| s.p99_ns))),
+    ("half p50", |r| us(r.half_rtt.map(|s| s.p50_ns))),
+    ("half p99", |r| us(r.half_rtt.map(|s| s.p99_ns))),
+    ("half min", |r| us(r.half_rtt.map(|s| s.min_ns))),
+    ("ok", |r| if r.verified { "✓" } else { "✗" }.into()),
+];
+
+/// Right-aligned columns, 10 wide (wider where a cell needs it).
+fn render(out: &mut String, columns: &[Column], rows: &[&Row]) {
+    let width = |c: &Column| {
+        rows.iter()
+            .map(|r| (c.1)(r).chars().count())
+            .chain([c.0.chars().count(), 6])
+            .max()
+    };
+    let widths: Vec<usize> = columns.iter().map(|c| width(c).unwrap_or(6)).collect();
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        padded.join("  ")
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        line(columns.iter().map(|c| c.0.to_string()).collect())
+    );
+    for r in rows {
+        let _ = writeln!(out, "{}", line(columns.iter().map(|c| (c.1)(r)).collect()));
+    }
 }
 
 /// The results table: bandwidth rows, then ping-pong rows, nccl-tests style.
@@ -197,74 +271,13 @@ pub fn table(rows: &[Row]) -> String {
     let bw: Vec<&Row> = rows.iter().filter(|r| r.mode == "bandwidth").collect();
     let pp: Vec<&Row> = rows.iter().filter(|r| r.mode == "pingpong").collect();
     if !bw.is_empty() {
-        let _ = writeln!(
-            out,
-            "{:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>6} {:>3}",
-            "size",
-            "level",
-            "grid",
-            "iters",
-            "p50 µs",
-            "p99 µs",
-            "GB/s",
-            "CE GB/s",
-            "NIXL GB/s",
-            "ratio",
-            "ok"
-        );
-        for r in bw {
-            let _ = writeln!(
-                out,
-                "{:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>9.2} {:>9} {:>9} {:>6} {:>3}",
-                r.size_bytes,
-                r.level,
-                format!("{}x{}", r.blocks, r.threads),
-                r.iters,
-                opt(r.recv.map(|s| s.p50_ns), 1e-3, 2),
-                opt(r.recv.map(|s| s.p99_ns), 1e-3, 2),
-                r.gb_per_s,
-                opt(r.baselines.copy_engine_gbps, 1.0, 1),
-                opt(r.baselines.nixl_write_gbps, 1.0, 1),
-                opt(r.ratio, 1.0, 3),
-                if r.verified { "✓" } else { "✗" }
-            );
-        }
+        render(&mut out, &[&ROUND[..], &BANDWIDTH[..]].concat(), &bw);
     }
     if !pp.is_empty() {
         if !out.is_empty() {
             out.push('\n');
         }
-        let _ = writeln!(
-            out,
-            "{:>10} {:>6} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>3}",
-            "size",
-            "level",
-            "grid",
-            "iters",
-            "RTT p50µs",
-            "RTT p99µs",
-            "half p50",
-            "half p99",
-            "half min",
-            "ok"
-        );
-        for r in pp {
-            let (rtt, half) = (r.rtt.unwrap_or_default(), r.half_rtt.unwrap_or_default());
-            let _ = writeln!(
-                out,
-                "{:>10} {:>6} {:>10} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>3}",
-                r.size_bytes,
-                r.level,
-                format!("{}x{}", r.blocks, r.threads),
-                r.iters,
-                rtt.p50_ns / 1e3,
-                rtt.p99_ns / 1e3,
-                half.p50_ns / 1e3,
-                half.p99_ns / 1e3,
-                half.min_ns / 1e3,
-                if r.verified { "✓" } else { "✗" }
-            );
-        }
+        render(&mut out, &[&ROUND[..], &PINGPONG[..]].concat(), &pp);
     }
     out
 }
@@ -281,7 +294,7 @@ pub fn write_json(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
 }
 
 /// Writes one CSV line per row, the run's configuration as leading
-/// `# key: value` comment lines.
+/// `# key: value` comment lines. Times in ns (µs where named), rates in GB/s.
 pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
     let mut out = String::new();
     if let serde_json::Value::Object(m) = serde_json::to_value(info)? {
@@ -289,41 +302,46 @@ pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
             let _ = writeln!(out, "# {k}: {v}");
         }
     }
-    out += "round,mode,size_bytes,level,blocks,threads,warmup,iters,gpu_ns,us_per_iter,gb_per_s,\
-            recv_p50_ns,recv_p99_ns,recv_min_ns,recv_avg_ns,rtt_p50_ns,rtt_p99_ns,rtt_min_ns,rtt_avg_ns,\
-            half_rtt_p50_ns,half_rtt_p99_ns,kernel_event_us,copy_engine_gb_per_s,nixl_write_gb_per_s,ratio,verified\n";
-    let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+    let _ = writeln!(out, "{}", CSV.map(|c| c.0).join(","));
     for r in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{},{},{},{},{},{},{},{},{},{},{:.2},{},{},{},{}",
-            r.round,
-            r.mode,
-            r.size_bytes,
-            r.level,
-            r.blocks,
-            r.threads,
-            r.warmup,
-            r.iters,
-            r.gpu_ns,
-            r.us_per_iter,
-            r.gb_per_s,
-            f(r.recv.map(|s| s.p50_ns)),
-            f(r.recv.map(|s| s.p99_ns)),
-            f(r.recv.map(|s| s.min_ns)),
-            f(r.recv.map(|s| s.avg_ns)),
-            f(r.rtt.map(|s| s.p50_ns)),
-            f(r.rtt.map(|s| s.p99_ns)),
-            f(r.rtt.map(|s| s.min_ns)),
-            f(r.rtt.map(|s| s.avg_ns)),
-            f(r.half_rtt.map(|s| s.p50_ns)),
-            f(r.half_rtt.map(|s| s.p99_ns)),
-            r.kernel_event_us,
-            f(r.baselines.copy_engine_gbps),
-            f(r.baselines.nixl_write_gbps),
-            f(r.ratio),
-            r.verified
-        );
+        let _ = writeln!(out, "{}", CSV.map(|c| (c.1)(r)).join(","));
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
+
+fn num(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.3}")).unwrap_or_default()
+}
+
+const CSV: [Column; 28] = [
+    ("round", |r| r.round.to_string()),
+    ("mode", |r| r.mode.to_string()),
+    ("size_bytes", |r| r.size_bytes.to_string()),
+    ("level", |r| r.level.to_string()),
+    ("path", |r| r.path.to_string()),
+    ("chunk", |r| r.chunk.to_string()),
+    ("blocks", |r| r.blocks.to_string()),
+    ("threads", |r| r.threads.to_string()),
+    ("warmup", |r| r.warmup.to_string()),
+    ("iters", |r| r.iters.to_string()),
+    ("gpu_ns", |r| r.gpu_ns.to_string()),
+    ("us_per_iter", |r| format!("{:.4}", r.us_per_iter)),
+    ("gb_per_s", |r| format!("{:.4}", r.gb_per_s)),
+    ("recv_p50_ns", |r| num(r.recv.map(|s| s.p50_ns))),
+    ("recv_p99_ns", |r| num(r.recv.map(|s| s.p99_ns))),
+    ("recv_min_ns", |r| num(r.recv.map(|s| s.min_ns))),
+    ("recv_avg_ns", |r| num(r.recv.map(|s| s.avg_ns))),
+    ("rtt_p50_ns", |r| num(r.rtt.map(|s| s.p50_ns))),
+    ("rtt_p99_ns", |r| num(r.rtt.map(|s| s.p99_ns))),
+    ("rtt_min_ns", |r| num(r.rtt.map(|s| s.min_ns))),
+    ("half_rtt_p50_ns", |r| num(r.half_rtt.map(|s| s.p50_ns))),
+    ("half_rtt_p99_ns", |r| num(r.half_rtt.map(|s| s.p99_ns))),
+    ("kernel_event_us", |r| format!("{:.2}", r.kernel_event_us)),
+    ("copy_engine_gb_per_s", |r| {
+        num(r.baselines.copy_engine_gbps)
+    }),
+    ("nixl_write_gb_per_s", |r| num(r.baselines.nixl_write_gbps)),
+    ("ratio", |r| num(r.ratio)),
+    ("verified", |r| r.verified.to_string()),
+    ("half_rtt_min_ns", |r| num(r.half_rtt.map(|s| s.min_ns))),
+];

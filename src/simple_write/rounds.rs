@@ -126,14 +126,19 @@ fn measure_baselines(held: &Held, size: u64) -> Result<Option<Baselines>> {
 fn check_grid(held: &Held, round: &Round) -> Result<()> {
     let max = held
         .kernels
-        .max_resident_blocks(round.level, round.threads, held.gpu.sm_count)?;
+        .grid_limit(&held.gpu, round.path, round.level, round.threads)?;
     if round.blocks > max {
         bail!(
-            "{} blocks of {} threads cannot all be resident on GPU {} (at most {max}); the blocks wait on each \
+            "{} blocks of {} threads cannot all be resident on GPU {} (at most {max}{}); the blocks wait on each \
              other, so use --blocks {max} or fewer",
             round.blocks,
             round.threads,
-            held.gpu.ordinal
+            held.gpu.ordinal,
+            if held.gpu.mps {
+                ", one SM left for the peer under MPS"
+            } else {
+                ""
+            }
         );
     }
     Ok(())
@@ -173,7 +178,7 @@ impl Launch<'_> {
                 } else {
                     Ok(held.kernels.launch_write(
                         s,
-                        round.level,
+                        (round.path, round.level),
                         round.blocks,
                         round.threads,
                         &params,
@@ -219,6 +224,8 @@ impl Launch<'_> {
             iters: round.iters,
             first_iter: self.first_iter,
             flags: if round.pingpong { WRITE_PINGPONG } else { 0 },
+            src_addr: [held.mem.sources[0].addr(), held.mem.sources[1].addr()],
+            chunk: round.chunk,
             ..Default::default()
         }
     }
@@ -230,7 +237,9 @@ impl Launch<'_> {
     /// As for [`crate::gpu::kernels::Kernels::launch_write`].
     unsafe fn queue_host_sequenced(&self, s: &CudaStream, mut p: WriteParams) -> Result<()> {
         let (k, r, ack) = (&self.held.kernels, self.round, self.held.mem.ack.addr());
-        let write = |p: &WriteParams| unsafe { k.launch_write(s, r.level, r.blocks, r.threads, p) };
+        let write = |p: &WriteParams| unsafe {
+            k.launch_write(s, (r.path, r.level), r.blocks, r.threads, p)
+        };
         p.flags |= WRITE_HOST_SEQUENCED;
         if r.pingpong {
             p.flags |= WRITE_STAMP;

@@ -167,7 +167,9 @@ fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> 
     )?;
     session.put(&p::target_gpu(), &me)?;
     say!("[target] Published metadata and descriptors");
-    let wait = cfg.wait.resolve(me.uuid == plan.initiator_gpu.uuid);
+    let wait = cfg
+        .wait
+        .resolve(me.uuid == plan.initiator_gpu.uuid, gpu.mps);
     Ok(Held {
         ack_view: None,
         _registrations: registrations,
