@@ -22,7 +22,7 @@ say "building release binaries with the device kernels (NIXL_REQUIRE_KERNELS=1)"
 NIXL_REQUIRE_KERNELS=1 cargo build --release --bins --examples 2>&1 | grep -v '^\s*Compiling' >&2
 
 rm -rf "$OUT"; mkdir -p "$OUT/stage/bin" "$OUT/stage/nixl"
-for b in target/release/simple_write target/release/examples/*; do
+for b in target/release/simple_write target/release/ep target/release/examples/*; do
   [[ -f "$b" && -x "$b" && "$b" != *.d && "$(basename "$b")" != *-* ]] && cp "$b" "$OUT/stage/bin/"
 done
 

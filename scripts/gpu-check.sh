@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Runs simple_write's verification matrix on a GPU machine and prints one
-# table: sizes 8 B, 1 MiB and 64 MiB at thread, warp and block level, both
-# processes on one GPU, and GPU 0 -> GPU 1 when there are two.
+# table: sizes 8 B, 1 MiB and 64 MiB at thread, warp and block level, on
+# both data paths (nixlPut, and stores through nixlGetPtr), both processes
+# on one GPU, and GPU 0 -> GPU 1 when there are two.
 #
-#   scripts/gpu-check.sh [--bundle FILE] [--bin DIR] [--nixl-lib DIR] [--sizes "8 1M 64M"] [--out DIR]
+#   scripts/gpu-check.sh [--bundle FILE] [--bin DIR] [--nixl-lib DIR] [--sizes "8 1M 64M"]
+#                        [--paths put,store] [--mps] [--out DIR] [-- simple_write options]
+#
+#   --mps   the same-GPU rows under a private MPS daemon (scripts/lib/mps.sh)
 #
 # Needs no cargo and no internet: give it the bundle from scripts/gpu-bundle.sh
 # (default .gpu/bundle.tar.xz), or a built binary folder (--bin) and the
@@ -12,16 +16,18 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; SIZES="8 1M 64M"; OUT=/tmp/gpu-check
-EXTRA=()
+PATHS=put,store; MPS=0; EXTRA=()
 while (($#)); do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
     --nixl-lib) NIXL_LIB=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
+    --paths) PATHS=$2; shift 2 ;;
+    --mps) MPS=1; shift ;;
     --out) OUT=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -29,37 +35,38 @@ NAME=gpu-check
 # shellcheck source=lib/gpu-env.sh
 source "$ROOT/scripts/lib/gpu-env.sh"
 
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)" 
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $NGPU GPU(s)"
 nvidia-smi topo -m 2>/dev/null | head -5 > "$OUT/topo.txt"
+if ((MPS)); then
+  # shellcheck source=lib/mps.sh
+  source "$ROOT/scripts/lib/mps.sh"
+  mps_start || exit 1
+fi
 
 PAIRS=("0 0")
-((NGPU >= 2)) && PAIRS+=("0 1")
+((NGPU >= 2 && !MPS)) && PAIRS+=("0 1")
 fail=0
-port=$((20000 + RANDOM % 20000))
-printf '\n%-10s %-9s %-6s %-12s %-7s %-12s %-10s %s\n' "gpus" "size" "level" "grid" "iters" "us/iter" "GB/s" "verified" > "$OUT/table.txt"
+printf '%-10s %-9s %-6s %-6s %-12s %-7s %-12s %-10s %s\n' "gpus" "size" "level" "path" "grid" "iters" "us/iter" "GB/s" "verified" > "$OUT/table.txt"
 for pair in "${PAIRS[@]}"; do
   read -r gi gt <<<"$pair"
   for size in $SIZES; do
-    port=$((port + 1))
-    tag="gpu${gi}-gpu${gt}-${size}"
-    "$BIN/simple_write" -m initiator -g "$gi" -s "$size" -p "$port" --json "$OUT/$tag.json" "${EXTRA[@]}" \
-      >"$OUT/$tag.initiator.out" 2>"$OUT/$tag.initiator.err" &
-    ipid=$!
-    sleep 0.3
-    "$BIN/simple_write" -m target -g "$gt" -p "$port" >"$OUT/$tag.target.out" 2>"$OUT/$tag.target.err"
-    trc=$?
-    wait $ipid; irc=$?
-    if ((irc != 0 || trc != 0)); then
+    tag="gpu${gi}-gpu${gt}-${size}$( ((MPS)) && echo -mps)"
+    "$BIN/simple_write" -m pair -g "$gi" --target-gpu "$gt" -s "$size" --path "$PATHS" \
+      --json "$OUT/$tag.json" "${EXTRA[@]}" >"$OUT/$tag.out" 2>"$OUT/$tag.err"
+    rc=$?
+    if ((rc != 0)); then
       fail=1
-      echo "!! $tag: initiator exit $irc, target exit $trc" >&2
-      tail -5 "$OUT/$tag.initiator.err" "$OUT/$tag.target.err" >&2
+      echo "!! $tag: exit $rc" >&2
+      tail -5 "$OUT/$tag.err" >&2
     fi
     if [[ -s "$OUT/$tag.json" ]]; then
       python3 - "$OUT/$tag.json" "$gi->$gt" >>"$OUT/table.txt" <<'PY'
 import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(f"{sys.argv[2]:<10} {r['size_bytes']:<9} {r['level']:<6} {str(r['blocks'])+'x'+str(r['threads']):<12} "
+doc = json.load(open(sys.argv[1]))
+tag = sys.argv[2] + (" mps" if doc["run"].get("mps") else "")
+for r in doc["rows"]:
+    print(f"{tag:<10} {r['size_bytes']:<9} {r['level']:<6} {r['path']:<6} {str(r['blocks'])+'x'+str(r['threads']):<12} "
           f"{r['iters']:<7} {r['us_per_iter']:<12.3f} {r['gb_per_s']:<10.3f} {r['verified']}")
 PY
     fi

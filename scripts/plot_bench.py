@@ -1,6 +1,8 @@
-"""Plots scripts/bench.sh's JSON: bandwidth vs size per level with the
-same-run baselines dashed (one panel per GPU pair), and half round trip vs
-size per level. Usage: plot_bench.py RESULTS_DIR OUT.png"""
+"""Plots scripts/bench.sh's JSON: bandwidth vs size per level and data path
+(nixlPut solid, stores through nixlGetPtr dotted) with the same-run
+baselines dashed, and the ratio to the copy engine, one column per GPU pair
+(same-GPU runs under MPS get their own column); and half round trip vs size
+per level and path. Usage: plot_bench.py RESULTS_DIR OUT.png"""
 import glob
 import json
 import os
@@ -14,38 +16,62 @@ import matplotlib.pyplot as plt  # noqa: E402
 src, out = sys.argv[1], sys.argv[2]
 runs = {}
 for path in sorted(glob.glob(os.path.join(src, "gpu*-gpu*-*.json"))):
-    pair = "-".join(os.path.basename(path).split("-")[:2])
-    doc = json.load(open(path))
-    runs.setdefault(pair, []).append(doc)
+    parts = os.path.basename(path).split("-")
+    pair = "-".join(parts[:3] if parts[2] == "mps" else parts[:2])
+    runs.setdefault(pair, []).append(json.load(open(path)))
 
-pairs = sorted(runs)
-fig, axes = plt.subplots(2, len(pairs), figsize=(7 * len(pairs), 9), squeeze=False)
-for col, pair in enumerate(pairs):
-    docs = runs[pair]
-    gi = docs[0]["run"].get("initiator_gpu") or {}
-    gt = docs[0]["run"].get("target_gpu") or {}
-    title = f"{gi.get('name', '?')} GPU {gi.get('ordinal', '?')} -> GPU {gt.get('ordinal', '?')}"
-    ax = axes[0][col]
-    rows = [r for d in docs for r in d["rows"] if r["mode"] == "bandwidth"]
+STYLE = {"put": "-", "store": ":"}
+
+
+def title_of(docs):
+    run = docs[0]["run"]
+    gi, gt = run.get("initiator_gpu") or {}, run.get("target_gpu") or {}
+    mps = ", MPS" if run.get("mps") else ""
+    return f"{gi.get('name', '?')} GPU {gi.get('ordinal', '?')} -> GPU {gt.get('ordinal', '?')}{mps}"
+
+
+def bandwidth(ax, ratio_ax, rows, title):
     for level in ("thread", "warp", "block"):
-        pts = sorted((r["size_bytes"], r["gb_per_s"]) for r in rows if r["level"] == level)
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"device put, {level} level")
+        for path in ("put", "store"):
+            pts = sorted((r["size_bytes"], r["gb_per_s"], r.get("ratio")) for r in rows
+                         if r["level"] == level and r.get("path", "put") == path)
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLE[path], marker="o", ms=3,
+                    label=f"{level}, {'nixlPut' if path == 'put' else 'nixlGetPtr stores'}")
+            rp = [(p[0], p[2]) for p in pts if p[2]]
+            if rp and level == "block":
+                ratio_ax.plot(*zip(*rp), STYLE[path], marker="o", ms=3, label=f"block, {path}")
     for key, label in (("copy_engine_gbps", "copy engine"), ("nixl_write_gbps", "NIXL host WRITE")):
         pts = sorted({(r["size_bytes"], r["baselines"][key]) for r in rows if r["baselines"].get(key)})
         if pts:
             ax.plot(*zip(*pts), linestyle="--", label=label)
     ax.set(xscale="log", yscale="log", xlabel="bytes per iteration", ylabel="GB/s (1e9 B/s)", title="bandwidth, " + title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax = axes[1][col]
-    rows = [r for d in docs for r in d["rows"] if r["mode"] == "pingpong"]
+    ratio_ax.axhline(1.0, color="grey", lw=0.8)
+    ratio_ax.set(xscale="log", xlabel="bytes per iteration", ylabel="put / best baseline", title="ratio, " + title)
+    for a in (ax, ratio_ax):
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+
+
+def pingpong(ax, rows, title):
     for level in ("thread", "warp", "block"):
-        pts = sorted((r["size_bytes"], r["half_rtt"]["p50_ns"] / 1e3) for r in rows if r["level"] == level and r.get("half_rtt"))
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"{level} level, p50")
+        for path in ("put", "store"):
+            pts = sorted((r["size_bytes"], r["half_rtt"]["p50_ns"] / 1e3) for r in rows
+                         if r["level"] == level and r.get("path", "put") == path and r.get("half_rtt"))
+            if pts:
+                ax.plot(*zip(*pts), STYLE[path], marker="o", ms=3, label=f"{level}, {path}, p50")
     ax.set(xscale="log", yscale="log", xlabel="bytes per put", ylabel="half round trip (µs)", title="ping-pong, " + title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+
+
+pairs = sorted(runs)
+fig, axes = plt.subplots(3, len(pairs), figsize=(7 * len(pairs), 13), squeeze=False)
+for col, pair in enumerate(pairs):
+    docs = runs[pair]
+    title = title_of(docs)
+    bandwidth(axes[0][col], axes[1][col], [r for d in docs for r in d["rows"] if r["mode"] == "bandwidth"], title)
+    pingpong(axes[2][col], [r for d in docs for r in d["rows"] if r["mode"] == "pingpong"], title)
 fig.tight_layout()
-fig.savefig(out, dpi=110)
+fig.savefig(out, dpi=100)

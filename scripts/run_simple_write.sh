@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
-# The main job: simple_write's initiator and target on this machine's GPU(s).
-# On a machine without a GPU it says so and runs the host-API example
-# (two_proc) instead.
+# The main job: simple_write's initiator and target on this machine's GPU(s),
+# started together by `simple_write --mode pair` (one process hosts the store
+# on a free port and runs both roles as its children). On a machine without
+# a GPU it says so and runs the host-API example (two_proc) instead.
 #
-#   scripts/run_simple_write.sh [simple_write options...]
+#   scripts/run_simple_write.sh [--mps] [simple_write options...]
 #
-# Options go to the initiator (which decides sizes, levels, iterations);
-# --host/--port/--timeout/--store also go to the target, --target-gpu N picks
-# the target's GPU. Set SIMPLE_WRITE_BIN to a built binary to skip building
-# (a GPU machine without cargo). Exit status: non-zero if either process failed.
+#   --mps    both roles on one GPU under a private MPS daemon, stopped after
+#            (see scripts/lib/mps.sh; with two GPUs add --target-gpu 0)
+#
+# Other options go to simple_write (see `simple_write --help`), e.g.
+# --size 64M --level block --path put,store --target-gpu 1. Set
+# SIMPLE_WRITE_BIN to a built binary to skip building (a GPU machine without
+# cargo). Exit status: simple_write's (0 ok, 1 failure, 2 usage, 3 mismatch).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 log() { printf '[run] %s\n' "$*" >&2; }
 
-INIT_ARGS=(); TARGET_ARGS=()
-while (($#)); do
-  case "$1" in
-    --target-gpu) TARGET_ARGS+=(--gpu "$2"); shift 2 ;;
-    --host|--port|-p|--timeout|-t|--store) INIT_ARGS+=("$1" "$2"); TARGET_ARGS+=("$1" "$2"); shift 2 ;;
-    --host=*|--port=*|--timeout=*|--store=*) INIT_ARGS+=("$1"); TARGET_ARGS+=("$1"); shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) INIT_ARGS+=("$1"); shift ;;
+MPS=0; ARGS=()
+for a in "$@"; do
+  case "$a" in
+    --mps) MPS=1 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$a") ;;
   esac
 done
 
@@ -38,7 +40,7 @@ fi
 if ! has_gpu; then
   log "no NVIDIA GPU on this machine (nvidia-smi finds none): simple_write needs one."
   log "running the host-API example instead: two NIXL agents, two processes, DRAM, READ + WRITE with notifications"
-  cargo run --quiet --release --example two_proc -- "${TARGET_ARGS[@]}"
+  cargo run --quiet --release --example two_proc -- --port 0
   exit $?
 fi
 
@@ -47,15 +49,12 @@ if [[ -z "$BIN" ]]; then
   cargo build --quiet --release --bin simple_write || exit 1
   BIN="$ROOT/target/release/simple_write"
 fi
-
-"$BIN" --mode initiator "${INIT_ARGS[@]}" &
-ipid=$!
-# The initiator hosts the store; the target retries its connection until it is up.
-"$BIN" --mode target "${TARGET_ARGS[@]}"
-trc=$?
-wait "$ipid"; irc=$?
-if ((irc != 0 || trc != 0)); then
-  log "failed: initiator exit $irc, target exit $trc"
-  ((irc != 0)) && exit "$irc"
-  exit "$trc"
+if ((MPS)); then
+  # shellcheck source=lib/mps.sh
+  source "$ROOT/scripts/lib/mps.sh"
+  mps_start || exit 1
+  "$BIN" --mode pair --target-gpu 0 "${ARGS[@]}"; rc=$?
+  mps_stop
+  exit $rc
 fi
+exec "$BIN" --mode pair "${ARGS[@]}"

@@ -67,6 +67,7 @@ enum StoreKind {
 #[derive(Parser, Debug)]
 #[command(
     version,
+    args_override_self = true,
     after_help = "Examples:\n  \
     simple_write --mode initiator & simple_write --mode target\n  \
     simple_write --mode pair --size 64M --level block --target-gpu 1\n  \
