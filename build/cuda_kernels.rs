@@ -61,6 +61,8 @@ pub const WATCHED_ENV: [&str; 9] = [
     "NIXL_CUDA_ARCH",
 ];
 
+/// Called by build.rs: prints the directives of [`directives`] for this
+/// build; panics (fails the build) only with `NIXL_REQUIRE_KERNELS=1`.
 pub fn build() {
     println!("cargo::rustc-check-cfg=cfg(nixl_kernels)");
     println!("cargo:rerun-if-changed=cuda/kernels.cu");

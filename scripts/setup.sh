@@ -195,7 +195,7 @@ PYEOF
 )
   printf 'device headers %s, NIXL'"'"'s bundled UCX %s' "${hdr:-unknown}" "${rt:-unknown}"
   if [[ -z $hdr || $rt != "$hdr".* ]]; then
-    printf ': kernels built with UCX'"'"'s memory-list version check on, see build/cuda_kernels.rs'
+    printf ': they differ, so the kernels get UCX'"'"'s memory-list version check (build/cuda_kernels.rs)'
   fi
 }
 
