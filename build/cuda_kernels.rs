@@ -1,137 +1,215 @@
-//! Compiles each `cuda/*.cu` of [`SOURCES`] with nvcc into a fatbin the
-//! library embeds (`NIXL_FATBIN_<NAME>`, e.g. `NIXL_FATBIN_PUT_AND_SIGNAL`).
+//! Compiles cuda/kernels.cu with nvcc into a fatbin the binary embeds.
 //!
 //! Needs three things; each is looked for in the order a user's machine has it:
 //! - nvcc: `NVCC`, `CUDA_HOME`/`CUDA_PATH` `/bin/nvcc`, `nvcc` on PATH,
 //!   `/usr/local/cuda/bin/nvcc`, the project's `.venv` (PyPI nvidia-cuda-nvcc);
-//! - NIXL's device header (`gpu/ucx/nixl_device.cuh`, `nixl_types.h`):
-//!   `NIXL_INCLUDE_DIR`, else `$NIXL_PREFIX/include` (default
-//!   `/opt/nvidia/nvda_nixl/include`); it is on no package registry;
+//! - NIXL's device header (`gpu/ucx/nixl_device.cuh` and the `nixl_types.h`
+//!   it includes; on no package registry), the first folder holding both of
+//!   1. `NIXL_INCLUDE_DIR`,
+//!   2. `$NIXL_PREFIX/include` (default `/opt/nvidia/nvda_nixl/include`), a
+//!      NIXL install,
+//!   3. `.deps/nixl-include`, where `scripts/setup.sh` puts NIXL v1.4.0's two
+//!      files from NIXL's public repository once their SHA-256 matched (its
+//!      stamp `nixl-headers.stamp` records tag and sums);
 //! - UCX's device headers (`ucp/api/device/ucp_device_impl.h`):
 //!   `UCX_INCLUDE_DIR`, the project's `.venv` (PyPI libucx-cu13),
 //!   `$UCX_PREFIX/include`, `/usr/include`, `/opt/ucx/include`.
 //!
-//! When one is missing the host side still builds: a cargo warning says what
-//! is missing and the binary's `simple_write` reports the same at run time
-//! (env `NIXL_KERNELS_MISSING`). `NIXL_REQUIRE_KERNELS=1` turns that into a
-//! build error.
+//! What it used is printed as `build: …` lines (`cargo build -vv`, or the
+//! `output` file under `target/*/build/nixl-device-examples-*/`). When one
+//! is missing the host side still builds: a cargo warning says what is
+//! missing and the binary's `simple_write` reports the same at run time (env
+//! `NIXL_KERNELS_MISSING`). `NIXL_REQUIRE_KERNELS=1` turns that into a build
+//! error. A `NIXL_INCLUDE_DIR` without the header is also a cargo warning.
+//!
+//! UCX versions. The kernels inline UCX's device code from the headers; the
+//! host side is the UCX that NIXL's wheel bundles. PyPI's newest
+//! libucx-cu13 is 1.22.0, while nixl-cu13 1.5.1 bundles a 1.23 development
+//! build. They share one structure: the device memory list behind every
+//! memory view handle, which starts with a u16 layout version
+//! (`UCP_DEVICE_MEM_LIST_VERSION_V1`, 2 in both). When the header version is
+//! not the bundled one (or that one is unknown), the kernels are compiled
+//! with UCX's own device-side parameter check on
+//! (`UCP_DEVICE_ENABLE_PARAMS_CHECK=1`; UCX turns it on only in debug
+//! builds): every put and atomic add then compares the list's version and
+//! the element index with what the headers expect and refuses a mismatch
+//! (UCX prints "Invalid parameters", nixlPut/nixlAtomicAdd return
+//! `NIXL_ERR_BACKEND`, the kernel report carries it) instead of reading a
+//! foreign layout. Between UCX v1.22.0 and the 1.23 line (openucx/ucx main)
+//! the structures on the cuda_ipc path are unchanged (device memory lists,
+//! the 8-byte union of transport memory elements, the cuda_ipc transport
+//! id), so the check passes; it guards a future bundle that changes them.
 
+use std::ffi::{CString, OsString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The kernel sources, each built into its own fatbin.
-const SOURCES: &[&str] = &["kernels", "put_and_signal"];
+/// Reads one environment variable: the build passes the process's, the
+/// tests (tests/setup_headers.rs) a table of their own.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 
+/// The variables the lookups read; a change reruns the build script.
+pub const WATCHED_ENV: [&str; 9] = [
+    "NVCC",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "NIXL_PREFIX",
+    "NIXL_INCLUDE_DIR",
+    "UCX_INCLUDE_DIR",
+    "UCX_PREFIX",
+    "NIXL_REQUIRE_KERNELS",
+    "NIXL_CUDA_ARCH",
+];
+
+/// The kernel sources `cuda/<name>.cu`, each built into its own fatbin
+/// that the library embeds as `NIXL_FATBIN_<NAME>`.
+pub const SOURCES: [&str; 2] = ["kernels", "put_and_signal"];
+
+/// Called by build.rs: prints the directives of [`directives`] for this
+/// build; panics (fails the build) only with `NIXL_REQUIRE_KERNELS=1`.
 pub fn build() {
     println!("cargo::rustc-check-cfg=cfg(nixl_kernels)");
     for name in SOURCES {
         println!("cargo:rerun-if-changed=cuda/{name}.cu");
     }
-    for var in [
-        "NVCC",
-        "CUDA_HOME",
-        "CUDA_PATH",
-        "NIXL_PREFIX",
-        "NIXL_INCLUDE_DIR",
-        "UCX_INCLUDE_DIR",
-        "UCX_PREFIX",
-        "NIXL_REQUIRE_KERNELS",
-        "NIXL_CUDA_ARCH",
-    ] {
+    for var in WATCHED_ENV {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    match compile_all() {
-        Ok(fatbins) => {
-            println!("cargo:rustc-cfg=nixl_kernels");
-            for (name, fatbin) in SOURCES.iter().zip(fatbins) {
-                let var = format!("NIXL_FATBIN_{}", name.to_uppercase());
-                println!("cargo:rustc-env={var}={}", fatbin.display());
-            }
-        }
-        Err(why) => {
-            if std::env::var("NIXL_REQUIRE_KERNELS").as_deref() == Ok("1") {
-                panic!("NIXL_REQUIRE_KERNELS=1 but the device kernels cannot be built: {why}");
-            }
-            println!("cargo:warning=device kernels left out (host side only): {why}");
-            println!("cargo:rustc-env=NIXL_KERNELS_MISSING={why}");
-        }
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    match directives(&|k| std::env::var_os(k), &manifest, &out_dir) {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(why) => panic!("{why}"),
     }
 }
 
-/// All of [`SOURCES`], or why not: the kernels come all together or not at all.
-fn compile_all() -> Result<Vec<PathBuf>, String> {
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let venv_sites = venv_site_packages(&manifest.join(".venv"));
-    let nvcc = find_nvcc(&venv_sites).ok_or(
-        "nvcc not found (set NVCC or CUDA_HOME, or run scripts/setup.sh for the PyPI nvcc)"
-            .to_string(),
-    )?;
-    let nixl_inc = find_nixl_include()?;
-    let ucx_inc = find_ucx_include(&venv_sites)?;
-    for watched in [
-        nixl_inc.join("gpu/ucx/nixl_device.cuh"),
-        ucx_inc.join("ucp/api/device/ucp_device_impl.h"),
-    ] {
-        println!("cargo:rerun-if-changed={}", watched.display());
+/// The lines the build script prints for one kernel build in `out_dir`:
+/// `build: …` notes, `cargo:` directives, and either `rustc-cfg=nixl_kernels`
+/// with the fatbin's path or a `cargo:warning` saying what is missing.
+/// Errors only with `NIXL_REQUIRE_KERNELS=1` when the kernels cannot be built.
+pub fn directives(env: Env, manifest: &Path, out_dir: &Path) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    match compile(env, manifest, out_dir, &mut lines) {
+        Ok(fatbins) => {
+            lines.push("cargo:rustc-cfg=nixl_kernels".into());
+            for (name, fatbin) in SOURCES.iter().zip(fatbins) {
+                let var = format!("NIXL_FATBIN_{}", name.to_uppercase());
+                lines.push(format!("cargo:rustc-env={var}={}", fatbin.display()));
+            }
+        }
+        Err(why) => {
+            if env("NIXL_REQUIRE_KERNELS").is_some_and(|v| v == "1") {
+                return Err(format!(
+                    "NIXL_REQUIRE_KERNELS=1 but the device kernels cannot be built: {why}"
+                ));
+            }
+            lines.push(format!(
+                "cargo:warning=device kernels left out (host side only): {why}"
+            ));
+            lines.push(format!("cargo:rustc-env=NIXL_KERNELS_MISSING={why}"));
+        }
     }
+    Ok(lines)
+}
 
-    let includes = [nixl_inc, ucx_inc];
+/// Finds nvcc and both header sets, then compiles each of [`SOURCES`]
+/// (`manifest/cuda/<name>.cu`) into `out_dir/<name>.fatbin`: all or none.
+/// Errors name every missing piece at once (one line), or nvcc's first errors.
+pub fn compile(
+    env: Env,
+    manifest: &Path,
+    out_dir: &Path,
+    lines: &mut Vec<String>,
+) -> Result<Vec<PathBuf>, String> {
+    let sites = venv_site_packages(&manifest.join(".venv"));
+    let nvcc = find_nvcc(env, &sites).ok_or_else(|| {
+        "nvcc not found (set NVCC or CUDA_HOME, or run scripts/setup.sh for the PyPI nvcc)"
+            .to_string()
+    });
+    let nixl = find_nixl_include(env, manifest, lines);
+    let ucx = find_ucx_include(env, &sites);
+    let (nvcc, nixl_inc, ucx_inc) = match (nvcc, nixl, ucx) {
+        (Ok(n), Ok(x), Ok(u)) => (n, x, u),
+        (n, x, u) => {
+            let missing: Vec<String> = [n.err(), x.err(), u.err()].into_iter().flatten().collect();
+            return Err(missing.join("; "));
+        }
+    };
+    lines.push(format!(
+        "cargo:rerun-if-changed={}",
+        ucx_inc.join("ucp/api/device/ucp_device_impl.h").display()
+    ));
+    lines.push(format!("build: nvcc {}", nvcc.display()));
+    let defines = ucx_version_check(&ucx_inc, &sites, lines);
+    let arch = env("NIXL_CUDA_ARCH")
+        .and_then(|a| a.into_string().ok())
+        .unwrap_or_else(|| "90".into());
+    let nvcc = Nvcc {
+        path: nvcc,
+        arch,
+        defines,
+        includes: [nixl_inc, ucx_inc],
+    };
     SOURCES
         .iter()
         .map(|name| {
-            compile(
-                &nvcc,
-                &includes,
+            nvcc.fatbin(
                 &manifest.join(format!("cuda/{name}.cu")),
-                name,
+                &out_dir.join(format!("{name}.fatbin")),
             )
         })
         .collect()
 }
 
-/// One `.cu` into `$OUT_DIR/<name>.fatbin`.
-fn compile(
-    nvcc: &Path,
-    includes: &[PathBuf; 2],
-    source: &Path,
-    name: &str,
-) -> Result<PathBuf, String> {
-    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join(format!("{name}.fatbin"));
-    let arch = std::env::var("NIXL_CUDA_ARCH").unwrap_or_else(|_| "90".into());
-    let status = Command::new(nvcc)
-        .args([
-            "-std=c++17",
-            "--expt-relaxed-constexpr",
-            "-O3",
-            "-fatbin",
-            "-lineinfo",
-        ])
-        // SASS for Hopper, plus PTX the driver can JIT for newer GPUs.
-        .arg(format!(
-            "-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"
-        ))
-        .arg("-I")
-        .arg(&includes[0])
-        .arg("-I")
-        .arg(&includes[1])
-        .arg(source)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
-    if !status.status.success() {
-        let stderr = String::from_utf8_lossy(&status.stderr);
-        let first: Vec<&str> = stderr
-            .lines()
-            .filter(|l| l.contains("error"))
-            .take(3)
-            .collect();
-        return Err(format!(
-            "nvcc failed on cuda/{name}.cu: {}",
-            first.join(" | ")
-        ));
+/// nvcc as the kernels are built with it.
+struct Nvcc {
+    path: PathBuf,
+    arch: String,
+    defines: Vec<String>,
+    includes: [PathBuf; 2],
+}
+
+impl Nvcc {
+    /// Compiles `source` into the fatbin `out`; on failure, nvcc's first errors.
+    fn fatbin(&self, source: &Path, out: &Path) -> Result<PathBuf, String> {
+        let arch = &self.arch;
+        let output = Command::new(&self.path)
+            .args([
+                "-std=c++17",
+                "--expt-relaxed-constexpr",
+                "-O3",
+                "-fatbin",
+                "-lineinfo",
+            ])
+            .args(&self.defines)
+            // SASS for Hopper, plus PTX the driver can JIT for newer GPUs.
+            .arg(format!(
+                "-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"
+            ))
+            .arg("-I")
+            .arg(&self.includes[0])
+            .arg("-I")
+            .arg(&self.includes[1])
+            .arg(source)
+            .arg("-o")
+            .arg(out)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.path.display()))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let first: Vec<&str> = stderr
+                .lines()
+                .filter(|l| l.contains("error"))
+                .take(3)
+                .collect();
+            return Err(format!(
+                "nvcc failed on {}: {}",
+                source.display(),
+                first.join(" | ")
+            ));
+        }
+        Ok(out.to_path_buf())
     }
-    Ok(out)
 }
 
 fn venv_site_packages(venv: &Path) -> Vec<PathBuf> {
@@ -145,16 +223,16 @@ fn venv_site_packages(venv: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn find_nvcc(sites: &[PathBuf]) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("NVCC") {
+fn find_nvcc(env: Env, sites: &[PathBuf]) -> Option<PathBuf> {
+    if let Some(p) = env("NVCC") {
         return Some(PathBuf::from(p));
     }
     let mut candidates: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
-        .filter_map(|v| std::env::var_os(v))
+        .filter_map(|v| env(v))
         .map(|root| PathBuf::from(root).join("bin/nvcc"))
         .collect();
-    if let Some(path) = std::env::var_os("PATH") {
+    if let Some(path) = env("PATH") {
         candidates.extend(std::env::split_paths(&path).map(|d| d.join("nvcc")));
     }
     candidates.push("/usr/local/cuda/bin/nvcc".into());
@@ -167,32 +245,90 @@ fn find_nvcc(sites: &[PathBuf]) -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
-fn find_nixl_include() -> Result<PathBuf, String> {
-    let dir = match std::env::var_os("NIXL_INCLUDE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(
-            std::env::var("NIXL_PREFIX").unwrap_or_else(|_| "/opt/nvidia/nvda_nixl".into()),
-        )
-        .join("include"),
-    };
-    if dir.join("gpu/ucx/nixl_device.cuh").is_file() && dir.join("nixl_types.h").is_file() {
-        Ok(dir)
-    } else {
-        Err(format!(
-            "NIXL device header not found: no gpu/ucx/nixl_device.cuh + nixl_types.h under {} \
-             (install NIXL with its headers and set NIXL_PREFIX, or set NIXL_INCLUDE_DIR)",
-            dir.display()
-        ))
+/// Whether `dir` holds both files of NIXL's device header.
+pub fn has_nixl_header(dir: &Path) -> bool {
+    dir.join("gpu/ucx/nixl_device.cuh").is_file() && dir.join("nixl_types.h").is_file()
+}
+
+/// The folder to pass as `-I` for NIXL's device header, in the order of the
+/// module docs. Adds a `build:` line naming the one used, a cargo warning
+/// for a `NIXL_INCLUDE_DIR` without the header, and the paths to watch.
+pub fn find_nixl_include(
+    env: Env,
+    manifest: &Path,
+    lines: &mut Vec<String>,
+) -> Result<PathBuf, String> {
+    let deps = manifest.join(".deps/nixl-include");
+    // Watch the folder setup.sh fills, so files arriving there rebuild. A
+    // path that does not exist would rerun the build every time: then its
+    // parent (setup.sh creates the folder on every run).
+    if let Some(watch) = [deps.clone(), manifest.join(".deps")]
+        .iter()
+        .find(|d| d.is_dir())
+    {
+        lines.push(format!("cargo:rerun-if-changed={}", watch.display()));
+    }
+    let explicit = env("NIXL_INCLUDE_DIR").map(PathBuf::from);
+    let prefix = env("NIXL_PREFIX").map_or_else(|| "/opt/nvidia/nvda_nixl".into(), PathBuf::from);
+    let mut candidates: Vec<(PathBuf, &str)> = Vec::new();
+    if let Some(dir) = &explicit {
+        candidates.push((dir.clone(), "NIXL_INCLUDE_DIR"));
+    }
+    candidates.push((prefix.join("include"), "$NIXL_PREFIX/include"));
+    candidates.push((deps.clone(), ".deps/nixl-include (scripts/setup.sh)"));
+    for (dir, label) in &candidates {
+        if has_nixl_header(dir) {
+            for file in ["gpu/ucx/nixl_device.cuh", "nixl_types.h"] {
+                lines.push(format!(
+                    "cargo:rerun-if-changed={}",
+                    dir.join(file).display()
+                ));
+            }
+            let stamp = stamp_note(dir, *dir == deps);
+            lines.push(format!(
+                "build: NIXL device header from {label}: {}{stamp}",
+                dir.display()
+            ));
+            return Ok(dir.clone());
+        }
+        if explicit.as_ref() == Some(dir) {
+            lines.push(format!(
+                "cargo:warning=NIXL_INCLUDE_DIR={} has no gpu/ucx/nixl_device.cuh + nixl_types.h; \
+                 looking in $NIXL_PREFIX/include and .deps/nixl-include",
+                dir.display()
+            ));
+        }
+    }
+    let looked: Vec<String> = candidates
+        .iter()
+        .map(|(d, _)| d.display().to_string())
+        .collect();
+    Err(format!(
+        "NIXL device header (gpu/ucx/nixl_device.cuh + nixl_types.h) not found in {}: run \
+         scripts/setup.sh (it downloads NIXL v1.4.0's two files into .deps/nixl-include; \
+         without internet it says where to get them), or set NIXL_INCLUDE_DIR (or NIXL_PREFIX) \
+         to a NIXL install's headers",
+        looked.join(", ")
+    ))
+}
+
+/// What setup.sh's stamp says about the files in `dir`.
+fn stamp_note(dir: &Path, is_deps: bool) -> String {
+    let stamp = std::fs::read_to_string(dir.join("nixl-headers.stamp")).unwrap_or_default();
+    match stamp.lines().find_map(|l| l.strip_prefix("tag ")) {
+        Some(tag) => format!(" (NIXL {tag}, SHA-256 checked by scripts/setup.sh)"),
+        None if is_deps => " (no stamp: not checked; scripts/setup.sh checks them)".into(),
+        None => String::new(),
     }
 }
 
-fn find_ucx_include(sites: &[PathBuf]) -> Result<PathBuf, String> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("UCX_INCLUDE_DIR")
+fn find_ucx_include(env: Env, sites: &[PathBuf]) -> Result<PathBuf, String> {
+    let mut candidates: Vec<PathBuf> = env("UCX_INCLUDE_DIR")
         .map(PathBuf::from)
         .into_iter()
         .collect();
     candidates.extend(sites.iter().map(|s| s.join("libucx/include")));
-    candidates.extend(std::env::var_os("UCX_PREFIX").map(|p| PathBuf::from(p).join("include")));
+    candidates.extend(env("UCX_PREFIX").map(|p| PathBuf::from(p).join("include")));
     candidates
         .extend(["/usr/include", "/usr/local/include", "/opt/ucx/include"].map(PathBuf::from));
     candidates
@@ -204,4 +340,100 @@ fn find_ucx_include(sites: &[PathBuf]) -> Result<PathBuf, String> {
              (PyPI libucx-cu13) or set UCX_INCLUDE_DIR"
                 .to_string()
         })
+}
+
+/// Compares the UCX device headers' version with the UCX that NIXL's wheel
+/// bundles and returns the nvcc defines that make a difference safe (module
+/// docs), with a `build:` line stating the versions and the decision.
+pub fn ucx_version_check(
+    ucx_inc: &Path,
+    sites: &[PathBuf],
+    lines: &mut Vec<String>,
+) -> Vec<String> {
+    let headers = ucx_header_version(ucx_inc);
+    let bundled = bundled_ucx_version(sites);
+    let same = match (&headers, &bundled) {
+        (Some((major, minor)), Some(v)) => v.starts_with(&format!("{major}.{minor}.")),
+        _ => false,
+    };
+    let shown_headers = headers.map_or("unknown".into(), |(a, b)| format!("{a}.{b}"));
+    let shown_bundled = bundled.unwrap_or_else(|| "unknown (no nixl-cu1x wheel in .venv)".into());
+    if same {
+        lines.push(format!(
+            "build: UCX device headers {shown_headers} ({}) match NIXL's bundled UCX {shown_bundled}",
+            ucx_inc.display()
+        ));
+        return Vec::new();
+    }
+    let list = std::fs::read_to_string(ucx_inc.join("ucp/api/device/ucp_device_types.h"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("#define UCP_DEVICE_MEM_LIST_VERSION_V1"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    lines.push(format!(
+        "build: UCX device headers {shown_headers} ({}), NIXL's bundled UCX {shown_bundled}: \
+         kernels compiled with UCP_DEVICE_ENABLE_PARAMS_CHECK=1, so a device memory list whose \
+         layout version is not {list} is refused at run time (NIXL_ERR_BACKEND) instead of \
+         misread; the cuda_ipc layouts of 1.22 and 1.23 are the same",
+        ucx_inc.display()
+    ));
+    vec!["-DUCP_DEVICE_ENABLE_PARAMS_CHECK=1".into()]
+}
+
+/// `(UCP_API_MAJOR, UCP_API_MINOR)` from `ucp/api/ucp_version.h`.
+fn ucx_header_version(ucx_inc: &Path) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(ucx_inc.join("ucp/api/ucp_version.h")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some((
+        field("#define UCP_API_MAJOR")?,
+        field("#define UCP_API_MINOR")?,
+    ))
+}
+
+unsafe extern "C" {
+    fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
+    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+}
+
+/// The version the UCX bundled with NIXL's wheel reports
+/// (`ucp_get_version`, e.g. "1.23.0"), from `nixl_cu13.libs/libucp*.so*`
+/// in the project's `.venv`.
+pub fn bundled_ucx_version(sites: &[PathBuf]) -> Option<String> {
+    let lib = sites
+        .iter()
+        .flat_map(|s| [s.join("nixl_cu13.libs"), s.join("nixl_cu12.libs")])
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libucp") && n.contains(".so"))
+        })?;
+    let path = CString::new(lib.to_str()?).ok()?;
+    // SAFETY: loads the library NIXL's UCX plugin loads at run time (its
+    // constructors only set up UCX's globals) and calls one getter with
+    // three out-parameters; the library stays loaded until the script exits.
+    unsafe {
+        let handle = dlopen(path.as_ptr(), 2 /* RTLD_NOW */);
+        if handle.is_null() {
+            return None;
+        }
+        let sym = dlsym(handle, c"ucp_get_version".as_ptr());
+        if sym.is_null() {
+            return None;
+        }
+        let get: unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint) =
+            std::mem::transmute(sym);
+        let (mut major, mut minor, mut release) = (0, 0, 0);
+        get(&mut major, &mut minor, &mut release);
+        Some(format!("{major}.{minor}.{release}"))
+    }
 }
