@@ -930,6 +930,7 @@ struct SenderLoop<'a> {
 }
 
 impl<'a> SenderLoop<'a> {
+    /// Sizes the fill-ahead batches and reserves their staging.
     fn new(
         args: &'a Args,
         agent: &'a Agent,
