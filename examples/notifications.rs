@@ -27,22 +27,25 @@
 //! cargo run --example notifications -- --metadata nixl-tcpstore
 //! ```
 
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
+use nixl_examples::deadline::{Pace, poll};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
 use nixl_examples::launch::{self, RoleSpec};
+use nixl_examples::logging;
 use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args};
 use nixl_examples::pattern;
 use nixl_examples::say;
-use nixl_sys::{Agent, OptArgs, XferOp, XferStatus};
+use nixl_sys::{Agent, OptArgs, XferDlistHandle, XferOp, XferRequest, XferStatus};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Role {
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Some(Role::Target) => TARGET,
         Some(Role::Initiator) => INITIATOR,
     };
+    logging::init(who);
     let result = match args.role {
         None => run_both(&args),
         Some(role) => run_role(&args, role).map(|()| ExitCode::SUCCESS),
@@ -202,31 +206,50 @@ fn binary_message() -> Vec<u8> {
     m
 }
 
-/// Polls until `n` notifications from `from` starting with `prefix` have
-/// arrived or `timeout` passes; returns them in arrival order (fewer than
-/// `n` on timeout, so the caller can name what is missing).
-fn collect_prefix(
+/// Waits until `n` notifications from `from` starting with `prefix` have
+/// arrived, calling `on_arrival` on each as it is taken, then checks the
+/// family ([`check_family`]); returns whether they arrived in order. If
+/// `timeout` passes first, the error names the ones missing.
+fn collect_family(
     agent: &Agent,
     inbox: &mut NotifInbox,
     from: &str,
-    prefix: &[u8],
-    n: usize,
+    prefix: &str,
+    n: u64,
     timeout: Duration,
-) -> Result<Vec<Vec<u8>>> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    while got.len() < n && start.elapsed() <= timeout {
-        while got.len() < n {
-            match inbox.take(from, |m| m.starts_with(prefix)) {
-                Some(m) => got.push(m),
-                None => break,
+    mut on_arrival: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<bool> {
+    let got = RefCell::new(Vec::new());
+    poll(
+        timeout,
+        Pace::Every(Duration::from_micros(200)),
+        || {
+            let mut got = got.borrow_mut();
+            loop {
+                while (got.len() as u64) < n {
+                    let Some(m) = inbox.take(from, |m| m.starts_with(prefix.as_bytes())) else {
+                        break;
+                    };
+                    on_arrival(&m)?;
+                    got.push(m);
+                }
+                if got.len() as u64 == n {
+                    return Ok(Some(()));
+                }
+                if inbox.poll(agent)? == 0 {
+                    return Ok(None);
+                }
             }
-        }
-        if got.len() < n && inbox.poll(agent)? == 0 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    Ok(got)
+        },
+        |waited| {
+            check_family(&got.borrow(), prefix, n)
+                .err()
+                .unwrap_or_else(|| {
+                    anyhow::anyhow!("{prefix}<i> notifications: fewer than {n} within {waited:?}")
+                })
+        },
+    )?;
+    check_family(&got.into_inner(), prefix, n)
 }
 
 /// The index after `prefix` in `MSG:3`-style messages.
@@ -295,8 +318,9 @@ fn verify_slot(buf: &HostBuffer, args: &Args, slot: u64, variant: u64) -> Result
     }
 }
 
+/// The target: publish the slots, then match every notification the
+/// initiator sends, alone and attached, verifying each slot on arrival.
 fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer) -> Result<()> {
-    let t = timeout(args);
     exchange.publish(agent)?;
     exchange.offer_descs(
         agent,
@@ -307,13 +331,21 @@ fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer)
     exchange.load_peer(agent, INITIATOR)?;
     say!("[target] Waiting for notifications...");
     let mut inbox = NotifInbox::new();
+    receive_alone(args, agent, &mut inbox)?;
+    receive_attached(args, agent, &mut inbox, buf)?;
+    receive_repost(args, agent, &mut inbox, buf)?;
+    // The initiator's last word: after it, nothing of ours is needed.
+    inbox.wait_for(agent, INITIATOR, b"BYE", timeout(args))?;
+    Ok(())
+}
 
-    // Sent alone: an exact tag, a prefix family, a binary message.
+/// Sent alone: an exact tag, a prefix family, a binary message.
+fn receive_alone(args: &Args, agent: &Agent, inbox: &mut NotifInbox) -> Result<()> {
+    let t = timeout(args);
     inbox.wait_for(agent, INITIATOR, b"HELLO", t)?;
     say!("[target] Tag match: \"HELLO\" ✓");
     let n = args.messages as u64;
-    let got = collect_prefix(agent, &mut inbox, INITIATOR, b"MSG:", n as usize, t)?;
-    let in_order = check_family(&got, "MSG:", n)?;
+    let in_order = collect_family(agent, inbox, INITIATOR, "MSG:", n, t, |_| Ok(()))?;
     say!(
         "[target] Prefix match \"MSG:\": {n}/{n} arrived{} ✓",
         if in_order { ", in order" } else { "" }
@@ -326,57 +358,64 @@ fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer)
         "[target] Binary message: {} bytes, every byte value, matched exactly ✓",
         bin.len()
     );
-    agent
-        .send_notification(INITIATOR, b"ACK:alone", None)
-        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
+    answer(agent, b"ACK:alone")
+}
 
-    // Attached to WRITEs: each slot is checked as its notification arrives.
+/// Attached to WRITEs: each slot is checked as its notification arrives.
+fn receive_attached(
+    args: &Args,
+    agent: &Agent,
+    inbox: &mut NotifInbox,
+    buf: &HostBuffer,
+) -> Result<()> {
     let k = args.transfers as u64;
-    let start = Instant::now();
-    let mut got = Vec::new();
-    while (got.len() as u64) < k && start.elapsed() <= t {
-        let more = collect_prefix(
-            agent,
-            &mut inbox,
-            INITIATOR,
-            b"XFER:",
-            1,
-            t.saturating_sub(start.elapsed()),
-        )?;
-        for m in more {
-            if let Some(i) = index_of(&m, b"XFER:").filter(|&i| i < k) {
-                verify_slot(buf, args, i, SLOT_VARIANT + i)?;
-            }
-            got.push(m);
-        }
-    }
-    check_family(&got, "XFER:", k)?;
+    collect_family(
+        agent,
+        inbox,
+        INITIATOR,
+        "XFER:",
+        k,
+        timeout(args),
+        |m| match index_of(m, b"XFER:").filter(|&i| i < k) {
+            Some(i) => verify_slot(buf, args, i, SLOT_VARIANT + i),
+            None => Ok(()),
+        },
+    )?;
     say!("[target] Attached to WRITEs: {k}/{k} \"XFER:<i>\", each slot verified on arrival ✓");
     // Only now may slot 0 be overwritten by the re-post.
-    agent
-        .send_notification(INITIATOR, b"ACK:attached", None)
-        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
+    answer(agent, b"ACK:attached")
+}
+
+/// The first request again, its message replaced at post time.
+fn receive_repost(
+    args: &Args,
+    agent: &Agent,
+    inbox: &mut NotifInbox,
+    buf: &HostBuffer,
+) -> Result<()> {
     inbox
-        .wait_for(agent, INITIATOR, b"REPOST:0", t)
+        .wait_for(agent, INITIATOR, b"REPOST:0", timeout(args))
         .context("waiting for the re-posted request's notification")?;
     verify_slot(buf, args, 0, REPOST_VARIANT)?;
     say!("[target] Re-posted request with its message replaced: \"REPOST:0\", slot 0 verified ✓");
-    agent
-        .send_notification(INITIATOR, b"ACK:repost", None)
-        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))?;
-
-    // The initiator's last word: after it, nothing of ours is needed.
-    inbox.wait_for(agent, INITIATOR, b"BYE", t)?;
-    Ok(())
+    answer(agent, b"ACK:repost")
 }
 
+fn answer(agent: &Agent, msg: &[u8]) -> Result<()> {
+    agent
+        .send_notification(INITIATOR, msg, None)
+        .map_err(|e| anyhow::anyhow!("answering the initiator failed: {e}"))
+}
+
+/// The initiator: notifications alone, then WRITEs carrying them, then
+/// one WRITE re-posted with its message replaced; each step waits for the
+/// target's acknowledgement.
 fn initiator(
     args: &Args,
     agent: &Agent,
     exchange: &mut Exchange,
     buf: &mut HostBuffer,
 ) -> Result<()> {
-    let t = timeout(args);
     let size = args.buf_size as usize;
     for (i, slot) in buf.as_mut_slice().chunks_mut(size).enumerate() {
         pattern::fill(slot, args.seed, SLOT_VARIANT + i as u64);
@@ -394,104 +433,152 @@ fn initiator(
         args.transfers,
         args.buf_size
     );
-    let send = |msg: &[u8]| {
-        agent.send_notification(TARGET, msg, None).map_err(|e| {
-            anyhow::anyhow!(
-                "sending notification {:?} failed: {e}",
-                String::from_utf8_lossy(msg)
-            )
-        })
-    };
+    send_alone(args, agent, &mut inbox)?;
+    let writes = Writes::prepare(args, agent, buf, &remote)?;
+    write_attached(args, agent, &mut inbox, &writes)?;
+    repost(args, agent, &mut inbox, buf, &writes)?;
+    send(agent, b"BYE")?;
+    drop(writes);
+    Ok(())
+}
 
+fn send(agent: &Agent, msg: &[u8]) -> Result<()> {
+    agent.send_notification(TARGET, msg, None).map_err(|e| {
+        anyhow::anyhow!(
+            "sending notification {:?} failed: {e}",
+            String::from_utf8_lossy(msg)
+        )
+    })
+}
+
+/// `HELLO`, the `MSG:<i>` family and the binary message, sent alone.
+fn send_alone(args: &Args, agent: &Agent, inbox: &mut NotifInbox) -> Result<()> {
     say!(
         "[initiator] Sending notifications alone: HELLO, {} × MSG:<i>, one binary",
         args.messages
     );
-    send(b"HELLO")?;
+    send(agent, b"HELLO")?;
     for i in 0..args.messages {
-        send(format!("MSG:{i}").as_bytes())?;
+        send(agent, format!("MSG:{i}").as_bytes())?;
     }
-    send(&binary_message())?;
-    inbox.wait_for(agent, TARGET, b"ACK:alone", t)?;
+    send(agent, &binary_message())?;
+    inbox.wait_for(agent, TARGET, b"ACK:alone", timeout(args))?;
     say!("[initiator] Target acknowledged the notifications sent alone ✓");
+    Ok(())
+}
 
+/// One WRITE per slot, local [i] to remote [i], carrying `XFER:<i>`; the
+/// requests are dropped before the prepared lists they were made from.
+struct Writes {
+    reqs: Vec<XferRequest>,
+    _lists: (XferDlistHandle, XferDlistHandle),
+}
+
+impl Writes {
+    fn prepare(args: &Args, agent: &Agent, buf: &HostBuffer, remote: &DescList) -> Result<Self> {
+        let local_prep = agent
+            .prepare_xfer_dlist(
+                "",
+                &slot_descs(buf, args.transfers, args.buf_size).to_xfer_dlist()?,
+                None,
+            )
+            .context("preparing our slots")?;
+        let remote_prep = agent
+            .prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)
+            .context("preparing the target's slots")?;
+        let reqs = (0..args.transfers as i32)
+            .map(|i| -> Result<_> {
+                Ok(agent.make_xfer_req(
+                    XferOp::Write,
+                    &local_prep,
+                    &[i],
+                    &remote_prep,
+                    &[i],
+                    Some(&notif_args(format!("XFER:{i}").as_bytes())?),
+                )?)
+            })
+            .collect::<Result<Vec<_>>>()
+            .context("making the WRITE requests")?;
+        Ok(Self {
+            reqs,
+            _lists: (local_prep, remote_prep),
+        })
+    }
+}
+
+/// Every WRITE in flight at once; their notifications go out as each
+/// completes.
+fn write_attached(
+    args: &Args,
+    agent: &Agent,
+    inbox: &mut NotifInbox,
+    writes: &Writes,
+) -> Result<()> {
     say!(
         "[initiator] Posting {} WRITEs with attached notifications XFER:<i>...",
         args.transfers
     );
-    let local_prep = agent
-        .prepare_xfer_dlist(
-            "",
-            &slot_descs(buf, args.transfers, args.buf_size).to_xfer_dlist()?,
-            None,
-        )
-        .context("preparing our slots")?;
-    let remote_prep = agent
-        .prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)
-        .context("preparing the target's slots")?;
-    let reqs = (0..args.transfers as i32)
-        .map(|i| -> Result<_> {
-            Ok(agent.make_xfer_req(
-                XferOp::Write,
-                &local_prep,
-                &[i],
-                &remote_prep,
-                &[i],
-                Some(&notif_args(format!("XFER:{i}").as_bytes())?),
-            )?)
-        })
-        .collect::<Result<Vec<_>>>()
-        .context("making the WRITE requests")?;
-    // All in flight at once; their notifications go out as each completes.
-    for (i, r) in reqs.iter().enumerate() {
+    for (i, r) in writes.reqs.iter().enumerate() {
         agent
             .post_xfer_req(r, None)
             .map_err(|e| anyhow::anyhow!("posting WRITE {i} failed: {e}"))?;
     }
-    wait_all(agent, &reqs.iter().collect::<Vec<_>>(), t)?;
+    let t = timeout(args);
+    wait_all(agent, &writes.reqs.iter().collect::<Vec<_>>(), t)?;
     inbox.wait_for(agent, TARGET, b"ACK:attached", t)?;
     say!("[initiator] Target verified every slot on its notification ✓");
+    Ok(())
+}
 
-    // The same request again, with its message replaced at post time.
+/// The same request again, with its message replaced at post time.
+fn repost(
+    args: &Args,
+    agent: &Agent,
+    inbox: &mut NotifInbox,
+    buf: &mut HostBuffer,
+    writes: &Writes,
+) -> Result<()> {
+    let size = args.buf_size as usize;
     pattern::fill(&mut buf.as_mut_slice()[..size], args.seed, REPOST_VARIANT);
     let mut opt = OptArgs::new()?;
     opt.set_has_notification(true)?;
     opt.set_notification_message(b"REPOST:0")?;
     agent
-        .post_xfer_req(&reqs[0], Some(&opt))
+        .post_xfer_req(&writes.reqs[0], Some(&opt))
         .map_err(|e| anyhow::anyhow!("re-posting WRITE 0 failed: {e}"))?;
-    wait_all(agent, &[&reqs[0]], t)?;
+    let t = timeout(args);
+    wait_all(agent, &[&writes.reqs[0]], t)?;
     inbox.wait_for(agent, TARGET, b"ACK:repost", t)?;
     say!("[initiator] Target verified the re-posted WRITE ✓");
-    send(b"BYE")?;
-    drop((reqs, local_prep, remote_prep));
     Ok(())
 }
 
 /// Polls every request until all completed (each poll may send a completed
 /// request's notification), for at most `timeout`.
-fn wait_all(agent: &Agent, reqs: &[&nixl_sys::XferRequest], timeout: Duration) -> Result<()> {
-    let start = Instant::now();
+fn wait_all(agent: &Agent, reqs: &[&XferRequest], timeout: Duration) -> Result<()> {
     let mut pending: Vec<usize> = (0..reqs.len()).collect();
-    while !pending.is_empty() {
-        let mut still = Vec::new();
-        for i in pending {
-            match agent.get_xfer_status(reqs[i]) {
-                Ok(XferStatus::Success) => {}
-                Ok(XferStatus::InProgress) => still.push(i),
-                Err(e) => bail!("WRITE {i} failed: {e} (did the target exit?)"),
+    let left = Cell::new(pending.len());
+    poll(
+        timeout,
+        Pace::Yield,
+        || {
+            let mut still = Vec::new();
+            for &i in &pending {
+                match agent.get_xfer_status(reqs[i]) {
+                    Ok(XferStatus::Success) => {}
+                    Ok(XferStatus::InProgress) => still.push(i),
+                    Err(e) => bail!("WRITE {i} failed: {e} (did the target exit?)"),
+                }
             }
-        }
-        pending = still;
-        if start.elapsed() > timeout {
-            bail!(
+            pending = still;
+            left.set(pending.len());
+            Ok(pending.is_empty().then_some(()))
+        },
+        |_| {
+            anyhow::anyhow!(
                 "{} WRITE(s) did not complete within {timeout:?}",
-                pending.len()
-            );
-        }
-        if !pending.is_empty() {
-            std::thread::yield_now();
-        }
-    }
-    Ok(())
+                left.get()
+            )
+        },
+    )
 }

@@ -47,8 +47,8 @@
 //! cargo run --release --example send_recv -- --role receiver --port 9998   # one role by hand
 //! ```
 
+use std::cell::Cell;
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -57,15 +57,18 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::EXIT_MISMATCH;
 use nixl_examples::cli::{fmt_bytes, parse_bytes};
+use nixl_examples::deadline::{Pace, poll};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
 use nixl_examples::gpu::Gpu;
 use nixl_examples::launch::{self, RoleSpec};
+use nixl_examples::logging;
 use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, post_and_wait};
 use nixl_examples::say;
-use nixl_examples::slots::{EMPTY, HEADER_BYTES, SlotJob, SlotRing};
-use nixl_sys::{Agent, OptArgs, XferOp, XferRequest, XferStatus};
+use nixl_examples::slots::phases::{ms, pct};
+use nixl_examples::slots::{Coverage, EMPTY, HEADER_BYTES, Phases, SlotCheck, SlotJob, SlotRing};
+use nixl_sys::{Agent, OptArgs, XferDlistHandle, XferOp, XferRequest, XferStatus};
 use serde_json::json;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -82,17 +85,6 @@ enum Memory {
     Dram,
     /// GPU memory (--gpu).
     Vram,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Verify {
-    /// Every payload byte is written and checked.
-    Full,
-    /// Header plus the first, the last and one sequence-dependent 4 KiB
-    /// block of each payload; the rest of a slot keeps older bytes. For
-    /// measuring the transfer pipeline without the cost of generating and
-    /// checking every byte.
-    Sample,
 }
 
 /// Streaming between two NIXL agents in two processes: a ring of slots,
@@ -152,8 +144,8 @@ struct Args {
     #[arg(long)]
     sender_gpu: Option<usize>,
     /// How much of each payload is generated and checked.
-    #[arg(long, value_enum, default_value_t = Verify::Full)]
-    verify: Verify,
+    #[arg(long, value_enum, default_value_t = Coverage::Full)]
+    verify: Coverage,
     /// Timed single WRITEs of the whole ring (after one warm-up) for the
     /// baseline bandwidth; 0 skips the baseline.
     #[arg(long, default_value_t = 5)]
@@ -191,11 +183,27 @@ impl Args {
     fn payload(&self) -> usize {
         self.buffer_size as usize
     }
+    /// The byte ranges of a payload that `seq` fills and the receiver checks.
+    fn ranges(&self, seq: u64) -> Vec<std::ops::Range<usize>> {
+        self.verify.ranges(self.payload(), seq)
+    }
+    /// VRAM: the most pinned staging bytes one slot's fill or check uses.
+    fn staging_per_slot(&self) -> usize {
+        HEADER_BYTES + self.verify.max_bytes(self.payload())
+    }
+    /// The most slots one batch of fills, or of checks, may hold: for
+    /// VRAM what [`STAGING_BYTES`] holds (at least one), else no bound.
+    fn staging_slots(&self, vram: bool) -> usize {
+        if vram {
+            (STAGING_BYTES / self.staging_per_slot()).max(1)
+        } else {
+            usize::MAX
+        }
+    }
 }
 
 const SENDER: &str = "sender";
 const RECEIVER: &str = "receiver";
-const SAMPLE_BLOCK: usize = 4096;
 /// Progress lines on stdout every this many transfers (as the seeds).
 const REPORT_EVERY: u64 = 100;
 /// VRAM: the most pinned staging one batch of fills, or of checks, may
@@ -215,6 +223,7 @@ fn main() -> ExitCode {
         Some(Role::Sender) => SENDER,
         Some(Role::Receiver) => RECEIVER,
     };
+    logging::init(who);
     let result = match args.role {
         None => run_both(&args),
         Some(role) => run_role(&args, role),
@@ -272,44 +281,17 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         args.memory,
         args.exchange.metadata.name()
     );
-    let common = |role: &str, gpu: usize| -> Vec<String> {
-        let mut v = vec!["--role".to_string(), role.to_string()];
-        v.extend(args.exchange.to_args(host.port()));
-        v.extend(
-            [
-                ("--timeout", args.timeout.to_string()),
-                ("--num-buffers", args.num_buffers.to_string()),
-                ("--buffer-size", args.buffer_size.to_string()),
-                ("--num-transfers", args.num_transfers.to_string()),
-                ("--progress-every", args.progress_every().to_string()),
-                ("--backpressure-at", args.backpressure_at().to_string()),
-                ("--memory", format!("{:?}", args.memory).to_lowercase()),
-                ("--gpu", gpu.to_string()),
-                ("--verify", format!("{:?}", args.verify).to_lowercase()),
-                ("--baseline-reps", args.baseline_reps.to_string()),
-                ("--seed", args.seed.to_string()),
-                ("--consume-us", args.consume_us.to_string()),
-            ]
-            .into_iter()
-            .flat_map(|(k, v)| [k.to_string(), v]),
-        );
-        if args.no_backpressure {
-            v.push("--no-backpressure".into());
-        }
-        if let Some(k) = args.fill_ahead {
-            v.extend(["--fill-ahead".into(), k.to_string()]);
-        }
-        if let Some(b) = args.check_batch {
-            v.extend(["--check-batch".into(), b.to_string()]);
-        }
-        v
-    };
-    let mut sender_args = common(SENDER, args.sender_gpu.unwrap_or(args.gpu));
+    let mut sender_args = role_args(
+        args,
+        host.port(),
+        SENDER,
+        args.sender_gpu.unwrap_or(args.gpu),
+    );
     if let Some(j) = &args.json {
         sender_args.extend(["--json".into(), j.display().to_string()]);
     }
     let roles = vec![
-        RoleSpec::new(RECEIVER, common(RECEIVER, args.gpu)),
+        RoleSpec::new(RECEIVER, role_args(args, host.port(), RECEIVER, args.gpu)),
         RoleSpec::new(SENDER, sender_args),
     ];
     // A backstop only: every wait inside the roles is bounded by --timeout.
@@ -328,6 +310,40 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         eprintln!("[main] ✗ Error - {}", launch::summary(&exits));
     }
     Ok(code)
+}
+
+/// The command line of one role process: our options, as the role sees them.
+fn role_args(args: &Args, port: u16, role: &str, gpu: usize) -> Vec<String> {
+    let mut v = vec!["--role".to_string(), role.to_string()];
+    v.extend(args.exchange.to_args(port));
+    v.extend(
+        [
+            ("--timeout", args.timeout.to_string()),
+            ("--num-buffers", args.num_buffers.to_string()),
+            ("--buffer-size", args.buffer_size.to_string()),
+            ("--num-transfers", args.num_transfers.to_string()),
+            ("--progress-every", args.progress_every().to_string()),
+            ("--backpressure-at", args.backpressure_at().to_string()),
+            ("--memory", format!("{:?}", args.memory).to_lowercase()),
+            ("--gpu", gpu.to_string()),
+            ("--verify", args.verify.name().to_string()),
+            ("--baseline-reps", args.baseline_reps.to_string()),
+            ("--seed", args.seed.to_string()),
+            ("--consume-us", args.consume_us.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v]),
+    );
+    if args.no_backpressure {
+        v.push("--no-backpressure".into());
+    }
+    if let Some(k) = args.fill_ahead {
+        v.extend(["--fill-ahead".into(), k.to_string()]);
+    }
+    if let Some(b) = args.check_batch {
+        v.extend(["--check-batch".into(), b.to_string()]);
+    }
+    v
 }
 
 fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
@@ -373,105 +389,12 @@ fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
     result
 }
 
-/// The byte ranges of a payload that `seq` fills and the receiver checks.
-#[allow(clippy::single_range_in_vec_init)] // one range: the whole payload
-fn check_ranges(verify: Verify, payload: usize, seq: u64) -> Vec<Range<usize>> {
-    if verify == Verify::Full || payload <= 3 * SAMPLE_BLOCK {
-        return vec![0..payload];
-    }
-    // A block chosen by the sequence number, so over a run every part of
-    // the payload gets looked at somewhere.
-    let blocks = payload / SAMPLE_BLOCK;
-    let pick = (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % blocks;
-    let last = (payload - SAMPLE_BLOCK) & !7;
-    let mut v = vec![
-        0..SAMPLE_BLOCK,
-        pick * SAMPLE_BLOCK..(pick + 1) * SAMPLE_BLOCK,
-        last..payload,
-    ];
-    v.sort_by_key(|r| r.start);
-    v.dedup_by(|b, a| b.start < a.end);
-    v
-}
-
-/// The most payload bytes [`check_ranges`] gives one slot (a bound for
-/// sizing staging).
-fn max_check_bytes(verify: Verify, payload: usize) -> usize {
-    if verify == Verify::Full || payload <= 3 * SAMPLE_BLOCK {
-        payload
+/// Exit status of a role: 0, or 3 when a slot held the wrong data.
+fn exit_code(overruns: u64, mismatches: u64) -> ExitCode {
+    if overruns + mismatches == 0 {
+        ExitCode::SUCCESS
     } else {
-        // Two blocks, and the last one, which also takes the payload's
-        // tail after the last multiple of 8 (under 8 bytes).
-        3 * SAMPLE_BLOCK + 8
-    }
-}
-
-/// Accumulated time per phase of a loop.
-#[derive(Default)]
-struct Phases(Vec<(&'static str, Duration)>);
-
-impl Phases {
-    fn add(&mut self, name: &'static str, d: Duration) {
-        match self.0.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, t)) => *t += d,
-            None => self.0.push((name, d)),
-        }
-    }
-
-    fn time<T>(&mut self, name: &'static str, f: impl FnOnce() -> T) -> T {
-        let t = Instant::now();
-        let r = f();
-        self.add(name, t.elapsed());
-        r
-    }
-
-    /// Lines `  name  12.34 ms (5.6%)  12.3 µs/transfer`, then what the
-    /// phases do not cover.
-    fn print(&self, who: &str, total: Duration, transfers: u64) {
-        say!(
-            "[{who}] Timing breakdown (of {:.3} s, {transfers} transfers):",
-            total.as_secs_f64()
-        );
-        let per = |d: Duration| d.as_secs_f64() * 1e6 / transfers.max(1) as f64;
-        let mut covered = Duration::ZERO;
-        for (n, d) in &self.0 {
-            covered += *d;
-            say!(
-                "  {n:<46} {:>10.2} ms ({:>5.1}%) {:>9.2} µs/transfer",
-                ms(*d),
-                pct(*d, total),
-                per(*d)
-            );
-        }
-        let other = total.saturating_sub(covered);
-        say!(
-            "  {:<46} {:>10.2} ms ({:>5.1}%) {:>9.2} µs/transfer",
-            "other",
-            ms(other),
-            pct(other, total),
-            per(other)
-        );
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::Value::Object(
-            self.0
-                .iter()
-                .map(|(n, d)| (n.to_string(), json!(ms(*d))))
-                .collect(),
-        )
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn pct(d: Duration, total: Duration) -> f64 {
-    if total.is_zero() {
-        0.0
-    } else {
-        100.0 * d.as_secs_f64() / total.as_secs_f64()
+        ExitCode::from(EXIT_MISMATCH as u8)
     }
 }
 
@@ -498,238 +421,429 @@ fn take_progress(inbox: &mut NotifInbox, mut progress: u64) -> Result<u64> {
 
 // ---------------------------------------------------------------- receiver
 
+/// The receiver: connect, consume every sequence, summarise, and stay
+/// until the sender is done with our memory.
 fn receiver(
     args: &Args,
     agent: &Agent,
     exchange: &mut Exchange,
     ring: &mut SlotRing,
 ) -> Result<ExitCode> {
-    let timeout = args.timeout();
-    let (n, total) = (ring.slots() as u64, args.num_transfers);
+    connect_receiver(agent, exchange, ring)?;
+    say!("[{RECEIVER}] Initialized, starting main loop");
+    let mut rx = ReceiverLoop::new(args, agent, ring)?;
+    rx.consume(ring)?;
+    let stats = rx.summarise(ring);
+    agent
+        .send_notification(SENDER, format!("STATS:{stats}").as_bytes(), None)
+        .map_err(|e| anyhow::anyhow!("sending our statistics to {SENDER} failed: {e}"))?;
+    // Keep the slots registered until the sender has nothing in flight.
+    rx.inbox.wait_for(agent, SENDER, b"DONE", args.timeout())?;
+    say!("[{RECEIVER}] Done");
+    Ok(exit_code(rx.overruns, rx.mismatches))
+}
+
+/// Publishes our metadata and slots, and loads the sender's metadata (for
+/// the progress notifications).
+fn connect_receiver(agent: &Agent, exchange: &mut Exchange, ring: &SlotRing) -> Result<()> {
     exchange.publish(agent)?;
     exchange.offer_descs(agent, SENDER, &ring.descs())?;
-    // The sender's metadata, for the progress notifications.
     exchange.load_peer(agent, SENDER)?;
     say!(
         "[{RECEIVER}] Connected to {SENDER} (metadata via {} at {})",
         exchange.mode().name(),
         exchange.endpoint()
     );
-    say!("[{RECEIVER}] Initialized, starting main loop");
+    Ok(())
+}
 
-    let mut inbox = NotifInbox::new();
-    let mut phases = Phases::default();
-    let (mut overruns, mut mismatches, mut reports) = (0u64, 0u64, 0u64);
-    let mut first_problem: Option<String> = None;
-    let mut start: Option<Instant> = None;
-    let mut first_wait_time = Duration::ZERO;
-    // Slots are checked in batches. DRAM: a batch is one slot, checked in
-    // place as soon as its notification arrives. VRAM: each arrival only
-    // queues the async D2H copies of the slot's header and checked ranges
-    // into pinned staging (no wait: the copies run while we wait for the
-    // next notification); a complete batch is waited for with ONE stream
-    // synchronisation and then checked. A batch ends at every progress
-    // report or when the staging is full, so a report P:<n> is sent only
-    // after sequences 0..n have all been copied out and checked. That is
-    // what makes backpressure safe: the sender writes a slot again only
-    // once our progress has passed its previous sequence, so no slot is
-    // overwritten while its copy is queued or before it is checked.
-    let vram = ring.mem_type() == MemType::Vram;
-    let (every, payload) = (args.progress_every(), ring.payload());
-    let per_slot = HEADER_BYTES + max_check_bytes(args.verify, payload);
-    let staging_cap = if vram {
-        (STAGING_BYTES / per_slot).max(1) as u64
-    } else {
-        u64::MAX
-    };
-    let want = args
-        .check_batch
-        .map_or(if vram { every } else { 1 }, u64::from);
-    let max_batch = want.min(every).min(staging_cap).max(1);
-    ring.reserve_staging(0, max_batch as usize * per_slot)?;
-    ring.reset_copy_stats();
-    let job = |seq: u64| SlotJob {
-        slot: (seq % n) as usize,
-        seq,
-        ranges: check_ranges(args.verify, payload, seq),
-    };
-    let (mut next, mut verified, mut batches) = (0u64, 0u64, 0u64);
-    while verified < total {
-        // Never past the next progress report, so every report is sent
-        // (the sender may be waiting for it), nor past the staging.
-        let batch_end = total
-            .min(verified + max_batch)
-            .min((verified / every + 1) * every);
+/// Where the receiver is in the stream, what it found, where its time went.
+struct ReceiverLoop<'a> {
+    args: &'a Args,
+    agent: &'a Agent,
+    inbox: NotifInbox,
+    phases: Phases,
+    vram: bool,
+    /// The most slots checked in one batch.
+    max_batch: u64,
+    /// The next sequence whose notification is awaited.
+    next: u64,
+    /// Sequences below this are checked.
+    verified: u64,
+    batches: u64,
+    reports: u64,
+    overruns: u64,
+    mismatches: u64,
+    first_problem: Option<String>,
+    /// The first arrival: the stream is timed from here.
+    start: Option<Instant>,
+    /// How long the first notification took (the sender's set-up).
+    first_wait: Duration,
+}
+
+impl<'a> ReceiverLoop<'a> {
+    /// Sizes the check batches and reserves their staging.
+    fn new(args: &'a Args, agent: &'a Agent, ring: &mut SlotRing) -> Result<Self> {
+        let (vram, every) = (ring.mem_type() == MemType::Vram, args.progress_every());
+        let want = args
+            .check_batch
+            .map_or(if vram { every } else { 1 }, u64::from);
+        let max_batch = want.min(every).min(args.staging_slots(vram) as u64).max(1);
+        ring.reserve_staging(0, max_batch as usize * args.staging_per_slot())?;
+        ring.reset_copy_stats();
+        Ok(Self {
+            args,
+            agent,
+            inbox: NotifInbox::new(),
+            phases: Phases::default(),
+            vram,
+            max_batch,
+            next: 0,
+            verified: 0,
+            batches: 0,
+            reports: 0,
+            overruns: 0,
+            mismatches: 0,
+            first_problem: None,
+            start: None,
+            first_wait: Duration::ZERO,
+        })
+    }
+
+    /// Checks every sequence, a batch at a time, and reports progress.
+    ///
+    /// DRAM: a batch is one slot (by default), checked in place as soon as
+    /// its notification arrives. VRAM: each arrival only queues the async
+    /// D2H copies of the slot's header and checked ranges into pinned
+    /// staging (no wait: the copies run while we wait for the next
+    /// notification); a complete batch is waited for with ONE stream
+    /// synchronisation and then checked. A batch ends at every progress
+    /// report or when the staging is full, so a report P:<n> is sent only
+    /// after sequences 0..n have all been copied out and checked. That is
+    /// what makes backpressure safe: the sender writes a slot again only
+    /// once our progress has passed its previous sequence, so no slot is
+    /// overwritten while its copy is queued or before it is checked.
+    fn consume(&mut self, ring: &mut SlotRing) -> Result<()> {
+        let (total, every) = (self.args.num_transfers, self.args.progress_every());
+        while self.verified < total {
+            // Never past the next progress report, so every report is sent
+            // (the sender may be waiting for it), nor past the staging.
+            let batch_end = total
+                .min(self.verified + self.max_batch)
+                .min((self.verified / every + 1) * every);
+            self.wait_for_batch(ring, batch_end)?;
+            let checked = self.check_batch(ring)?;
+            self.consume_slots(checked);
+            self.report_progress(batch_end)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the notifications of the sequences up to `batch_end`,
+    /// queueing each arrival's checks as it comes.
+    fn wait_for_batch(&mut self, ring: &mut SlotRing, batch_end: u64) -> Result<()> {
+        while self.next < batch_end {
+            self.wait_for_arrival()?;
+            // This sequence and the batch's next ones whose notifications
+            // are already here: copies of consecutive slots share calls.
+            let mut jobs = vec![self.job(self.next)];
+            self.next += 1;
+            while self.next < batch_end {
+                let tag = format!("S:{}", self.next);
+                if self.inbox.take(SENDER, |m| m == tag.as_bytes()).is_none() {
+                    break;
+                }
+                jobs.push(self.job(self.next));
+                self.next += 1;
+            }
+            if self.vram {
+                self.phases
+                    .time("queue D2H copies (header + checked)", || {
+                        ring.queue_checks(jobs)
+                    })?;
+            } else {
+                ring.queue_checks(jobs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for `S:<next>`, which NIXL delivers once that WRITE's data is
+    /// in our memory.
+    fn wait_for_arrival(&mut self) -> Result<()> {
+        let (next, timeout) = (self.next, self.args.timeout());
         let tag = format!("S:{next}").into_bytes();
+        let (agent, inbox) = (self.agent, &mut self.inbox);
         let t = Instant::now();
-        let mut backoff = Backoff::default();
-        loop {
-            if inbox.take(SENDER, |m| m == tag.as_slice()).is_some() {
-                break;
-            }
-            if t.elapsed() > timeout {
-                bail!(
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                if inbox.take(SENDER, |m| m == tag.as_slice()).is_none() {
+                    inbox.poll(agent)?;
+                    return Ok(inbox.take(SENDER, |m| m == tag.as_slice()).map(drop));
+                }
+                Ok(Some(()))
+            },
+            |_| {
+                anyhow::anyhow!(
                     "sequence {next} did not arrive within {timeout:?} (no notification S:{next} from {SENDER}: did it stop?)"
-                );
-            }
-            if inbox.poll(agent)? == 0 {
-                backoff.idle();
-            }
-        }
+                )
+            },
+        )?;
         if next == 0 {
-            first_wait_time = t.elapsed();
+            self.first_wait = t.elapsed();
         }
-        phases.add("wait for data (notification)", t.elapsed());
+        self.phases.add("wait for data (notification)", t.elapsed());
         // From the first arrival, as the seeds time it: waiting for the
         // sender's set-up and baseline is not part of the stream.
-        start.get_or_insert_with(Instant::now);
+        self.start.get_or_insert_with(Instant::now);
+        Ok(())
+    }
 
-        // This sequence and the batch's next ones whose notifications are
-        // already here: copies of consecutive slots share calls.
-        let mut jobs = vec![job(next)];
-        next += 1;
-        while next < batch_end
-            && inbox
-                .take(SENDER, |m| m == format!("S:{next}").as_bytes())
-                .is_some()
-        {
-            jobs.push(job(next));
-            next += 1;
+    fn job(&self, seq: u64) -> SlotJob {
+        SlotJob {
+            slot: (seq % self.args.num_buffers as u64) as usize,
+            seq,
+            ranges: self.args.ranges(seq),
         }
-        if vram {
-            phases.time("queue D2H copies (header + checked)", || {
-                ring.queue_checks(jobs)
-            })?;
-        } else {
-            ring.queue_checks(jobs)?;
-        }
-        if next < batch_end {
-            continue;
-        }
+    }
 
-        if vram {
-            phases.time("wait for D2H copies (1 sync/batch)", || ring.wait_queued())?;
+    /// Checks the queued batch (VRAM: one wait for all its copies) and
+    /// counts what is wrong; returns how many slots it checked.
+    fn check_batch(&mut self, ring: &mut SlotRing) -> Result<usize> {
+        if self.vram {
+            self.phases
+                .time("wait for D2H copies (1 sync/batch)", || ring.wait_queued())?;
         }
         let t = Instant::now();
-        let checks = ring.check_queued(args.seed)?;
-        batches += 1;
-        let mut problems = Vec::new();
-        for c in &checks {
-            let (seq, slot, header) = (c.seq, c.slot, c.header);
-            let problem = if header == seq {
-                c.mismatch.map(|m| {
-                    mismatches += 1;
-                    format!("sequence {seq} (slot {slot}): payload {m}")
-                })
-            } else if header != EMPTY && header > seq && (header - seq) % n == 0 {
-                overruns += 1;
-                Some(format!(
-                    "sequence {seq} (slot {slot}) was overwritten by sequence {header} before it was consumed"
-                ))
-            } else {
-                mismatches += 1;
-                Some(format!(
-                    "sequence {seq} (slot {slot}): header holds {header:#x}"
-                ))
-            };
-            problems.extend(problem);
-        }
-        phases.add("check header + verify payload", t.elapsed());
+        let checks = ring.check_queued(self.args.seed)?;
+        self.batches += 1;
+        let problems: Vec<String> = checks.iter().filter_map(|c| self.classify(c)).collect();
+        self.phases
+            .add("check header + verify payload", t.elapsed());
         for p in problems {
-            if first_problem.is_none() {
-                eprintln!("[{RECEIVER}] {p}");
+            if self.first_problem.is_none() {
+                tracing::warn!("{p}");
             }
-            first_problem.get_or_insert(p);
+            self.first_problem.get_or_insert(p);
         }
+        Ok(checks.len())
+    }
 
-        if args.consume_us > 0 {
-            for _ in &checks {
-                phases.time("consume (--consume-us)", || {
-                    std::thread::sleep(Duration::from_micros(args.consume_us))
+    /// What is wrong with a checked slot, if anything: an overrun (a later
+    /// sequence of the same slot is already there) or a mismatch.
+    fn classify(&mut self, c: &SlotCheck) -> Option<String> {
+        let (seq, slot, header, n) = (c.seq, c.slot, c.header, self.args.num_buffers as u64);
+        if header == seq {
+            c.mismatch.map(|m| {
+                self.mismatches += 1;
+                format!("sequence {seq} (slot {slot}): payload {m}")
+            })
+        } else if header != EMPTY && header > seq && (header - seq) % n == 0 {
+            self.overruns += 1;
+            Some(format!(
+                "sequence {seq} (slot {slot}) was overwritten by sequence {header} before it was consumed"
+            ))
+        } else {
+            self.mismatches += 1;
+            Some(format!(
+                "sequence {seq} (slot {slot}): header holds {header:#x}"
+            ))
+        }
+    }
+
+    /// Spends --consume-us on each of `slots` slots, as a slow consumer would.
+    fn consume_slots(&mut self, slots: usize) {
+        if self.args.consume_us > 0 {
+            for _ in 0..slots {
+                self.phases.time("consume (--consume-us)", || {
+                    std::thread::sleep(Duration::from_micros(self.args.consume_us))
                 });
             }
         }
+    }
 
-        let before = verified;
-        verified = batch_end;
+    /// Marks the sequences below `batch_end` checked, and tells the sender
+    /// at every report point (`P:<n>`); a progress line every 100.
+    fn report_progress(&mut self, batch_end: u64) -> Result<()> {
+        let (total, every) = (self.args.num_transfers, self.args.progress_every());
+        let before = self.verified;
+        self.verified = batch_end;
+        let verified = self.verified;
         if verified % every == 0 || verified == total {
             let t = Instant::now();
-            agent
+            self.agent
                 .send_notification(SENDER, format!("P:{verified}").as_bytes(), None)
                 .map_err(|e| anyhow::anyhow!("sending progress to {SENDER} failed: {e}"))?;
-            reports += 1;
-            phases.add("send progress notifications", t.elapsed());
+            self.reports += 1;
+            self.phases.add("send progress notifications", t.elapsed());
         }
         if verified / REPORT_EVERY > before / REPORT_EVERY {
             say!("[{RECEIVER}] Processed {verified}/{total}");
         }
-    }
-    let elapsed = start.map(|s| s.elapsed()).unwrap_or_default();
-    // The first wait is not inside `elapsed`; leave it out of the shares too.
-    if let Some((_, first_wait)) = phases
-        .0
-        .iter_mut()
-        .find(|(n, _)| *n == "wait for data (notification)")
-    {
-        *first_wait = first_wait.saturating_sub(first_wait_time);
-    }
-    let bytes = total * ring.slot_len() as u64;
-    say!(
-        "[{RECEIVER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {:.2} GB/s (first arrival to last verified)",
-        bytes as f64 / 1e9,
-        elapsed.as_secs_f64(),
-        gbps(bytes, elapsed)
-    );
-    say!("[{RECEIVER}] Progress updates sent: {reports}");
-    if overruns + mismatches == 0 {
-        say!(
-            "[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified ({:?})",
-            args.verify
-        );
-    } else {
-        say!("[{RECEIVER}] ✗ {overruns} overrun(s), {mismatches} mismatch(es)");
-    }
-    phases.print(RECEIVER, elapsed, total);
-    let copies = ring.copy_stats();
-    if let Some(c) = &copies {
-        say!(
-            "[{RECEIVER}] Checked in {batches} batches of up to {max_batch} slots, one wait each; D2H staging: {}",
-            c.summary()
-        );
+        Ok(())
     }
 
-    let stats = json!({
-        "transfers": total,
-        "seconds": elapsed.as_secs_f64(),
-        "gbps": gbps(bytes, elapsed),
-        "overruns": overruns,
-        "mismatches": mismatches,
-        "first_problem": first_problem,
-        "progress_reports": reports,
-        "check_batches": batches,
-        "max_check_batch": max_batch,
-        "copies": copies.map(|c| c.json()),
-        "phases_ms": phases.json(),
-    });
-    agent
-        .send_notification(SENDER, format!("STATS:{stats}").as_bytes(), None)
-        .map_err(|e| anyhow::anyhow!("sending our statistics to {SENDER} failed: {e}"))?;
-    // Keep the slots registered until the sender has nothing in flight.
-    inbox.wait_for(agent, SENDER, b"DONE", timeout)?;
-    say!("[{RECEIVER}] Done");
-    Ok(if overruns + mismatches == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_MISMATCH as u8)
-    })
+    /// Prints the receiver's results; returns them as the JSON the sender
+    /// reports (`STATS:`).
+    fn summarise(&mut self, ring: &SlotRing) -> serde_json::Value {
+        let total = self.args.num_transfers;
+        let elapsed = self.start.map(|s| s.elapsed()).unwrap_or_default();
+        // The first wait is not inside `elapsed`; leave it out of the shares too.
+        self.phases
+            .discount("wait for data (notification)", self.first_wait);
+        let bytes = total * ring.slot_len() as u64;
+        say!(
+            "[{RECEIVER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {:.2} GB/s (first arrival to last verified)",
+            bytes as f64 / 1e9,
+            elapsed.as_secs_f64(),
+            gbps(bytes, elapsed)
+        );
+        say!("[{RECEIVER}] Progress updates sent: {}", self.reports);
+        let (overruns, mismatches) = (self.overruns, self.mismatches);
+        if overruns + mismatches == 0 {
+            say!(
+                "[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified ({:?})",
+                self.args.verify
+            );
+        } else {
+            say!("[{RECEIVER}] ✗ {overruns} overrun(s), {mismatches} mismatch(es)");
+        }
+        self.phases.print(RECEIVER, elapsed, total);
+        let copies = ring.copy_stats();
+        if let Some(c) = &copies {
+            say!(
+                "[{RECEIVER}] Checked in {} batches of up to {} slots, one wait each; D2H staging: {}",
+                self.batches,
+                self.max_batch,
+                c.summary()
+            );
+        }
+        json!({
+            "transfers": total,
+            "seconds": elapsed.as_secs_f64(),
+            "gbps": gbps(bytes, elapsed),
+            "overruns": overruns,
+            "mismatches": mismatches,
+            "first_problem": self.first_problem,
+            "progress_reports": self.reports,
+            "check_batches": self.batches,
+            "max_check_batch": self.max_batch,
+            "copies": copies.map(|c| c.json()),
+            "phases_ms": self.phases.json(),
+        })
+    }
 }
 
 // ------------------------------------------------------------------ sender
 
+/// The sender: connect, prepare one WRITE per slot, measure the baseline,
+/// stream every sequence, drain, and report.
+fn sender(
+    args: &Args,
+    agent: &Agent,
+    exchange: &mut Exchange,
+    ring: &mut SlotRing,
+) -> Result<ExitCode> {
+    let (inbox, remote) = connect_sender(agent, exchange, ring)?;
+    let requests = prepare_requests(agent, ring, &remote)?;
+    say!(
+        "[{SENDER}] Ready: {} slots × {} (+8 B header) in {:?}, {} transfers, verify {:?}",
+        ring.slots(),
+        fmt_bytes(ring.payload() as u64),
+        ring.mem_type(),
+        args.num_transfers,
+        args.verify
+    );
+    let baseline = if args.baseline_reps > 0 {
+        Some(baseline(args, agent, ring, &remote)?)
+    } else {
+        None
+    };
+    say!("[{SENDER}] Initialized, starting main loop");
+    let mut tx = SenderLoop::new(args, agent, ring, requests, inbox)?;
+    let start = Instant::now();
+    tx.stream(ring)?;
+    let send_end = start.elapsed();
+    tx.drain()?;
+    let run = Measured {
+        bytes: args.num_transfers * ring.slot_len() as u64,
+        elapsed: start.elapsed(),
+        send_end,
+    };
+    let rstats = tx.receiver_stats()?;
+    tx.report(ring, baseline.as_ref(), &run);
+    if let Some(path) = &args.json {
+        let out = tx.json(exchange, ring, baseline.as_ref(), &run, &rstats);
+        std::fs::write(path, format!("{out:#}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    say!("[{SENDER}] Done");
+    let count = |k: &str| rstats[k].as_u64().unwrap_or(0);
+    Ok(exit_code(count("overruns"), count("mismatches")))
+}
+
+/// Publishes our metadata, loads the receiver's, and takes its slots,
+/// which must match ours in number, size and memory type.
+fn connect_sender(
+    agent: &Agent,
+    exchange: &mut Exchange,
+    ring: &SlotRing,
+) -> Result<(NotifInbox, DescList)> {
+    let n = ring.slots();
+    exchange.publish(agent)?;
+    exchange.load_peer(agent, RECEIVER)?;
+    let mut inbox = NotifInbox::new();
+    let remote = exchange.take_descs(agent, &mut inbox, RECEIVER)?;
+    let expect_type = ring.mem_type();
+    ensure!(
+        remote.mem_type == expect_type
+            && remote.descs.len() == n
+            && remote.descs.iter().all(|d| d.len == ring.slot_len() as u64),
+        "the receiver offered {} {:?} slot(s) of {} bytes, expected {n} {expect_type:?} slots of {} bytes (same --num-buffers, --buffer-size and --memory on both sides?)",
+        remote.descs.len(),
+        remote.mem_type,
+        remote.descs.first().map_or(0, |d| d.len),
+        ring.slot_len()
+    );
+    say!(
+        "[{SENDER}] Connected to {RECEIVER} (metadata via {} at {})",
+        exchange.mode().name(),
+        exchange.endpoint()
+    );
+    Ok((inbox, remote))
+}
+
+/// One WRITE request per slot, local [i] to remote [i], made once from
+/// prepared lists and re-posted every time the slot comes round. The
+/// requests are dropped before the lists they were made from.
+struct Requests {
+    reqs: Vec<XferRequest>,
+    _lists: (XferDlistHandle, XferDlistHandle),
+}
+
+fn prepare_requests(agent: &Agent, ring: &SlotRing, remote: &DescList) -> Result<Requests> {
+    let local_prep = agent
+        .prepare_xfer_dlist("", &ring.descs().to_xfer_dlist()?, None)
+        .context("preparing our slot list")?;
+    let remote_prep = agent
+        .prepare_xfer_dlist(RECEIVER, &remote.to_xfer_dlist()?, None)
+        .context("preparing the receiver's slot list")?;
+    let reqs = (0..ring.slots() as i32)
+        .map(|i| agent.make_xfer_req(XferOp::Write, &local_prep, &[i], &remote_prep, &[i], None))
+        .collect::<Result<Vec<_>, _>>()
+        .context("making the per-slot WRITE requests")?;
+    Ok(Requests {
+        reqs,
+        _lists: (local_prep, remote_prep),
+    })
+}
+
 /// The sender's prepared requests, one per slot, and which are in flight.
 struct Pipeline<'a> {
     agent: &'a Agent,
-    reqs: Vec<XferRequest>,
+    requests: Requests,
     /// Slots with a posted request not yet seen complete, oldest first.
     in_flight: VecDeque<usize>,
     busy: Vec<bool>,
@@ -743,7 +857,7 @@ impl Pipeline<'_> {
     fn reap(&mut self) -> Result<usize> {
         let mut done = 0;
         while let Some(&slot) = self.in_flight.front() {
-            match self.agent.get_xfer_status(&self.reqs[slot]) {
+            match self.agent.get_xfer_status(&self.requests.reqs[slot]) {
                 Ok(XferStatus::Success) => {
                     self.in_flight.pop_front();
                     self.busy[slot] = false;
@@ -754,6 +868,447 @@ impl Pipeline<'_> {
             }
         }
         Ok(done)
+    }
+}
+
+/// Backpressure: how far ahead of the receiver the sender may get, and
+/// what holding back cost.
+struct Backpressure {
+    /// Wait when this many sequences ahead of the receiver's last report
+    /// (`None`: --no-backpressure).
+    at: Option<u64>,
+    waits: u64,
+    time: Duration,
+    /// The most sequences posted that the receiver had not reported consumed.
+    max_ahead: u64,
+}
+
+/// Filling slots ahead of their WRITEs, in batches.
+struct FillAhead {
+    /// Slots per batch; 0 fills each slot right before its WRITE.
+    k: u64,
+    vram: bool,
+    /// The phase the fills are timed as.
+    phase: &'static str,
+    /// Sequences below this have their fill done or queued.
+    staged_to: u64,
+    /// The first sequence of the batch queued and not yet waited for.
+    wait_at: Option<u64>,
+}
+
+/// What the sender measured, for the report.
+struct Measured {
+    bytes: u64,
+    /// From the first post to the receiver's last progress report.
+    elapsed: Duration,
+    /// From the first post to the last.
+    send_end: Duration,
+}
+
+impl Measured {
+    /// GB/s over `elapsed`.
+    fn rate(&self) -> f64 {
+        gbps(self.bytes, self.elapsed)
+    }
+}
+
+/// The sender's loop state: its requests, the receiver's progress,
+/// backpressure, fill-ahead, and where its time went.
+struct SenderLoop<'a> {
+    args: &'a Args,
+    agent: &'a Agent,
+    pipe: Pipeline<'a>,
+    inbox: NotifInbox,
+    /// Replaces a request's notification at post time (`S:<seq>`), so the
+    /// prepared requests stay as they are.
+    notif: OptArgs,
+    phases: Phases,
+    /// The receiver has consumed the sequences below this (its last `P:<n>`).
+    progress: u64,
+    bp: Backpressure,
+    fill: FillAhead,
+}
+
+impl<'a> SenderLoop<'a> {
+    /// Sizes the fill-ahead batches and reserves their staging.
+    fn new(
+        args: &'a Args,
+        agent: &'a Agent,
+        ring: &mut SlotRing,
+        requests: Requests,
+        inbox: NotifInbox,
+    ) -> Result<Self> {
+        let n = ring.slots();
+        let mut notif = OptArgs::new()?;
+        notif.set_has_notification(true)?;
+        // With --fill-ahead (the default for VRAM) slots are filled ahead in
+        // batches (see queue_fills). VRAM: the headers and pattern go into
+        // pinned staging and async H2D copies take them into the next batch's
+        // slots while this batch's WRITEs are posted; one wait per batch,
+        // right before its first WRITE. DRAM (by default): each slot is filled
+        // in place right before its WRITE, as always; with --fill-ahead, in
+        // place a batch at a time (the same schedule, no copies to wait for).
+        let vram = ring.mem_type() == MemType::Vram;
+        let want = args
+            .fill_ahead
+            .map_or(if vram { FILL_AHEAD } else { 0 }, |k| k as usize);
+        let k = want.min(n).min(args.staging_slots(vram)) as u64;
+        ring.reserve_staging(k as usize * args.staging_per_slot(), 0)?;
+        ring.reset_copy_stats();
+        Ok(Self {
+            args,
+            agent,
+            pipe: Pipeline {
+                agent,
+                requests,
+                in_flight: VecDeque::with_capacity(n),
+                busy: vec![false; n],
+            },
+            inbox,
+            notif,
+            phases: Phases::default(),
+            progress: 0,
+            bp: Backpressure {
+                at: (!args.no_backpressure).then(|| args.backpressure_at()),
+                waits: 0,
+                time: Duration::ZERO,
+                max_ahead: 0,
+            },
+            fill: FillAhead {
+                k,
+                vram,
+                phase: if k == 0 {
+                    "fill slot (header + pattern)"
+                } else if vram {
+                    "fill ahead: stage + queue H2D copies"
+                } else {
+                    "fill ahead (in place)"
+                },
+                staged_to: 0,
+                wait_at: None,
+            },
+        })
+    }
+
+    /// Posts every sequence's WRITE into its slot, in order.
+    fn stream(&mut self, ring: &mut SlotRing) -> Result<()> {
+        let total = self.args.num_transfers;
+        for seq in 0..total {
+            self.respect_backpressure(seq)?;
+            self.fill(ring, seq)?;
+            self.post(seq)?;
+            self.reap()?;
+            self.fill_next_batch(ring, seq)?;
+            if (seq + 1) % REPORT_EVERY == 0 {
+                say!(
+                    "[{SENDER}] Sent {}/{total} (receiver at {})",
+                    seq + 1,
+                    self.progress
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits while `seq` is too far ahead of the receiver's last report,
+    /// reaping completions (which sends their notifications) meanwhile.
+    fn respect_backpressure(&mut self, seq: u64) -> Result<()> {
+        let Some(at) = self.bp.at else {
+            return Ok(());
+        };
+        if seq - self.progress < at {
+            return Ok(());
+        }
+        self.bp.waits += 1;
+        let (t, timeout) = (Instant::now(), self.args.timeout());
+        let progress = Cell::new(self.progress);
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                self.pipe.reap()?;
+                self.poll_receiver()?;
+                progress.set(self.progress);
+                Ok((seq - self.progress < at).then_some(()))
+            },
+            |_| {
+                anyhow::anyhow!(
+                    "the receiver reported no progress for {timeout:?} (it is at {}, we are at {seq}): did it stop?",
+                    progress.get()
+                )
+            },
+        )?;
+        self.bp.time += t.elapsed();
+        self.phases.add("backpressure wait", t.elapsed());
+        Ok(())
+    }
+
+    /// Makes sure `seq`'s slot holds `seq` before its WRITE: filled now
+    /// (after the slot's previous WRITE completed), or in a batch queued
+    /// earlier and waited for here.
+    fn fill(&mut self, ring: &mut SlotRing, seq: u64) -> Result<()> {
+        let slot = (seq % ring.slots() as u64) as usize;
+        if seq >= self.fill.staged_to {
+            self.wait_for_slot(slot)?;
+            let (args, busy, k) = (self.args, &self.pipe.busy, self.fill.k);
+            if k > 0 {
+                // Not queued ahead (the first batch, or the previous one
+                // stopped at a slot still being written from): from here.
+                self.fill.staged_to = self.phases.time(self.fill.phase, || {
+                    queue_fills(args, ring, busy, seq, seq, k)
+                })?;
+                self.fill.wait_at = Some(seq);
+            } else {
+                self.phases.time(self.fill.phase, || {
+                    ring.fill(slot, args.seed, seq, &args.ranges(seq))
+                })?;
+            }
+        }
+        if self.fill.wait_at.is_some_and(|w| seq >= w) {
+            // The copies of this slot's batch must have landed before NIXL
+            // reads the slot. UCX's cuda_ipc copy runs on its own stream,
+            // not ordered after ours: only a host-side wait orders them.
+            // One wait per batch, before its first WRITE; the batch was
+            // queued a batch earlier, so its copies are usually done.
+            if self.fill.vram {
+                self.phases
+                    .time("fill ahead: wait for H2D copies (1 sync/batch)", || {
+                        ring.fill_wait()
+                    })?;
+            }
+            self.fill.wait_at = None;
+        }
+        Ok(())
+    }
+
+    /// Waits until the previous WRITE out of `slot` has completed: NIXL
+    /// may still be reading it.
+    fn wait_for_slot(&mut self, slot: usize) -> Result<()> {
+        if !self.pipe.busy[slot] {
+            return Ok(());
+        }
+        let (t, timeout) = (Instant::now(), self.args.timeout());
+        let pipe = &mut self.pipe;
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                pipe.reap()?;
+                Ok((!pipe.busy[slot]).then_some(()))
+            },
+            |_| {
+                anyhow::anyhow!(
+                    "the previous WRITE into slot {slot} did not complete within {timeout:?}"
+                )
+            },
+        )?;
+        self.phases
+            .add("wait for slot (previous WRITE)", t.elapsed());
+        Ok(())
+    }
+
+    /// Posts `seq`'s slot's prepared WRITE with the notification `S:<seq>`.
+    fn post(&mut self, seq: u64) -> Result<()> {
+        let slot = (seq % self.pipe.busy.len() as u64) as usize;
+        let t = Instant::now();
+        self.notif
+            .set_notification_message(format!("S:{seq}").as_bytes())?;
+        self.agent
+            .post_xfer_req(&self.pipe.requests.reqs[slot], Some(&self.notif))
+            .map_err(|e| anyhow::anyhow!("posting the WRITE of sequence {seq} failed: {e}"))?;
+        self.pipe.busy[slot] = true;
+        self.pipe.in_flight.push_back(slot);
+        self.phases.add("post WRITE", t.elapsed());
+        // Sequences posted that the receiver has not reported consumed.
+        self.bp.max_ahead = self.bp.max_ahead.max(seq + 1 - self.progress);
+        Ok(())
+    }
+
+    /// Reaps completed WRITEs and takes the receiver's progress reports.
+    fn reap(&mut self) -> Result<()> {
+        let t = Instant::now();
+        self.pipe.reap()?;
+        self.poll_receiver()?;
+        self.phases
+            .add("check completions + notifications", t.elapsed());
+        Ok(())
+    }
+
+    /// Takes newly arrived notifications and the progress they report.
+    fn poll_receiver(&mut self) -> Result<()> {
+        self.inbox.poll(self.agent)?;
+        self.progress = take_progress(&mut self.inbox, self.progress)?;
+        Ok(())
+    }
+
+    /// Once the current batch's copies are waited for, queues the next.
+    fn fill_next_batch(&mut self, ring: &mut SlotRing, seq: u64) -> Result<()> {
+        let (args, busy, k) = (self.args, &self.pipe.busy, self.fill.k);
+        if k > 0 && self.fill.wait_at.is_none() && self.fill.staged_to < args.num_transfers {
+            // This batch's copies are done (its first WRITE is posted), so
+            // the staging is free: queue the next batch now, so its copies
+            // run while this batch's WRITEs are posted. (If its first slot
+            // is still being written from, this is tried again after the
+            // next post, or done at the top of the loop.)
+            let from = self.fill.staged_to;
+            self.fill.staged_to = self.phases.time(self.fill.phase, || {
+                queue_fills(args, ring, busy, from, seq + 1, k)
+            })?;
+            if self.fill.staged_to > from {
+                self.fill.wait_at = Some(from);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the last WRITEs to complete and for the receiver's final
+    /// progress report.
+    fn drain(&mut self) -> Result<()> {
+        let (t, timeout, total) = (Instant::now(), self.args.timeout(), self.args.num_transfers);
+        let left = Cell::new(self.pipe.in_flight.len());
+        let pipe = &mut self.pipe;
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                pipe.reap()?;
+                left.set(pipe.in_flight.len());
+                Ok(pipe.in_flight.is_empty().then_some(()))
+            },
+            |_| {
+                anyhow::anyhow!(
+                    "{} WRITE(s) did not complete within {timeout:?}",
+                    left.get()
+                )
+            },
+        )?;
+        self.phases.add("drain: last completions", t.elapsed());
+        let t = Instant::now();
+        let progress = Cell::new(self.progress);
+        poll(
+            timeout,
+            Pace::Yield,
+            || {
+                self.poll_receiver()?;
+                progress.set(self.progress);
+                Ok((self.progress >= total).then_some(()))
+            },
+            |_| {
+                anyhow::anyhow!(
+                    "the receiver's final progress report did not arrive within {timeout:?} (it is at {} of {total})",
+                    progress.get()
+                )
+            },
+        )?;
+        self.phases
+            .add("drain: receiver's final progress", t.elapsed());
+        Ok(())
+    }
+
+    /// The receiver's statistics (`STATS:`), then `DONE`: it may go.
+    fn receiver_stats(&mut self) -> Result<serde_json::Value> {
+        let stats = self
+            .inbox
+            .wait_matching(
+                self.agent,
+                RECEIVER,
+                |m| m.starts_with(b"STATS:"),
+                self.args.timeout(),
+            )
+            .context("waiting for the receiver's statistics")?;
+        let rstats =
+            serde_json::from_slice(&stats[6..]).context("decoding the receiver's statistics")?;
+        self.agent
+            .send_notification(RECEIVER, b"DONE", None)
+            .map_err(|e| anyhow::anyhow!("sending DONE to {RECEIVER} failed: {e}"))?;
+        Ok(rstats)
+    }
+
+    /// Prints the sender's results.
+    fn report(&self, ring: &SlotRing, baseline: Option<&Baseline>, run: &Measured) {
+        let (total, rate) = (self.args.num_transfers, run.rate());
+        say!(
+            "[{SENDER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {rate:.2} GB/s (first post to the receiver's last progress report)",
+            run.bytes as f64 / 1e9,
+            run.elapsed.as_secs_f64()
+        );
+        say!(
+            "[{SENDER}] Send-only time: {:.3} s ({:.2} GB/s)",
+            run.send_end.as_secs_f64(),
+            gbps(run.bytes, run.send_end)
+        );
+        say!(
+            "[{SENDER}] Backpressure: {} waits, {:.1} ms, max ahead: {}/{}{}",
+            self.bp.waits,
+            ms(self.bp.time),
+            self.bp.max_ahead,
+            ring.slots(),
+            if self.bp.at.is_some() {
+                ""
+            } else {
+                " (disabled)"
+            }
+        );
+        self.phases.print(SENDER, run.elapsed, total);
+        if let Some(c) = ring.copy_stats() {
+            say!(
+                "[{SENDER}] Filled ahead in batches of up to {} slots, one wait each; H2D staging: {}",
+                self.fill.k,
+                c.summary()
+            );
+        }
+        let Some(b) = baseline else { return };
+        let r = rate / b.median;
+        say!(
+            "[{SENDER}] Streaming {rate:.2} GB/s vs single {:.2} GB WRITEs {:.2} GB/s (median): ratio {r:.2} (goal ≥ 0.80; {:.2} against the best)",
+            b.bytes as f64 / 1e9,
+            b.median,
+            rate / b.best
+        );
+        let fill = self.phases.get(self.fill.phase);
+        if r < 0.8 && pct(fill, run.elapsed) > 25.0 {
+            say!(
+                "[{SENDER}] Note: {:.0}% of the time went into generating the pattern (--verify full); --verify sample measures the transfer pipeline alone",
+                pct(fill, run.elapsed)
+            );
+        }
+    }
+
+    /// The run as JSON (--json), the receiver's statistics included.
+    fn json(
+        &self,
+        exchange: &Exchange,
+        ring: &SlotRing,
+        baseline: Option<&Baseline>,
+        run: &Measured,
+        rstats: &serde_json::Value,
+    ) -> serde_json::Value {
+        let (args, rate) = (self.args, run.rate());
+        json!({
+            "example": "send_recv",
+            "metadata": exchange.mode().name(),
+            "memory": format!("{:?}", args.memory).to_lowercase(),
+            "verify": args.verify.name(),
+            "num_buffers": ring.slots(),
+            "buffer_size": args.buffer_size,
+            "num_transfers": args.num_transfers,
+            "progress_every": args.progress_every(),
+            "backpressure_at": self.bp.at,
+            "bytes": run.bytes,
+            "seconds": run.elapsed.as_secs_f64(),
+            "gbps": rate,
+            "send_only_seconds": run.send_end.as_secs_f64(),
+            "baseline": baseline.map(|b| json!({
+                "bytes": b.bytes, "reps": b.gbps.len(), "gbps_median": b.median, "gbps_best": b.best, "gbps_all": b.gbps,
+            })),
+            "ratio": baseline.map(|b| rate / b.median),
+            "ratio_to_best": baseline.map(|b| rate / b.best),
+            "backpressure": { "waits": self.bp.waits, "wait_ms": ms(self.bp.time), "max_ahead": self.bp.max_ahead },
+            "sender_phases_ms": self.phases.json(),
+            "fill_ahead": self.fill.k,
+            "sender_copies": ring.copy_stats().map(|c| c.json()),
+            "receiver": rstats,
+        })
     }
 }
 
@@ -777,7 +1332,7 @@ fn queue_fills(
     next_post: u64,
     k: u64,
 ) -> Result<u64> {
-    let (n, payload) = (ring.slots() as u64, ring.payload());
+    let n = ring.slots() as u64;
     let end = args.num_transfers.min(from + k).min(next_post + n);
     let mut jobs = Vec::new();
     let mut seq = from;
@@ -785,7 +1340,7 @@ fn queue_fills(
         jobs.push(SlotJob {
             slot: (seq % n) as usize,
             seq,
-            ranges: check_ranges(args.verify, payload, seq),
+            ranges: args.ranges(seq),
         });
         seq += 1;
     }
@@ -793,337 +1348,6 @@ fn queue_fills(
         ring.fill_queue(args.seed, &jobs)?;
     }
     Ok(seq)
-}
-
-fn sender(
-    args: &Args,
-    agent: &Agent,
-    exchange: &mut Exchange,
-    ring: &mut SlotRing,
-) -> Result<ExitCode> {
-    let timeout = args.timeout();
-    let (n, total) = (ring.slots(), args.num_transfers);
-    exchange.publish(agent)?;
-    exchange.load_peer(agent, RECEIVER)?;
-    let mut inbox = NotifInbox::new();
-    let remote = exchange.take_descs(agent, &mut inbox, RECEIVER)?;
-    let expect_type = ring.mem_type();
-    ensure!(
-        remote.mem_type == expect_type
-            && remote.descs.len() == n
-            && remote.descs.iter().all(|d| d.len == ring.slot_len() as u64),
-        "the receiver offered {} {:?} slot(s) of {} bytes, expected {n} {expect_type:?} slots of {} bytes (same --num-buffers, --buffer-size and --memory on both sides?)",
-        remote.descs.len(),
-        remote.mem_type,
-        remote.descs.first().map_or(0, |d| d.len),
-        ring.slot_len()
-    );
-    say!(
-        "[{SENDER}] Connected to {RECEIVER} (metadata via {} at {})",
-        exchange.mode().name(),
-        exchange.endpoint()
-    );
-
-    // Prepared once: both lists, then one request per slot, local [i] to remote [i].
-    let local_prep = agent
-        .prepare_xfer_dlist("", &ring.descs().to_xfer_dlist()?, None)
-        .context("preparing our slot list")?;
-    let remote_prep = agent
-        .prepare_xfer_dlist(RECEIVER, &remote.to_xfer_dlist()?, None)
-        .context("preparing the receiver's slot list")?;
-    let reqs = (0..n as i32)
-        .map(|i| agent.make_xfer_req(XferOp::Write, &local_prep, &[i], &remote_prep, &[i], None))
-        .collect::<Result<Vec<_>, _>>()
-        .context("making the per-slot WRITE requests")?;
-    say!(
-        "[{SENDER}] Ready: {n} slots × {} (+8 B header) in {:?}, {total} transfers, verify {:?}",
-        fmt_bytes(ring.payload() as u64),
-        ring.mem_type(),
-        args.verify
-    );
-
-    let baseline = if args.baseline_reps > 0 {
-        Some(baseline(args, agent, ring, &remote)?)
-    } else {
-        None
-    };
-
-    say!("[{SENDER}] Initialized, starting main loop");
-    let mut pipe = Pipeline {
-        agent,
-        reqs,
-        in_flight: VecDeque::with_capacity(n),
-        busy: vec![false; n],
-    };
-    let mut notif = OptArgs::new()?;
-    notif.set_has_notification(true)?;
-    let mut phases = Phases::default();
-    let (bp_at, backpressure) = (args.backpressure_at(), !args.no_backpressure);
-    let (mut progress, mut bp_waits, mut bp_time, mut max_ahead) =
-        (0u64, 0u64, Duration::ZERO, 0u64);
-    // With --fill-ahead (the default for VRAM) slots are filled ahead in
-    // batches (see queue_fills). VRAM: the headers and pattern go into
-    // pinned staging and async H2D copies take them into the next batch's
-    // slots while this batch's WRITEs are posted; one wait per batch,
-    // right before its first WRITE. DRAM (by default): each slot is filled
-    // in place right before its WRITE, as always; with --fill-ahead, in
-    // place a batch at a time (the same schedule, no copies to wait for).
-    let vram = ring.mem_type() == MemType::Vram;
-    let per_slot = HEADER_BYTES + max_check_bytes(args.verify, ring.payload());
-    let staging_cap = if vram {
-        (STAGING_BYTES / per_slot).max(1)
-    } else {
-        usize::MAX
-    };
-    let want = args
-        .fill_ahead
-        .map_or(if vram { FILL_AHEAD } else { 0 }, |k| k as usize);
-    let fill_ahead = want.min(n).min(staging_cap) as u64;
-    let fill_phase = if vram {
-        "fill ahead: stage + queue H2D copies"
-    } else {
-        "fill ahead (in place)"
-    };
-    ring.reserve_staging(fill_ahead as usize * per_slot, 0)?;
-    // Sequences below this have their fill done or queued.
-    let mut staged_to = 0u64;
-    // The first sequence of the batch queued and not yet waited for.
-    let mut wait_at: Option<u64> = None;
-    ring.reset_copy_stats();
-    let start = Instant::now();
-    for seq in 0..total {
-        let slot = (seq % n as u64) as usize;
-        if backpressure && seq - progress >= bp_at {
-            bp_waits += 1;
-            let t = Instant::now();
-            let mut backoff = Backoff::default();
-            while seq - progress >= bp_at {
-                if t.elapsed() > timeout {
-                    bail!(
-                        "the receiver reported no progress for {timeout:?} (it is at {progress}, we are at {seq}): did it stop?"
-                    );
-                }
-                let reaped = pipe.reap()?;
-                let got = inbox.poll(agent)?;
-                progress = take_progress(&mut inbox, progress)?;
-                if reaped + got == 0 {
-                    backoff.idle();
-                }
-            }
-            bp_time += t.elapsed();
-            phases.add("backpressure wait", t.elapsed());
-        }
-
-        if seq >= staged_to {
-            if pipe.busy[slot] {
-                let t = Instant::now();
-                let mut backoff = Backoff::default();
-                while pipe.busy[slot] {
-                    if t.elapsed() > timeout {
-                        bail!(
-                            "the previous WRITE into slot {slot} did not complete within {timeout:?}"
-                        );
-                    }
-                    if pipe.reap()? == 0 {
-                        backoff.idle();
-                    }
-                }
-                phases.add("wait for slot (previous WRITE)", t.elapsed());
-            }
-            if fill_ahead > 0 {
-                // Not queued ahead (the first batch, or the previous one
-                // stopped at a slot still being written from): from here.
-                staged_to = phases.time(fill_phase, || {
-                    queue_fills(args, ring, &pipe.busy, seq, seq, fill_ahead)
-                })?;
-                wait_at = Some(seq);
-            } else {
-                phases.time("fill slot (header + pattern)", || {
-                    ring.fill(
-                        slot,
-                        args.seed,
-                        seq,
-                        &check_ranges(args.verify, ring.payload(), seq),
-                    )
-                })?;
-            }
-        }
-        if wait_at.is_some_and(|w| seq >= w) {
-            // The copies of this slot's batch must have landed before NIXL
-            // reads the slot. UCX's cuda_ipc copy runs on its own stream,
-            // not ordered after ours: only a host-side wait orders them.
-            // One wait per batch, before its first WRITE; the batch was
-            // queued a batch earlier, so its copies are usually done.
-            if vram {
-                phases.time("fill ahead: wait for H2D copies (1 sync/batch)", || {
-                    ring.fill_wait()
-                })?;
-            }
-            wait_at = None;
-        }
-
-        let t = Instant::now();
-        notif.set_notification_message(format!("S:{seq}").as_bytes())?;
-        agent
-            .post_xfer_req(&pipe.reqs[slot], Some(&notif))
-            .map_err(|e| anyhow::anyhow!("posting the WRITE of sequence {seq} failed: {e}"))?;
-        pipe.busy[slot] = true;
-        pipe.in_flight.push_back(slot);
-        phases.add("post WRITE", t.elapsed());
-        // Sequences posted that the receiver has not reported consumed.
-        max_ahead = max_ahead.max(seq + 1 - progress);
-
-        let t = Instant::now();
-        pipe.reap()?;
-        inbox.poll(agent)?;
-        progress = take_progress(&mut inbox, progress)?;
-        phases.add("check completions + notifications", t.elapsed());
-        if fill_ahead > 0 && wait_at.is_none() && staged_to < total {
-            // This batch's copies are done (its first WRITE is posted), so
-            // the staging is free: queue the next batch now, so its copies
-            // run while this batch's WRITEs are posted. (If its first slot
-            // is still being written from, this is tried again after the
-            // next post, or done at the top of the loop.)
-            let from = staged_to;
-            staged_to = phases.time(fill_phase, || {
-                queue_fills(args, ring, &pipe.busy, from, seq + 1, fill_ahead)
-            })?;
-            if staged_to > from {
-                wait_at = Some(from);
-            }
-        }
-        if (seq + 1) % REPORT_EVERY == 0 {
-            say!(
-                "[{SENDER}] Sent {}/{total} (receiver at {progress})",
-                seq + 1
-            );
-        }
-    }
-    let send_end = start.elapsed();
-
-    let t = Instant::now();
-    let mut backoff = Backoff::default();
-    while !pipe.in_flight.is_empty() {
-        if t.elapsed() > timeout {
-            bail!(
-                "{} WRITE(s) did not complete within {timeout:?}",
-                pipe.in_flight.len()
-            );
-        }
-        if pipe.reap()? == 0 {
-            backoff.idle();
-        }
-    }
-    phases.add("drain: last completions", t.elapsed());
-    let t = Instant::now();
-    let mut backoff = Backoff::default();
-    while progress < total {
-        if t.elapsed() > timeout {
-            bail!(
-                "the receiver's final progress report did not arrive within {timeout:?} (it is at {progress} of {total})"
-            );
-        }
-        if inbox.poll(agent)? == 0 {
-            backoff.idle();
-        }
-        progress = take_progress(&mut inbox, progress)?;
-    }
-    phases.add("drain: receiver's final progress", t.elapsed());
-    let elapsed = start.elapsed();
-
-    let stats = inbox
-        .wait_matching(agent, RECEIVER, |m| m.starts_with(b"STATS:"), timeout)
-        .context("waiting for the receiver's statistics")?;
-    let rstats: serde_json::Value =
-        serde_json::from_slice(&stats[6..]).context("decoding the receiver's statistics")?;
-    agent
-        .send_notification(RECEIVER, b"DONE", None)
-        .map_err(|e| anyhow::anyhow!("sending DONE to {RECEIVER} failed: {e}"))?;
-
-    let bytes = total * ring.slot_len() as u64;
-    let rate = gbps(bytes, elapsed);
-    say!(
-        "[{SENDER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {rate:.2} GB/s (first post to the receiver's last progress report)",
-        bytes as f64 / 1e9,
-        elapsed.as_secs_f64()
-    );
-    say!(
-        "[{SENDER}] Send-only time: {:.3} s ({:.2} GB/s)",
-        send_end.as_secs_f64(),
-        gbps(bytes, send_end)
-    );
-    say!(
-        "[{SENDER}] Backpressure: {bp_waits} waits, {:.1} ms, max ahead: {max_ahead}/{n}{}",
-        ms(bp_time),
-        if backpressure { "" } else { " (disabled)" }
-    );
-    phases.print(SENDER, elapsed, total);
-    let copies = ring.copy_stats();
-    if let Some(c) = &copies {
-        say!(
-            "[{SENDER}] Filled ahead in batches of up to {fill_ahead} slots, one wait each; H2D staging: {}",
-            c.summary()
-        );
-    }
-    let ratio = baseline.as_ref().map(|b| rate / b.median);
-    if let (Some(b), Some(r)) = (&baseline, ratio) {
-        say!(
-            "[{SENDER}] Streaming {rate:.2} GB/s vs single {:.2} GB WRITEs {:.2} GB/s (median): ratio {r:.2} (goal ≥ 0.80; {:.2} against the best)",
-            b.bytes as f64 / 1e9,
-            b.median,
-            rate / b.best
-        );
-        let fill = phases
-            .0
-            .iter()
-            .find(|(n, _)| n.starts_with("fill"))
-            .map_or(Duration::ZERO, |p| p.1);
-        if r < 0.8 && pct(fill, elapsed) > 25.0 {
-            say!(
-                "[{SENDER}] Note: {:.0}% of the time went into generating the pattern (--verify full); --verify sample measures the transfer pipeline alone",
-                pct(fill, elapsed)
-            );
-        }
-    }
-
-    let overruns = rstats["overruns"].as_u64().unwrap_or(0);
-    let mismatches = rstats["mismatches"].as_u64().unwrap_or(0);
-    if let Some(path) = &args.json {
-        let out = json!({
-            "example": "send_recv",
-            "metadata": exchange.mode().name(),
-            "memory": format!("{:?}", args.memory).to_lowercase(),
-            "verify": format!("{:?}", args.verify).to_lowercase(),
-            "num_buffers": n,
-            "buffer_size": args.buffer_size,
-            "num_transfers": total,
-            "progress_every": args.progress_every(),
-            "backpressure_at": if backpressure { json!(bp_at) } else { json!(null) },
-            "bytes": bytes,
-            "seconds": elapsed.as_secs_f64(),
-            "gbps": rate,
-            "send_only_seconds": send_end.as_secs_f64(),
-            "baseline": baseline.as_ref().map(|b| json!({
-                "bytes": b.bytes, "reps": b.gbps.len(), "gbps_median": b.median, "gbps_best": b.best, "gbps_all": b.gbps,
-            })),
-            "ratio": ratio,
-            "ratio_to_best": baseline.as_ref().map(|b| rate / b.best),
-            "backpressure": { "waits": bp_waits, "wait_ms": ms(bp_time), "max_ahead": max_ahead },
-            "sender_phases_ms": phases.json(),
-            "fill_ahead": fill_ahead,
-            "sender_copies": copies.map(|c| c.json()),
-            "receiver": rstats,
-        });
-        std::fs::write(path, format!("{out:#}\n"))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    say!("[{SENDER}] Done");
-    drop((pipe, local_prep, remote_prep));
-    Ok(if overruns + mismatches == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_MISMATCH as u8)
-    })
 }
 
 /// The bandwidth of single large transfers on the same rings: one WRITE of
@@ -1187,22 +1411,4 @@ fn baseline(args: &Args, agent: &Agent, ring: &SlotRing, remote: &DescList) -> R
         median,
         best,
     })
-}
-
-/// Waiting without taking a core from the peer (the machine may have only
-/// two): yield for the first polls, then sleep 20 µs between polls.
-/// Spinning alone measured up to 30% lower throughput here, sleeping
-/// alone adds 20 µs to every short wait.
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    fn idle(&mut self) {
-        if self.0 < 64 {
-            self.0 += 1;
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
 }

@@ -29,6 +29,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost, MetadataMode};
 use nixl_examples::launch::{self, RoleSpec};
+use nixl_examples::logging;
 use nixl_examples::nixl::agent::create_polled_agent;
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
@@ -80,6 +81,12 @@ const WRITTEN: u64 = 1;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let who = match args.role {
+        None => "main",
+        Some(Role::Target) => TARGET,
+        Some(Role::Initiator) => INITIATOR,
+    };
+    logging::init(who);
     let result = match args.role {
         None => run_both(&args),
         Some(role) => run_role(&args, role),
@@ -87,11 +94,6 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            let who = match args.role {
-                None => "main",
-                Some(Role::Target) => TARGET,
-                Some(Role::Initiator) => INITIATOR,
-            };
             eprintln!("[{who}] error: {e:#}");
             ExitCode::FAILURE
         }

@@ -1,13 +1,16 @@
 //! The GPU side: device selection and context, device memory NIXL can
-//! register, the device-API kernels and how they are run, and the copy
-//! engine as the baseline. Depends on nothing above it.
+//! register, the device-API kernels and how they are run, the copy
+//! engine as the baseline, and page-locked host staging with the copies
+//! into and out of it. Depends on nothing above it.
 
 pub mod buffer;
 pub mod context;
 pub mod copy;
 pub mod kernels;
 pub mod module;
+pub mod pinned;
 pub mod run;
 
 pub use buffer::DeviceBuffer;
 pub use context::{Gpu, GpuError, GpuInfo};
+pub use pinned::PinnedBuffer;

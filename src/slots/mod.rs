@@ -1,0 +1,320 @@
+//! A ring of transfer slots in one registered region, in DRAM or VRAM:
+//! slot `i` is an 8-byte sequence header (little-endian `u64`) followed by
+//! the payload, the layout of the seeds' streaming example
+//! (`[Seq(8B) + Data][Seq(8B) + Data]...`).
+//!
+//! The payload of sequence number `s` is [`pattern`](crate::pattern)
+//! variant `s`, so the receiver can tell this round's bytes from the
+//! previous occupant's. DRAM slots are filled and checked in place. VRAM
+//! slots go through host staging, and for a streaming loop that staging is
+//! the cost that matters:
+//!
+//! - The staging is page-locked ([`PinnedBuffer`](crate::gpu::PinnedBuffer)):
+//!   from pageable memory an "async" copy is in effect synchronous.
+//! - Copies are queued in batches and waited for with one stream
+//!   synchronisation per batch ([`SlotRing::fill_queue`] /
+//!   [`SlotRing::fill_wait`] for the sender, [`SlotRing::queue_checks`] /
+//!   [`SlotRing::check_queued`] for the receiver) instead of one per piece:
+//!   each synchronisation is a round trip to the GPU of several µs, which
+//!   is most of what a slot's transfer takes (16 MiB at ~1.2 TB/s is
+//!   ~14 µs).
+//! - Only the header and the checked byte ranges move, and pieces of a
+//!   batch that sit at the same offset of consecutive slots (the header
+//!   with the first sampled block, the last block) move in one 2D copy with
+//!   one row per slot, so a batch of k sampled slots costs about k + 2
+//!   copy calls rather than 3k.
+//!
+//! The one-call helpers ([`SlotRing::header`], [`SlotRing::verify`],
+//! [`SlotRing::fill`]) remain for one-off use; they wait before returning.
+//!
+//! Where things are: this file has the ring and its one-off helpers;
+//! `fill.rs` the sender's batched fills, `check.rs` the receiver's batched
+//! checks, `staging.rs` how a batch is laid out in staging and which copies
+//! move it, `device.rs` the VRAM side (staging buffers, queued copies,
+//! their cost); [`Coverage`] says which bytes a loop fills and checks, and
+//! [`Phases`] times a loop's phases.
+
+mod check;
+mod coverage;
+mod device;
+mod fill;
+pub mod phases;
+mod staging;
+
+use std::ops::Range;
+
+use anyhow::{Context, Result};
+use nixl_sys::{Agent, RegistrationHandle};
+
+pub use check::SlotCheck;
+pub use coverage::{Coverage, SAMPLE_BLOCK};
+pub use device::CopyStats;
+pub use phases::Phases;
+
+use crate::gpu::Gpu;
+use crate::nixl::memory::HostBuffer;
+use crate::nixl::serdes::{Desc, DescList, MemType};
+use device::Device;
+use staging::Piece;
+
+/// Bytes of the sequence header at the start of every slot.
+pub const HEADER_BYTES: usize = 8;
+
+/// The header value of a slot that holds no sequence yet.
+pub const EMPTY: u64 = u64::MAX;
+
+/// One slot and the sequence it holds (or should hold), with the payload
+/// byte ranges to fill or check (each starting at a multiple of 8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotJob {
+    pub slot: usize,
+    pub seq: u64,
+    pub ranges: Vec<Range<usize>>,
+}
+
+enum Region {
+    Host(HostBuffer),
+    Device(Box<Device>),
+}
+
+/// One slot's share of a batch of staged copies.
+struct Staged {
+    job: SlotJob,
+    /// Where the header and the ranges sit in staging (empty for DRAM
+    /// rings, which are read in place).
+    pieces: Vec<Piece>,
+}
+
+/// `slots` slots of [`HEADER_BYTES`] + `payload` bytes, contiguous.
+pub struct SlotRing {
+    region: Region,
+    slots: usize,
+    payload: usize,
+    /// Checks queued by [`queue_checks`](Self::queue_checks), in order.
+    queued: Vec<Staged>,
+}
+
+impl SlotRing {
+    /// A ring in page-aligned DRAM, every header [`EMPTY`].
+    pub fn host(slots: usize, payload: usize) -> Self {
+        let region = Region::Host(HostBuffer::new(slots * (HEADER_BYTES + payload)));
+        let mut ring = Self {
+            region,
+            slots,
+            payload,
+            queued: Vec::new(),
+        };
+        for i in 0..slots {
+            ring.set_header(i, EMPTY)
+                .expect("DRAM header writes cannot fail");
+        }
+        ring
+    }
+
+    /// A ring in `gpu`'s memory (`cuMemAlloc`), every header [`EMPTY`].
+    /// Staging is allocated on first use, or ahead with
+    /// [`reserve_staging`](Self::reserve_staging).
+    ///
+    /// Errors: out of device memory, or any CUDA error, naming the GPU.
+    pub fn device(gpu: &Gpu, slots: usize, payload: usize) -> Result<Self> {
+        let device = Device::new(
+            gpu,
+            slots * (HEADER_BYTES + payload),
+            HEADER_BYTES + payload,
+        )?;
+        let mut ring = Self {
+            region: Region::Device(Box::new(device)),
+            slots,
+            payload,
+            queued: Vec::new(),
+        };
+        for i in 0..slots {
+            ring.set_header(i, EMPTY)?;
+        }
+        Ok(ring)
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Payload bytes per slot (the header not counted).
+    pub fn payload(&self) -> usize {
+        self.payload
+    }
+
+    /// Bytes per slot, header included.
+    pub fn slot_len(&self) -> usize {
+        HEADER_BYTES + self.payload
+    }
+
+    /// Bytes of the whole region.
+    pub fn len(&self) -> usize {
+        self.slots * self.slot_len()
+    }
+
+    /// Whether the ring has no slots.
+    pub fn is_empty(&self) -> bool {
+        self.slots == 0
+    }
+
+    /// NIXL memory type of the region.
+    pub fn mem_type(&self) -> MemType {
+        match self.region {
+            Region::Host(_) => MemType::Dram,
+            Region::Device(_) => MemType::Vram,
+        }
+    }
+
+    /// The staged copies' counters (VRAM rings; `None` for DRAM).
+    pub fn copy_stats(&self) -> Option<CopyStats> {
+        match &self.region {
+            Region::Host(_) => None,
+            Region::Device(d) => Some(d.stats),
+        }
+    }
+
+    /// Zeroes the counters of [`copy_stats`](Self::copy_stats) (to count a
+    /// loop without the set-up).
+    pub fn reset_copy_stats(&mut self) {
+        if let Region::Device(d) = &mut self.region {
+            d.stats = CopyStats::default();
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        match &self.region {
+            Region::Host(b) => b.addr(),
+            Region::Device(d) => d.buf.addr(),
+        }
+    }
+
+    fn dev_id(&self) -> u64 {
+        match &self.region {
+            Region::Host(_) => 0,
+            Region::Device(d) => d.buf.ordinal() as u64,
+        }
+    }
+
+    /// Registers the whole region with `agent` (one registration).
+    pub fn register(&self, agent: &Agent) -> Result<RegistrationHandle> {
+        let r = match &self.region {
+            Region::Host(b) => agent.register_memory(b, None),
+            Region::Device(d) => agent.register_memory(&d.buf, None),
+        };
+        r.with_context(|| {
+            format!(
+                "registering {} bytes of {:?} slots with NIXL",
+                self.len(),
+                self.mem_type()
+            )
+        })
+    }
+
+    /// One descriptor per slot (header + payload), in slot order.
+    pub fn descs(&self) -> DescList {
+        let (base, len, dev_id) = (self.addr(), self.slot_len() as u64, self.dev_id());
+        DescList::new(
+            self.mem_type(),
+            (0..self.slots as u64)
+                .map(|i| Desc {
+                    addr: base + i * len,
+                    len,
+                    dev_id,
+                })
+                .collect(),
+        )
+    }
+
+    /// One descriptor covering the whole region.
+    pub fn whole(&self) -> DescList {
+        DescList::new(
+            self.mem_type(),
+            vec![Desc {
+                addr: self.addr(),
+                len: self.len() as u64,
+                dev_id: self.dev_id(),
+            }],
+        )
+    }
+
+    fn offset(&self, slot: usize) -> usize {
+        assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
+        slot * self.slot_len()
+    }
+
+    fn check_job(&self, j: &SlotJob) {
+        self.offset(j.slot);
+        for r in &j.ranges {
+            assert!(
+                r.start <= r.end && r.end <= self.payload,
+                "range {r:?} outside the {}-byte payload",
+                self.payload
+            );
+            assert_eq!(
+                r.start % 8,
+                0,
+                "range {r:?} does not start at a multiple of 8"
+            );
+        }
+    }
+
+    /// Allocates the staging of a VRAM ring ahead of a timed loop:
+    /// `fill_bytes` for [`fill_queue`](Self::fill_queue) batches,
+    /// `read_bytes` for [`queue_checks`](Self::queue_checks) batches (a
+    /// slot's share is at most [`HEADER_BYTES`] + the lengths of its
+    /// ranges). No-op for DRAM rings and for a size of 0.
+    pub fn reserve_staging(&mut self, fill_bytes: usize, read_bytes: usize) -> Result<()> {
+        let checks_queued = !self.queued.is_empty();
+        if let Region::Device(d) = &mut self.region {
+            d.reserve(fill_bytes, read_bytes, checks_queued)?;
+        }
+        Ok(())
+    }
+
+    /// The sequence header of `slot` as it is in memory now (a peer may be
+    /// writing it: read it only after a completion or notification says
+    /// the write landed). VRAM: one copy and a wait.
+    pub fn header(&mut self, slot: usize) -> Result<u64> {
+        let off = self.offset(slot);
+        match &mut self.region {
+            Region::Host(b) => Ok(read_header(b.as_slice(), off)),
+            Region::Device(d) => {
+                let mut v = [0u8; 8];
+                d.read_at(off, &mut v)?;
+                Ok(u64::from_le_bytes(v))
+            }
+        }
+    }
+
+    /// Sets the sequence header of `slot`. VRAM: one copy and a wait.
+    pub fn set_header(&mut self, slot: usize, value: u64) -> Result<()> {
+        let off = self.offset(slot);
+        match &mut self.region {
+            Region::Host(b) => {
+                b.as_mut_slice()[off..off + HEADER_BYTES].copy_from_slice(&value.to_le_bytes());
+                Ok(())
+            }
+            Region::Device(d) => d.write_at(off, &value.to_le_bytes()),
+        }
+    }
+
+    #[cfg(test)]
+    fn host_bytes(&self) -> &[u8] {
+        match &self.region {
+            Region::Host(b) => b.as_slice(),
+            Region::Device(_) => panic!("not a DRAM ring"),
+        }
+    }
+}
+
+/// The header at `off` of DRAM slots, read volatile: a peer writes this
+/// memory behind the compiler's back.
+fn read_header(region: &[u8], off: usize) -> u64 {
+    let bytes = &region[off..off + HEADER_BYTES];
+    // SAFETY: the 8 bytes are in bounds (sliced above); read_volatile has
+    // no alignment requirement for a byte array.
+    let v = unsafe { std::ptr::read_volatile(bytes.as_ptr() as *const [u8; 8]) };
+    u64::from_le_bytes(v)
+}
