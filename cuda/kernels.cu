@@ -364,24 +364,28 @@ __device__ void write_signal(const WriteParams &p) {
     }
 }
 
-// Put path: nixlPut + nixlAtomicAdd.
-extern "C" __global__ void nixl_write_signal_thread(WriteParams p) {
+// Put path: nixlPut + nixlAtomicAdd. Every write kernel is bounded to 64
+// registers a thread (__launch_bounds__(1024)): at 80, as the store and
+// check code otherwise compiles, an SM holds one 512-thread block instead
+// of two, and the grid that keeps NVLink busy halves.
+#define WRITE_KERNEL extern "C" __global__ void __launch_bounds__(1024)
+WRITE_KERNEL nixl_write_signal_thread(WriteParams p) {
     write_signal<nixl_gpu_level_t::THREAD, false>(p);
 }
-extern "C" __global__ void nixl_write_signal_warp(WriteParams p) {
+WRITE_KERNEL nixl_write_signal_warp(WriteParams p) {
     write_signal<nixl_gpu_level_t::WARP, false>(p);
 }
-extern "C" __global__ void nixl_write_signal_block(WriteParams p) {
+WRITE_KERNEL nixl_write_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, false>(p);
 }
 // Store path: nixlGetPtr + vector stores + a release add.
-extern "C" __global__ void nixl_store_signal_thread(WriteParams p) {
+WRITE_KERNEL nixl_store_signal_thread(WriteParams p) {
     write_signal<nixl_gpu_level_t::THREAD, true>(p);
 }
-extern "C" __global__ void nixl_store_signal_warp(WriteParams p) {
+WRITE_KERNEL nixl_store_signal_warp(WriteParams p) {
     write_signal<nixl_gpu_level_t::WARP, true>(p);
 }
-extern "C" __global__ void nixl_store_signal_block(WriteParams p) {
+WRITE_KERNEL nixl_store_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, true>(p);
 }
 

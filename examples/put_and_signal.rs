@@ -241,10 +241,14 @@ fn initiator(a: &Args) -> Result<ExitCode> {
         .context("waiting for the target's verdict")?;
     ensure!(verdict == b"ok", "the target found wrong data");
     say!(
-        "[initiator] ✓ Wrote {} bytes from {} blocks ({:?} path); the target verified them",
+        "[initiator] ✓ Wrote {} bytes from {} blocks ({} path); the target verified them",
         a.size,
         a.blocks,
-        a.path
+        if a.path == Path::Put {
+            "nixlPut"
+        } else {
+            "nixlGetPtr store"
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -573,13 +573,16 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
     check_grid_args(args)?;
     let sizes = sizes(args)?;
     check_thread_level_fits(args, &sizes)?;
-    let names = |v: Vec<String>| v.join(" ");
-    info!(
-        "plan: sizes {}, levels {}{}",
-        names(sizes.iter().map(|&s| fmt_bytes(s)).collect()),
-        names(args.level.iter().map(|l| l.name().to_string()).collect()),
-        if args.pingpong { ", ping-pong" } else { "" }
-    );
+    if args.mode == Mode::Initiator {
+        let names = |v: Vec<String>| v.join(" ");
+        info!(
+            "plan: sizes {}, levels {}, paths {}{}",
+            names(sizes.iter().map(|&s| fmt_bytes(s)).collect()),
+            names(args.level.iter().map(|l| l.name().to_string()).collect()),
+            names(args.path.iter().map(|p| p.name().to_string()).collect()),
+            if args.pingpong { ", ping-pong" } else { "" }
+        );
+    }
     let mut specs = Vec::new();
     for &size in &sizes {
         for &level in &args.level {
