@@ -81,6 +81,11 @@ pub fn store_server() -> TcpStore {
 pub struct Reaped(Option<Child>);
 
 impl Reaped {
+    /// Takes charge of `child`: killed and reaped when dropped.
+    pub fn new(child: Child) -> Self {
+        Self(Some(child))
+    }
+
     pub fn child(&mut self) -> &mut Child {
         self.0.as_mut().unwrap()
     }

@@ -1,0 +1,196 @@
+//! A frozen peer must not freeze its partner. A process stopped with
+//! SIGSTOP (a debugger, a paused container, a stuck driver call) keeps its
+//! sockets open, so nothing ever fails by itself: the survivor has to
+//! notice the silence. Each test freezes one side of a real pair, during
+//! the exchange or mid-transfer, and asserts that the other exits non-zero
+//! within its `--timeout` + 5 s, naming the silent peer, and that no
+//! process is left behind (the frozen one is killed by `Reaped`'s drop).
+
+mod common;
+
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const TIMEOUT_S: u64 = 3;
+const MARGIN: Duration = Duration::from_secs(5);
+
+fn stop(p: &mut Reaped) {
+    // SAFETY: signalling a child we spawned and still own.
+    unsafe { libc::kill(p.child().id() as i32, libc::SIGSTOP) };
+}
+
+/// Waits for the survivor; asserts exit 1 within --timeout + 5 s (counted
+/// from `frozen_at`) and a message naming `peer` on stderr.
+fn assert_notices(survivor: Reaped, frozen_at: Instant, peer: &str) {
+    let o = survivor.wait_output(Duration::from_secs(TIMEOUT_S) + MARGIN * 4);
+    let took = frozen_at.elapsed();
+    assert_eq!(o.status.code(), Some(1), "{}", both(&o));
+    assert!(
+        took < Duration::from_secs(TIMEOUT_S) + MARGIN,
+        "took {took:?}: {}",
+        both(&o)
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains(peer),
+        "the message does not name the {peer}:\n{}",
+        both(&o)
+    );
+}
+
+/// Reads `p`'s stdout until a line starts with `prefix`.
+fn wait_for_line(p: &mut Reaped, prefix: &str) {
+    let out = p.child().stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(out).lines();
+    let mut seen = Vec::new();
+    while let Some(Ok(line)) = lines.next() {
+        if line.starts_with(prefix) {
+            // Keep draining in the background so the pipe never fills.
+            std::thread::spawn(move || lines.for_each(drop));
+            return;
+        }
+        seen.push(line);
+    }
+    panic!("never printed {prefix:?}:\n{}", seen.join("\n"));
+}
+
+#[test]
+fn two_proc_initiator_notices_a_target_frozen_during_the_exchange() {
+    let store = store_server();
+    let port = store.port().to_string();
+    let t = TIMEOUT_S.to_string();
+    let common = ["--port", port.as_str(), "--timeout", t.as_str()];
+    let mut target = spawn("two_proc", &[&["--role", "target"][..], &common].concat());
+    wait_for_line(&mut target, "[target] Memory registered");
+    stop(&mut target);
+    let frozen_at = Instant::now();
+    let initiator = spawn(
+        "two_proc",
+        &[&["--role", "initiator"][..], &common].concat(),
+    );
+    assert_notices(initiator, frozen_at, "target");
+}
+
+#[test]
+fn send_recv_sender_notices_a_receiver_frozen_mid_stream() {
+    let (store, mut receiver, mut sender) = streaming_pair();
+    wait_for_line(&mut sender, "[sender] Sent 100/");
+    stop(&mut receiver);
+    let frozen_at = Instant::now();
+    assert_notices(sender, frozen_at, "receiver");
+    drop(store);
+}
+
+#[test]
+fn send_recv_receiver_notices_a_sender_frozen_mid_stream() {
+    let (store, receiver, mut sender) = streaming_pair();
+    wait_for_line(&mut sender, "[sender] Sent 100/");
+    stop(&mut sender);
+    let frozen_at = Instant::now();
+    assert_notices(receiver, frozen_at, "sender");
+    drop(store);
+}
+
+/// A streaming pair started by hand around our store, long enough to be
+/// frozen mid-stream.
+fn streaming_pair() -> (nixl_examples::store::native::TcpStore, Reaped, Reaped) {
+    let store = store_server();
+    let port = store.port().to_string();
+    let t = TIMEOUT_S.to_string();
+    let common = [
+        "--port",
+        &port,
+        "--timeout",
+        &t,
+        "--num-buffers",
+        "4",
+        "--buffer-size",
+        "256K",
+        "--num-transfers",
+        "10000000",
+    ];
+    let receiver = spawn(
+        "send_recv",
+        &[&["--role", "receiver"][..], &common].concat(),
+    );
+    let sender = spawn(
+        "send_recv",
+        &[&["--role", "sender", "--baseline-reps", "0"][..], &common].concat(),
+    );
+    (store, receiver, sender)
+}
+
+#[test]
+fn notifications_initiator_notices_a_target_frozen_during_the_exchange() {
+    let store = store_server();
+    let port = store.port().to_string();
+    let t = TIMEOUT_S.to_string();
+    let common = ["--port", port.as_str(), "--timeout", t.as_str()];
+    let mut target = spawn(
+        "notifications",
+        &[&["--role", "target"][..], &common].concat(),
+    );
+    wait_for_line(&mut target, "[target]");
+    stop(&mut target);
+    let frozen_at = Instant::now();
+    let initiator = spawn(
+        "notifications",
+        &[&["--role", "initiator"][..], &common].concat(),
+    );
+    assert_notices(initiator, frozen_at, "target");
+}
+
+fn simple_write(args: &[&str]) -> Reaped {
+    Reaped::new(
+        std::process::Command::new(env!("CARGO_BIN_EXE_simple_write"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawning simple_write"),
+    )
+}
+
+#[test]
+fn simple_write_initiator_notices_a_target_frozen_during_the_exchange() {
+    let port = free_port().to_string();
+    let t = TIMEOUT_S.to_string();
+    let common = [
+        "--check-connection",
+        "--port",
+        port.as_str(),
+        "--timeout",
+        t.as_str(),
+    ];
+    let initiator = simple_write(&[&["--mode", "initiator"][..], &common].concat());
+    let mut target =
+        simple_write(&[&["--mode", "target", "--store", "native"][..], &common].concat());
+    // Frozen as soon as it has joined: the initiator's store counts it in,
+    // then its heartbeat stands still.
+    std::thread::sleep(Duration::from_millis(300));
+    stop(&mut target);
+    let frozen_at = Instant::now();
+    assert_notices(initiator, frozen_at, "target");
+}
+
+#[test]
+fn simple_write_target_notices_an_initiator_frozen_during_the_exchange() {
+    let port = free_port().to_string();
+    let t = TIMEOUT_S.to_string();
+    let common = [
+        "--check-connection",
+        "--port",
+        port.as_str(),
+        "--timeout",
+        t.as_str(),
+    ];
+    let mut initiator = simple_write(&[&["--mode", "initiator"][..], &common].concat());
+    std::thread::sleep(Duration::from_millis(300));
+    // The initiator hosts the store: freezing it freezes the store too.
+    stop(&mut initiator);
+    let frozen_at = Instant::now();
+    let target = simple_write(&[&["--mode", "target"][..], &common].concat());
+    assert_notices(target, frozen_at, "initiator");
+}
