@@ -68,7 +68,8 @@ unsafe impl Sync for TorchStore {}
 struct ShimError {
     kind: Kind,
     message: String,
-    /// For NO_REPLY at open: "PING" or "JOIN", and the limit that passed.
+    /// For NO_REPLY at open: the request ("PING", "ADD", "ADD/GET"), and the
+    /// limit that passed.
     stage: Option<String>,
     stage_limit: Duration,
 }
@@ -142,8 +143,10 @@ impl ShimError {
     fn into_open_error(self, opts: &StoreOptions) -> StoreError {
         let addr = format!("{}:{}", opts.host, opts.port);
         if self.kind == Kind::TORCHSTORE_ERR_NO_REPLY {
+            let init = || vec!["init/".to_owned()];
             let (op, keys) = match self.stage.as_deref() {
-                Some("JOIN") => ("ADD/GET", vec!["init/".to_owned()]),
+                Some("ADD") => ("ADD", init()),
+                Some("ADD/GET") => ("ADD/GET", init()),
                 _ => ("PING", Vec::new()),
             };
             return StoreError::NoReply {

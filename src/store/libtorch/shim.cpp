@@ -379,11 +379,15 @@ void with_wait_timeout(c10d::TCPStore &store, int64_t wait_ms, F &&body) {
 // (TCPStore::kConnectRetryDelay), then the timeout again for the PING.
 milliseconds handshake_limit(milliseconds timeout) { return 2 * timeout + c10d::TCPStore::kConnectRetryDelay; }
 
-// How long counting in may take: waitForWorkers gives up once more whole
-// seconds than the timeout have passed (it truncates the elapsed time to
-// seconds), then one more timeout for the request under way.
-milliseconds join_limit(milliseconds timeout) {
-  return std::chrono::duration_cast<std::chrono::seconds>(timeout) + std::chrono::seconds(1) + timeout;
+// How long counting in may take: a client's is one ADD; the host then
+// polls until waitForWorkers gives up, once more whole seconds than the
+// timeout have passed (it truncates the elapsed time to seconds), then one
+// more timeout for the request under way.
+milliseconds join_limit(const c10d::TCPStoreOptions &opts) {
+  if (!opts.isServer) {
+    return opts.timeout;
+  }
+  return std::chrono::duration_cast<std::chrono::seconds>(opts.timeout) + std::chrono::seconds(1) + opts.timeout;
 }
 
 // The constructor, with waitWorkers deferred until the socket has deadlines.
@@ -412,8 +416,9 @@ std::unique_ptr<torchstore> construct(const std::string &host, const c10d::TCPSt
   }
   handle->deadlines = std::make_unique<Deadlines>(client_fd(*handle->store));
   if (opts.waitWorkers) {
-    const milliseconds limit = opts.timeout.count() > 0 ? join_limit(opts.timeout) : milliseconds(0);
-    const shim_error no_reply(TORCHSTORE_ERR_NO_REPLY, "counting in got no answer", "JOIN", limit);
+    const milliseconds limit = opts.timeout.count() > 0 ? join_limit(opts) : milliseconds(0);
+    const shim_error no_reply(TORCHSTORE_ERR_NO_REPLY, "counting in got no answer", opts.isServer ? "ADD/GET" : "ADD",
+                              limit);
     handle->deadlines->arm(limit);
     try {
       handle->store->waitForWorkers();

@@ -60,10 +60,11 @@ typedef struct torchstore_error {
   torchstore_error_kind kind;
   /* NUL-terminated message (c10::Error::what_without_backtrace for torch). */
   char *message;
-  /* For TORCHSTORE_ERR_NO_REPLY from torchstore_open: the stage that got no
-   * answer, "PING" (the constructor's handshake) or "JOIN" (counting in with
-   * init/), and the limit that passed (ms); NULL and 0 otherwise. Static
-   * storage: not freed. */
+  /* For TORCHSTORE_ERR_NO_REPLY from torchstore_open: the request that got
+   * no answer, "PING" (the constructor's handshake), "ADD" (a client counting
+   * in on init/) or "ADD/GET" (the host counting in, then polling init/), and
+   * the limit that passed (ms); NULL and 0 otherwise. Static storage: not
+   * freed. */
   const char *stage;
   int64_t stage_limit_ms;
 } torchstore_error;
@@ -83,8 +84,9 @@ typedef struct torchstore torchstore;
  * Unlike torch's, a client's handshake is bounded: a server that accepts
  * but never answers the PING fails it after 2 x timeout_ms + 1 s (torch's
  * connect window and retry delay, then the timeout again for the answer),
- * and counting in (wait_workers) must end within torch's own limit for it
- * (the timeout in whole seconds, rounded up) + timeout_ms.
+ * and counting in (wait_workers) must end within timeout_ms for a client
+ * (one ADD), within torch's own limit for it (the timeout in whole seconds,
+ * rounded up) + timeout_ms for the host.
  */
 torchstore_error *torchstore_open(const char *host, uint16_t port, bool is_server, int64_t num_workers,
                                   bool wait_workers, int64_t timeout_ms, torchstore **out);
