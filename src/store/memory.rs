@@ -11,7 +11,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::native::wire::parse_stoll;
-use super::{Store, StoreError};
+use super::{Bounded, StoreError};
 
 /// A [`Store`] in this process's memory: a map behind a mutex, with a condvar
 /// waking waiters on every change. Share it between threads with `Arc`.
@@ -77,28 +77,34 @@ impl Default for MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+/// Requests never stall here (no peer, no socket): deadlines only bound how
+/// long `get` and `multi_get` wait for their keys.
+impl Bounded for MemoryStore {
+    fn default_deadline(&self) -> Duration {
+        self.timeout
+    }
+
+    fn set_by(&self, key: &str, value: &[u8], _: Duration) -> Result<(), StoreError> {
         self.map().insert(key.to_owned(), value.to_vec());
         self.changed.notify_all();
         Ok(())
     }
 
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        let map = self.wait_for(&[key], self.timeout)?;
+    fn get_by(&self, key: &str, deadline: Duration) -> Result<Vec<u8>, StoreError> {
+        let map = self.wait_for(&[key], deadline)?;
         Ok(map[key].clone())
     }
 
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
+    fn wait_by(&self, keys: &[&str], timeout: Duration, _: Duration) -> Result<(), StoreError> {
         self.wait_for(keys, timeout).map(drop)
     }
 
-    fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+    fn check_by(&self, keys: &[&str], _: Duration) -> Result<bool, StoreError> {
         let map = self.map();
         Ok(keys.iter().all(|k| map.contains_key(*k)))
     }
 
-    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+    fn add_by(&self, key: &str, delta: i64, _: Duration) -> Result<i64, StoreError> {
         let mut map = self.map();
         let now = match map.get(key) {
             None => delta,
@@ -114,11 +120,12 @@ impl Store for MemoryStore {
         Ok(now)
     }
 
-    fn compare_set(
+    fn compare_set_by(
         &self,
         key: &str,
         expected: &[u8],
         desired: &[u8],
+        _: Duration,
     ) -> Result<Vec<u8>, StoreError> {
         let mut map = self.map();
         let now = match map.get_mut(key) {
@@ -139,20 +146,16 @@ impl Store for MemoryStore {
         Ok(now)
     }
 
-    fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
-        let map = self.wait_for(keys, self.timeout)?;
+    fn multi_get_by(&self, keys: &[&str], deadline: Duration) -> Result<Vec<Vec<u8>>, StoreError> {
+        let map = self.wait_for(keys, deadline)?;
         Ok(keys.iter().map(|k| map[*k].clone()).collect())
     }
 
-    fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
+    fn delete_key_by(&self, key: &str, _: Duration) -> Result<bool, StoreError> {
         Ok(self.map().remove(key).is_some())
     }
 
-    fn num_keys(&self) -> Result<i64, StoreError> {
+    fn num_keys_by(&self, _: Duration) -> Result<i64, StoreError> {
         Ok(self.map().len() as i64)
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
     }
 }

@@ -69,6 +69,27 @@ pub enum StoreError {
         /// How long the host waited.
         after: Duration,
     },
+    /// The store took a request but did not answer it (or did not take it,
+    /// or an earlier request held the connection) within the request's
+    /// deadline: the process hosting the store, or the store itself, is
+    /// frozen or overloaded. A frozen process keeps its sockets open, so this
+    /// deadline is the only way to notice it. The connection is unusable
+    /// afterwards (replies could no longer be matched to requests): later
+    /// requests on it fail at once with this same error.
+    #[error("{}", no_reply_message(.addr, .op, .keys, *.after, *.stalled))]
+    NoReply {
+        /// `host:port` of the store.
+        addr: String,
+        /// The operation, by its c10d wire name: `GET`, `ADD`, `PING`, ...
+        op: &'static str,
+        /// The keys as the caller named them (no `/` prefix); none for
+        /// `GETNUMKEYS` and `PING`.
+        keys: Vec<String>,
+        /// The deadline that passed.
+        after: Duration,
+        /// Where the request stalled.
+        stalled: Stalled,
+    },
     /// The connection broke, e.g. the server exited.
     #[error("lost the connection to the store: {0} (did the peer that hosts it exit?)")]
     Io(#[from] std::io::Error),
@@ -81,18 +102,104 @@ pub enum StoreError {
     Invalid(String),
 }
 
+/// Where a request stalled, in [`StoreError::NoReply`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stalled {
+    /// Waiting for the connection, which an earlier request holds.
+    Queued,
+    /// Writing the request: the store stopped reading its socket and the
+    /// buffers are full.
+    Sending,
+    /// Waiting for the answer.
+    Replying,
+}
+
+/// `GETNUMKEYS`, `ADD "hb"`, `CHECK ["a", "b"]`.
+fn request_name(op: &str, keys: &[String]) -> String {
+    match keys {
+        [] => op.to_owned(),
+        [key] => format!("{op} {key:?}"),
+        keys => format!("{op} {keys:?}"),
+    }
+}
+
+fn no_reply_message(
+    addr: &str,
+    op: &str,
+    keys: &[String],
+    after: Duration,
+    stalled: Stalled,
+) -> String {
+    let what = request_name(op, keys);
+    let head = match stalled {
+        Stalled::Replying => {
+            format!("the store at {addr} did not answer {what} within {after:.1?}")
+        }
+        Stalled::Sending => format!(
+            "the store at {addr} stopped reading requests: {what} could not be sent within {after:.1?}"
+        ),
+        Stalled::Queued => format!(
+            "{what} could not be sent to the store at {addr} within {after:.1?}: an earlier request holds the connection \
+             (one the store never answered, or a long wait on the same handle)"
+        ),
+    };
+    format!(
+        "{head}. The process hosting the store, or the store itself, is frozen or overloaded \
+         (stopped with SIGSTOP or Ctrl-Z, paused in a debugger, in a paused container): \
+         check that process, or raise --timeout if it is only slow"
+    )
+}
+
+impl StoreError {
+    /// A copy of a [`StoreError::NoReply`], which a broken connection
+    /// returns for every later request; `None` for other errors.
+    pub(crate) fn replay(&self) -> Option<StoreError> {
+        match self {
+            StoreError::NoReply {
+                addr,
+                op,
+                keys,
+                after,
+                stalled,
+            } => Some(StoreError::NoReply {
+                addr: addr.clone(),
+                op,
+                keys: keys.clone(),
+                after: *after,
+                stalled: *stalled,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Blocking key-value store with the semantics of `c10d::Store`.
 ///
 /// All methods may block; `get` and `wait` block until the keys exist or the
 /// timeout passes ([`StoreError::Timeout`]). Implementations are shared
 /// between threads.
+///
+/// Every request has a deadline: the TCP stores give each wire request
+/// [`Store::timeout`] (the binaries' `--timeout`) to be written and answered,
+/// and fail with [`StoreError::NoReply`] naming the store, the operation and
+/// the key when the store stays silent — a frozen peer keeps its sockets
+/// open, so without it nothing would ever fail. [`Store::with_deadline`]
+/// gives the same store with a shorter (or longer) deadline, for liveness
+/// probes that must not wait the whole run timeout. `Duration::ZERO` means
+/// no deadline (torch's `kNoTimeout`).
 pub trait Store: Send + Sync {
     /// Sets `key` to `value`, replacing any earlier value; wakes waiters.
+    /// There is no reply: the deadline bounds writing the request, which
+    /// blocks only once a silent store's socket buffers are full.
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
     /// Waits (up to [`Store::timeout`]) for `key`, then returns its value.
+    /// Worst case against a silent store: the timeout for the key, then the
+    /// deadline for the answer to cancelling that wait.
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
     /// Waits until every key exists, for at most `timeout`
-    /// (`Duration::ZERO`: no limit, torch's `kNoTimeout`).
+    /// (`Duration::ZERO`: no limit, torch's `kNoTimeout`). A wait that times
+    /// out is cancelled (torch's CANCEL_WAIT), and that answer has the
+    /// request deadline.
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError>;
     /// Whether every key exists now, without waiting.
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError>;
@@ -113,8 +220,131 @@ pub trait Store: Send + Sync {
     fn delete_key(&self, key: &str) -> Result<bool, StoreError>;
     /// Number of keys in the store (torch counts its internal `init/` key too).
     fn num_keys(&self) -> Result<i64, StoreError>;
-    /// The default timeout of `get` and `multi_get`.
+    /// The default timeout of `get` and `multi_get`, and the deadline of
+    /// every request.
     fn timeout(&self) -> Duration;
+    /// This store (same connection, same keys) with `deadline` in place of
+    /// [`Store::timeout`]: every request through the view must be written
+    /// and answered within `deadline`, and its `get`/`multi_get` wait at
+    /// most `deadline` for their keys (its `timeout()` is `deadline`).
+    ///
+    /// Meant for quick liveness probes, e.g. a heartbeat
+    /// `store.with_deadline(Duration::from_secs(2)).add("hb", 1)`, which
+    /// fails with [`StoreError::NoReply`] after 2 s instead of the run's
+    /// timeout when the store is frozen. Requests share one connection, so a
+    /// probe queued behind another request also gives up after `deadline`
+    /// ([`Stalled::Queued`]).
+    fn with_deadline(&self, deadline: Duration) -> Box<dyn Store + '_>;
+}
+
+/// The backends' side of [`Store`]: every request takes its deadline
+/// explicitly. The blanket [`Store`] impl passes [`Store::timeout`]; the
+/// view of [`Store::with_deadline`] passes its own.
+pub(crate) trait Bounded: Send + Sync {
+    /// The store's own timeout: `get`'s wait and every request's deadline.
+    fn default_deadline(&self) -> Duration;
+    fn set_by(&self, key: &str, value: &[u8], deadline: Duration) -> Result<(), StoreError>;
+    /// `get`, waiting at most `deadline` for the key as well.
+    fn get_by(&self, key: &str, deadline: Duration) -> Result<Vec<u8>, StoreError>;
+    fn wait_by(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        deadline: Duration,
+    ) -> Result<(), StoreError>;
+    fn check_by(&self, keys: &[&str], deadline: Duration) -> Result<bool, StoreError>;
+    fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError>;
+    fn compare_set_by(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+        deadline: Duration,
+    ) -> Result<Vec<u8>, StoreError>;
+    /// `multi_get`, waiting at most `deadline` for the keys as well.
+    fn multi_get_by(&self, keys: &[&str], deadline: Duration) -> Result<Vec<Vec<u8>>, StoreError>;
+    fn delete_key_by(&self, key: &str, deadline: Duration) -> Result<bool, StoreError>;
+    fn num_keys_by(&self, deadline: Duration) -> Result<i64, StoreError>;
+}
+
+/// What the blanket [`Store`] impl needs: a [`Bounded`] backend and the
+/// deadline to give its requests. Implemented by every backend (its own
+/// timeout) and by the view of [`Store::with_deadline`].
+trait Deadlined: Send + Sync {
+    type Backend: Bounded;
+    fn backend(&self) -> &Self::Backend;
+    fn deadline(&self) -> Duration;
+}
+
+impl<B: Bounded> Deadlined for B {
+    type Backend = B;
+    fn backend(&self) -> &B {
+        self
+    }
+    fn deadline(&self) -> Duration {
+        self.default_deadline()
+    }
+}
+
+/// The view [`Store::with_deadline`] returns.
+struct Within<'a, B> {
+    backend: &'a B,
+    deadline: Duration,
+}
+
+impl<B: Bounded> Deadlined for Within<'_, B> {
+    type Backend = B;
+    fn backend(&self) -> &B {
+        self.backend
+    }
+    fn deadline(&self) -> Duration {
+        self.deadline
+    }
+}
+
+impl<T: Deadlined> Store for T {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.backend().set_by(key, value, self.deadline())
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.backend().get_by(key, self.deadline())
+    }
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
+        self.backend().wait_by(keys, timeout, self.deadline())
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+        self.backend().check_by(keys, self.deadline())
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        self.backend().add_by(key, delta, self.deadline())
+    }
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError> {
+        self.backend()
+            .compare_set_by(key, expected, desired, self.deadline())
+    }
+    fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.backend().multi_get_by(keys, self.deadline())
+    }
+    fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
+        self.backend().delete_key_by(key, self.deadline())
+    }
+    fn num_keys(&self) -> Result<i64, StoreError> {
+        self.backend().num_keys_by(self.deadline())
+    }
+    fn timeout(&self) -> Duration {
+        self.deadline()
+    }
+    fn with_deadline(&self, deadline: Duration) -> Box<dyn Store + '_> {
+        Box::new(Within {
+            backend: self.backend(),
+            deadline,
+        })
+    }
 }
 
 /// How to open a TCP store, mirroring `c10d::TCPStoreOptions`.
@@ -186,9 +416,10 @@ pub enum StoreBackend {
 /// Opens a TCP store (server or client per `opts.is_server`).
 ///
 /// Errors: [`StoreError::Bind`] if the port is taken, [`StoreError::Unreachable`]
-/// if no server answers in `opts.timeout`, [`StoreError::WorkersTimeout`] if
-/// `wait_workers` and the peers do not join, [`StoreError::Invalid`] if the
-/// libtorch backend was not compiled in.
+/// if no server answers in `opts.timeout`, [`StoreError::NoReply`] if one
+/// accepts the connection but never answers the handshake or the join,
+/// [`StoreError::WorkersTimeout`] if `wait_workers` and the peers do not
+/// join, [`StoreError::Invalid`] if the libtorch backend was not compiled in.
 pub fn open(backend: StoreBackend, opts: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
     match backend {
         StoreBackend::Native => Ok(Box::new(native::TcpStore::open(opts)?)),

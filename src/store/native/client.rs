@@ -6,44 +6,125 @@
 //! prefix is added by `TCPStore` and not by `TCPClient`.
 
 use std::borrow::Cow;
-use std::io::{self, BufReader, ErrorKind, Write};
+use std::io::{self, BufReader, ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::wire::{self, Limits, Request, WireError};
-use crate::store::StoreError;
+use crate::store::{Stalled, StoreError};
 
 /// Largest reply value the client accepts. Above the libuv server's 8 MiB so
 /// that torch's legacy server (no limit) still works; memory grows only with
 /// bytes that actually arrive.
 const MAX_REPLY_VALUE: usize = 1 << 30;
 
-/// Longest the client waits for the CANCEL_WAIT reply after a wait timed out
-/// (torch waits forever; a frozen server should not freeze us).
-const MIN_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Connect retry delays: short first so a peer starting a moment later is
 /// found quickly, capped so a slow one is not hammered.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(10);
 const MAX_RETRY_DELAY: Duration = Duration::from_millis(500);
 
+/// One user-level operation: what to name in errors, and the deadline of
+/// each wire request it sends.
+#[derive(Clone, Copy)]
+pub(crate) struct Ctx<'a> {
+    /// c10d wire name of the operation (`GET`, `ADD`, ...).
+    pub(crate) op: &'static str,
+    /// The keys as the caller named them (no `/` prefix).
+    pub(crate) keys: &'a [&'a str],
+    /// How long each request may take to be written and answered, from
+    /// when it is sent; `Duration::ZERO`: no limit.
+    pub(crate) deadline: Duration,
+}
+
+impl Ctx<'_> {
+    fn until(&self) -> Option<Instant> {
+        (!self.deadline.is_zero()).then(|| Instant::now() + self.deadline)
+    }
+
+    /// The [`StoreError::NoReply`] for this operation on the store at `addr`.
+    pub(crate) fn no_reply(&self, addr: &str, stalled: Stalled) -> StoreError {
+        StoreError::NoReply {
+            addr: addr.to_owned(),
+            op: self.op,
+            keys: self.keys.iter().map(|k| k.to_string()).collect(),
+            after: self.deadline,
+            stalled,
+        }
+    }
+}
+
+/// The read half of the connection, bounded by the current request's
+/// deadline: every read waits at most until then, so a server that trickles
+/// bytes cannot stretch a reply past it as a plain read timeout would allow.
+struct TimedRead {
+    stream: TcpStream,
+    until: Option<Instant>,
+}
+
+impl Read for TimedRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let limit = match self.until {
+            None => None,
+            Some(until) => {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                Some(left)
+            }
+        };
+        self.stream.set_read_timeout(limit)?;
+        self.stream.read(buf)
+    }
+}
+
+/// Writes all of `buf` by `until` (`None`: no limit); a store that stopped
+/// reading fails it with `TimedOut` once the socket buffers are full.
+fn write_by(stream: &mut TcpStream, mut buf: &[u8], until: Option<Instant>) -> io::Result<()> {
+    while !buf.is_empty() {
+        let limit = match until {
+            None => None,
+            Some(until) => match until.saturating_duration_since(Instant::now()) {
+                left if left.is_zero() => return Err(ErrorKind::TimedOut.into()),
+                left => Some(left),
+            },
+        };
+        stream.set_write_timeout(limit)?;
+        match stream.write(buf) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a socket error is a read or write timeout.
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
 /// One validated connection to a c10d TCPStore server.
 pub(crate) struct Client {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<TimedRead>,
     writer: TcpStream,
+    /// `host:port`, for errors.
+    addr: String,
     /// Set once a request failed half-way: the reply stream can no longer be
     /// matched to requests, so every later call fails fast.
     broken: bool,
-    /// Bound for draining after a cancelled wait.
-    drain_timeout: Duration,
+    /// The [`StoreError::NoReply`] that broke the connection, if that was
+    /// the cause: later calls return it again.
+    silent: Option<StoreError>,
 }
 
 /// Why one connection attempt failed.
 enum Attempt {
-    /// Worth another try before the deadline (refused, reset, no reply yet).
+    /// Worth another try before the deadline (refused, reset, closed).
     Retry,
-    /// The peer answered, but not as a TCPStore would.
+    /// The peer answered, but not as a TCPStore would, or not at all.
     Fatal(StoreError),
 }
 
@@ -52,7 +133,9 @@ impl Client {
     /// sends VALIDATE and a PING, as torch's `TCPStore` constructor does.
     ///
     /// Errors: [`StoreError::Unreachable`] when no store answered in time;
-    /// [`StoreError::Protocol`] when something answered the PING wrongly.
+    /// [`StoreError::NoReply`] (`PING`) when one accepted the connection but
+    /// never answered the PING; [`StoreError::Protocol`] when something
+    /// answered the PING wrongly.
     pub(crate) fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self, StoreError> {
         let start = Instant::now();
         let deadline = start + timeout;
@@ -91,7 +174,7 @@ impl Client {
             let Ok(stream) = TcpStream::connect_timeout(&addr, left) else {
                 continue;
             };
-            match Self::handshake(stream, deadline, timeout) {
+            match Self::handshake(stream, format!("{host}:{port}"), deadline, timeout) {
                 Ok(client) => return Ok(client),
                 Err(Attempt::Retry) => continue,
                 Err(fatal) => return Err(fatal),
@@ -100,19 +183,27 @@ impl Client {
         Err(Attempt::Retry)
     }
 
-    fn handshake(stream: TcpStream, deadline: Instant, timeout: Duration) -> Result<Self, Attempt> {
+    fn handshake(
+        stream: TcpStream,
+        addr: String,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Self, Attempt> {
         let retry = |_: io::Error| Attempt::Retry;
         stream.set_nodelay(true).map_err(retry)?;
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        stream.set_read_timeout(Some(left)).map_err(retry)?;
         let writer = stream.try_clone().map_err(retry)?;
         let mut client = Client {
-            reader: BufReader::with_capacity(64 << 10, stream),
+            reader: BufReader::with_capacity(
+                64 << 10,
+                TimedRead {
+                    stream,
+                    until: Some(deadline),
+                },
+            ),
             writer,
+            addr,
             broken: false,
-            drain_timeout: timeout.max(MIN_DRAIN_TIMEOUT),
+            silent: None,
         };
         // torch pings with its pid; any value works, the echo is what counts.
         let nonce = std::process::id();
@@ -122,37 +213,65 @@ impl Client {
         }
         .encode(&mut frame);
         Request::Ping { nonce }.encode(&mut frame);
-        client.writer.write_all(&frame).map_err(retry)?;
-        let echo = wire::read_u32(&mut client.reader).map_err(retry)?;
+        let ping = Ctx {
+            op: "PING",
+            keys: &[],
+            deadline: timeout,
+        };
+        let silent = |e: io::Error, client: &Client| {
+            if is_timeout(&e) {
+                Attempt::Fatal(ping.no_reply(&client.addr, Stalled::Replying))
+            } else {
+                Attempt::Retry
+            }
+        };
+        if let Err(e) = write_by(&mut client.writer, &frame, Some(deadline)) {
+            return Err(silent(e, &client));
+        }
+        let echo = match wire::read_u32(&mut client.reader) {
+            Ok(echo) => echo,
+            Err(e) => return Err(silent(e, &client)),
+        };
         if echo != nonce {
             return Err(Attempt::Fatal(StoreError::Protocol(format!(
                 "PING {nonce} was answered with {echo}: the server is not a c10d TCPStore"
             ))));
         }
-        client
-            .reader
-            .get_ref()
-            .set_read_timeout(None)
-            .map_err(retry)?;
         Ok(client)
     }
 
-    /// Sends one request.
-    fn send(&mut self, request: &Request<'_>) -> Result<(), StoreError> {
+    /// Fails fast on a connection an earlier request left unusable.
+    fn usable(&self) -> Result<(), StoreError> {
+        if let Some(e) = self.silent.as_ref().and_then(StoreError::replay) {
+            return Err(e);
+        }
         if self.broken {
             return Err(StoreError::Io(io::Error::new(
                 ErrorKind::NotConnected,
                 "an earlier request failed half-way, so this connection is unusable; reopen the store",
             )));
         }
-        let mut frame = Vec::new();
-        request.encode(&mut frame);
-        self.writer.write_all(&frame).map_err(|e| self.fail(e))
+        Ok(())
     }
 
-    /// Marks the connection unusable and converts the error.
-    fn fail(&mut self, e: io::Error) -> StoreError {
+    /// Sends one request, within `ctx.deadline`.
+    fn send(&mut self, ctx: &Ctx<'_>, request: &Request<'_>) -> Result<(), StoreError> {
+        self.usable()?;
+        let mut frame = Vec::new();
+        request.encode(&mut frame);
+        write_by(&mut self.writer, &frame, ctx.until())
+            .map_err(|e| self.fail(ctx, Stalled::Sending, e))
+    }
+
+    /// Marks the connection unusable and converts the error: a timeout is
+    /// [`StoreError::NoReply`], anything else [`StoreError::Io`].
+    fn fail(&mut self, ctx: &Ctx<'_>, stalled: Stalled, e: io::Error) -> StoreError {
         self.broken = true;
+        if is_timeout(&e) {
+            let err = ctx.no_reply(&self.addr, stalled);
+            self.silent = err.replay();
+            return err;
+        }
         let e = if e.kind() == ErrorKind::UnexpectedEof {
             io::Error::new(ErrorKind::UnexpectedEof, "the server closed the connection")
         } else {
@@ -161,17 +280,22 @@ impl Client {
         StoreError::Io(e)
     }
 
+    /// Reads (part of) a reply, which must arrive within `ctx.deadline` of
+    /// this call.
     fn recv<T>(
         &mut self,
-        read: impl FnOnce(&mut BufReader<TcpStream>) -> io::Result<T>,
+        ctx: &Ctx<'_>,
+        read: impl FnOnce(&mut BufReader<TimedRead>) -> io::Result<T>,
     ) -> Result<T, StoreError> {
-        read(&mut self.reader).map_err(|e| self.fail(e))
+        self.reader.get_mut().until = ctx.until();
+        read(&mut self.reader).map_err(|e| self.fail(ctx, Stalled::Replying, e))
     }
 
-    fn recv_value(&mut self) -> Result<Vec<u8>, StoreError> {
+    fn recv_value(&mut self, ctx: &Ctx<'_>) -> Result<Vec<u8>, StoreError> {
+        self.reader.get_mut().until = ctx.until();
         match wire::read_field(&mut self.reader, MAX_REPLY_VALUE, "reply value") {
             Ok(v) => Ok(v),
-            Err(WireError::Io(e)) => Err(self.fail(e)),
+            Err(WireError::Io(e)) => Err(self.fail(ctx, Stalled::Replying, e)),
             Err(other) => {
                 self.broken = true;
                 Err(StoreError::Protocol(other.to_string()))
@@ -180,71 +304,89 @@ impl Client {
     }
 
     /// SET; no reply.
-    pub(crate) fn set(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.send(&Request::Set {
-            key: key.into(),
-            value: value.into(),
-        })
+    pub(crate) fn set(
+        &mut self,
+        ctx: &Ctx<'_>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StoreError> {
+        self.send(
+            ctx,
+            &Request::Set {
+                key: key.into(),
+                value: value.into(),
+            },
+        )
     }
 
-    /// WAIT for `keys`, then GET (torch's `doGet`). `Ok(None)` if the wait
-    /// timed out.
+    /// WAIT for `key` (up to `timeout`), then GET (torch's `doGet`).
+    /// `Ok(None)` if the wait timed out.
     pub(crate) fn get(
         &mut self,
+        ctx: &Ctx<'_>,
         key: &[u8],
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        if !self.wait(&[key], timeout)? {
+        if !self.wait(ctx, &[key], timeout)? {
             return Ok(None);
         }
-        self.send(&Request::Get { key: key.into() })?;
-        self.recv_value().map(Some)
+        self.send(ctx, &Request::Get { key: key.into() })?;
+        self.recv_value(ctx).map(Some)
     }
 
-    /// WAIT for all `keys`, then MULTI_GET. `Ok(None)` if the wait timed out.
+    /// WAIT for all `keys` (up to `timeout`), then MULTI_GET. `Ok(None)` if
+    /// the wait timed out.
     pub(crate) fn multi_get(
         &mut self,
+        ctx: &Ctx<'_>,
         keys: &[&[u8]],
         timeout: Duration,
     ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
-        if !self.wait(keys, timeout)? {
+        if !self.wait(ctx, keys, timeout)? {
             return Ok(None);
         }
-        self.send(&Request::MultiGet { keys: fields(keys) })?;
+        self.send(ctx, &Request::MultiGet { keys: fields(keys) })?;
         (0..keys.len())
-            .map(|_| self.recv_value())
+            .map(|_| self.recv_value(ctx))
             .collect::<Result<_, _>>()
             .map(Some)
     }
 
     /// ADD; returns the new value.
-    pub(crate) fn add(&mut self, key: &[u8], delta: i64) -> Result<i64, StoreError> {
-        self.send(&Request::Add {
-            key: key.into(),
-            delta,
-        })?;
-        self.recv(wire::read_i64)
+    pub(crate) fn add(&mut self, ctx: &Ctx<'_>, key: &[u8], delta: i64) -> Result<i64, StoreError> {
+        self.send(
+            ctx,
+            &Request::Add {
+                key: key.into(),
+                delta,
+            },
+        )?;
+        self.recv(ctx, wire::read_i64)
     }
 
     /// COMPARE_SET; returns the value the server reports.
     pub(crate) fn compare_set(
         &mut self,
+        ctx: &Ctx<'_>,
         key: &[u8],
         expected: &[u8],
         desired: &[u8],
     ) -> Result<Vec<u8>, StoreError> {
-        self.send(&Request::CompareSet {
-            key: key.into(),
-            expected: expected.into(),
-            desired: desired.into(),
-        })?;
-        self.recv_value()
+        self.send(
+            ctx,
+            &Request::CompareSet {
+                key: key.into(),
+                expected: expected.into(),
+                desired: desired.into(),
+            },
+        )?;
+        self.recv_value(ctx)
     }
 
     /// CHECK; true when every key exists.
-    pub(crate) fn check(&mut self, keys: &[&[u8]]) -> Result<bool, StoreError> {
-        self.send(&Request::Check { keys: fields(keys) })?;
-        match self.recv(wire::read_u8)? {
+    pub(crate) fn check(&mut self, ctx: &Ctx<'_>, keys: &[&[u8]]) -> Result<bool, StoreError> {
+        self.send(ctx, &Request::Check { keys: fields(keys) })?;
+        match self.recv(ctx, wire::read_u8)? {
             wire::CHECK_READY => Ok(true),
             wire::CHECK_NOT_READY => Ok(false),
             other => {
@@ -257,31 +399,32 @@ impl Client {
     }
 
     /// DELETE_KEY; true when the key existed.
-    pub(crate) fn delete_key(&mut self, key: &[u8]) -> Result<bool, StoreError> {
-        self.send(&Request::DeleteKey { key: key.into() })?;
-        Ok(self.recv(wire::read_i64)? == 1)
+    pub(crate) fn delete_key(&mut self, ctx: &Ctx<'_>, key: &[u8]) -> Result<bool, StoreError> {
+        self.send(ctx, &Request::DeleteKey { key: key.into() })?;
+        Ok(self.recv(ctx, wire::read_i64)? == 1)
     }
 
     /// GETNUMKEYS.
-    pub(crate) fn num_keys(&mut self) -> Result<i64, StoreError> {
-        self.send(&Request::GetNumKeys)?;
-        self.recv(wire::read_i64)
+    pub(crate) fn num_keys(&mut self, ctx: &Ctx<'_>) -> Result<i64, StoreError> {
+        self.send(ctx, &Request::GetNumKeys)?;
+        self.recv(ctx, wire::read_i64)
     }
 
     /// WAIT with a client-side timeout (`Duration::ZERO`: none, torch's
     /// `kNoTimeout`). On timeout it sends CANCEL_WAIT and reads until the
     /// WAIT_CANCELED byte, skipping a STOP_WAITING that crossed it, exactly as
-    /// `TCPStore::doWait`; returns false then.
-    pub(crate) fn wait(&mut self, keys: &[&[u8]], timeout: Duration) -> Result<bool, StoreError> {
-        self.send(&Request::Wait { keys: fields(keys) })?;
-        let limit = (!timeout.is_zero()).then_some(timeout);
-        self.reader
-            .get_ref()
-            .set_read_timeout(limit)
-            .map_err(|e| self.fail(e))?;
-        let first = wire::read_u8(&mut self.reader);
-        let _ = self.reader.get_ref().set_read_timeout(None);
-        match first {
+    /// `TCPStore::doWait`; returns false then. The cancel's answer has
+    /// `ctx.deadline` (torch waits for it forever).
+    pub(crate) fn wait(
+        &mut self,
+        ctx: &Ctx<'_>,
+        keys: &[&[u8]],
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        self.send(ctx, &Request::Wait { keys: fields(keys) })?;
+        // No answer before `timeout` is the normal "not there yet".
+        self.reader.get_mut().until = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        match wire::read_u8(&mut self.reader) {
             Ok(wire::WAIT_STOP_WAITING) => return Ok(true),
             Ok(other) => {
                 self.broken = true;
@@ -289,24 +432,18 @@ impl Client {
                     "WAIT answered {other}, expected 0 (stop waiting)"
                 )));
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) => return Err(self.fail(e)),
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(self.fail(ctx, Stalled::Replying, e)),
         }
-        self.send(&Request::CancelWait)?;
-        self.reader
-            .get_ref()
-            .set_read_timeout(Some(self.drain_timeout))
-            .map_err(|e| self.fail(e))?;
-        let drained = self.drain_cancel();
-        let _ = self.reader.get_ref().set_read_timeout(None);
-        drained.map(|()| false)
+        self.send(ctx, &Request::CancelWait)?;
+        self.drain_cancel(ctx).map(|()| false)
     }
 
-    fn drain_cancel(&mut self) -> Result<(), StoreError> {
-        let mut byte = self.recv(wire::read_u8)?;
+    fn drain_cancel(&mut self, ctx: &Ctx<'_>) -> Result<(), StoreError> {
+        let mut byte = self.recv(ctx, wire::read_u8)?;
         if byte == wire::WAIT_STOP_WAITING {
             // The keys arrived just as we gave up: the cancel reply follows.
-            byte = self.recv(wire::read_u8)?;
+            byte = self.recv(ctx, wire::read_u8)?;
         }
         if byte != wire::WAIT_CANCELED {
             self.broken = true;

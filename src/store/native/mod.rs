@@ -11,14 +11,15 @@ mod client;
 mod server;
 pub mod wire;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 pub use server::{MAX_CONNECTIONS, TcpStoreServer};
 
-use self::client::{Client, check_limits};
-use super::{Store, StoreError, StoreOptions};
+use self::client::{Client, Ctx, check_limits};
+use super::{Bounded, Stalled, StoreError, StoreOptions};
 
 /// The worker counter `TCPStore::waitForWorkers` bumps; torch's client sends
 /// it without the `/` prefix, so user keys can never collide with it.
@@ -34,10 +35,18 @@ const JOIN_POLL: Duration = Duration::from_millis(10);
 /// Calls are serialised on one connection (torch's `activeOpLock_`), so a
 /// `TcpStore` can be shared between threads; a second handle that must not
 /// queue behind a long `wait` needs its own `TcpStore`.
+///
+/// Every request has a deadline, [`Store::timeout`](super::Store::timeout)
+/// unless given another through
+/// [`Store::with_deadline`](super::Store::with_deadline): writing it, waiting
+/// for its answer, and waiting for the connection while another request
+/// holds it. Past it the call fails with [`StoreError::NoReply`] and the
+/// connection is unusable from then on (torch's client has no such deadline
+/// and waits forever for a frozen server).
 pub struct TcpStore {
     // Declared before `server` so that it is dropped first: our own
     // connection closes before the server shuts the others down.
-    client: Mutex<Client>,
+    client: Slot<Client>,
     server: Option<TcpStoreServer>,
     host: String,
     port: u16,
@@ -52,8 +61,10 @@ impl TcpStore {
     /// blocks until the counter reaches `n`.
     ///
     /// Errors: [`StoreError::Bind`] (port taken), [`StoreError::Unreachable`]
-    /// (no server in `opts.timeout`), [`StoreError::WorkersTimeout`] (peers
-    /// missing after `opts.timeout`), [`StoreError::Io`] (connection lost).
+    /// (no server in `opts.timeout`), [`StoreError::NoReply`] (a server
+    /// accepted but did not answer the PING, or `ADD`/`GET init/`, within
+    /// `opts.timeout`), [`StoreError::WorkersTimeout`] (peers missing after
+    /// `opts.timeout`), [`StoreError::Io`] (connection lost).
     pub fn open(opts: &StoreOptions) -> Result<Self, StoreError> {
         let server = if opts.is_server {
             Some(TcpStoreServer::bind(opts.port)?)
@@ -63,7 +74,7 @@ impl TcpStore {
         let port = server.as_ref().map_or(opts.port, TcpStoreServer::port);
         let client = Client::connect(&opts.host, port, opts.timeout)?;
         let store = TcpStore {
-            client: Mutex::new(client),
+            client: Slot::new(client),
             server,
             host: opts.host.clone(),
             port,
@@ -92,21 +103,37 @@ impl TcpStore {
         self.server.as_ref()
     }
 
-    fn client(&self) -> MutexGuard<'_, Client> {
-        self.client.lock().unwrap_or_else(PoisonError::into_inner)
+    fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// The connection, once no other request holds it; waits at most
+    /// `ctx.deadline` for it ([`StoreError::NoReply`], [`Stalled::Queued`]).
+    fn client(&self, ctx: &Ctx<'_>) -> Result<Lent<'_, Client>, StoreError> {
+        self.client
+            .take(ctx.deadline)
+            .ok_or_else(|| ctx.no_reply(&self.addr(), Stalled::Queued))
     }
 
     /// `TCPStore::waitForWorkers`: count ourselves in; the host then polls
     /// the counter until `expected` participants have joined.
     fn join_workers(&self, expected: u32) -> Result<(), StoreError> {
-        let mut client = self.client();
-        client.add(INIT_KEY, 1)?;
+        let init = std::str::from_utf8(INIT_KEY).unwrap_or("init/");
+        let keys = [init];
+        let add = Ctx {
+            op: "ADD",
+            keys: &keys,
+            deadline: self.timeout,
+        };
+        let get = Ctx { op: "GET", ..add };
+        let mut client = self.client(&add)?;
+        client.add(&add, INIT_KEY, 1)?;
         if self.server.is_none() {
             return Ok(());
         }
         let start = Instant::now();
         loop {
-            let joined = match client.get(INIT_KEY, self.timeout)? {
+            let joined = match client.get(&get, INIT_KEY, self.timeout)? {
                 Some(v) => wire::parse_stoll(&v).unwrap_or(0),
                 None => 0,
             };
@@ -116,7 +143,7 @@ impl TcpStore {
             let waited = start.elapsed();
             if !self.timeout.is_zero() && waited > self.timeout {
                 return Err(StoreError::WorkersTimeout {
-                    addr: format!("{}:{}", self.host, self.port),
+                    addr: self.addr(),
                     joined,
                     expected,
                     after: waited,
@@ -124,6 +151,80 @@ impl TcpStore {
             }
             thread::sleep(JOIN_POLL);
         }
+    }
+}
+
+/// The connection, lent to one request at a time (torch's `activeOpLock_`)
+/// with a bounded wait: a request stuck on a frozen store holds it, and the
+/// callers queued behind must not wait forever either (a `Mutex` cannot
+/// give up waiting).
+struct Slot<T> {
+    item: Mutex<Option<T>>,
+    returned: Condvar,
+}
+
+impl<T> Slot<T> {
+    fn new(item: T) -> Self {
+        Self {
+            item: Mutex::new(Some(item)),
+            returned: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<T>> {
+        self.item.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the item, waiting at most `limit` (`Duration::ZERO`: no limit)
+    /// for the holder to give it back; `None` if it did not.
+    fn take(&self, limit: Duration) -> Option<Lent<'_, T>> {
+        let guard = self.lock();
+        let mut guard = if limit.is_zero() {
+            self.returned
+                .wait_while(guard, |i| i.is_none())
+                .unwrap_or_else(PoisonError::into_inner)
+        } else {
+            self.returned
+                .wait_timeout_while(guard, limit, |i| i.is_none())
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+        };
+        let item = guard.take()?;
+        Some(Lent {
+            slot: self,
+            item: Some(item),
+        })
+    }
+}
+
+/// An item taken from a [`Slot`]; goes back (waking one waiter) when
+/// dropped, also when the borrower panics.
+struct Lent<'a, T> {
+    slot: &'a Slot<T>,
+    item: Option<T>,
+}
+
+impl<T> Deref for Lent<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.item
+            .as_ref()
+            .expect("a lent item is present until dropped")
+    }
+}
+
+impl<T> DerefMut for Lent<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.item
+            .as_mut()
+            .expect("a lent item is present until dropped")
+    }
+}
+
+impl<T> Drop for Lent<'_, T> {
+    fn drop(&mut self) {
+        *self.slot.lock() = self.item.take();
+        self.slot.returned.notify_one();
     }
 }
 
@@ -158,74 +259,126 @@ fn timed_out(keys: &[&str], after: Duration) -> StoreError {
     }
 }
 
-impl Store for TcpStore {
-    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        let key = wire_key(key);
-        check_limits(&key, Some(value))?;
-        self.client().set(&key, value)
+impl Bounded for TcpStore {
+    fn default_deadline(&self) -> Duration {
+        self.timeout
     }
 
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+    fn set_by(&self, key: &str, value: &[u8], deadline: Duration) -> Result<(), StoreError> {
+        let wkey = wire_key(key);
+        check_limits(&wkey, Some(value))?;
+        let ctx = Ctx {
+            op: "SET",
+            keys: &[key],
+            deadline,
+        };
+        self.client(&ctx)?.set(&ctx, &wkey, value)
+    }
+
+    fn get_by(&self, key: &str, deadline: Duration) -> Result<Vec<u8>, StoreError> {
         let wkey = wire_key(key);
         check_limits(&wkey, None)?;
-        self.client()
-            .get(&wkey, self.timeout)?
-            .ok_or_else(|| timed_out(&[key], self.timeout))
+        let ctx = Ctx {
+            op: "GET",
+            keys: &[key],
+            deadline,
+        };
+        self.client(&ctx)?
+            .get(&ctx, &wkey, deadline)?
+            .ok_or_else(|| timed_out(&[key], deadline))
     }
 
-    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
+    fn wait_by(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        deadline: Duration,
+    ) -> Result<(), StoreError> {
         let wkeys = wire_keys(keys)?;
         let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        if self.client().wait(&refs, timeout)? {
+        let ctx = Ctx {
+            op: "WAIT",
+            keys,
+            deadline,
+        };
+        if self.client(&ctx)?.wait(&ctx, &refs, timeout)? {
             Ok(())
         } else {
             Err(timed_out(keys, timeout))
         }
     }
 
-    fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+    fn check_by(&self, keys: &[&str], deadline: Duration) -> Result<bool, StoreError> {
         let wkeys = wire_keys(keys)?;
         let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        self.client().check(&refs)
+        let ctx = Ctx {
+            op: "CHECK",
+            keys,
+            deadline,
+        };
+        self.client(&ctx)?.check(&ctx, &refs)
     }
 
-    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        let key = wire_key(key);
-        check_limits(&key, None)?;
-        self.client().add(&key, delta)
+    fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError> {
+        let wkey = wire_key(key);
+        check_limits(&wkey, None)?;
+        let ctx = Ctx {
+            op: "ADD",
+            keys: &[key],
+            deadline,
+        };
+        self.client(&ctx)?.add(&ctx, &wkey, delta)
     }
 
-    fn compare_set(
+    fn compare_set_by(
         &self,
         key: &str,
         expected: &[u8],
         desired: &[u8],
+        deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
-        let key = wire_key(key);
-        check_limits(&key, Some(expected))?;
-        check_limits(&key, Some(desired))?;
-        self.client().compare_set(&key, expected, desired)
+        let wkey = wire_key(key);
+        check_limits(&wkey, Some(expected))?;
+        check_limits(&wkey, Some(desired))?;
+        let ctx = Ctx {
+            op: "COMPARE_SET",
+            keys: &[key],
+            deadline,
+        };
+        self.client(&ctx)?
+            .compare_set(&ctx, &wkey, expected, desired)
     }
 
-    fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
+    fn multi_get_by(&self, keys: &[&str], deadline: Duration) -> Result<Vec<Vec<u8>>, StoreError> {
         let wkeys = wire_keys(keys)?;
         let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        self.client()
-            .multi_get(&refs, self.timeout)?
-            .ok_or_else(|| timed_out(keys, self.timeout))
+        let ctx = Ctx {
+            op: "MULTI_GET",
+            keys,
+            deadline,
+        };
+        self.client(&ctx)?
+            .multi_get(&ctx, &refs, deadline)?
+            .ok_or_else(|| timed_out(keys, deadline))
     }
 
-    fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
-        let key = wire_key(key);
-        check_limits(&key, None)?;
-        self.client().delete_key(&key)
+    fn delete_key_by(&self, key: &str, deadline: Duration) -> Result<bool, StoreError> {
+        let wkey = wire_key(key);
+        check_limits(&wkey, None)?;
+        let ctx = Ctx {
+            op: "DELETE_KEY",
+            keys: &[key],
+            deadline,
+        };
+        self.client(&ctx)?.delete_key(&ctx, &wkey)
     }
 
-    fn num_keys(&self) -> Result<i64, StoreError> {
-        self.client().num_keys()
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
+    fn num_keys_by(&self, deadline: Duration) -> Result<i64, StoreError> {
+        let ctx = Ctx {
+            op: "GETNUMKEYS",
+            keys: &[],
+            deadline,
+        };
+        self.client(&ctx)?.num_keys(&ctx)
     }
 }
