@@ -56,21 +56,24 @@ fn wait_for_line(p: &mut Reaped, prefix: &str) {
     panic!("never printed {prefix:?}:\n{}", seen.join("\n"));
 }
 
+/// (The other way round a frozen two_proc target is no obstacle: the
+/// initiator's READ and WRITE are one-sided, and its notifications queue in
+/// UCX, so the initiator may rightly succeed.)
 #[test]
-fn two_proc_initiator_notices_a_target_frozen_during_the_exchange() {
+fn two_proc_target_notices_an_initiator_frozen_during_the_exchange() {
     let store = store_server();
     let port = store.port().to_string();
     let t = TIMEOUT_S.to_string();
     let common = ["--port", port.as_str(), "--timeout", t.as_str()];
-    let mut target = spawn("two_proc", &[&["--role", "target"][..], &common].concat());
-    wait_for_line(&mut target, "[target] Memory registered");
-    stop(&mut target);
-    let frozen_at = Instant::now();
-    let initiator = spawn(
+    let target = spawn("two_proc", &[&["--role", "target"][..], &common].concat());
+    let mut initiator = spawn(
         "two_proc",
         &[&["--role", "initiator"][..], &common].concat(),
     );
-    assert_notices(initiator, frozen_at, "target");
+    wait_for_line(&mut initiator, "[initiator] Memory registered");
+    stop(&mut initiator);
+    let frozen_at = Instant::now();
+    assert_notices(target, frozen_at, "initiator");
 }
 
 #[test]
@@ -193,4 +196,45 @@ fn simple_write_target_notices_an_initiator_frozen_during_the_exchange() {
     let frozen_at = Instant::now();
     let target = simple_write(&[&["--mode", "target"][..], &common].concat());
     assert_notices(target, frozen_at, "initiator");
+}
+
+#[path = "silent_server/mod.rs"]
+mod silent_server;
+
+/// The reproduction: a store that completes the handshake and then
+/// never answers, before the first key and after some replies.
+#[test]
+fn simple_write_target_gives_up_on_a_store_that_goes_silent() {
+    for answered in [0, 3] {
+        let store = silent_server::SilentStore::start(answered);
+        let port = store.port().to_string();
+        let start = Instant::now();
+        let target = simple_write(&[
+            "--mode",
+            "target",
+            "--check-connection",
+            "--port",
+            &port,
+            "--timeout",
+            "5",
+        ]);
+        let o = target.wait_output(Duration::from_secs(30));
+        assert_eq!(o.status.code(), Some(1), "{}", both(&o));
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            start.elapsed()
+        );
+        let err = stderr(&o);
+        assert!(
+            err.contains(&store.addr()) || err.contains(&port),
+            "{}",
+            both(&o)
+        );
+        assert!(
+            err.contains("did not answer") || err.contains("frozen"),
+            "{}",
+            both(&o)
+        );
+    }
 }

@@ -30,6 +30,9 @@ pub const SILENT_AFTER: Duration = Duration::from_secs(3);
 /// One role's handle on the shared store.
 pub struct Session<'a> {
     store: &'a dyn Store,
+    /// The same connection with [`SILENT_AFTER`] as every request's
+    /// deadline: probes and heartbeats must not wait the run's timeout.
+    quick: Box<dyn Store + 'a>,
     /// Our role.
     pub me: Role,
     /// Every wait's limit.
@@ -42,6 +45,7 @@ impl<'a> Session<'a> {
     pub fn new(store: &'a dyn Store, me: Role, timeout: Duration) -> Self {
         Self {
             store,
+            quick: store.with_deadline(SILENT_AFTER.min(timeout)),
             me,
             timeout,
             seen: Mutex::new(None),
@@ -100,11 +104,11 @@ impl<'a> Session<'a> {
             return Some(sig.to_string());
         }
         let abort = protocol::abort();
-        match self.store.check(&[abort.key()]) {
+        match self.quick.check(&[abort.key()]) {
             Ok(false) => {}
             Ok(true) => {
                 let why = self
-                    .store
+                    .quick
                     .get(abort.key())
                     .ok()
                     .and_then(|b| abort.decode(&b).ok())
@@ -132,7 +136,7 @@ impl<'a> Session<'a> {
     /// [`SILENT_AFTER`] (after having been seen at least once).
     fn peer_silent(&self) -> Option<String> {
         // ADD 0 reads the counter without waiting for it to exist.
-        let beat = match self.store.add(protocol::alive(self.peer()).key(), 0) {
+        let beat = match self.quick.add(protocol::alive(self.peer()).key(), 0) {
             Ok(b) => b,
             Err(e) => return Some(self.store_lost(&e)),
         };
@@ -160,7 +164,7 @@ impl<'a> Session<'a> {
         std::thread::scope(|s| {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
-                    if self.store.add(key.key(), 1).is_err() {
+                    if self.quick.add(key.key(), 1).is_err() {
                         break; // the store is gone or silent; the waits say so
                     }
                     std::thread::sleep(BEAT);
@@ -172,15 +176,15 @@ impl<'a> Session<'a> {
         })
     }
 
-    /// Tells the peer we failed, best effort.
+    /// Tells the peer we failed, best effort (a quick request: the store
+    /// may be the thing that failed).
     pub fn abort(&self, why: &str) {
-        let _ = self.put(
-            &protocol::abort(),
-            &Abort {
-                role: self.me,
-                message: why.to_string(),
-            },
-        );
+        let entry = protocol::abort();
+        let msg = Abort {
+            role: self.me,
+            message: why.to_string(),
+        };
+        let _ = self.quick.set(entry.key(), &entry.encode(&msg));
     }
 
     /// Claims `entry` with compare-and-set: `Ok(None)` when we got it,
@@ -195,10 +199,11 @@ impl<'a> Session<'a> {
     }
 
     /// Deletes keys, ignoring errors (cleanup runs on every path, and the
-    /// store may already be gone).
+    /// store may already be gone: quick requests, and after the first
+    /// failure the connection fails the rest at once).
     pub fn delete<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) {
         for k in keys {
-            let _ = self.store.delete_key(k.as_ref());
+            let _ = self.quick.delete_key(k.as_ref());
         }
     }
 }
