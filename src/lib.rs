@@ -19,6 +19,7 @@
 //! - [`supervise`]: running an example's roles as child processes.
 
 pub mod cli;
+pub mod ep;
 pub mod etcd;
 pub mod exchange;
 pub mod gpu;

@@ -1,0 +1,32 @@
+//! Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
+//! device API: the `ep` program's library.
+//!
+//! One MoE step with DeepEP's semantics: each rank holds `tokens` tokens of
+//! `hidden` bf16 values, each routed to `topk` of `experts` experts
+//! (`experts / ranks` per rank). Dispatch sends each token once to every
+//! rank hosting any of its experts; a known per-expert transform stands in
+//! for the experts; combine sends the outputs back and sums them at the
+//! origin. Counts are signalled after the data, every wait has a GPU-side
+//! timeout, and every value is checked. `docs/EP.md` explains the design.
+//!
+//! The modules, bottom up:
+//!
+//! - [`config`]: modes, shapes and their limits, the memory window layout,
+//!   the launch grid;
+//! - [`rng`], [`routing`], [`layout`], [`reference`]: the CPU model — the
+//!   data and routing every rank can regenerate, where each token lands,
+//!   the bytes moved, the combine reference and its bf16 bound;
+//! - [`env`], [`keys`], [`group`]: ranks and how they meet — torchrun's
+//!   environment, the store keys, barriers, heartbeats and aborts;
+//! - [`connect`]: `--check-connection`, the wiring without a GPU;
+//! - [`view`], [`kernels`], [`run`]: the GPU run — memory views with an
+//!   entry per rank, the kernels of `cuda/ep.cu`, iterations and checks;
+//! - [`nccl`]: the same-run NCCL all-to-all baseline;
+//! - [`report`]: results as lines, a table, JSON and CSV;
+//! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
+
+pub mod config;
+pub mod layout;
+pub mod reference;
+pub mod rng;
+pub mod routing;
