@@ -1,4 +1,5 @@
-//! Compiles cuda/kernels.cu with nvcc into a fatbin the binary embeds.
+//! Compiles cuda/kernels.cu (and cuda/ep.cu, the expert-parallel kernels,
+//! into a fatbin of its own) with nvcc; the binary embeds both.
 //!
 //! Needs three things; each is looked for in the order a user's machine has it:
 //! - nvcc: `NVCC`, `CUDA_HOME`/`CUDA_PATH` `/bin/nvcc`, `nvcc` on PATH,
@@ -12,15 +13,18 @@
 //!
 //! When one is missing the host side still builds: a cargo warning says what
 //! is missing and the binary's `simple_write` reports the same at run time
-//! (env `NIXL_KERNELS_MISSING`). `NIXL_REQUIRE_KERNELS=1` turns that into a
-//! build error.
+//! (env `NIXL_KERNELS_MISSING`; for ep.cu `NIXL_EP_KERNELS_MISSING`).
+//! `NIXL_REQUIRE_KERNELS=1` turns that into a build error.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn build() {
     println!("cargo::rustc-check-cfg=cfg(nixl_kernels)");
+    println!("cargo::rustc-check-cfg=cfg(nixl_ep_kernels)");
     println!("cargo:rerun-if-changed=cuda/kernels.cu");
+    println!("cargo:rerun-if-changed=cuda/ep.cu");
+    println!("cargo:rerun-if-changed=cuda/ep_common.cuh");
     for var in [
         "NVCC",
         "CUDA_HOME",
@@ -34,7 +38,7 @@ pub fn build() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    match compile() {
+    match compile("kernels.cu", "kernels.fatbin") {
         Ok(fatbin) => {
             println!("cargo:rustc-cfg=nixl_kernels");
             println!("cargo:rustc-env=NIXL_KERNELS_FATBIN={}", fatbin.display());
@@ -47,9 +51,26 @@ pub fn build() {
             println!("cargo:rustc-env=NIXL_KERNELS_MISSING={why}");
         }
     }
+    match compile("ep.cu", "ep.fatbin") {
+        Ok(fatbin) => {
+            println!("cargo:rustc-cfg=nixl_ep_kernels");
+            println!(
+                "cargo:rustc-env=NIXL_EP_KERNELS_FATBIN={}",
+                fatbin.display()
+            );
+        }
+        Err(why) => {
+            if std::env::var("NIXL_REQUIRE_KERNELS").as_deref() == Ok("1") {
+                panic!("NIXL_REQUIRE_KERNELS=1 but the EP kernels cannot be built: {why}");
+            }
+            println!("cargo:warning=EP kernels left out (host side only): {why}");
+            println!("cargo:rustc-env=NIXL_EP_KERNELS_MISSING={why}");
+        }
+    }
 }
 
-fn compile() -> Result<PathBuf, String> {
+/// Compiles `cuda/<source>` into `$OUT_DIR/<output>`.
+fn compile(source: &str, output: &str) -> Result<PathBuf, String> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let venv_sites = venv_site_packages(&manifest.join(".venv"));
     let nvcc = find_nvcc(&venv_sites).ok_or(
@@ -65,7 +86,7 @@ fn compile() -> Result<PathBuf, String> {
         println!("cargo:rerun-if-changed={}", watched.display());
     }
 
-    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("kernels.fatbin");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join(output);
     let arch = std::env::var("NIXL_CUDA_ARCH").unwrap_or_else(|_| "90".into());
     let status = Command::new(&nvcc)
         .args([
@@ -83,7 +104,7 @@ fn compile() -> Result<PathBuf, String> {
         .arg(&nixl_inc)
         .arg("-I")
         .arg(&ucx_inc)
-        .arg(manifest.join("cuda/kernels.cu"))
+        .arg(manifest.join("cuda").join(source))
         .arg("-o")
         .arg(&out)
         .output()
@@ -96,7 +117,7 @@ fn compile() -> Result<PathBuf, String> {
             .take(3)
             .collect();
         return Err(format!(
-            "nvcc failed on cuda/kernels.cu: {}",
+            "nvcc failed on cuda/{source}: {}",
             first.join(" | ")
         ));
     }

@@ -26,6 +26,7 @@
 //! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
 
 pub mod config;
+pub mod kernels;
 pub mod layout;
 pub mod reference;
 pub mod rng;
