@@ -26,8 +26,14 @@
 //! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
 
 pub mod config;
+pub mod connect;
+pub mod env;
+pub mod group;
 pub mod kernels;
+pub mod keys;
+pub mod launch;
 pub mod layout;
 pub mod reference;
 pub mod rng;
 pub mod routing;
+pub mod run;
