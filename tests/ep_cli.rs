@@ -335,3 +335,46 @@ fn a_rank_that_dies_is_named_by_the_others() {
 unsafe extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
 }
+
+#[test]
+fn a_machine_that_cannot_run_it_says_why_and_exits_1() {
+    if nixl_examples::gpu::context::driver_present()
+        && nixl_examples::ep::kernels::availability().is_ok()
+    {
+        eprintln!(
+            "SKIP ep cannot-run test: this machine has a GPU driver and the EP kernels are built"
+        );
+        return;
+    }
+    let o = ep()
+        .args(["--ranks", "2", "--timeout", "60"])
+        .env("NCCL_LIB", "/nonexistent/nccl")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(err.contains("cannot run ep"), "{err}");
+    assert!(
+        err.contains("NCCL_LIB=/nonexistent/nccl"),
+        "the NCCL search is not reported: {err}"
+    );
+    // With a real libnccl.so.2 (e.g. unpacked from the nvidia-nccl-cu13
+    // wheel) the rank re-executes itself so that cudarc can load it.
+    match std::env::var("NIXL_EP_TEST_NCCL_LIB") {
+        Err(_) => eprintln!(
+            "SKIP NCCL loading: set NIXL_EP_TEST_NCCL_LIB to a folder holding libnccl.so.2"
+        ),
+        Ok(lib) => {
+            let o = ep()
+                .args(["--ranks", "1"])
+                .env("NCCL_LIB", lib)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("re-executing") && err.contains("loaded)"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -325,7 +325,7 @@ impl WindowLayout {
 }
 
 /// The launch shape of the phase kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grid {
     pub blocks: u32,
     pub threads: u32,

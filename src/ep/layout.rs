@@ -12,7 +12,7 @@
 //! its contribution for slot `j` of source `s` into `combine_recv[d][j]` on
 //! rank `s`, which finds it again through its own send layout.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::Shape;
 use super::routing::Routing;
@@ -128,7 +128,7 @@ pub fn recv_layout(shape: &Shape, all: &[Routing], me: u32) -> RecvLayout {
 }
 
 /// Bytes one rank receives in one phase, counted four ways.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhaseBytes {
     /// As DeepEP counts bandwidth: activation bytes received (2·hidden per
     /// token copy), the local share included, metadata excluded.
@@ -185,7 +185,7 @@ pub fn combine_bytes(shape: &Shape, send: &SendLayout, me: u32) -> PhaseBytes {
 
 /// Bytes to send to and receive from each rank in one phase, for the NCCL
 /// all-to-all that moves the same bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PairBytes {
     pub send: Vec<u64>,
     pub recv: Vec<u64>,
