@@ -290,6 +290,19 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
         timeout,
     };
     let addr = format!("{}:{}", env.master_addr, env.master_port);
+    if env.rank == 0 {
+        match hosting {
+            true => eprintln!(
+                "[rank 0] hosting the store on port {} (keys under {})",
+                env.master_port,
+                env.key_prefix()
+            ),
+            false => eprintln!(
+                "[rank 0] joining torchrun's agent store at {addr} (keys under {})",
+                env.key_prefix()
+            ),
+        }
+    }
     TcpStore::open(&opts).map(|s| Box::new(s) as Box<dyn Store>).map_err(|e| match e {
         e @ StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
         StoreError::Unreachable { .. } if env.agent_store => anyhow::anyhow!(

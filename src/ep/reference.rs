@@ -177,6 +177,11 @@ impl fmt::Display for Mismatch {
     }
 }
 
+/// Whether `got` is within `bound` of `reference`; never for NaN.
+fn within(got: f32, reference: f32, bound: f32) -> bool {
+    (got - reference).abs() <= bound
+}
+
 /// The data of one token at its origin after combine: its activations
 /// (as f32), routing, each rank's contribution row (bf16, `None` where the
 /// token has no expert) and the output row.
@@ -206,7 +211,7 @@ pub fn check_combined(shape: &Shape, me: u32, c: &CombinedToken) -> Result<(), M
                 weighted(x, c.experts, c.weights, |e| shape.rank_of(e) == r as u32);
             let got = bf16_to_f32(row[h]);
             let bound = partial_bound(abs, shape.topk);
-            if !((got - reference).abs() <= bound) {
+            if !within(got, reference, bound) {
                 return Err(Mismatch::Contribution {
                     rank: me,
                     from_rank: r as u32,
@@ -222,7 +227,7 @@ pub fn check_combined(shape: &Shape, me: u32, c: &CombinedToken) -> Result<(), M
         let (reference, abs) = weighted(x, c.experts, c.weights, |_| true);
         let got = bf16_to_f32(c.out[h]);
         let bound = combined_bound(abs, shape.topk, shape.ranks);
-        if !((got - reference).abs() <= bound) {
+        if !within(got, reference, bound) {
             return Err(Mismatch::Combined {
                 rank: me,
                 token: c.token,
