@@ -32,8 +32,8 @@ static_assert(offsetof(EpReport, cancel) == 36, "KernelReport.cancel must stay a
 static_assert(sizeof(EpVerify) == 48, "EpVerify layout is shared with the host");
 static_assert(sizeof(EpTiming) == 32, "EpTiming layout is shared with the host");
 static_assert(sizeof(EpParams) == 272, "EpParams layout is shared with the host");
-static_assert(offsetof(EpParams, off_dispatch_count) == 136, "EpParams layout is shared with the host");
-static_assert(offsetof(EpParams, rank) == 224, "EpParams layout is shared with the host");
+static_assert(offsetof(EpParams, off_dispatch_count) == 128, "EpParams layout is shared with the host");
+static_assert(offsetof(EpParams, rank) == 216, "EpParams layout is shared with the host");
 
 // ------------------------------------------------------------ primitives
 
@@ -238,21 +238,20 @@ __device__ void signal_sent(const EpParams &p, const Block &b, uint64_t counter_
     }
 }
 
-// Block 0, one thread: waits until every rank's counter for us shows all its
-// blocks, then reads how many tokens came (low half minus last time's).
-__device__ bool gather_counts(const EpParams &p, uint64_t counter_offset, uint32_t which, uint32_t kind,
-                              uint32_t *counts) {
+// Block 0, one thread: waits until every source's dispatch counter shows all
+// its blocks, then reads how many tokens came (low half minus last time's).
+__device__ bool gather_counts(const EpParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint64_t target = (uint64_t(p.iteration) + 1) * gridDim.x << 32;
     for (uint32_t s = 0; s < p.ranks; ++s) {
-        if (!ep_wait(word_at(p.window, counter_offset + 8ull * s), target, deadline, p.report, kind, s)) return false;
+        const uint64_t *counter = word_at(p.window, p.off_dispatch_count + 8ull * s);
+        if (!ep_wait(counter, target, deadline, p.report, EP_WAIT_DISPATCH, s)) return false;
     }
     fence_acquire_system();
     for (uint32_t s = 0; s < p.ranks; ++s) {
-        const uint64_t v = load_relaxed_system(word_at(p.window, counter_offset + 8ull * s));
-        uint64_t &prev = p.prev_low[which * p.ranks + s];
-        counts[s] = uint32_t(v) - uint32_t(prev);
-        prev = uint32_t(v);
+        const uint64_t v = load_relaxed_system(word_at(p.window, p.off_dispatch_count + 8ull * s));
+        p.recv_count[s] = uint32_t(v) - uint32_t(p.prev_low[s]);
+        p.prev_low[s] = uint32_t(v);
     }
     return true;
 }
@@ -297,69 +296,87 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_dispatch(EpParams p)
     if (!phase_start(p, b, 0)) return;
     send_tokens(p, b);
     signal_sent(p, b, p.off_dispatch_count);
-    if (leader() && gather_counts(p, p.off_dispatch_count, 0, EP_WAIT_DISPATCH, p.recv_count)) stamp_end(p, 0);
+    if (leader() && gather_counts(p)) stamp_end(p, 0);
 }
 
 // ----------------------------------------------------------------- combine
+//
+// Combine is pipelined: an expert rank sends its contributions to an origin
+// in batches of combine_batch slots, one block per batch, and flags each
+// batch (fence, then +1 on the origin's flag for this rank and batch); the
+// origin's warps add up a token as soon as the batches holding its slots are
+// flagged, while the rest is still arriving. Slots follow token order, and
+// batches go out lowest first, so the early tokens' data comes first.
+
+__device__ __forceinline__ uint64_t flag_offset(const EpParams &p, uint32_t expert_rank, uint32_t batch) {
+    return p.off_combine_flags + 8ull * (uint64_t(expert_rank) * p.combine_batches + batch);
+}
 
 // Sends every received token's expert output back to its source: slot j of
-// source s goes to s's combine_recv[rank][j]. Piece by piece, as dispatch.
+// source s goes to s's combine_recv[rank][j]. Block-sized batches of slots,
+// each flagged once its data is out.
 __device__ void send_outputs(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
         b.base[0] = 0;
-        for (uint32_t s = 0; s < p.ranks; ++s) b.base[s + 1] = b.base[s] + min(p.recv_count[s], p.tokens);
+        for (uint32_t s = 0; s < p.ranks; ++s)
+            b.base[s + 1] = b.base[s] + (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
     }
     __syncthreads();
-    const uint32_t lane = threadIdx.x % 32;
-    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const uint32_t warps = gridDim.x * blockDim.x / 32;
+    const uint32_t warp = threadIdx.x / 32;
+    const uint32_t warps = blockDim.x / 32;
     const uint64_t row = 2ull * p.hidden;
-    const uint64_t units = uint64_t(b.base[p.ranks]) * p.chunks;
-    for (uint64_t u = warp; u < units; u += warps) {
-        const uint32_t tok = uint32_t(u / p.chunks);
+    for (uint32_t batch = blockIdx.x; batch < b.base[p.ranks]; batch += gridDim.x) {
         uint32_t s = 0;
-        while (tok >= b.base[s + 1]) ++s;
-        const uint32_t j = tok - b.base[s];
-        const uint64_t piece = (u % p.chunks) * p.chunk_bytes;
-        const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
-        const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + piece;
-        const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + piece;
-        copy_to(p, b, s, src, dst, len);
-        if (piece == 0 && lane == 0) atomicAdd(&b.sent[s], 1u);
+        while (batch >= b.base[s + 1]) ++s;
+        const uint32_t g = batch - b.base[s];
+        const uint32_t j0 = g * p.combine_batch;
+        const uint32_t j1 = min(j0 + p.combine_batch, min(p.recv_count[s], p.tokens));
+        for (uint32_t u = warp; u < (j1 - j0) * p.chunks; u += warps) {
+            const uint32_t j = j0 + u / p.chunks;
+            const uint64_t piece = uint64_t(u % p.chunks) * p.chunk_bytes;
+            const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
+            const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + piece;
+            const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + piece;
+            copy_to(p, b, s, src, dst, len);
+        }
+        // As signal_sent: every warp's stores, then a cumulative fence, then the flag.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            fence_release_system();
+            signal_add(p, b, s, flag_offset(p, p.rank, g), 1);
+        }
     }
 }
 
-// Every block waits for block 0 to have seen all contributions arrive.
-__device__ bool wait_contributions(const EpParams &p, Block &b) {
-    const uint64_t target = uint64_t(p.iteration) + 1;
-    if (threadIdx.x == 0) {
-        bool ok;
-        if (blockIdx.x == 0) {
-            ok = gather_counts(p, p.off_combine_count, 1, EP_WAIT_COMBINE, p.combine_count);
-            if (ok) {
-                cuda::atomic_ref<uint64_t, cuda::thread_scope_device> go(p.grid_flags[1]);
-                go.store(target, cuda::memory_order_release);
-            }
-        } else {
-            const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-            ok = ep_wait(&p.grid_flags[1], target, deadline, p.report, EP_WAIT_GRID, p.rank);
-            if (ok) fence_acquire_system();
+// One lane waits until the batches holding token t's contributions are
+// flagged (every rank with one of its experts); the warp then reads them.
+__device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
+    int ok = 1;
+    if (threadIdx.x % 32 == 0) {
+        for (uint32_t r = 0; r < p.ranks && ok; ++r) {
+            const int32_t slot = p.send_slot[r * p.tokens + t];
+            if (slot < 0) continue;
+            const uint64_t *flag = word_at(p.window, flag_offset(p, r, uint32_t(slot) / p.combine_batch));
+            ok = ep_wait(flag, uint64_t(p.iteration) + 1, deadline, p.report, EP_WAIT_COMBINE, r);
         }
-        b.ok = ok;
+        if (ok) fence_acquire_system();
     }
-    __syncthreads();
-    return b.ok;
+    // __syncwarp orders lane 0's acquire before every lane's loads.
+    return __shfl_sync(0xffffffff, ok, 0);
 }
 
 // out[t] = sum over ranks r (in rank order) of combine_recv[r][slot(t, r)],
-// added in f32, stored as bf16. One warp per token, 8 elements per lane step.
-__device__ void reduce_outputs(const EpParams &p) {
+// added in f32, stored as bf16. One warp per token, 8 elements per lane step,
+// each token as soon as its contributions are in.
+__device__ bool reduce_outputs(const EpParams &p) {
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const uint32_t warps = gridDim.x * blockDim.x / 32;
     const uint64_t row = 2ull * p.hidden;
     const uint32_t n16 = p.hidden / 8;
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     for (uint32_t t = warp; t < p.tokens; t += warps) {
+        if (!wait_token(p, t, deadline)) return false;
         for (uint32_t i = lane; i < n16; i += 32) {
             float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (uint32_t r = 0; r < p.ranks; ++r) {
@@ -378,22 +395,21 @@ __device__ void reduce_outputs(const EpParams &p) {
             reinterpret_cast<int4 *>(p.out + uint64_t(t) * p.hidden)[i] = o;
         }
     }
+    return true;
 }
 
-// Combine: barrier, send outputs back, signal; once block 0 saw every
-// contribution arrive, all blocks reduce; the phase ends when the last block
-// finished its share of the reduction.
+// Combine: barrier, send outputs back batch by batch, then add up our tokens
+// as their contributions arrive; the phase ends when the last block finished
+// its share of the reduction (block 0 counts them in).
 extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_combine(EpParams p) {
     __shared__ Block b;
     if (given_up(p.report)) return;
     block_setup(p, b);
     if (!phase_start(p, b, 1)) return;
     send_outputs(p, b);
-    signal_sent(p, b, p.off_combine_count);
-    if (!wait_contributions(p, b)) return;
-    reduce_outputs(p);
+    const bool reduced = reduce_outputs(p);
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0 || !reduced) return;
     cuda::atomic_ref<uint64_t, cuda::thread_scope_device> done(p.grid_flags[2]);
     done.fetch_add(1, cuda::memory_order_release);
     if (blockIdx.x != 0) return;

@@ -95,7 +95,7 @@ struct EpReport {
 // What a wait was for, to name the silent rank.
 constexpr uint32_t EP_WAIT_BARRIER = 1;   // a rank's arrival at the phase barrier
 constexpr uint32_t EP_WAIT_DISPATCH = 2;  // a rank's dispatch data
-constexpr uint32_t EP_WAIT_COMBINE = 3;   // a rank's combine contributions
+constexpr uint32_t EP_WAIT_COMBINE = 3;   // a batch of a rank's combine contributions
 constexpr uint32_t EP_WAIT_GRID = 4;      // this rank's own block 0 (grid release)
 constexpr uint32_t EP_WAIT_BLOCKS = 5;    // this rank's own blocks finishing the reduction
 
@@ -147,12 +147,11 @@ struct EpParams {
     const uint32_t *all_experts;     // [ranks][tokens][topk]: every rank's routing
     const float *all_weights;        // [ranks][tokens][topk]
     uint32_t *recv_count;            // [ranks]: tokens received from each source (dispatch)
-    uint32_t *combine_count;         // [ranks]: contributions received from each rank (combine)
-    uint64_t *prev_low;              // [2][ranks]: counters' low halves at the last completion
+    uint64_t *prev_low;              // [ranks]: dispatch counters' low halves at the last completion
     uint64_t *grid_flags;            // [4]: barrier passed, reduce go, blocks done (this rank only)
     uint16_t *out;                   // [tokens][hidden]: combined output, bf16
     uint64_t off_dispatch_count;     // window offsets (WindowLayout)
-    uint64_t off_combine_count;
+    uint64_t off_combine_flags;
     uint64_t off_barrier;
     uint64_t off_recv_x;
     uint64_t off_recv_meta;
@@ -174,4 +173,6 @@ struct EpParams {
     uint32_t chunk_bytes;
     uint32_t path;                   // EP_PATH_*
     uint32_t iteration;              // run-wide index: drives the data and every counter
+    uint32_t combine_batch;          // slots per combine flag (src/ep/config.rs Shape::combine_batch)
+    uint32_t combine_batches;        // flags per expert rank: ceil(tokens / combine_batch)
 };

@@ -197,6 +197,18 @@ impl Shape {
         2 * u64::from(self.hidden)
     }
 
+    /// Slots per combine flag: an expert rank signals its contributions to
+    /// an origin in batches of this many tokens, so the origin can add them
+    /// up while the rest is still arriving. 16 for 4096 tokens, 1 below 512.
+    pub fn combine_batch(&self) -> u32 {
+        (self.tokens / 256).clamp(1, 16)
+    }
+
+    /// Flags per expert rank: ⌈tokens / combine_batch⌉.
+    pub fn combine_batches(&self) -> u32 {
+        self.tokens.div_ceil(self.combine_batch())
+    }
+
     /// Bytes of one token's metadata record (see [`meta_record`]): a
     /// 16-byte header, then `topk` expert ids and `topk` weights, rounded up
     /// to 16 bytes so records stay vector-aligned.
@@ -265,8 +277,9 @@ impl RunConfig {
 pub struct WindowLayout {
     /// `ranks` × u64: dispatch completion counter per source rank.
     pub dispatch_count: u64,
-    /// `ranks` × u64: combine completion counter per source rank.
-    pub combine_count: u64,
+    /// `[ranks][combine_batches]` × u64: one flag per batch of
+    /// [`Shape::combine_batch`] slots of each expert rank's contributions.
+    pub combine_flags: u64,
     /// `ranks` × u64: barrier arrivals per source rank.
     pub barrier: u64,
     /// `[ranks][tokens][hidden]` bf16: dispatched activations by source, slot.
@@ -301,7 +314,7 @@ impl WindowLayout {
             here
         };
         let dispatch_count = take(8 * n);
-        let combine_count = take(8 * n);
+        let combine_flags = take(8 * n * u64::from(s.combine_batches()));
         let barrier = take(8 * n);
         let recv_x = take(rows);
         let recv_meta = take(n * t * s.meta_bytes());
@@ -311,7 +324,7 @@ impl WindowLayout {
         let y = take(rows);
         Self {
             dispatch_count,
-            combine_count,
+            combine_flags,
             barrier,
             recv_x,
             recv_meta,
@@ -407,7 +420,7 @@ mod tests {
         let rows = 3 * 100 * 14336;
         let regions = [
             (w.dispatch_count, 24),
-            (w.combine_count, 24),
+            (w.combine_flags, 8 * 3 * 100),
             (w.barrier, 24),
             (w.recv_x, rows),
             (w.recv_meta, 3 * 100 * 80),

@@ -42,16 +42,14 @@ pub struct EpParams {
     pub all_weights: u64,
     /// `[ranks]` u32, written by dispatch: tokens received per source.
     pub recv_count: u64,
-    /// `[ranks]` u32, written by combine: contributions received per rank.
-    pub combine_count: u64,
-    /// `[2][ranks]` u64: the counters' low halves at the last completion.
+    /// `[ranks]` u64: the dispatch counters' low halves at the last completion.
     pub prev_low: u64,
     /// `[4]` u64: this rank's grid flags.
     pub grid_flags: u64,
     /// `[tokens][hidden]` bf16: the combined output.
     pub out: u64,
     pub off_dispatch_count: u64,
-    pub off_combine_count: u64,
+    pub off_combine_flags: u64,
     pub off_barrier: u64,
     pub off_recv_x: u64,
     pub off_recv_meta: u64,
@@ -76,6 +74,10 @@ pub struct EpParams {
     pub path: u32,
     /// Run-wide iteration index: drives the data and every counter target.
     pub iteration: u32,
+    /// Slots per combine flag ([`super::config::Shape::combine_batch`]).
+    pub combine_batch: u32,
+    /// Flags per expert rank: ⌈tokens / combine_batch⌉.
+    pub combine_batches: u32,
 }
 
 /// `EpReport`: what went wrong in an iteration's launches. Its first 40
@@ -109,7 +111,7 @@ pub struct EpReport {
 pub const WAIT_BARRIER: u32 = 1;
 /// A rank's dispatch data.
 pub const WAIT_DISPATCH: u32 = 2;
-/// A rank's combine contributions.
+/// A batch of a rank's combine contributions.
 pub const WAIT_COMBINE: u32 = 3;
 /// This rank's block 0 releasing the grid.
 pub const WAIT_GRID: u32 = 4;
@@ -155,8 +157,8 @@ pub struct EpTiming {
 
 const _: () = {
     assert!(size_of::<EpParams>() == 272);
-    assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 136);
-    assert!(std::mem::offset_of!(EpParams, rank) == 224);
+    assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 128);
+    assert!(std::mem::offset_of!(EpParams, rank) == 216);
     assert!(size_of::<EpReport>() == 64);
     assert!(std::mem::offset_of!(EpReport, cancel) == 36);
     assert!(size_of::<EpVerify>() == 48);

@@ -393,7 +393,7 @@ impl Session {
             let what = match r.wait_kind {
                 kernels::WAIT_BARRIER => format!("rank {w} to reach the phase barrier"),
                 kernels::WAIT_DISPATCH => format!("rank {w}'s dispatch data"),
-                kernels::WAIT_COMBINE => format!("rank {w}'s combine contributions"),
+                kernels::WAIT_COMBINE => format!("a batch of rank {w}'s combine contributions"),
                 kernels::WAIT_GRID | kernels::WAIT_BLOCKS => {
                     bail!(
                         "{at}: this rank's own thread blocks did not all run within {secs} s (grid of {} blocks): \
@@ -532,6 +532,28 @@ fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) 
         .collect::<Result<_>>()?;
     let rows = report::rows(ctx.cfg, &results);
     let goals = report::goals(ctx.cfg, &rows, ctx.opts.ref_put_gbps);
+    let (c, s) = (ctx.cfg, &ctx.cfg.shape);
+    let gpus: std::collections::BTreeSet<(&str, &str)> = infos
+        .iter()
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
+        .collect();
+    say!(
+        "[ep] {} mode: {} ranks on {} GPU(s) ({}, MPS {}), {} tokens × hidden {} per rank, top-{} of {} experts, {:?} \
+         routing, grid {}×{}, {} timed iterations per path",
+        c.mode.name(),
+        s.ranks,
+        gpus.len(),
+        infos[0].gpu_name,
+        infos[0].mps,
+        s.tokens,
+        s.hidden,
+        s.topk,
+        s.experts,
+        c.routing,
+        results[0].grid.blocks,
+        results[0].grid.threads,
+        c.iters
+    );
     for r in &rows {
         say!("{}", report::line(r, results.len()));
     }
