@@ -13,16 +13,19 @@
 //!
 //! - [`config`]: modes, shapes and their limits, the memory window layout,
 //!   the launch grid;
-//! - [`rng`], [`routing`], [`layout`], [`reference`]: the CPU model — the
-//!   data and routing every rank can regenerate, where each token lands,
-//!   the bytes moved, the combine reference and its bf16 bound;
-//! - [`env`], [`keys`], [`group`]: ranks and how they meet — torchrun's
-//!   environment, the store keys, barriers, heartbeats and aborts;
+//! - [`rng`], [`routing`], [`layout`], [`reference`](mod@reference), [`model`]: the CPU
+//!   model — the data and routing every rank can regenerate, where each
+//!   token lands, the bytes moved, the combine reference and its bf16
+//!   bound, and what one rank precomputes from them;
+//! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
+//!   environment, the store keys, barriers, heartbeats, aborts, teardown;
 //! - [`connect`]: `--check-connection`, the wiring without a GPU;
-//! - [`view`], [`kernels`], [`run`]: the GPU run — memory views with an
-//!   entry per rank, the kernels of `cuda/ep.cu`, iterations and checks;
+//! - [`view`], [`kernels`], [`rig`], [`session`], [`run`]: the GPU run —
+//!   the rank-indexed memory view, the kernels of `cuda/ep.cu`, the rank's
+//!   device memory, its session with the others (iterations and checks),
+//!   and the entry that decides GPU, memory and plan;
 //! - [`nccl`]: the same-run NCCL all-to-all baseline;
-//! - [`report`]: results as lines, a table, JSON and CSV;
+//! - [`report`]: results as lines, a table, goals, JSON and CSV;
 //! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
 
 pub mod config;
