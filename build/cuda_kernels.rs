@@ -63,7 +63,7 @@ pub const WATCHED_ENV: [&str; 9] = [
 
 /// The kernel sources `cuda/<name>.cu`, each built into its own fatbin
 /// that the library embeds as `NIXL_FATBIN_<NAME>`.
-pub const SOURCES: [&str; 2] = ["kernels", "put_and_signal"];
+pub const SOURCES: [&str; 3] = ["kernels", "put_and_signal", "ep"];
 
 /// Called by build.rs: prints the directives of [`directives`] for this
 /// build; panics (fails the build) only with `NIXL_REQUIRE_KERNELS=1`.
@@ -72,6 +72,7 @@ pub fn build() {
     for name in SOURCES {
         println!("cargo:rerun-if-changed=cuda/{name}.cu");
     }
+    println!("cargo:rerun-if-changed=cuda/ep_common.cuh");
     for var in WATCHED_ENV {
         println!("cargo:rerun-if-env-changed={var}");
     }

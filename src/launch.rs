@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::cli::EXIT_MISMATCH;
+use crate::cli::{EXIT_MISMATCH, EXIT_USAGE};
 
 /// How long the surviving roles may keep running after one failed, to
 /// report their side, before they are killed.
@@ -66,9 +66,19 @@ pub struct RoleExit {
 }
 
 /// Starts every role, then waits for all of them for at most `deadline`
-/// ([`supervise`]). If a role cannot be started, the ones already running
-/// are killed and the error returned.
+/// ([`supervise`], survivors get [`GRACE`]). If a role cannot be started,
+/// the ones already running are killed and the error returned.
 pub fn run_roles(roles: Vec<RoleSpec>, deadline: Duration) -> Result<Vec<RoleExit>> {
+    run_roles_with(roles, deadline, GRACE)
+}
+
+/// [`run_roles`] with the survivors' grace after a failure: long enough for
+/// them to notice it and say why (e.g. a GPU wait's `--timeout`).
+pub fn run_roles_with(
+    roles: Vec<RoleSpec>,
+    deadline: Duration,
+    grace: Duration,
+) -> Result<Vec<RoleExit>> {
     let mut children: Vec<(String, Child)> = Vec::new();
     for role in &roles {
         let spawned = role.command().and_then(|mut c| {
@@ -83,13 +93,17 @@ pub fn run_roles(roles: Vec<RoleSpec>, deadline: Duration) -> Result<Vec<RoleExi
             }
         }
     }
-    Ok(supervise(children, deadline))
+    Ok(supervise(children, deadline, grace))
 }
 
 /// Waits for every child, for at most `deadline` in total. When one exits
-/// non-zero, the others get [`GRACE`] to report their side, then are
+/// non-zero, the others get `grace` to report their side, then are
 /// killed; at the deadline all remaining are killed.
-pub fn supervise(children: Vec<(String, Child)>, deadline: Duration) -> Vec<RoleExit> {
+pub fn supervise(
+    children: Vec<(String, Child)>,
+    deadline: Duration,
+    grace: Duration,
+) -> Vec<RoleExit> {
     let start = Instant::now();
     let mut failed_at: Option<Instant> = None;
     let mut slots: Vec<(String, Child, Option<RoleExit>)> =
@@ -111,7 +125,7 @@ pub fn supervise(children: Vec<(String, Child)>, deadline: Duration) -> Vec<Role
                 killed: false,
             });
         }
-        let give_up = start.elapsed() > deadline || failed_at.is_some_and(|t| t.elapsed() > GRACE);
+        let give_up = start.elapsed() > deadline || failed_at.is_some_and(|t| t.elapsed() > grace);
         if give_up {
             for (name, child, done) in slots.iter_mut().filter(|s| s.2.is_none()) {
                 let _ = child.kill();
@@ -136,16 +150,19 @@ pub fn kill_all(children: Vec<(String, Child)>) {
     }
 }
 
-/// The parent's exit status: 0 if every role succeeded, 3 if any reported
-/// a data mismatch, 1 otherwise.
+/// The parent's exit status: 0 if every role succeeded; else the most
+/// specific failure: 2 (a usage error), 3 (wrong data), 130/143 (interrupted),
+/// 1 otherwise.
 pub fn overall(exits: &[RoleExit]) -> ExitCode {
     if exits.iter().all(|e| e.code == 0) {
-        ExitCode::SUCCESS
-    } else if exits.iter().any(|e| e.code == EXIT_MISMATCH) {
-        ExitCode::from(EXIT_MISMATCH as u8)
-    } else {
-        ExitCode::FAILURE
+        return ExitCode::SUCCESS;
     }
+    for want in [EXIT_USAGE, EXIT_MISMATCH, 130, 143] {
+        if exits.iter().any(|e| e.code == want) {
+            return ExitCode::from(want as u8);
+        }
+    }
+    ExitCode::FAILURE
 }
 
 /// `"Target: 0, Initiator: 137 (killed)"`, for the parent's summary line.
@@ -165,4 +182,28 @@ pub fn summary(exits: &[RoleExit]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exits(codes: &[i32]) -> Vec<RoleExit> {
+        codes
+            .iter()
+            .map(|&code| RoleExit {
+                name: "r".into(),
+                code,
+                killed: false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exit_status_prefers_the_most_specific_failure() {
+        assert_eq!(overall(&exits(&[0, 0])), ExitCode::SUCCESS);
+        assert_eq!(overall(&exits(&[1, 3, 1])), ExitCode::from(3));
+        assert_eq!(overall(&exits(&[1, 2])), ExitCode::from(2));
+        assert_eq!(overall(&exits(&[137, 1])), ExitCode::FAILURE);
+    }
 }

@@ -5,7 +5,7 @@
 //! | layer | modules | what it is |
 //! |---|---|---|
 //! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
-//! | roles | [`simple_write`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report |
+//! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report; `ep`'s ranks, kernels, routing and report |
 //! | example support | [`exchange`], [`slots`], [`launch`], [`cli`] | how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
 //! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
@@ -16,6 +16,7 @@
 
 pub mod cli;
 pub mod deadline;
+pub mod ep;
 pub mod exchange;
 pub mod gpu;
 pub mod interrupt;

@@ -199,6 +199,7 @@ fn simple_write_target_notices_an_initiator_frozen_during_the_exchange() {
 }
 
 #[path = "silent_server/mod.rs"]
+#[allow(dead_code)]
 mod silent_server;
 
 /// The reproduction: a store that completes the handshake and then

@@ -204,7 +204,7 @@ fn free_port() -> String {
 #[test]
 fn two_processes_meet_through_the_store_without_a_gpu() {
     let port = free_port();
-    let mut init = spawn_connection_initiator(&port, "20");
+    let init = spawn_connection_initiator(&port, "20");
     let t = simple_write(&[
         "--mode",
         "target",
@@ -296,7 +296,7 @@ fn interrupting_a_joined_run_unwinds_tells_the_peer_and_exits_128_plus_signal() 
     use nixl_examples::store::{Store, StoreOptions, native::TcpStore};
     for (sig, code) in [(2, 130), (15, 143)] {
         let port = free_port();
-        let mut init = spawn_connection_initiator(&port, "30");
+        let init = spawn_connection_initiator(&port, "30");
         // Join as the second participant with the library's client, then
         // never publish target metadata: the initiator waits for it.
         let peer = TcpStore::open(&StoreOptions {

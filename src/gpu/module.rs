@@ -12,6 +12,8 @@ pub enum Fatbin {
     Kernels,
     /// `cuda/put_and_signal.cu`: the minimal example's two kernels.
     PutAndSignal,
+    /// `cuda/ep.cu`: expert-parallel dispatch and combine.
+    Ep,
 }
 
 /// Why the kernels are not available in this binary, or not on this GPU.
@@ -32,6 +34,7 @@ fn image(which: Fatbin) -> Result<&'static [u8], &'static str> {
     Ok(match which {
         Fatbin::Kernels => include_bytes!(env!("NIXL_FATBIN_KERNELS")),
         Fatbin::PutAndSignal => include_bytes!(env!("NIXL_FATBIN_PUT_AND_SIGNAL")),
+        Fatbin::Ep => include_bytes!(env!("NIXL_FATBIN_EP")),
     })
 }
 

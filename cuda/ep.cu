@@ -1,0 +1,643 @@
+// Expert-parallel dispatch and combine between N ranks through NIXL's device
+// API (NIXL 1.x). docs/EP.md walks through the design; in one paragraph:
+//
+// Every rank exposes one registered window (src/ep/config.rs WindowLayout).
+// A phase kernel starts with a barrier among the ranks (block 0), then every
+// warp copies token pieces into the destination ranks' windows — nixlPut
+// (path put) or plain 16-byte stores through nixlGetPtr (path ptr), local
+// copies for this rank's own share — and every block, once its copies are
+// done, fences and adds (1 << 32) | tokens_it_sent to each destination's
+// counter for this source. The receiver knows the data is complete when the
+// high half of that counter reaches the number of blocks, and reads the
+// token count from the low half: counts are signalled after the data.
+// Counters only grow (the targets grow with the run-wide iteration index),
+// so nothing is ever reset under a peer's atomic.
+//
+// Waits happen after the sends and in block 0 only (the other blocks wait
+// for block 0 on this GPU): a rank never holds SMs spinning on a peer while
+// it still has data to send, and its grid is sized to its share of the GPU
+// when ranks share one. Every spin goes through ep_wait: a %globaltimer
+// deadline, the host's cancel flag, and a record of which rank it waited for.
+
+#include <gpu/ucx/nixl_device.cuh>
+
+#include <cuda/atomic>
+#include <cuda_bf16.h>
+
+#include "ep_common.cuh"
+
+static_assert(sizeof(EpSendEntry) == 12, "EpSendEntry layout is shared with the host");
+static_assert(sizeof(EpReport) == 64, "EpReport layout is shared with the host");
+static_assert(offsetof(EpReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
+static_assert(sizeof(EpVerify) == 48, "EpVerify layout is shared with the host");
+static_assert(sizeof(EpTiming) == 32, "EpTiming layout is shared with the host");
+static_assert(sizeof(EpParams) == 272, "EpParams layout is shared with the host");
+static_assert(offsetof(EpParams, off_dispatch_count) == 128, "EpParams layout is shared with the host");
+static_assert(offsetof(EpParams, rank) == 216, "EpParams layout is shared with the host");
+
+// ------------------------------------------------------------ primitives
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint64_t load_relaxed_system(const uint64_t *p) {
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
+    return ref.load(cuda::memory_order_relaxed);
+}
+
+__device__ __forceinline__ void add_relaxed_system(uint64_t *p, uint64_t v) {
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*p);
+    ref.fetch_add(v, cuda::memory_order_relaxed);
+}
+
+__device__ __forceinline__ void fence_release_system() {
+    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+}
+
+__device__ __forceinline__ void fence_acquire_system() {
+    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+}
+
+__device__ __forceinline__ uint64_t *word_at(uint8_t *base, uint64_t offset) {
+    return reinterpret_cast<uint64_t *>(base + offset);
+}
+
+__device__ __forceinline__ void record_status(EpReport *r, nixl_status_t s) {
+    if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
+    if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
+}
+
+__device__ __forceinline__ bool given_up(const EpReport *r) {
+    return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0;
+}
+
+// Spins (one thread) until *word >= threshold. Gives up at the deadline, when
+// the host raises the cancel flag, or when another block of this rank gave up;
+// then records what it waited for. Every spin in this file goes through here.
+__device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadline, EpReport *r,
+                        uint32_t kind, uint32_t rank) {
+    uint64_t v = load_relaxed_system(word);
+    for (uint32_t n = 1; v < threshold; ++n) {
+        if ((n & 63) == 0) {
+            uint32_t why = 0;
+            if (globaltimer_ns() > deadline) why = 1;
+            else if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
+            else if (given_up(r)) return false;
+            if (why != 0) {
+                if (atomicCAS(&r->timed_out, 0u, why) == 0) {
+                    r->observed = v;
+                    r->wait_kind = kind;
+                    r->wait_rank = rank;
+                    r->wait_target = threshold;
+                }
+                return false;
+            }
+        }
+        v = load_relaxed_system(word);
+    }
+    return true;
+}
+
+// ---------------------------------------------------------- per-block setup
+
+// Where each rank's window is, as this block reaches it: our own window for
+// ourselves; on the ptr path the mapped peer window (nixlGetPtr); on the put
+// path nothing (peers are addressed through the remote view).
+struct Block {
+    uint8_t *peer[EP_MAX_RANKS];
+    uint32_t sent[EP_MAX_RANKS];  // tokens this block sent to each rank
+    uint32_t base[EP_MAX_RANKS + 1];
+    int ok;
+};
+
+__device__ void block_setup(const EpParams &p, Block &b) {
+    for (uint32_t d = threadIdx.x; d < p.ranks; d += blockDim.x) {
+        b.sent[d] = 0;
+        uint8_t *ptr = nullptr;
+        if (d == p.rank) {
+            ptr = p.window;
+        } else if (p.path == EP_PATH_PTR) {
+            ptr = static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
+        }
+        b.peer[d] = ptr;
+    }
+    __syncthreads();
+}
+
+// Adds `value` to the u64 at `offset` in rank `dest`'s window. The caller
+// has fenced: this is the signal that follows the data.
+__device__ void signal_add(const EpParams &p, const Block &b, uint32_t dest, uint64_t offset, uint64_t value) {
+    if (dest == p.rank || p.path == EP_PATH_PTR) {
+        if (b.peer[dest] != nullptr) add_relaxed_system(word_at(b.peer[dest], offset), value);
+        return;
+    }
+    const nixlMemViewElem counter{p.remote_mvh, dest, offset};
+    // Same channel as this block's puts: RDMA transports keep a channel's
+    // operations in order, so the count cannot overtake the data.
+    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(value, counter, blockIdx.x));
+}
+
+// ----------------------------------------------------------------- copying
+
+__device__ __forceinline__ int4 load_nc(const int4 *p) {
+    int4 v;
+    asm volatile("ld.global.nc.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ int4 load_cg(const int4 *p) {
+    int4 v;
+    asm volatile("ld.global.cg.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// One warp copies n16 16-byte vectors; four loads in flight per lane before
+// their stores, so a lane keeps the link busy while it waits on memory.
+__device__ void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n16) {
+    const uint32_t lane = threadIdx.x % 32;
+    const int4 *s = reinterpret_cast<const int4 *>(src);
+    int4 *d = reinterpret_cast<int4 *>(dst);
+    constexpr uint32_t U = 4;
+    for (uint32_t i = lane; i < n16; i += 32 * U) {
+        int4 v[U];
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (i + 32 * u < n16) v[u] = load_nc(s + i + 32 * u);
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (i + 32 * u < n16) d[i + 32 * u] = v[u];
+    }
+}
+
+// One warp copies `len` bytes (a multiple of 16) from our window at src_off
+// to rank `dest`'s window at dst_off, by the run's data path. Every lane calls.
+__device__ void copy_to(const EpParams &p, const Block &b, uint32_t dest, uint64_t src_off, uint64_t dst_off,
+                        uint32_t len) {
+    if (dest == p.rank || p.path == EP_PATH_PTR) {
+        // Our own share (cuda_ipc refuses a peer in its own process, so the
+        // remote view has no usable entry for ourselves), or a mapped peer.
+        if (b.peer[dest] != nullptr) warp_copy(b.peer[dest] + dst_off, p.window + src_off, len / 16);
+        return;
+    }
+    const nixlMemViewElem src{p.local_mvh, 0, src_off};
+    const nixlMemViewElem dst{p.remote_mvh, dest, dst_off};
+    record_status(p.report, nixlPut<nixl_gpu_level_t::WARP>(src, dst, len, blockIdx.x));
+}
+
+// ----------------------------------------------------- phase start and end
+
+__device__ __forceinline__ bool leader() { return blockIdx.x == 0 && threadIdx.x == 0; }
+
+// The barrier of phase `phase` (0 dispatch, 1 combine) of this iteration:
+// block 0 tells every rank it arrived and waits for all; the other blocks
+// wait for block 0. Nobody writes into a peer's buffers before the peer has
+// finished reading the last iteration's (it arrives only after its previous
+// kernels, in stream order). Then block 0 starts the clock.
+__device__ bool phase_start(const EpParams &p, Block &b, uint32_t phase) {
+    const uint64_t target = 2ull * p.iteration + phase + 1;
+    if (threadIdx.x == 0) {
+        const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+        bool ok = true;
+        if (blockIdx.x == 0) {
+            fence_release_system();
+            for (uint32_t d = 0; d < p.ranks; ++d) signal_add(p, b, d, p.off_barrier + 8ull * p.rank, 1);
+            for (uint32_t s = 0; s < p.ranks && ok; ++s)
+                ok = ep_wait(word_at(p.window, p.off_barrier + 8ull * s), target, deadline, p.report,
+                             EP_WAIT_BARRIER, s);
+            if (ok) {
+                fence_acquire_system();
+                EpTiming &t = p.timing[2 * p.iteration + phase];
+                t.gt_start = globaltimer_ns();
+                t.clock_start = clock64();
+                cuda::atomic_ref<uint64_t, cuda::thread_scope_device> go(p.grid_flags[0]);
+                go.store(target, cuda::memory_order_release);
+            }
+        } else {
+            ok = ep_wait(&p.grid_flags[0], target, deadline, p.report, EP_WAIT_GRID, p.rank);
+        }
+        b.ok = ok;
+    }
+    __syncthreads();
+    return b.ok;
+}
+
+// After this block's copies: count them into every rank's counter for us,
+// (1 << 32) | tokens. __syncthreads orders every warp's stores before the
+// signalling threads' fences, which are cumulative (system scope), so the
+// data is visible to the peer before its counter moves.
+__device__ void signal_sent(const EpParams &p, const Block &b, uint64_t counter_offset) {
+    __syncthreads();
+    const uint32_t d = threadIdx.x;
+    if (d < p.ranks) {
+        fence_release_system();
+        signal_add(p, b, d, counter_offset + 8ull * p.rank, (1ull << 32) | b.sent[d]);
+    }
+}
+
+// Block 0, one thread: waits until every source's dispatch counter shows all
+// its blocks, then reads how many tokens came (low half minus last time's).
+__device__ bool gather_counts(const EpParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const uint64_t target = (uint64_t(p.iteration) + 1) * gridDim.x << 32;
+    for (uint32_t s = 0; s < p.ranks; ++s) {
+        const uint64_t *counter = word_at(p.window, p.off_dispatch_count + 8ull * s);
+        if (!ep_wait(counter, target, deadline, p.report, EP_WAIT_DISPATCH, s)) return false;
+    }
+    fence_acquire_system();
+    for (uint32_t s = 0; s < p.ranks; ++s) {
+        const uint64_t v = load_relaxed_system(word_at(p.window, p.off_dispatch_count + 8ull * s));
+        p.recv_count[s] = uint32_t(v) - uint32_t(p.prev_low[s]);
+        p.prev_low[s] = uint32_t(v);
+    }
+    return true;
+}
+
+__device__ void stamp_end(const EpParams &p, uint32_t phase) {
+    EpTiming &t = p.timing[2 * p.iteration + phase];
+    t.clock_end = clock64();
+    t.gt_end = globaltimer_ns();
+}
+
+// ---------------------------------------------------------------- dispatch
+
+// Every (token, destination) copy, cut into `chunks` pieces, one warp per
+// piece; the warp holding piece 0 also copies the metadata record and
+// counts the token.
+__device__ void send_tokens(const EpParams &p, Block &b) {
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const uint32_t warps = gridDim.x * blockDim.x / 32;
+    const uint64_t row = 2ull * p.hidden;
+    const uint64_t units = uint64_t(p.n_entries) * p.chunks;
+    for (uint64_t u = warp; u < units; u += warps) {
+        const EpSendEntry e = p.entries[u / p.chunks];
+        const uint64_t piece = (u % p.chunks) * p.chunk_bytes;
+        const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
+        const uint64_t dst_row = uint64_t(p.rank) * p.tokens + e.slot;
+        copy_to(p, b, e.dest, p.off_x + e.token * row + piece, p.off_recv_x + dst_row * row + piece, len);
+        if (piece == 0) {
+            copy_to(p, b, e.dest, p.off_meta + uint64_t(e.token) * p.meta_bytes,
+                    p.off_recv_meta + dst_row * p.meta_bytes, p.meta_bytes);
+            if (lane == 0) atomicAdd(&b.sent[e.dest], 1u);
+        }
+    }
+}
+
+// Dispatch: barrier, send, signal; block 0 then waits until every source's
+// tokens are here. The phase's time ends there.
+extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_dispatch(EpParams p) {
+    __shared__ Block b;
+    if (given_up(p.report)) return;
+    block_setup(p, b);
+    if (!phase_start(p, b, 0)) return;
+    send_tokens(p, b);
+    signal_sent(p, b, p.off_dispatch_count);
+    if (leader() && gather_counts(p)) stamp_end(p, 0);
+}
+
+// ----------------------------------------------------------------- combine
+//
+// Combine is pipelined: an expert rank sends its contributions to an origin
+// in batches of combine_batch slots, one block per batch, and flags each
+// batch (fence, then +1 on the origin's flag for this rank and batch); the
+// origin's warps add up a token as soon as the batches holding its slots are
+// flagged, while the rest is still arriving. Slots follow token order, and
+// batches go out lowest first, so the early tokens' data comes first.
+
+__device__ __forceinline__ uint64_t flag_offset(const EpParams &p, uint32_t expert_rank, uint32_t batch) {
+    return p.off_combine_flags + 8ull * (uint64_t(expert_rank) * p.combine_batches + batch);
+}
+
+// Sends every received token's expert output back to its source: slot j of
+// source s goes to s's combine_recv[rank][j]. Block-sized batches of slots,
+// each flagged once its data is out.
+__device__ void send_outputs(const EpParams &p, Block &b) {
+    if (threadIdx.x == 0) {
+        b.base[0] = 0;
+        for (uint32_t s = 0; s < p.ranks; ++s)
+            b.base[s + 1] = b.base[s] + (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
+    }
+    __syncthreads();
+    const uint32_t warp = threadIdx.x / 32;
+    const uint32_t warps = blockDim.x / 32;
+    const uint64_t row = 2ull * p.hidden;
+    for (uint32_t batch = blockIdx.x; batch < b.base[p.ranks]; batch += gridDim.x) {
+        uint32_t s = 0;
+        while (batch >= b.base[s + 1]) ++s;
+        const uint32_t g = batch - b.base[s];
+        const uint32_t j0 = g * p.combine_batch;
+        const uint32_t j1 = min(j0 + p.combine_batch, min(p.recv_count[s], p.tokens));
+        for (uint32_t u = warp; u < (j1 - j0) * p.chunks; u += warps) {
+            const uint32_t j = j0 + u / p.chunks;
+            const uint64_t piece = uint64_t(u % p.chunks) * p.chunk_bytes;
+            const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
+            const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + piece;
+            const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + piece;
+            copy_to(p, b, s, src, dst, len);
+        }
+        // As signal_sent: every warp's stores, then a cumulative fence, then the flag.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            fence_release_system();
+            signal_add(p, b, s, flag_offset(p, p.rank, g), 1);
+        }
+    }
+}
+
+// One lane waits until the batches holding token t's contributions are
+// flagged (every rank with one of its experts); the warp then reads them.
+__device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
+    int ok = 1;
+    if (threadIdx.x % 32 == 0) {
+        for (uint32_t r = 0; r < p.ranks && ok; ++r) {
+            const int32_t slot = p.send_slot[r * p.tokens + t];
+            if (slot < 0) continue;
+            const uint64_t *flag = word_at(p.window, flag_offset(p, r, uint32_t(slot) / p.combine_batch));
+            ok = ep_wait(flag, uint64_t(p.iteration) + 1, deadline, p.report, EP_WAIT_COMBINE, r);
+        }
+        if (ok) fence_acquire_system();
+    }
+    // __syncwarp orders lane 0's acquire before every lane's loads.
+    return __shfl_sync(0xffffffff, ok, 0);
+}
+
+// out[t] = sum over ranks r (in rank order) of combine_recv[r][slot(t, r)],
+// added in f32, stored as bf16. One warp per token, 8 elements per lane step,
+// each token as soon as its contributions are in.
+__device__ bool reduce_outputs(const EpParams &p) {
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const uint32_t warps = gridDim.x * blockDim.x / 32;
+    const uint64_t row = 2ull * p.hidden;
+    const uint32_t n16 = p.hidden / 8;
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    for (uint32_t t = warp; t < p.tokens; t += warps) {
+        if (!wait_token(p, t, deadline)) return false;
+        for (uint32_t i = lane; i < n16; i += 32) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t r = 0; r < p.ranks; ++r) {
+                const int32_t slot = p.send_slot[r * p.tokens + t];
+                if (slot < 0) continue;
+                const uint8_t *src = p.window + p.off_combine_recv + (uint64_t(r) * p.tokens + slot) * row;
+                const int4 v = load_cg(reinterpret_cast<const int4 *>(src) + i);
+                const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) acc[k] += __bfloat162float(h[k]);
+            }
+            int4 o;
+            __nv_bfloat16 *oh = reinterpret_cast<__nv_bfloat16 *>(&o);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) oh[k] = __float2bfloat16_rn(acc[k]);
+            reinterpret_cast<int4 *>(p.out + uint64_t(t) * p.hidden)[i] = o;
+        }
+    }
+    return true;
+}
+
+// Combine: barrier, send outputs back batch by batch, then add up our tokens
+// as their contributions arrive; the phase ends when the last block finished
+// its share of the reduction (block 0 counts them in).
+extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_combine(EpParams p) {
+    __shared__ Block b;
+    if (given_up(p.report)) return;
+    block_setup(p, b);
+    if (!phase_start(p, b, 1)) return;
+    send_outputs(p, b);
+    const bool reduced = reduce_outputs(p);
+    __syncthreads();
+    if (threadIdx.x != 0 || !reduced) return;
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> done(p.grid_flags[2]);
+    done.fetch_add(1, cuda::memory_order_release);
+    if (blockIdx.x != 0) return;
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    if (ep_wait(&p.grid_flags[2], (uint64_t(p.iteration) + 1) * gridDim.x, deadline, p.report, EP_WAIT_BLOCKS,
+                p.rank))
+        stamp_end(p, 1);
+}
+
+// ------------------------------------------------- untimed: data and experts
+
+__device__ __forceinline__ uint32_t global_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ uint32_t global_threads() { return gridDim.x * blockDim.x; }
+
+// This iteration's activations: x[t][h] = ep_x_bits(key(seed, rank, iteration, t), h),
+// eight elements (one vector) per thread and step.
+extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_fill(EpParams p) {
+    const uint32_t n16 = p.hidden / 8;
+    const uint64_t total = uint64_t(p.tokens) * n16;
+    uint16_t *x = reinterpret_cast<uint16_t *>(p.window + p.off_x);
+    for (uint64_t v = global_thread(); v < total; v += global_threads()) {
+        const uint32_t t = uint32_t(v / n16);
+        const uint32_t h0 = uint32_t(v % n16) * 8;
+        const uint64_t key = ep_token_key(p.seed, p.rank, p.iteration, t);
+        int4 o;
+        uint16_t *oh = reinterpret_cast<uint16_t *>(&o);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) oh[k] = ep_x_bits(key, h0 + k);
+        reinterpret_cast<int4 *>(x + uint64_t(t) * p.hidden)[h0 / 8] = o;
+    }
+}
+
+// A token's routing, staged in shared memory for the warp working on it.
+struct TokenRoute {
+    uint32_t expert[EP_MAX_TOPK];
+    float weight[EP_MAX_TOPK];
+};
+
+__device__ __forceinline__ const uint8_t *recv_meta(const EpParams &p, uint32_t s, uint32_t j) {
+    return p.window + p.off_recv_meta + (uint64_t(s) * p.tokens + j) * p.meta_bytes;
+}
+
+// Gate-weighted output of the experts on rank `on` for one element, and the
+// sum of the terms' magnitudes (src/ep/reference.rs weighted, same order).
+__device__ __forceinline__ float weighted(const EpParams &p, const TokenRoute &r, float x, uint32_t on,
+                                          bool all, float &abs_sum) {
+    float acc = 0.0f;
+    abs_sum = 0.0f;
+    for (uint32_t k = 0; k < p.topk; ++k) {
+        const uint32_t e = r.expert[k];
+        if (!all && e / p.local_experts != on) continue;
+        const float t = fmaf(ep_expert_scale(e), x, ep_expert_bias(e));
+        acc = fmaf(r.weight[k], t, acc);
+        abs_sum += fabsf(r.weight[k] * t);
+    }
+    return acc;
+}
+
+// Maps the n-th received token (over all sources, in source order) to its
+// (source, slot). counts: tokens received per source.
+// A count is never trusted past the slots that exist (a wrong one is
+// reported by ep_verify_dispatch, not turned into an out-of-bounds access).
+__device__ __forceinline__ bool nth_received(const EpParams &p, const uint32_t *counts, uint32_t n, uint32_t &s,
+                                             uint32_t &j) {
+    for (s = 0; s < p.ranks; ++s) {
+        const uint32_t c = min(counts[s], p.tokens);
+        if (n < c) {
+            j = n;
+            return true;
+        }
+        n -= c;
+    }
+    return false;
+}
+
+// The stand-in experts: for every received token, y = sum over this rank's
+// experts k of the token of w_k * (a_e * x + b_e), in f32, stored bf16 at
+// the token's (source, slot). Routing comes from the received metadata.
+extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_expert(EpParams p) {
+    __shared__ TokenRoute routes[EP_THREADS / 32];
+    if (given_up(p.report)) return;
+    const uint32_t lane = threadIdx.x % 32;
+    TokenRoute &r = routes[threadIdx.x / 32];
+    const uint64_t row = 2ull * p.hidden;
+    for (uint32_t n = global_thread() / 32;; n += global_threads() / 32) {
+        uint32_t s, j;
+        if (!nth_received(p, p.recv_count, n, s, j)) break;
+        const uint8_t *meta = recv_meta(p, s, j);
+        if (lane < p.topk) {
+            r.expert[lane] = reinterpret_cast<const uint32_t *>(meta + 16)[lane];
+            r.weight[lane] = reinterpret_cast<const float *>(meta + 16 + 4 * p.topk)[lane];
+        }
+        __syncwarp();
+        const int4 *x = reinterpret_cast<const int4 *>(p.window + p.off_recv_x + (uint64_t(s) * p.tokens + j) * row);
+        int4 *y = reinterpret_cast<int4 *>(p.window + p.off_y + (uint64_t(s) * p.tokens + j) * row);
+        for (uint32_t i = lane; i < p.hidden / 8; i += 32) {
+            const int4 v = x[i];
+            const __nv_bfloat16 *xh = reinterpret_cast<const __nv_bfloat16 *>(&v);
+            int4 o;
+            __nv_bfloat16 *oh = reinterpret_cast<__nv_bfloat16 *>(&o);
+            float unused;
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+                oh[k] = __float2bfloat16_rn(weighted(p, r, __bfloat162float(xh[k]), p.rank, false, unused));
+            y[i] = o;
+        }
+        __syncwarp();
+    }
+}
+
+// -------------------------------------------------------- untimed: checks
+
+// Keeps the first mismatch (the thread that counts it first writes it).
+__device__ void mismatch(const EpParams &p, uint32_t kind, uint32_t src, uint32_t token, uint32_t slot, uint32_t h,
+                         uint32_t expert, uint32_t got_bits, uint32_t want_bits, float got, float ref, float bound) {
+    EpVerify *v = p.verify;
+    if (atomicAdd(&v->mismatches, 1u) != 0) return;
+    v->kind = kind;
+    v->src_rank = src;
+    v->token = token;
+    v->slot = slot;
+    v->h = h;
+    v->expert = expert;
+    v->got_bits = got_bits;
+    v->want_bits = want_bits;
+    v->got = got;
+    v->reference = ref;
+    v->bound = bound;
+}
+
+// The first of a token's experts hosted by rank `on`, to name it.
+__device__ uint32_t first_expert_on(const EpParams &p, const uint32_t *experts, uint32_t on) {
+    for (uint32_t k = 0; k < p.topk; ++k)
+        if (experts[k] / p.local_experts == on) return experts[k];
+    return experts[0];
+}
+
+// One received token: its metadata record word for word, then every
+// activation bit for bit against the regenerated data.
+__device__ void verify_token(const EpParams &p, uint32_t s, uint32_t j) {
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t t = p.expect_tokens[s * p.tokens + j];
+    const uint32_t *want_e = p.all_experts + (uint64_t(s) * p.tokens + t) * p.topk;
+    const float *want_w = p.all_weights + (uint64_t(s) * p.tokens + t) * p.topk;
+    const uint32_t expert = first_expert_on(p, want_e, p.rank);
+    const uint32_t *meta = reinterpret_cast<const uint32_t *>(recv_meta(p, s, j));
+    for (uint32_t w = lane; w < 4 + 2 * p.topk; w += 32) {
+        uint32_t want = w == 0 ? t : w == 1 ? s : w == 2 ? p.topk : 0;
+        if (w >= 4 && w < 4 + p.topk) want = want_e[w - 4];
+        if (w >= 4 + p.topk) want = __float_as_uint(want_w[w - 4 - p.topk]);
+        if (meta[w] != want) mismatch(p, EP_BAD_META, s, t, j, w, expert, meta[w], want, 0, 0, 0);
+    }
+    const uint64_t key = ep_token_key(p.seed, s, p.iteration, t);
+    const uint16_t *x = reinterpret_cast<const uint16_t *>(p.window + p.off_recv_x) + (uint64_t(s) * p.tokens + j) * p.hidden;
+    for (uint32_t h = lane; h < p.hidden; h += 32) {
+        const uint16_t want = ep_x_bits(key, h);
+        if (x[h] != want) mismatch(p, EP_BAD_X, s, t, j, h, expert, x[h], want, 0, 0, 0);
+    }
+}
+
+// After dispatch: tokens received per source, then each token.
+extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_dispatch(EpParams p) {
+    if (given_up(p.report)) return;
+    if (global_thread() < p.ranks) {
+        const uint32_t s = global_thread();
+        if (p.recv_count[s] != p.expect_count[s])
+            mismatch(p, EP_BAD_COUNT, s, 0, 0, 0, 0, p.recv_count[s], p.expect_count[s], 0, 0, 0);
+    }
+    for (uint32_t n = global_thread() / 32;; n += global_threads() / 32) {
+        uint32_t s, j;
+        if (!nth_received(p, p.expect_count, n, s, j)) break;
+        if (j < p.recv_count[s]) verify_token(p, s, j);
+    }
+}
+
+// One of our tokens after combine: each contributing rank's output within
+// ep_partial_bound of its f32 reference, then the combined output within
+// ep_combined_bound (src/ep/reference.rs check_combined).
+__device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, uint32_t t) {
+    const uint32_t lane = threadIdx.x % 32;
+    const uint64_t key = ep_token_key(p.seed, p.rank, p.iteration, t);
+    const uint16_t *recv = reinterpret_cast<const uint16_t *>(p.window + p.off_combine_recv);
+    for (uint32_t h = lane; h < p.hidden; h += 32) {
+        const uint16_t xb = ep_x_bits(key, h);
+        const float x = __uint_as_float(uint32_t(xb) << 16);
+        for (uint32_t q = 0; q < p.ranks; ++q) {
+            const int32_t slot = p.send_slot[q * p.tokens + t];
+            if (slot < 0) continue;
+            float abs_sum;
+            const float ref = weighted(p, r, x, q, false, abs_sum);
+            const uint16_t gb = recv[(uint64_t(q) * p.tokens + slot) * p.hidden + h];
+            const float got = __uint_as_float(uint32_t(gb) << 16);
+            const float bound = ep_partial_bound(abs_sum, p.topk);
+            if (!(fabsf(got - ref) <= bound))
+                mismatch(p, EP_BAD_CONTRIBUTION, q, t, slot, h, first_expert_on(p, r.expert, q), gb, 0, got, ref,
+                         bound);
+        }
+        float abs_sum;
+        const float ref = weighted(p, r, x, 0, true, abs_sum);
+        const uint16_t ob = p.out[uint64_t(t) * p.hidden + h];
+        const float got = __uint_as_float(uint32_t(ob) << 16);
+        const float bound = ep_combined_bound(abs_sum, p.topk, p.ranks);
+        if (!(fabsf(got - ref) <= bound))
+            mismatch(p, EP_BAD_COMBINED, p.rank, t, 0, h, r.expert[0], ob, 0, got, ref, bound);
+    }
+}
+
+// After combine: every token of this rank, one warp each.
+extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_combine(EpParams p) {
+    __shared__ TokenRoute routes[EP_THREADS / 32];
+    if (given_up(p.report)) return;
+    const uint32_t lane = threadIdx.x % 32;
+    TokenRoute &r = routes[threadIdx.x / 32];
+    for (uint32_t t = global_thread() / 32; t < p.tokens; t += global_threads() / 32) {
+        const uint64_t at = (uint64_t(p.rank) * p.tokens + t) * p.topk;
+        if (lane < p.topk) {
+            r.expert[lane] = p.all_experts[at + lane];
+            r.weight[lane] = p.all_weights[at + lane];
+        }
+        __syncwarp();
+        verify_combined_token(p, r, t);
+        __syncwarp();
+    }
+}
+
+// Which peers the ptr path can reach: out[d] = nixlGetPtr(remote view, d)
+// (null when the transport maps no pointer, e.g. RDMA); 1 for ourselves.
+extern "C" __global__ void ep_probe_ptrs(void *remote_mvh, uint32_t ranks, uint32_t rank, uint64_t *out) {
+    for (uint32_t d = threadIdx.x; d < ranks; d += blockDim.x)
+        out[d] = d == rank ? 1 : reinterpret_cast<uint64_t>(nixlGetPtr(remote_mvh, d));
+}

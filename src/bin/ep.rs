@@ -1,0 +1,304 @@
+//! `ep`: expert-parallel (MoE) dispatch and combine between N ranks, one
+//! process each, through NIXL's device API; verified and measured.
+//!
+//! ```text
+//! ep --ranks 2 --mode ht                          # starts 2 ranks on this machine
+//! torchrun --no-python --nproc-per-node=2 ep --mode ll
+//! ep --ranks 3 --check-connection                 # no GPU: the ranks meet and connect
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Parser;
+use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
+use nixl_examples::cli::{EXIT_USAGE, UsageError, check_port_free, print_usage_error};
+use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
+use nixl_examples::ep::connect::{self, Inject};
+use nixl_examples::ep::env::RankEnv;
+use nixl_examples::ep::{launch, run};
+use nixl_examples::interrupt;
+
+/// Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
+/// device API.
+///
+/// One MoE step with DeepEP's semantics, on N ranks (one process each, on N
+/// GPUs, or fewer GPUs shared round-robin): every rank holds --tokens
+/// tokens of --hidden bf16 values, each routed to its --topk of --experts
+/// experts (experts/ranks per rank). Dispatch sends each token once to
+/// every rank hosting one of its experts, counts signalled after the data;
+/// a known transform per expert stands in for the experts; combine sends
+/// the outputs back and sums them at the origin. Every dispatched value is
+/// checked bit for bit, every combined value within a stated bf16 bound
+/// (docs/EP.md). Timing is GPU time per phase, p50/p99 over iterations.
+///
+/// Without RANK in the environment, `ep` starts --ranks rank processes
+/// itself; under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+/// MASTER_PORT set) each process is one rank. With
+/// TORCHELASTIC_USE_AGENT_STORE=True the ranks join torchrun's store,
+/// otherwise rank 0 hosts one.
+///
+/// Results go to stdout (rank 0), progress to stderr. Exit status: 0
+/// success, 1 failure, 2 bad arguments, 3 wrong data.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    after_help = "Examples:\n  \
+    ep --ranks 2 --mode ht --json ht.json          # EP2, high-throughput, both data paths\n  \
+    ep --ranks 4 --gpus 2 --mode ll --path ptr     # 4 ranks sharing 2 GPUs (best under MPS)\n  \
+    torchrun --no-python --nproc-per-node=2 $(which ep) --mode ll\n  \
+    ep --ranks 3 --check-connection                # no GPU needed\n\n\
+    scripts/run_ep.sh runs the usual matrix and writes tables and a plot."
+)]
+struct Args {
+    /// ht: high-throughput (4096 tokens per rank); ll: low-latency (128 tokens).
+    #[arg(long, value_enum, default_value_t = Mode::Ht)]
+    mode: Mode,
+
+    /// Tokens per rank [default: 4096 in ht, 128 in ll].
+    #[arg(long)]
+    tokens: Option<u32>,
+
+    /// Hidden size, bf16 values per token; a multiple of 8 [default: 7168].
+    #[arg(long)]
+    hidden: Option<u32>,
+
+    /// Experts per token [default: 8].
+    #[arg(long)]
+    topk: Option<u32>,
+
+    /// Experts in all; a multiple of the number of ranks [default: 256].
+    #[arg(long)]
+    experts: Option<u32>,
+
+    /// How tokens pick experts: uniform, or skewed (Zipf: low expert ids, so
+    /// rank 0, get most tokens).
+    #[arg(long, value_enum, default_value_t = RoutingKind::Uniform)]
+    routing: RoutingKind,
+
+    /// Data path: put (nixlPut + nixlAtomicAdd, any UCX device transport),
+    /// ptr (nixlGetPtr + stores, NVLink), or both in turn.
+    #[arg(long, value_enum, default_value_t = PathChoice::Both)]
+    path: PathChoice,
+
+    /// Timed iterations per path [default: 50 in ht, 200 in ll].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    iters: Option<u32>,
+
+    /// Untimed warm-up iterations per path [default: 5 in ht, 20 in ll].
+    #[arg(long)]
+    warmup: Option<u32>,
+
+    /// Seconds any wait may take: ranks joining, store keys, and every GPU
+    /// spin-wait (a dead or silent rank is named within it).
+    #[arg(short, long, default_value_t = 30.0, value_parser = parse_timeout)]
+    timeout: f64,
+
+    /// Seed of the routing and of the data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+
+    /// Rank processes to start on this machine (ignored under torchrun,
+    /// where WORLD_SIZE says) [default: 2].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    ranks: Option<u32>,
+
+    /// GPUs to use; rank r runs on GPU LOCAL_RANK mod gpus [default: all visible].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    gpus: Option<u32>,
+
+    /// Thread blocks of the phase kernels [default: the GPU's SMs divided by
+    /// the ranks sharing it].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    blocks: Option<u32>,
+
+    /// Store port when starting the ranks here (0: a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+
+    /// Only check that the ranks meet through the store and wire up their
+    /// NIXL agents (load each other's metadata, connect); no GPU used.
+    #[arg(long)]
+    check_connection: bool,
+
+    /// Skip the same-run NCCL all-to-all baseline.
+    #[arg(long)]
+    no_baseline: bool,
+
+    /// simple_write's best put bandwidth at the same message size, GB/s, to
+    /// check the goal (wire bandwidth ≥ 0.9× of it).
+    #[arg(long, value_name = "GB/S")]
+    ref_put_gbps: Option<f64>,
+
+    /// Also write every figure and the run's configuration as JSON (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// Also write every figure as CSV, the configuration as `#` lines (rank 0).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+
+    /// Fault injection for tests: `hang-after-connect=R`, `corrupt=dispatch|combine`.
+    #[arg(long, hide = true)]
+    inject: Option<String>,
+}
+
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err("timeout must be between 0 and 86400 seconds".into());
+    }
+    Ok(v)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let tag = match std::env::var("RANK") {
+        Ok(r) => format!("[rank {r}]"),
+        Err(_) => "[ep]".into(),
+    };
+    match real_main(args) {
+        Ok(code) => code,
+        Err(e) => {
+            if let Some(u) = e.downcast_ref::<UsageError>() {
+                print_usage_error(u);
+                return ExitCode::from(EXIT_USAGE as u8);
+            }
+            if let Some(sig) = interrupt::received() {
+                eprintln!(
+                    "{tag} {sig}: released memory views, deregistered memory, deleted store keys"
+                );
+                return ExitCode::from(sig.exit_code() as u8);
+            }
+            if let Some(m) = e.downcast_ref::<DataMismatch>() {
+                eprintln!("{tag} error: {m}");
+                return ExitCode::from(EXIT_MISMATCH as u8);
+            }
+            eprintln!("{tag} error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(args: Args) -> Result<ExitCode> {
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let env = RankEnv::from_env()?;
+    let world = match (&env, args.ranks) {
+        (Some(e), Some(n)) if n != e.world => {
+            return Err(UsageError(format!(
+                "--ranks {n} but WORLD_SIZE={}: drop --ranks under torchrun",
+                e.world
+            ))
+            .into());
+        }
+        (Some(e), _) => e.world,
+        (None, n) => n.unwrap_or(2),
+    };
+    let inject = parse_inject(args.inject.as_deref(), world)?;
+    // Arguments that cannot work are refused before any network or GPU work.
+    let cfg = if args.check_connection {
+        None
+    } else {
+        Some(run_config(&args, world)?)
+    };
+    let Some(env) = env else {
+        return launch_ranks(&args, world, timeout);
+    };
+    if let Some(cfg) = cfg {
+        let opts = run::RunOptions {
+            gpus: args.gpus,
+            json: args.json.clone(),
+            csv: args.csv.clone(),
+            ref_put_gbps: args.ref_put_gbps,
+            corrupt: inject.corrupt,
+        };
+        run::run(&env, &cfg, &opts)?;
+    } else {
+        connect::check_connection(&env, timeout, inject.connect)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Without RANK: start the ranks here and wait for them.
+fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> {
+    let port = if args.port == 0 {
+        launch::free_port()?
+    } else {
+        check_port_free(args.port)?;
+        args.port
+    };
+    eprintln!("[ep] starting {world} rank(s); rank 0 hosts the store on port {port}");
+    // Survivors notice a failed rank within --timeout (GPU waits) or a few
+    // seconds (heartbeats): let them say so before stopping them.
+    let exits = launch::run_ranks(world, port, timeout + Duration::from_secs(10))?;
+    if exits.iter().any(|e| e.code != 0) {
+        eprintln!(
+            "[ep] exit status by rank: {}",
+            nixl_examples::launch::summary(&exits)
+        );
+    }
+    Ok(nixl_examples::launch::overall(&exits))
+}
+
+struct Injected {
+    connect: Inject,
+    corrupt: Option<run::Corrupt>,
+}
+
+fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> {
+    let mut out = Injected {
+        connect: Inject::default(),
+        corrupt: None,
+    };
+    let Some(spec) = spec else { return Ok(out) };
+    let bad = || {
+        UsageError(format!(
+            "--inject {spec}: expected hang-after-connect=R or corrupt=dispatch|combine"
+        ))
+    };
+    match spec.split_once('=') {
+        Some(("hang-after-connect", r)) => {
+            let r: u32 = r.parse().map_err(|_| bad())?;
+            if r >= world {
+                return Err(bad());
+            }
+            out.connect.hang_rank = Some(r);
+        }
+        Some(("corrupt", "dispatch")) => out.corrupt = Some(run::Corrupt::Dispatch),
+        Some(("corrupt", "combine")) => out.corrupt = Some(run::Corrupt::Combine),
+        _ => return Err(bad()),
+    }
+    Ok(out)
+}
+
+/// The run's configuration from the arguments and the mode's defaults;
+/// shapes that cannot work are usage errors.
+fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
+    let (t, h, k, e) = args.mode.default_shape();
+    let (iters, warmup) = args.mode.default_iters();
+    let shape = Shape {
+        tokens: args.tokens.unwrap_or(t),
+        hidden: args.hidden.unwrap_or(h),
+        topk: args.topk.unwrap_or(k),
+        experts: args.experts.unwrap_or(e),
+        ranks,
+    };
+    let cfg = RunConfig {
+        mode: args.mode,
+        shape,
+        routing: args.routing,
+        paths: args.path.paths(),
+        iters: args.iters.unwrap_or(iters),
+        warmup: args.warmup.unwrap_or(warmup),
+        seed: args.seed,
+        timeout_ns: (args.timeout * 1e9) as u64,
+        blocks: args.blocks,
+        baseline: !args.no_baseline,
+    };
+    shape.validate(cfg.total_iterations())?;
+    Ok(cfg)
+}

@@ -1,0 +1,172 @@
+//! Who this process is: torchrun's environment.
+//!
+//! `torchrun --no-python --nproc-per-node=N ep …` and `ep --ranks N` both
+//! start one process per rank with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` set. With
+//! `TORCHELASTIC_USE_AGENT_STORE=True` (torchrun's default) torchrun's agent
+//! already hosts a c10d TCPStore at `MASTER_ADDR:MASTER_PORT` and every rank
+//! joins it as a client; otherwise rank 0 hosts the store.
+
+use crate::cli::UsageError;
+
+/// One rank's place in the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankEnv {
+    pub rank: u32,
+    pub world: u32,
+    /// Rank among the processes of this machine: picks the GPU.
+    pub local_rank: u32,
+    pub local_world: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// Join torchrun's store instead of having rank 0 host one.
+    pub agent_store: bool,
+    /// `TORCHELASTIC_RESTART_COUNT`: names torch's key namespace.
+    pub restart_count: u32,
+}
+
+impl RankEnv {
+    /// Reads the process environment; `None` when `RANK` is unset (this
+    /// process is not a rank: it launches them).
+    pub fn from_env() -> Result<Option<Self>, UsageError> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// As [`RankEnv::from_env`], from any lookup (testable).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, UsageError> {
+        let Some(rank) = get("RANK") else {
+            return Ok(None);
+        };
+        let num = |name: &str, v: &str| -> Result<u32, UsageError> {
+            v.trim()
+                .parse()
+                .map_err(|_| UsageError(format!("{name}={v:?} is not a number")))
+        };
+        let rank = num("RANK", &rank)?;
+        let world = match get("WORLD_SIZE") {
+            Some(w) => num("WORLD_SIZE", &w)?,
+            None => {
+                return Err(UsageError(
+                    "RANK is set but WORLD_SIZE is not: set both (torchrun does)".into(),
+                ));
+            }
+        };
+        if world == 0 || rank >= world {
+            return Err(UsageError(format!(
+                "RANK={rank} with WORLD_SIZE={world}: RANK must be below WORLD_SIZE"
+            )));
+        }
+        let local_rank = get("LOCAL_RANK")
+            .map(|v| num("LOCAL_RANK", &v))
+            .transpose()?
+            .unwrap_or(rank);
+        let local_world = get("LOCAL_WORLD_SIZE")
+            .map(|v| num("LOCAL_WORLD_SIZE", &v))
+            .transpose()?
+            .unwrap_or(world);
+        let master_port = match get("MASTER_PORT") {
+            Some(p) => p
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| {
+                    UsageError(format!("MASTER_PORT={p:?} is not a TCP port (1..65535)"))
+                })?,
+            None => {
+                return Err(UsageError(
+                    "RANK is set but MASTER_PORT is not: set MASTER_ADDR and MASTER_PORT".into(),
+                ));
+            }
+        };
+        Ok(Some(Self {
+            rank,
+            world,
+            local_rank,
+            local_world,
+            master_addr: get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            master_port,
+            agent_store: get("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True"),
+            restart_count: get("TORCHELASTIC_RESTART_COUNT")
+                .map(|v| num("TORCHELASTIC_RESTART_COUNT", &v))
+                .transpose()?
+                .unwrap_or(0),
+        }))
+    }
+
+    /// The prefix of every key this run sets. On our own store `nixl_ep/`;
+    /// on torchrun's store `/worker/attempt_<restart>/nixl_ep/`, which is
+    /// where torch's `PrefixStore(f"/worker/attempt_{n}", store)` puts a
+    /// worker's key `nixl_ep/…`, so our keys sit in the workers' namespace
+    /// under a name torch never uses.
+    pub fn key_prefix(&self) -> String {
+        if self.agent_store {
+            format!("/worker/attempt_{}/nixl_ep/", self.restart_count)
+        } else {
+            "nixl_ep/".into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Result<Option<RankEnv>, UsageError> {
+        RankEnv::from_vars(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        assert_eq!(env(&[]).unwrap(), None);
+        let e = env(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RESTART_COUNT", "1"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((e.rank, e.world, e.local_rank, e.local_world), (2, 4, 0, 2));
+        assert!(e.agent_store);
+        assert_eq!(e.key_prefix(), "/worker/attempt_1/nixl_ep/");
+        let e = env(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "1234")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                e.local_rank,
+                e.master_addr.as_str(),
+                e.key_prefix().as_str()
+            ),
+            (0, "127.0.0.1", "nixl_ep/")
+        );
+        for (vars, needle) in [
+            (
+                &[("RANK", "3"), ("WORLD_SIZE", "3"), ("MASTER_PORT", "1")][..],
+                "below WORLD_SIZE",
+            ),
+            (
+                &[("RANK", "0"), ("MASTER_PORT", "1")][..],
+                "WORLD_SIZE is not",
+            ),
+            (&[("RANK", "x"), ("WORLD_SIZE", "3")][..], "not a number"),
+            (&[("RANK", "0"), ("WORLD_SIZE", "3")][..], "MASTER_PORT"),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "3"), ("MASTER_PORT", "0")][..],
+                "TCP port",
+            ),
+        ] {
+            let err = env(vars).unwrap_err().0;
+            assert!(err.contains(needle), "{vars:?}: {err}");
+        }
+    }
+}

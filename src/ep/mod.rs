@@ -1,0 +1,48 @@
+//! Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
+//! device API: the `ep` program's library.
+//!
+//! One MoE step with DeepEP's semantics: each rank holds `tokens` tokens of
+//! `hidden` bf16 values, each routed to `topk` of `experts` experts
+//! (`experts / ranks` per rank). Dispatch sends each token once to every
+//! rank hosting any of its experts; a known per-expert transform stands in
+//! for the experts; combine sends the outputs back and sums them at the
+//! origin. Counts are signalled after the data, every wait has a GPU-side
+//! timeout, and every value is checked. `docs/EP.md` explains the design.
+//!
+//! The modules, bottom up:
+//!
+//! - [`config`]: modes, shapes and their limits, the memory window layout,
+//!   the launch grid;
+//! - [`rng`], [`routing`], [`layout`], [`reference`](mod@reference), [`model`]: the CPU
+//!   model — the data and routing every rank can regenerate, where each
+//!   token lands, the bytes moved, the combine reference and its bf16
+//!   bound, and what one rank precomputes from them;
+//! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
+//!   environment, the store keys, barriers, heartbeats, aborts, teardown;
+//! - [`connect`]: `--check-connection`, the wiring without a GPU;
+//! - [`view`], [`kernels`], [`rig`], [`session`], [`run`]: the GPU run —
+//!   the rank-indexed memory view, the kernels of `cuda/ep.cu`, the rank's
+//!   device memory, its session with the others (iterations and checks),
+//!   and the entry that decides GPU, memory and plan;
+//! - [`nccl`]: the same-run NCCL all-to-all baseline;
+//! - [`report`]: results as lines, a table, goals, JSON and CSV;
+//! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
+
+pub mod config;
+pub mod connect;
+pub mod env;
+pub mod group;
+pub mod kernels;
+pub mod keys;
+pub mod launch;
+pub mod layout;
+pub mod model;
+pub mod nccl;
+pub mod reference;
+pub mod report;
+pub mod rig;
+pub mod rng;
+pub mod routing;
+pub mod run;
+pub mod session;
+pub mod view;

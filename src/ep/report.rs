@@ -1,0 +1,425 @@
+//! What an `ep` run measured: each rank's raw results, gathered by rank 0
+//! into one row per (method, phase) — method `put`, `ptr` or `nccl` — with
+//! p50/p99 GPU time, bandwidth counted two ways, the ratio to NCCL, and the
+//! goals; printed as lines and a table, written as JSON and CSV.
+//!
+//! Time per iteration is the slowest rank's (the phase is done when every
+//! rank has everything); bytes are the mean over ranks of what each
+//! receives; bandwidth = bytes / p50 time, GB/s = 1e9 B/s.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path as FsPath;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::config::{Grid, Mode, Path, RunConfig};
+use super::layout::PhaseBytes;
+use super::nccl::{NcclStatus, NcclTimes};
+use crate::stats::Summary;
+
+/// One rank as it introduced itself.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    pub gpu_ordinal: usize,
+    pub gpu_name: String,
+    pub gpu_uuid: String,
+    pub sm_count: u32,
+    /// Phase-kernel blocks one SM holds at once.
+    pub blocks_per_sm: u32,
+    /// Ranks of this machine on the same GPU (this one included).
+    pub ranks_on_gpu: u32,
+    /// MPS as seen from this process: `on (…)`, `off`, `unknown`.
+    pub mps: String,
+    pub nccl: NcclStatus,
+}
+
+/// One path's per-iteration GPU times on one rank, ns (warm-up excluded).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PathTimes {
+    pub path: Path,
+    pub dispatch_ns: Vec<f64>,
+    pub combine_ns: Vec<f64>,
+    /// The calibration of block 0's cycle counter against `%globaltimer`.
+    pub ns_per_cycle: f64,
+}
+
+/// Everything one rank measured, published for rank 0.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankResult {
+    pub rank: u32,
+    pub grid: Grid,
+    pub dispatch_bytes: PhaseBytes,
+    pub combine_bytes: PhaseBytes,
+    pub paths: Vec<PathTimes>,
+    pub nccl: Option<NcclTimes>,
+}
+
+/// One (method, phase) over all ranks.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub mode: Mode,
+    /// `put`, `ptr` or `nccl`.
+    pub method: String,
+    /// `dispatch` or `combine`.
+    pub phase: &'static str,
+    pub iters: usize,
+    /// Per iteration, the slowest rank's time, ns.
+    pub time: Summary,
+    /// Each rank's p50, µs.
+    pub rank_p50_us: Vec<f64>,
+    /// Mean over ranks of the bytes each receives ([`PhaseBytes`]).
+    pub bytes: PhaseBytes,
+    /// DeepEP's count (activations received, local share included) / p50.
+    pub deepep_gbps: f64,
+    /// Bytes crossing the wire into a rank / p50.
+    pub wire_gbps: f64,
+    /// `wire_gbps` over NCCL's for the same phase (same bytes).
+    pub vs_nccl: Option<f64>,
+    pub verified: bool,
+}
+
+/// A goal of the issue, checked on this run's numbers.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goal {
+    pub what: String,
+    pub value: f64,
+    pub target: f64,
+    pub met: bool,
+}
+
+fn mean_bytes(results: &[RankResult], phase: &str) -> PhaseBytes {
+    let n = results.len().max(1) as u64;
+    let mut b = PhaseBytes::default();
+    for r in results {
+        let p = if phase == "dispatch" {
+            r.dispatch_bytes
+        } else {
+            r.combine_bytes
+        };
+        b.deepep += p.deepep;
+        b.wire += p.wire;
+        b.meta += p.meta;
+        b.per_expert += p.per_expert;
+    }
+    PhaseBytes {
+        deepep: b.deepep / n,
+        wire: b.wire / n,
+        meta: b.meta / n,
+        per_expert: b.per_expert / n,
+    }
+}
+
+/// One row from every rank's per-iteration times of one (method, phase).
+fn row(
+    mode: Mode,
+    method: &str,
+    phase: &'static str,
+    per_rank: &[&[f64]],
+    bytes: PhaseBytes,
+) -> Row {
+    let iters = per_rank.iter().map(|v| v.len()).min().unwrap_or(0);
+    let slowest: Vec<f64> = (0..iters)
+        .map(|i| per_rank.iter().map(|v| v[i]).fold(0.0, f64::max))
+        .collect();
+    let time = Summary::of(&slowest);
+    let gbps = |b: u64| {
+        if time.p50_ns > 0.0 {
+            b as f64 / time.p50_ns
+        } else {
+            0.0
+        }
+    };
+    Row {
+        mode,
+        method: method.to_string(),
+        phase,
+        iters,
+        rank_p50_us: per_rank
+            .iter()
+            .map(|v| Summary::of(v).p50_ns / 1e3)
+            .collect(),
+        bytes,
+        deepep_gbps: gbps(bytes.deepep),
+        wire_gbps: gbps(bytes.wire),
+        time,
+        vs_nccl: None,
+        verified: method != "nccl",
+    }
+}
+
+/// The rows of a run: every path's dispatch and combine, then NCCL's.
+pub fn rows(cfg: &RunConfig, results: &[RankResult]) -> Vec<Row> {
+    let mut out = Vec::new();
+    for (i, path) in cfg.paths.iter().enumerate() {
+        for phase in ["dispatch", "combine"] {
+            let times: Vec<&[f64]> = results
+                .iter()
+                .map(|r| {
+                    if phase == "dispatch" {
+                        &r.paths[i].dispatch_ns[..]
+                    } else {
+                        &r.paths[i].combine_ns[..]
+                    }
+                })
+                .collect();
+            out.push(row(
+                cfg.mode,
+                path.name(),
+                phase,
+                &times,
+                mean_bytes(results, phase),
+            ));
+        }
+    }
+    if results.iter().all(|r| r.nccl.is_some()) && !results.is_empty() {
+        for phase in ["dispatch", "combine"] {
+            let times: Vec<&[f64]> = results
+                .iter()
+                .map(|r| {
+                    let n = r.nccl.as_ref().unwrap();
+                    if phase == "dispatch" {
+                        &n.dispatch_ns[..]
+                    } else {
+                        &n.combine_ns[..]
+                    }
+                })
+                .collect();
+            out.push(row(
+                cfg.mode,
+                "nccl",
+                phase,
+                &times,
+                mean_bytes(results, phase),
+            ));
+        }
+        let nccl: BTreeMap<&str, f64> = out
+            .iter()
+            .filter(|r| r.method == "nccl")
+            .map(|r| (r.phase, r.wire_gbps))
+            .collect();
+        for r in out.iter_mut().filter(|r| r.method != "nccl") {
+            r.vs_nccl = nccl
+                .get(r.phase)
+                .filter(|&&v| v > 0.0)
+                .map(|v| r.wire_gbps / v);
+        }
+    }
+    out
+}
+
+/// The issue's goals for this mode: low-latency p50 ≤ 25 µs per phase;
+/// high-throughput wire bandwidth ≥ 1.3× NCCL's and, given simple_write's
+/// best put bandwidth at the same size, ≥ 0.9× of it.
+pub fn goals(cfg: &RunConfig, rows: &[Row], ref_put_gbps: Option<f64>) -> Vec<Goal> {
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.method != "nccl") {
+        let name = format!("{} {} {}", r.mode.name(), r.method, r.phase);
+        match cfg.mode {
+            Mode::Ll => out.push(Goal {
+                what: format!("{name}: p50 ≤ 25 µs"),
+                value: r.time.p50_ns / 1e3,
+                target: 25.0,
+                met: r.time.p50_ns / 1e3 <= 25.0,
+            }),
+            Mode::Ht => {
+                if let Some(x) = r.vs_nccl {
+                    out.push(Goal {
+                        what: format!("{name}: wire bandwidth ≥ 1.3× NCCL all-to-all"),
+                        value: x,
+                        target: 1.3,
+                        met: x >= 1.3,
+                    });
+                }
+                if let Some(p) = ref_put_gbps {
+                    out.push(Goal {
+                        what: format!(
+                            "{name}: wire bandwidth ≥ 0.9× simple_write's put ({p} GB/s)"
+                        ),
+                        value: r.wire_gbps / p,
+                        target: 0.9,
+                        met: r.wire_gbps >= 0.9 * p,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One line per row, as the run prints them.
+pub fn line(r: &Row, ranks: usize) -> String {
+    let mut s = format!(
+        "[ep] {} {} {}: p50 {:.2} µs, p99 {:.2} µs (slowest of {ranks} ranks, {} iterations); {:.1} GB/s wire, {:.1} GB/s \
+         as DeepEP counts",
+        r.mode.name(),
+        r.method,
+        r.phase,
+        r.time.p50_ns / 1e3,
+        r.time.p99_ns / 1e3,
+        r.iters,
+        r.wire_gbps,
+        r.deepep_gbps
+    );
+    if let Some(x) = r.vs_nccl {
+        let _ = write!(s, "; {x:.2}× NCCL");
+    }
+    if r.method != "nccl" {
+        s += if r.verified { " ✓" } else { " ✗" };
+    }
+    s
+}
+
+/// The results table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:>4} {:>6} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10} {:>12} {:>6} {:>3}\n",
+        "mode",
+        "method",
+        "phase",
+        "p50 µs",
+        "p99 µs",
+        "DeepEP GB/s",
+        "wire GB/s",
+        "wire MB",
+        "per-expert MB",
+        "×NCCL",
+        "ok"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:>4} {:>6} {:>9} {:>9.2} {:>9.2} {:>11.1} {:>10.1} {:>10.2} {:>12.2} {:>6} {:>3}",
+            r.mode.name(),
+            r.method,
+            r.phase,
+            r.time.p50_ns / 1e3,
+            r.time.p99_ns / 1e3,
+            r.deepep_gbps,
+            r.wire_gbps,
+            r.bytes.wire as f64 / 1e6,
+            r.bytes.per_expert as f64 / 1e6,
+            r.vs_nccl
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            if r.method == "nccl" {
+                ""
+            } else if r.verified {
+                "✓"
+            } else {
+                "✗"
+            }
+        );
+    }
+    out
+}
+
+/// The run's configuration, recorded with every figure.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo {
+    pub tool: String,
+    pub command_line: Vec<String>,
+    pub unix_time: u64,
+    pub config: RunConfig,
+    pub ranks: Vec<RankInfo>,
+    pub window_bytes: u64,
+    pub driver_version: Option<String>,
+    pub nixl_version: Option<String>,
+    pub nixl_lib_dir: Option<String>,
+    pub ucx_version: Option<String>,
+    /// `UCX_*`, `NIXL_*`, `CUDA_*`, `NCCL_*`, `TORCHELASTIC_*`, `MASTER_*` of rank 0.
+    pub env: BTreeMap<String, String>,
+}
+
+impl RunInfo {
+    pub fn collect(config: &RunConfig, ranks: Vec<RankInfo>, window_bytes: u64) -> Self {
+        let keep = [
+            "UCX_",
+            "NIXL_",
+            "CUDA_",
+            "NCCL_",
+            "TORCHELASTIC_",
+            "MASTER_",
+            "LOCAL_WORLD",
+        ];
+        let rt = crate::nixl::runtime::load().ok();
+        Self {
+            tool: format!("ep {}", env!("CARGO_PKG_VERSION")),
+            command_line: std::env::args().collect(),
+            unix_time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            config: config.clone(),
+            ranks,
+            window_bytes,
+            driver_version: crate::gpu::context::driver_version(),
+            nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
+            nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
+            ucx_version: rt.as_ref().and_then(|r| r.ucx_version()),
+            env: std::env::vars()
+                .filter(|(k, _)| keep.iter().any(|p| k.starts_with(p)))
+                .collect(),
+        }
+    }
+}
+
+/// Writes `{"run", "rows", "goals", "ranks"}` to `path`.
+pub fn write_json(
+    path: &FsPath,
+    info: &RunInfo,
+    rows: &[Row],
+    goals: &[Goal],
+    results: &[RankResult],
+) -> Result<()> {
+    let doc = serde_json::json!({ "run": info, "rows": rows, "goals": goals, "ranks": results });
+    let text = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes one CSV line per row, the configuration as `# key: value` lines.
+pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
+    let mut out = String::new();
+    if let serde_json::Value::Object(m) = serde_json::to_value(info)? {
+        for (k, v) in m {
+            let _ = writeln!(out, "# {k}: {v}");
+        }
+    }
+    out += "mode,method,phase,ranks,tokens,hidden,topk,experts,routing,iters,p50_ns,p99_ns,min_ns,avg_ns,max_ns,\
+            deepep_bytes,wire_bytes,meta_bytes,per_expert_bytes,deepep_gbps,wire_gbps,vs_nccl,verified\n";
+    let c = &info.config;
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{:?},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{:.3},{:.3},{},{}",
+            r.mode.name(),
+            r.method,
+            r.phase,
+            c.shape.ranks,
+            c.shape.tokens,
+            c.shape.hidden,
+            c.shape.topk,
+            c.shape.experts,
+            c.routing,
+            r.iters,
+            r.time.p50_ns,
+            r.time.p99_ns,
+            r.time.min_ns,
+            r.time.avg_ns,
+            r.time.max_ns,
+            r.bytes.deepep,
+            r.bytes.wire,
+            r.bytes.meta,
+            r.bytes.per_expert,
+            r.deepep_gbps,
+            r.wire_gbps,
+            r.vs_nccl.map(|x| format!("{x:.4}")).unwrap_or_default(),
+            r.verified
+        );
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,280 @@
+//! One rank's GPU run, from its arguments to its exit: local checks first
+//! (every problem at once), the GPU it runs on and whether its memory
+//! suffices (usage errors, exit 2), then the store, the agreement with the
+//! other ranks on configuration and plan, and the session
+//! ([`super::session`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+
+use super::config::RunConfig;
+use super::connect::conclude;
+use super::env::RankEnv;
+use super::group::{Group, open_store};
+use super::kernels::{self, EpKernels};
+use super::keys::Keys;
+use super::model::Model;
+use super::nccl::{self, NcclStatus};
+use super::report::RankInfo;
+use super::rig::Rig;
+use super::session;
+use crate::cli::UsageError;
+use crate::gpu::Gpu;
+use crate::gpu::context::device_count;
+
+/// Fault injection for tests: one wrong value, so the checks must fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corrupt {
+    /// A received activation, on the last rank, first timed iteration.
+    Dispatch,
+    /// A combined output value, on the last rank, first timed iteration.
+    Combine,
+}
+
+/// What the run needs beyond the configuration every rank shares.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// `--gpus`: how many GPUs the ranks share round-robin.
+    pub gpus: Option<u32>,
+    pub json: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    /// simple_write's best put bandwidth at the same size, GB/s (goal check).
+    pub ref_put_gbps: Option<f64>,
+    pub corrupt: Option<Corrupt>,
+}
+
+/// Decisions rank 0 makes from every rank's [`RankInfo`], which all follow.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    /// Blocks of every phase kernel (the receivers count one signal per
+    /// block, so every rank must use the same number).
+    pub blocks: u32,
+    /// Ranks on the busiest GPU.
+    pub max_ranks_on_gpu: u32,
+    /// Why the NCCL baseline is skipped, if it is.
+    pub baseline_skip: Option<String>,
+}
+
+/// Runs this rank. Errors: usage errors (exit 2), data mismatches (exit 3),
+/// anything else (exit 1), each naming the cause.
+pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
+    // May re-execute this process (see nccl.rs): before anything else.
+    let nccl_status = if cfg.baseline {
+        nccl::prepare()
+    } else {
+        NcclStatus::Unavailable("--no-baseline".into())
+    };
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
+    preflight(&nccl_status)?;
+    let (gpu, ranks_on_gpu) = open_gpu(env, opts)?;
+    let model = Model::new(cfg, env.rank);
+    check_memory(&gpu, &model, ranks_on_gpu, cfg.baseline)?;
+    let kernels = EpKernels::load(&gpu.ctx)?;
+    let info = rank_info(env, &gpu, &kernels, ranks_on_gpu, nccl_status)?;
+    eprintln!(
+        "[rank {}] GPU {} ({}), {} rank(s) on it, MPS {}; NCCL: {:?}",
+        env.rank, info.gpu_ordinal, info.gpu_name, ranks_on_gpu, info.mps, info.nccl
+    );
+    let timeout = Duration::from_nanos(cfg.timeout_ns);
+    let store = open_store(env, timeout)?;
+    crate::interrupt::install()?;
+    let group = Group::new(
+        store.as_ref(),
+        Keys::new(env.key_prefix()),
+        env.rank,
+        env.world,
+        timeout,
+    );
+    let result = group.with_heartbeat(|| {
+        let ctx = session::Context {
+            group: &group,
+            cfg,
+            opts,
+            gpu: &gpu,
+            kernels: &kernels,
+            model: &model,
+        };
+        session::run(&ctx, &info).and_then(|()| group.leave())
+    });
+    conclude(&group, env, result)
+}
+
+/// Everything local that must hold, reported together (with what was found
+/// of NCCL, which only the baseline needs).
+fn preflight(nccl: &NcclStatus) -> Result<()> {
+    let mut problems = Vec::new();
+    if let Err(why) = kernels::availability() {
+        problems.push(format!(
+            "this binary was built without the EP kernels: {why}"
+        ));
+    }
+    if let Err(e) = device_count() {
+        problems.push(e.to_string());
+    }
+    if let Err(e) = crate::nixl::runtime::load() {
+        problems.push(e.to_string());
+    }
+    if let Ok(tls) = std::env::var("UCX_TLS") {
+        let names: Vec<&str> = tls
+            .trim_start_matches('^')
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let named = names
+            .iter()
+            .any(|t| matches!(*t, "cuda_ipc" | "cuda" | "all"));
+        if named == tls.starts_with('^') {
+            problems.push(format!(
+                "UCX_TLS={tls} leaves out cuda_ipc, the device-API transport between GPUs of one machine: unset UCX_TLS \
+                 or include cuda_ipc"
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        let nccl = match nccl {
+            NcclStatus::Ready(v) => format!("NCCL {v} loaded"),
+            NcclStatus::Unavailable(why) => format!("no NCCL: {why}"),
+        };
+        bail!(
+            "this machine cannot run ep:\n  - {}\n(for the baseline: {nccl})",
+            problems.join("\n  - ")
+        );
+    }
+    Ok(())
+}
+
+/// Opens GPU `LOCAL_RANK mod gpus`; returns it and how many of this
+/// machine's ranks share it.
+fn open_gpu(env: &RankEnv, opts: &RunOptions) -> Result<(Gpu, u32)> {
+    let visible = device_count()? as u32;
+    let gpus = opts.gpus.unwrap_or(visible);
+    if gpus > visible {
+        return Err(UsageError(format!("--gpus {gpus}: this machine has {visible} GPU(s)")).into());
+    }
+    let ordinal = env.local_rank % gpus;
+    let sharing = (0..env.local_world).filter(|l| l % gpus == ordinal).count() as u32;
+    Ok((Gpu::open(ordinal as usize)?, sharing.max(1)))
+}
+
+/// Usage error when this rank's buffers cannot fit, named with the numbers.
+fn check_memory(gpu: &Gpu, model: &Model, ranks_on_gpu: u32, baseline: bool) -> Result<()> {
+    let mut need = Rig::bytes_needed(model);
+    if baseline {
+        let sum = |v: &[u64]| v.iter().sum::<u64>();
+        need += sum(&model.pairs.0.send).max(sum(&model.pairs.1.send))
+            + sum(&model.pairs.0.recv).max(sum(&model.pairs.1.recv));
+    }
+    let (free, total) = gpu.ctx.mem_get_info()?;
+    let (free, total) = (free as u64, total as u64);
+    if need > free || need * u64::from(ranks_on_gpu) > total {
+        return Err(UsageError(format!(
+            "--tokens {} × --hidden {} on {} ranks needs about {} MiB per rank on GPU {} ({} rank(s) share it), which has {} MiB \
+             free of {} MiB: use fewer tokens, a smaller hidden size, more GPUs or --no-baseline",
+            model.shape.tokens,
+            model.shape.hidden,
+            model.shape.ranks,
+            need >> 20,
+            gpu.ordinal,
+            ranks_on_gpu,
+            free >> 20,
+            total >> 20
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// MPS as seen from here: its control pipe in `CUDA_MPS_PIPE_DIRECTORY`
+/// (default `/tmp/nvidia-mps`).
+pub fn mps_state() -> String {
+    let set = std::env::var("CUDA_MPS_PIPE_DIRECTORY").ok();
+    let dir = set.clone().unwrap_or_else(|| "/tmp/nvidia-mps".into());
+    let pipe = std::path::Path::new(&dir).join("control");
+    match (pipe.exists(), set) {
+        (true, _) => format!("on (control pipe {})", pipe.display()),
+        (false, Some(d)) => format!("off (CUDA_MPS_PIPE_DIRECTORY={d} has no control pipe)"),
+        (false, None) => "off".into(),
+    }
+}
+
+fn rank_info(
+    env: &RankEnv,
+    gpu: &Gpu,
+    k: &EpKernels,
+    ranks_on_gpu: u32,
+    nccl: NcclStatus,
+) -> Result<RankInfo> {
+    let g = gpu.info()?;
+    Ok(RankInfo {
+        rank: env.rank,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        pid: std::process::id(),
+        gpu_ordinal: g.ordinal,
+        gpu_name: g.name,
+        gpu_uuid: g.uuid,
+        sm_count: gpu.sm_count,
+        blocks_per_sm: k.blocks_per_sm()?,
+        ranks_on_gpu,
+        mps: mps_state(),
+        nccl,
+    })
+}
+
+/// Rank 0's decisions from every rank's info: one grid for all (each
+/// rank's share of its GPU's SMs, the smallest share wins), and whether the
+/// NCCL baseline can run (one rank per GPU, NCCL everywhere).
+pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
+    let sharing = |i: &RankInfo| {
+        infos
+            .iter()
+            .filter(|j| j.host == i.host && j.gpu_uuid == i.gpu_uuid)
+            .count() as u32
+    };
+    let max_ranks_on_gpu = infos.iter().map(sharing).max().unwrap_or(1);
+    let share = infos
+        .iter()
+        .map(|i| i.sm_count / sharing(i))
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    let blocks = cfg.blocks.unwrap_or(share);
+    for i in infos {
+        let room = i.blocks_per_sm * i.sm_count / sharing(i);
+        if blocks > room {
+            return Err(UsageError(format!(
+                "--blocks {blocks}: rank {} can keep only {room} blocks resident at once ({} SMs × {} blocks, shared by {} \
+                 rank(s)); the combine kernel's blocks wait for each other, so use at most {room}",
+                i.rank,
+                i.sm_count,
+                i.blocks_per_sm,
+                sharing(i)
+            ))
+            .into());
+        }
+    }
+    let baseline_skip = if !cfg.baseline {
+        Some("--no-baseline".into())
+    } else if max_ranks_on_gpu > 1 {
+        Some(format!(
+            "{max_ranks_on_gpu} ranks share a GPU; NCCL needs one rank per GPU"
+        ))
+    } else {
+        infos.iter().find_map(|i| match &i.nccl {
+            NcclStatus::Unavailable(why) => Some(format!("rank {}: {why}", i.rank)),
+            NcclStatus::Ready(_) => None,
+        })
+    };
+    Ok(Plan {
+        blocks,
+        max_ranks_on_gpu,
+        baseline_skip,
+    })
+}

@@ -1,0 +1,380 @@
+//! `ep` as users meet it without a GPU: argument errors (exit 2), and the
+//! connection check — three ranks meet through the store and wire up their
+//! NIXL agents (the real library, over UCX) — started by `ep --ranks 3`, by
+//! hand with torchrun's variables, and against a store the test hosts as
+//! torchrun's agent would; plus a rank that dies mid-run.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn ep() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ep"));
+    // The test's own environment must not make the launcher a rank.
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
+        c.env_remove(v);
+    }
+    c.env_remove("TORCHELASTIC_USE_AGENT_STORE");
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A child killed and reaped when dropped, so a failing test leaves nothing.
+struct Rank(Option<Child>);
+
+impl Rank {
+    fn pid(&self) -> u32 {
+        self.0.as_ref().unwrap().id()
+    }
+
+    /// Waits at most `limit` (then kills it and panics), reading its output.
+    fn output(mut self, limit: Duration) -> Output {
+        let mut c = self.0.take().unwrap();
+        let read = |r: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut v);
+                }
+                v
+            })
+        };
+        let out = read(c.stdout.take().map(|s| Box::new(s) as _));
+        let err = read(c.stderr.take().map(|s| Box::new(s) as _));
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("rank still running after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Output {
+            status,
+            stdout: out.join().unwrap(),
+            stderr: err.join().unwrap(),
+        }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts rank `r` of `n` by hand, with torchrun's variables.
+fn spawn_rank(r: u32, n: u32, port: u16, agent_store: bool, extra: &[&str]) -> Rank {
+    let mut c = ep();
+    c.args(["--check-connection", "--timeout", "20"])
+        .args(extra)
+        .env("RANK", r.to_string())
+        .env("WORLD_SIZE", n.to_string())
+        .env("LOCAL_RANK", r.to_string())
+        .env("LOCAL_WORLD_SIZE", n.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("UCX_POSIX_USE_PROC_LINK", "n")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if agent_store {
+        c.env("TORCHELASTIC_USE_AGENT_STORE", "True")
+            .env("TORCHELASTIC_RESTART_COUNT", "0");
+    }
+    Rank(Some(c.spawn().expect("starting ep")))
+}
+
+fn assert_all_connected(stdout: &str, ranks: u32) {
+    for r in 0..ranks {
+        for s in (0..ranks).filter(|&s| s != r) {
+            assert!(
+                stdout.contains(&format!("[rank {r}] connected to rank {s} (ep-rank-{s})")),
+                "rank {r} did not connect to {s}:\n{stdout}"
+            );
+        }
+        assert!(
+            stdout.contains(&format!(
+                "[rank {r}] connected to all {} other rank(s)",
+                ranks - 1
+            )),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn help_documents_the_options() {
+    let o = ep().arg("--help").output().unwrap();
+    assert!(o.status.success());
+    let help = String::from_utf8_lossy(&o.stdout);
+    for opt in [
+        "--mode",
+        "--tokens",
+        "--hidden",
+        "--topk",
+        "--experts",
+        "--routing",
+        "--path",
+        "--iters",
+        "--warmup",
+        "--timeout",
+        "--seed",
+        "--ranks",
+        "--gpus",
+        "--check-connection",
+        "--json",
+        "--csv",
+        "--no-baseline",
+        "torchrun",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    ] {
+        assert!(help.contains(opt), "--help lacks {opt}");
+    }
+}
+
+#[test]
+fn bad_shapes_and_arguments_exit_2_before_any_network_or_gpu_work() {
+    for (args, needle) in [
+        (&["--experts", "255"][..], "not divisible by the 2 ranks"),
+        (&["--ranks", "3"][..], "not divisible by the 3 ranks"),
+        (&["--topk", "300"][..], "distinct experts"),
+        (&["--topk", "0"][..], "between 1"),
+        (&["--tokens", "0"][..], "--tokens 0"),
+        (&["--hidden", "7004"][..], "multiple of 8"),
+        (&["--hidden", "0"][..], "multiple of 8"),
+        (&["--mode", "fast"][..], "fast"),
+        (&["--path", "rdma"][..], "rdma"),
+        (&["--iters", "0"][..], "iters"),
+        (&["--ranks", "0"][..], "ranks"),
+        (&["--timeout=-1"][..], "timeout"),
+        (&["--inject", "explode"][..], "--inject"),
+        (&["--iters", "2000000", "--tokens", "4096"][..], "31 bits"),
+    ] {
+        let start = Instant::now();
+        let o = ep().args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(needle),
+            "{args:?} lacks {needle:?}: {}",
+            text(&o)
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{args:?} took {:?}",
+            start.elapsed()
+        );
+    }
+    // Under torchrun's variables too, and --ranks must agree with WORLD_SIZE.
+    let o = ep()
+        .args(["--ranks", "3"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_PORT", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("WORLD_SIZE=2"),
+        "{}",
+        text(&o)
+    );
+    let o = ep()
+        .env("RANK", "5")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_PORT", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
+fn three_ranks_connect_under_our_launcher() {
+    let o = ep()
+        .args(["--ranks", "3", "--check-connection", "--timeout", "20"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_all_connected(&String::from_utf8_lossy(&o.stdout), 3);
+}
+
+#[test]
+fn three_ranks_connect_with_torchruns_variables_set_by_hand() {
+    let port = free_port();
+    let ranks: Vec<Rank> = (0..3).map(|r| spawn_rank(r, 3, port, false, &[])).collect();
+    let mut stdout = String::new();
+    for (r, rank) in ranks.into_iter().enumerate() {
+        let o = rank.output(Duration::from_secs(60));
+        assert!(o.status.success(), "rank {r}: {}", text(&o));
+        stdout += &String::from_utf8_lossy(&o.stdout);
+    }
+    assert_all_connected(&stdout, 3);
+}
+
+/// The store torchrun's agent hosts: torch's own c10d::TCPStore when built
+/// with the libtorch feature, else ours (the same wire protocol).
+#[test]
+fn three_ranks_join_torchruns_agent_store_and_leave_no_key_behind() {
+    let opts_port;
+    let store: Box<dyn nixl_examples::store::Store>;
+    #[cfg(feature = "libtorch")]
+    {
+        let s =
+            nixl_examples::store::libtorch::TorchStore::open(&nixl_examples::store::StoreOptions {
+                host: "127.0.0.1".into(),
+                port: 0,
+                is_server: true,
+                num_workers: None,
+                wait_workers: false,
+                timeout: Duration::from_secs(20),
+            })
+            .expect("torch's TCPStore server");
+        opts_port = s.port();
+        store = Box::new(s);
+    }
+    #[cfg(not(feature = "libtorch"))]
+    {
+        eprintln!("note: built without the libtorch feature: the agent store is our own server");
+        let s = nixl_examples::store::native::TcpStore::open(&nixl_examples::store::StoreOptions {
+            host: "127.0.0.1".into(),
+            port: 0,
+            is_server: true,
+            num_workers: None,
+            wait_workers: false,
+            timeout: Duration::from_secs(20),
+        })
+        .expect("our TCPStore server");
+        opts_port = s.port();
+        store = Box::new(s);
+    }
+    // A key of torch's own in the workers' namespace must survive untouched.
+    store.set("/worker/attempt_0/torch_key", b"torch").unwrap();
+    let before = store.num_keys().unwrap();
+    let ranks: Vec<Rank> = (0..3)
+        .map(|r| spawn_rank(r, 3, opts_port, true, &[]))
+        .collect();
+    let mut stdout = String::new();
+    for (r, rank) in ranks.into_iter().enumerate() {
+        let o = rank.output(Duration::from_secs(60));
+        assert!(o.status.success(), "rank {r}: {}", text(&o));
+        stdout += &String::from_utf8_lossy(&o.stdout);
+    }
+    assert_all_connected(&stdout, 3);
+    assert_eq!(
+        store.num_keys().unwrap(),
+        before,
+        "the ranks left keys behind"
+    );
+    assert_eq!(store.get("/worker/attempt_0/torch_key").unwrap(), b"torch");
+    assert!(
+        !store
+            .check(&["/worker/attempt_0/nixl_ep/rank/0/metadata"])
+            .unwrap()
+    );
+}
+
+#[test]
+fn a_rank_that_dies_is_named_by_the_others() {
+    let port = free_port();
+    let mut ranks: Vec<Rank> = (0..3)
+        .map(|r| spawn_rank(r, 3, port, false, &["--inject", "hang-after-connect=2"]))
+        .collect();
+    // Rank 2 hangs after connecting, its heartbeat still going; the others
+    // wait for it at the end. Then it dies.
+    std::thread::sleep(Duration::from_secs(3));
+    let victim = ranks.pop().unwrap();
+    // SAFETY: kill(2) on a child we started and still own.
+    unsafe { kill(victim.pid() as i32, 9) };
+    let killed_at = Instant::now();
+    drop(victim);
+    for (r, rank) in ranks.into_iter().enumerate() {
+        let o = rank.output(Duration::from_secs(40));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_ne!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+        assert!(
+            err.contains("rank 2"),
+            "rank {r} does not name rank 2: {}",
+            text(&o)
+        );
+    }
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        killed_at.elapsed()
+    );
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+#[test]
+fn a_machine_that_cannot_run_it_says_why_and_exits_1() {
+    if nixl_examples::gpu::context::driver_present()
+        && nixl_examples::ep::kernels::availability().is_ok()
+    {
+        eprintln!(
+            "SKIP ep cannot-run test: this machine has a GPU driver and the EP kernels are built"
+        );
+        return;
+    }
+    let o = ep()
+        .args(["--ranks", "2", "--timeout", "60"])
+        .env("NCCL_LIB", "/nonexistent/nccl")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(err.contains("cannot run ep"), "{err}");
+    assert!(
+        err.contains("NCCL_LIB=/nonexistent/nccl"),
+        "the NCCL search is not reported: {err}"
+    );
+    // With a real libnccl.so.2 (e.g. unpacked from the nvidia-nccl-cu13
+    // wheel) the rank re-executes itself so that cudarc can load it.
+    match std::env::var("NIXL_EP_TEST_NCCL_LIB") {
+        Err(_) => eprintln!(
+            "SKIP NCCL loading: set NIXL_EP_TEST_NCCL_LIB to a folder holding libnccl.so.2"
+        ),
+        Ok(lib) => {
+            let o = ep()
+                .args(["--ranks", "1"])
+                .env("NCCL_LIB", lib)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains("re-executing") && err.contains("loaded)"),
+                "{err}"
+            );
+        }
+    }
+}
