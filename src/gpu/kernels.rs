@@ -557,3 +557,56 @@ mod tests {
         }
     }
 }
+
+/// The layout version of UCX's device memory lists that the kernels were
+/// compiled against (`UCP_DEVICE_MEM_LIST_VERSION_V1`, passed by the build),
+/// if they were built.
+pub const MEM_LIST_VERSION: Option<&str> = option_env!("NIXL_UCX_MEM_LIST_VERSION");
+
+/// The header of a memory view's device memory list: layout version,
+/// lanes per element, elements. Read once per view, on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ViewHeader {
+    pub version: u16,
+    pub lanes: u16,
+    pub elements: u32,
+}
+
+/// Reads the header of the memory list behind `view` (a device pointer,
+/// on the current context's GPU) and fails unless its layout version is
+/// the one the kernels were compiled against and it holds at least
+/// `elements` elements. A mismatch means NIXL's bundled UCX lays the list
+/// out differently from the UCX headers the kernels inline, and every
+/// device call would misread it.
+pub fn check_view(
+    view: &nixl_sys::MemView,
+    elements: u32,
+    what: &str,
+) -> anyhow::Result<ViewHeader> {
+    let mut raw = [0u8; 8];
+    // SAFETY: a prepared view's handle points at device memory holding at
+    // least the 8-byte header; the copy is synchronous.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut raw, view.as_ptr() as u64) }?;
+    let h = ViewHeader {
+        version: u16::from_le_bytes([raw[0], raw[1]]),
+        lanes: u16::from_le_bytes([raw[2], raw[3]]),
+        elements: u32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]),
+    };
+    let want: Option<u16> = MEM_LIST_VERSION.and_then(|v| v.parse().ok());
+    if want.is_some_and(|w| w != h.version) {
+        anyhow::bail!(
+            "the memory view of {what} has UCX layout version {} but the kernels were compiled for {}: NIXL's \
+             bundled UCX and the UCX device headers disagree; rebuild against headers of the UCX that NIXL \
+             ships (UCX_INCLUDE_DIR)",
+            h.version,
+            MEM_LIST_VERSION.unwrap_or("?")
+        );
+    }
+    if h.elements < elements {
+        anyhow::bail!(
+            "the memory view of {what} has {} element(s), expected {elements}",
+            h.elements
+        );
+    }
+    Ok(h)
+}

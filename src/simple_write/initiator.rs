@@ -25,7 +25,7 @@ use super::rounds::{self, RoundResult};
 use super::session::Session;
 use crate::cli::DataMismatch;
 use crate::gpu::context::find_gpu;
-use crate::gpu::kernels::{Kernels, WaitMode};
+use crate::gpu::kernels::{Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -312,13 +312,17 @@ fn prepare_views(local: &Local, data: &DescList, signal: &DescList) -> Result<Vi
     // SAFETY: the sources stay registered and allocated until the views
     // drop (`Held`'s field order); the target keeps its buffers until we
     // set `initiator_done`, which `tear_down` does after dropping them.
-    unsafe {
-        Ok(Views {
+    let views = unsafe {
+        Views {
             src: prep_local(agent, backend, &sources)?,
             dst: prep_remote(agent, backend, data, p::TARGET_NAME)?,
             signal: prep_remote(agent, backend, signal, p::TARGET_NAME)?,
-        })
-    }
+        }
+    };
+    check_view(&views.src, 2, "our sources")?;
+    check_view(&views.dst, 1, "the target's data")?;
+    check_view(&views.signal, 1, "the target's signal")?;
+    Ok(views)
 }
 
 /// Ordered so neither side frees memory the other still maps: our views

@@ -104,11 +104,14 @@ impl RoundSpec {
     /// is the most blocks the round may have resident at once.
     pub fn resolve(&self, max_resident: impl Fn(Path, Level, u32) -> u32) -> Round {
         // Ping-pong times one group; wide blocks only add barrier cost there.
-        let threads = self.threads.unwrap_or(match (self.level, self.pingpong) {
-            (Level::Block, false) => 512,
-            (Level::Block, true) => 256,
-            (l, _) => l.default_threads(),
-        });
+        let threads = self
+            .threads
+            .unwrap_or(match (self.level, self.pingpong, self.path) {
+                (Level::Block, false, Path::Put) => 256,
+                (Level::Block, false, Path::Store) => 512,
+                (Level::Block, true, _) => 256,
+                (l, _, _) => l.default_threads(),
+            });
         let blocks = match (self.blocks, self.level, self.pingpong) {
             (_, _, true) => 1,
             (Some(b), _, _) => b,
@@ -120,11 +123,12 @@ impl RoundSpec {
         let iters = self
             .iters
             .unwrap_or_else(|| auto_iters(self.size, self.level, blocks, self.pingpong));
+        let groups = (blocks as u64 * threads as u64) / self.level.group_size(threads) as u64;
         Round {
             size: self.size,
             level: self.level,
             path: self.path,
-            chunk: self.chunk.unwrap_or(0),
+            chunk: self.chunk.unwrap_or_else(|| auto_chunk(self.size, groups)),
             blocks,
             threads,
             warmup: self.warmup.unwrap_or_else(|| auto_warmup(iters)),
@@ -190,11 +194,35 @@ pub fn auto_warmup(iters: u32) -> u32 {
     (iters / 10).max(1)
 }
 
-/// Default grid for the BLOCK level in bandwidth mode: one block per 32 KiB
-/// of data, at most as many as can be resident at once (the kernel's blocks
-/// wait on each other). THREAD and WARP stay single-group: they teach.
+/// Default grid for the BLOCK level in bandwidth mode: one block per 16 KiB
+/// of data, at least 32 (one per 4 SMs), at most as many as can be
+/// resident at once (the kernel's blocks wait on each other). THREAD and
+/// WARP stay single-group: they teach.
+///
+/// From `scripts/tune-grid.sh` on two H200s over NVLink (blocks 33–264,
+/// threads 256–1024): from 64 KiB to 1 MiB the best grids had 33–132
+/// blocks, the worst of them within 15% (33 blocks of 256 threads: 14.6 GB/s
+/// at 64 KiB, 155 at 1 MiB on the put path); from 2 MiB the most blocks won
+/// (264×256: 233 GB/s at 2 MiB, 312 at 4 MiB). The put path did best with
+/// 256-thread blocks, the store path with 512 ([`RoundSpec::resolve`]).
 pub fn auto_blocks(size: u64, max_resident: u32) -> u32 {
-    (size.div_ceil(32 << 10) as u32).clamp(1, max_resident.max(1))
+    let max = max_resident.max(1);
+    (size.div_ceil(16 << 10) as u32).max(32).min(max)
+}
+
+/// Default layout: contiguous slices (0) while each group's slice is at
+/// most 256 KiB, else 64 KiB chunks dealt round-robin. Measured on two
+/// H200s over NVLink, 264×512 and 132×512/1024 grids: contiguous slices
+/// held 371–372 GB/s while each block's slice was ≤ 256 KiB and fell to
+/// 349–355 GB/s from 0.5–1 MiB per block (128 MiB and up), where every
+/// block streams through its own far-apart region; 64 KiB and 1 MiB chunks
+/// held 372–373 GB/s at every size to 1 GiB, on both paths.
+pub fn auto_chunk(size: u64, groups: u64) -> u64 {
+    if groups > 1 && slice_for(size, groups) > 256 << 10 {
+        64 << 10
+    } else {
+        0
+    }
 }
 
 /// Sizes from `min` to `max` (inclusive), each `factor` times the last, as

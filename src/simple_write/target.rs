@@ -22,7 +22,7 @@ use super::protocol::{self as p, AgentMetadata, Claim, Role};
 use super::receive;
 use super::session::Session;
 use crate::cli::DataMismatch;
-use crate::gpu::kernels::{Kernels, WaitMode};
+use crate::gpu::kernels::{Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -194,8 +194,9 @@ fn connect(held: &mut Held, session: &Session) -> Result<()> {
     say!("[target] Connected to initiator");
     // SAFETY: the initiator keeps its ack word until we set `target_done`,
     // which `tear_down` does after dropping this view.
-    held.ack_view =
-        Some(unsafe { prep_remote(agent, &held.nixl.backend, &ack, p::INITIATOR_NAME)? });
+    let view = unsafe { prep_remote(agent, &held.nixl.backend, &ack, p::INITIATOR_NAME)? };
+    check_view(&view, 1, "the initiator's acknowledgement word")?;
+    held.ack_view = Some(view);
     info!("waiting for signals with a {}", held.wait.describe());
     Ok(())
 }
