@@ -88,7 +88,7 @@ struct EpReport {
     uint32_t wait_kind;     // EP_WAIT_* of the wait that gave up
     uint32_t wait_rank;     // the rank it waited for
     uint64_t wait_target;   // the value it waited for
-    uint32_t null_ptr_rank; // ptr path: 1 + the rank whose nixlGetPtr was null
+    uint32_t null_ptr_rank; // store path: 1 + the rank whose nixlGetPtr was null
     uint32_t reserved;
 };
 
@@ -130,7 +130,7 @@ struct EpTiming {
 };
 
 constexpr uint32_t EP_PATH_PUT = 0;  // nixlPut + nixlAtomicAdd
-constexpr uint32_t EP_PATH_PTR = 1;  // nixlGetPtr + stores + release atomics
+constexpr uint32_t EP_PATH_STORE = 1;  // nixlGetPtr + stores + release atomics
 
 // The parameters of every EP kernel, passed by value.
 struct EpParams {

@@ -4,7 +4,7 @@
     python3 scripts/plot_ep.py DIR OUT.png
 
 Left: high-throughput runs, wire bandwidth (GB/s, bytes crossing into a
-rank per p50 iteration) of dispatch and combine per method (put, ptr, and
+rank per p50 iteration) of dispatch and combine per method (put, store, and
 the NCCL all-to-all of the same bytes). Right: low-latency runs, p50 and p99
 GPU time per phase (µs) with the 25 µs goal.
 """
@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"put": "#1f77b4", "ptr": "#2ca02c", "nccl": "#7f7f7f"}
+COLORS = {"put": "#1f77b4", "store": "#2ca02c", "nccl": "#7f7f7f"}
 
 
 def load(folder):

@@ -23,7 +23,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
             ranks,
         },
         routing: RoutingKind::Uniform,
-        paths: vec![Path::Put, Path::Ptr],
+        paths: vec![Path::Put, Path::Store],
         iters: 4,
         warmup: 1,
         seed: 1,
@@ -108,7 +108,7 @@ fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {
             meta: 0,
             per_expert: 8_000_000,
         },
-        paths: [Path::Put, Path::Ptr]
+        paths: [Path::Put, Path::Store]
             .into_iter()
             .map(|path| PathTimes {
                 path,
@@ -130,7 +130,7 @@ fn rows_take_the_slowest_rank_and_count_bandwidth_two_ways() {
     let c = cfg(Mode::Ht, 2);
     let results = [result(0, 1.0, true), result(1, 1.5, true)];
     let rows = report::rows(&c, &results);
-    assert_eq!(rows.len(), 6, "put, ptr and nccl × dispatch, combine");
+    assert_eq!(rows.len(), 6, "put, store and nccl × dispatch, combine");
     let d = &rows[0];
     assert_eq!((d.method.as_str(), d.phase), ("put", "dispatch"));
     // Slowest rank (×1.5) per iteration: 15, 30, 45, 60 µs; p50 = 30 µs.

@@ -47,7 +47,7 @@ use nixl_examples::interrupt;
     version,
     after_help = "Examples:\n  \
     ep --ranks 2 --mode ht --json ht.json          # EP2, high-throughput, both data paths\n  \
-    ep --ranks 4 --gpus 2 --mode ll --path ptr     # 4 ranks sharing 2 GPUs (best under MPS)\n  \
+    ep --ranks 4 --gpus 2 --mode ll --path store     # 4 ranks sharing 2 GPUs (best under MPS)\n  \
     torchrun --no-python --nproc-per-node=2 $(which ep) --mode ll\n  \
     ep --ranks 3 --check-connection                # no GPU needed\n\n\
     scripts/run_ep.sh runs the usual matrix and writes tables and a plot."
@@ -79,7 +79,7 @@ struct Args {
     routing: RoutingKind,
 
     /// Data path: put (nixlPut + nixlAtomicAdd, any UCX device transport),
-    /// ptr (nixlGetPtr + stores, NVLink), or both in turn.
+    /// store (nixlGetPtr + stores, NVLink), or both in turn.
     #[arg(long, value_enum, default_value_t = PathChoice::Both)]
     path: PathChoice,
 

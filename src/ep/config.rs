@@ -69,14 +69,14 @@ pub enum Path {
     Put,
     /// `nixlGetPtr` + plain 16-byte stores + a release atomic: the peer's
     /// memory mapped into ours (NVLink / cuda_ipc only).
-    Ptr,
+    Store,
 }
 
 impl Path {
     pub fn name(self) -> &'static str {
         match self {
             Path::Put => "put",
-            Path::Ptr => "ptr",
+            Path::Store => "store",
         }
     }
 
@@ -84,7 +84,7 @@ impl Path {
     pub fn code(self) -> u32 {
         match self {
             Path::Put => 0,
-            Path::Ptr => 1,
+            Path::Store => 1,
         }
     }
 }
@@ -94,7 +94,7 @@ impl Path {
 #[serde(rename_all = "lowercase")]
 pub enum PathChoice {
     Put,
-    Ptr,
+    Store,
     Both,
 }
 
@@ -103,8 +103,8 @@ impl PathChoice {
     pub fn paths(self) -> Vec<Path> {
         match self {
             PathChoice::Put => vec![Path::Put],
-            PathChoice::Ptr => vec![Path::Ptr],
-            PathChoice::Both => vec![Path::Put, Path::Ptr],
+            PathChoice::Store => vec![Path::Store],
+            PathChoice::Both => vec![Path::Put, Path::Store],
         }
     }
 }
@@ -199,9 +199,17 @@ impl Shape {
 
     /// Slots per combine flag: an expert rank signals its contributions to
     /// an origin in batches of this many tokens, so the origin can add them
-    /// up while the rest is still arriving. 16 for 4096 tokens, 1 below 512.
+    /// up while the rest is still arriving (16 from 4096 tokens, at least
+    /// 2). Below 512 tokens one batch holds them all, and every block of
+    /// the grid copies a share and signals once (cuda/ep.cu,
+    /// `send_outputs_all`): with so few tokens the batches were too small
+    /// to keep the grid busy and their fences ran one after another.
     pub fn combine_batch(&self) -> u32 {
-        (self.tokens / 256).clamp(1, 16)
+        if self.tokens < 512 {
+            self.tokens.max(1)
+        } else {
+            (self.tokens / 256).clamp(2, 16)
+        }
     }
 
     /// Flags per expert rank: ⌈tokens / combine_batch⌉.
@@ -420,7 +428,7 @@ mod tests {
         let rows = 3 * 100 * 14336;
         let regions = [
             (w.dispatch_count, 24),
-            (w.combine_flags, 8 * 3 * 100),
+            (w.combine_flags, 8 * 3),
             (w.barrier, 24),
             (w.recv_x, rows),
             (w.recv_meta, 3 * 100 * 80),

@@ -59,7 +59,7 @@ impl Keys {
     pub fn gone(&self) -> String {
         self.key("gone")
     }
-    /// `rank/<r>/<what>`: info, metadata, window, ptr, nccl, result.
+    /// `rank/<r>/<what>`: info, metadata, window, store, nccl, result.
     pub fn rank(&self, r: u32, what: &str) -> String {
         self.key(&format!("rank/{r}/{what}"))
     }

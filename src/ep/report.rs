@@ -1,5 +1,5 @@
 //! What an `ep` run measured: each rank's raw results, gathered by rank 0
-//! into one row per (method, phase) — method `put`, `ptr` or `nccl` — with
+//! into one row per (method, phase) — method `put`, `store` or `nccl` — with
 //! p50/p99 GPU time, bandwidth counted two ways, the ratio to NCCL, and the
 //! goals; printed as lines and a table, written as JSON and CSV.
 //!
@@ -63,7 +63,7 @@ pub struct RankResult {
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     pub mode: Mode,
-    /// `put`, `ptr` or `nccl`.
+    /// `put`, `store` or `nccl`.
     pub method: String,
     /// `dispatch` or `combine`.
     pub phase: &'static str,

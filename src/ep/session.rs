@@ -181,7 +181,7 @@ impl Session {
 
     /// Pointer check, the start barrier, every path, the NCCL baseline.
     fn measure(&mut self, ctx: &Context, plan: &Plan, info: &RankInfo) -> Result<RankResult> {
-        if ctx.cfg.paths.contains(&Path::Ptr) {
+        if ctx.cfg.paths.contains(&Path::Store) {
             self.check_pointers(ctx)?;
         }
         ctx.group.barrier("ready")?;
@@ -218,7 +218,7 @@ impl Session {
         })
     }
 
-    /// The ptr path needs every peer's window mapped into ours; every rank
+    /// The store path needs every peer's window mapped into ours; every rank
     /// learns whether all can, so all stop together with the same message.
     fn check_pointers(&self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
@@ -243,12 +243,12 @@ impl Session {
                 .map(|(r, _)| r)
                 .collect();
         }
-        g.set_json(&g.keys.rank(g.rank, "ptr"), &unreachable)?;
+        g.set_json(&g.keys.rank(g.rank, "store"), &unreachable)?;
         for r in 0..g.world {
-            let theirs: Vec<usize> = g.get_json(&g.keys.rank(r, "ptr"), r, "pointer check")?;
+            let theirs: Vec<usize> = g.get_json(&g.keys.rank(r, "store"), r, "pointer check")?;
             if let Some(p) = theirs.first() {
                 bail!(
-                    "the ptr path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got no \
+                    "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got no \
                      pointer to rank {p}'s window from nixlGetPtr (an RDMA-only transport?): use --path put"
                 );
             }
