@@ -5,17 +5,21 @@
 # per run, and a PNG.
 #
 #   scripts/run_ep.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
-#                     [--modes "ht ll"] [--quick] [--no-mps] [--no-torchrun] [-- EP_ARGS...]
+#                     [--modes "ht ll"] [--quick] [--no-mps] [--no-torchrun] [--more-ranks "8"]
+#                     [-- EP_ARGS...]
 #
 # Runs, for each mode: 2 ranks on 2 GPUs (our launcher, `ep --ranks 2`);
 # the same under torchrun when it is on PATH; 4 ranks sharing the 2 GPUs,
-# under MPS when nvidia-cuda-mps-control exists (started and stopped here,
-# in a private pipe directory). With one GPU: 2 ranks sharing it.
+# by both launchers, under MPS when nvidia-cuda-mps-control exists (a
+# private daemon, scripts/lib/mps.sh, stopped after); --more-ranks "8" adds
+# runs of that many ranks sharing the GPUs (correctness; no NCCL baseline).
+# With one GPU: 2 ranks sharing it.
 # Needs no cargo (use scripts/gpu-bundle.sh where cargo is, or --bin DIR
 # holding `ep`); plotting needs python3 with matplotlib.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/ep; MODES="ht ll"; QUICK=0; MPS=1; TORCHRUN=1
+MORE_RANKS=""
 EXTRA=()
 while (($#)); do
   case "$1" in
@@ -27,6 +31,7 @@ while (($#)); do
     --quick) QUICK=1; shift ;;
     --no-mps) MPS=0; shift ;;
     --no-torchrun) TORCHRUN=0; shift ;;
+    --more-ranks) MORE_RANKS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_ep: unknown option $1 (try --help)" >&2; exit 2 ;;
@@ -40,12 +45,11 @@ source "$ROOT/scripts/lib/gpu-env.sh"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 ((NGPU >= 1)) || { echo "run_ep: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }
 QUICKARGS=(); ((QUICK)) && QUICKARGS=(--iters 10 --warmup 2)
-fail=0; port=$((20000 + RANDOM % 20000))
+fail=0
 
 # One run: tag, then the launcher command (ep's own arguments follow).
 one() {
   local tag=$1; shift
-  port=$((port + 1))
   echo "== $tag: $*" >&2
   "$@" "${QUICKARGS[@]}" "${EXTRA[@]}" --json "$OUT/ep-$tag.json" --csv "$OUT/ep-$tag.csv" \
     >"$OUT/ep-$tag.out" 2>"$OUT/ep-$tag.err"
@@ -54,31 +58,29 @@ one() {
   echo "-- $tag"; sed -n '/^mode /,$p' "$OUT/ep-$tag.out"
 }
 
-start_mps() {
-  command -v nvidia-cuda-mps-control >/dev/null || { echo "note: no nvidia-cuda-mps-control: shared-GPU runs without MPS (time-sliced, slow)" >&2; return 1; }
-  export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps/log"
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d && trap stop_mps EXIT
-}
-stop_mps() {
-  [[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]] && echo quit | nvidia-cuda-mps-control 2>/dev/null
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  trap - EXIT
-}
+# shellcheck source=lib/mps.sh
+source "$ROOT/scripts/lib/mps.sh"
+# shellcheck source=lib/ports.sh
+source "$ROOT/scripts/lib/ports.sh"
+TR=(torchrun --standalone --nnodes=1 --no-python)
+has_torchrun() { ((TORCHRUN)) && command -v torchrun >/dev/null; }
 
 for mode in $MODES; do
   if ((NGPU >= 2)); then
-    one "$mode-2r2g" "$BIN/ep" --ranks 2 --gpus 2 --port "$port" --mode "$mode"
-    if ((TORCHRUN)) && command -v torchrun >/dev/null; then
-      one "$mode-2r2g-torchrun" torchrun --standalone --nnodes=1 --nproc-per-node=2 --no-python "$BIN/ep" --mode "$mode"
-    fi
-    mps=0; ((MPS)) && start_mps && mps=1
-    one "$mode-4r2g$( ((mps)) && echo -mps)" "$BIN/ep" --ranks 4 --gpus 2 --port "$port" --mode "$mode"
-    ((mps)) && stop_mps
+    one "$mode-2r2g" "$BIN/ep" --ranks 2 --gpus 2 --port "$(pick_port)" --mode "$mode"
+    has_torchrun && one "$mode-2r2g-torchrun" "${TR[@]}" --nproc-per-node=2 "$BIN/ep" --gpus 2 --mode "$mode"
+    mps=0; ((MPS)) && mps_start && mps=1
+    tag=$( ((mps)) && echo -mps)
+    one "$mode-4r2g$tag" "$BIN/ep" --ranks 4 --gpus 2 --port "$(pick_port)" --mode "$mode"
+    has_torchrun && one "$mode-4r2g$tag-torchrun" "${TR[@]}" --nproc-per-node=4 "$BIN/ep" --gpus 2 --mode "$mode"
+    for r in $MORE_RANKS; do
+      one "$mode-${r}r2g$tag" "$BIN/ep" --ranks "$r" --gpus 2 --port "$(pick_port)" --mode "$mode" --no-baseline
+    done
+    ((mps)) && mps_stop
   else
-    mps=0; ((MPS)) && start_mps && mps=1
-    one "$mode-2r1g$( ((mps)) && echo -mps)" "$BIN/ep" --ranks 2 --gpus 1 --port "$port" --mode "$mode"
-    ((mps)) && stop_mps
+    mps=0; ((MPS)) && mps_start && mps=1
+    one "$mode-2r1g$( ((mps)) && echo -mps)" "$BIN/ep" --ranks 2 --gpus 1 --port "$(pick_port)" --mode "$mode"
+    ((mps)) && mps_stop
   fi
 done
 if python3 -c 'import matplotlib' 2>/dev/null; then
