@@ -409,34 +409,56 @@ __device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
 }
 
 // out[t] = sum over ranks r (in rank order) of combine_recv[r][slot(t, r)],
-// added in f32, stored as bf16. One warp per token, 8 elements per lane step,
-// each token as soon as its contributions are in.
-__device__ bool reduce_outputs(const EpParams &p) {
+// added in f32, stored as bf16. One warp per token, each token as soon as
+// its contributions are in. A lane keeps R = 4 vectors (8 values each) of a
+// contribution in flight before it adds them: with one load at a time a
+// warp waits a full memory latency per vector, and the reduction, not the
+// transfer, set the low-latency combine's time (31-34 µs on two H200s
+// against 11 µs for the dispatch of the same bytes).
+constexpr uint32_t R = 4;
+
+__device__ void reduce_token(const EpParams &p, uint32_t t) {
     const uint32_t lane = threadIdx.x % 32;
-    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const uint32_t warps = gridDim.x * blockDim.x / 32;
     const uint64_t row = 2ull * p.hidden;
     const uint32_t n16 = p.hidden / 8;
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    for (uint32_t t = warp; t < p.tokens; t += warps) {
-        if (!wait_token(p, t, deadline)) return false;
-        for (uint32_t i = lane; i < n16; i += 32) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (uint32_t r = 0; r < p.ranks; ++r) {
-                const int32_t slot = p.send_slot[r * p.tokens + t];
-                if (slot < 0) continue;
-                const uint8_t *src = p.window + p.off_combine_recv + (uint64_t(r) * p.tokens + slot) * row;
-                const int4 v = load_cg(reinterpret_cast<const int4 *>(src) + i);
-                const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v);
+    for (uint32_t i0 = lane; i0 < n16; i0 += 32 * R) {
+        float acc[R][8] = {};
+        for (uint32_t r = 0; r < p.ranks; ++r) {
+            const int32_t slot = p.send_slot[r * p.tokens + t];
+            if (slot < 0) continue;
+            const int4 *src = reinterpret_cast<const int4 *>(
+                p.window + p.off_combine_recv + (uint64_t(r) * p.tokens + slot) * row);
+            int4 v[R];
 #pragma unroll
-                for (int k = 0; k < 8; ++k) acc[k] += __bfloat162float(h[k]);
+            for (uint32_t u = 0; u < R; ++u)
+                if (i0 + 32 * u < n16) v[u] = load_cg(src + i0 + 32 * u);
+#pragma unroll
+            for (uint32_t u = 0; u < R; ++u) {
+                const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v[u]);
+                if (i0 + 32 * u < n16)
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) acc[u][k] += __bfloat162float(h[k]);
             }
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < R; ++u) {
+            if (i0 + 32 * u >= n16) continue;
             int4 o;
             __nv_bfloat16 *oh = reinterpret_cast<__nv_bfloat16 *>(&o);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) oh[k] = __float2bfloat16_rn(acc[k]);
-            reinterpret_cast<int4 *>(p.out + uint64_t(t) * p.hidden)[i] = o;
+            for (int k = 0; k < 8; ++k) oh[k] = __float2bfloat16_rn(acc[u][k]);
+            reinterpret_cast<int4 *>(p.out + uint64_t(t) * p.hidden)[i0 + 32 * u] = o;
         }
+    }
+}
+
+__device__ bool reduce_outputs(const EpParams &p) {
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const uint32_t warps = gridDim.x * blockDim.x / 32;
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    for (uint32_t t = warp; t < p.tokens; t += warps) {
+        if (!wait_token(p, t, deadline)) return false;
+        reduce_token(p, t);
     }
     return true;
 }

@@ -86,10 +86,13 @@ pub fn run(
         let local = set_up(cfg, &session)?;
         let mut held = connect(local, cfg, &session)?;
         say!("[initiator] Transferring data via GPU kernel...");
-        let outcome = rounds::run_all(&held, &session, on_round);
+        // A failed round skips the handshake: the caller publishes the
+        // abort at once, and the target, which may still be waiting on its
+        // GPU, stops on it rather than on its timeout. Wrong data is not a
+        // failed round: the target judged it, and both sides tear down.
+        let rounds = rounds::run_all(&held, &session, on_round)?;
         say!("[initiator] Transfer complete!");
         tear_down(&mut held, &session)?;
-        let rounds = outcome?;
         check_verdicts(&rounds)?;
         say!("[initiator] Complete!");
         Ok(held.result(rounds))

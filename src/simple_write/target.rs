@@ -54,7 +54,14 @@ pub fn run(cfg: &TargetConfig, store: &dyn Store) -> Result<()> {
         let mut held = set_up(cfg, plan, &session)?;
         connect(&mut held, &session)?;
         say!("[target] Waiting for data...");
+        // Only wrong data (judged, verdict published) goes on to the
+        // handshake; any other failure returns now and aborts the pair.
         let rounds = receive::run_all(&held, &session);
+        if let Err(e) = &rounds {
+            if e.downcast_ref::<DataMismatch>().is_none() {
+                return rounds;
+            }
+        }
         tear_down(&mut held, &session)?;
         rounds?;
         say!("[target] Complete!");
