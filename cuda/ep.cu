@@ -314,8 +314,8 @@ __device__ __forceinline__ uint64_t flag_offset(const EpParams &p, uint32_t expe
 
 // Sends every received token's expert output back to its source: slot j of
 // source s goes to s's combine_recv[rank][j]. Block-sized batches of slots,
-// each flagged once its data is out; the first `senders` blocks share them.
-__device__ void send_outputs(const EpParams &p, Block &b, uint32_t senders) {
+// each flagged once its data is out.
+__device__ void send_outputs(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
         b.base[0] = 0;
         for (uint32_t s = 0; s < p.ranks; ++s)
@@ -325,7 +325,7 @@ __device__ void send_outputs(const EpParams &p, Block &b, uint32_t senders) {
     const uint32_t warp = threadIdx.x / 32;
     const uint32_t warps = blockDim.x / 32;
     const uint64_t row = 2ull * p.hidden;
-    for (uint32_t batch = blockIdx.x; batch < b.base[p.ranks]; batch += senders) {
+    for (uint32_t batch = blockIdx.x; batch < b.base[p.ranks]; batch += gridDim.x) {
         uint32_t s = 0;
         while (batch >= b.base[s + 1]) ++s;
         const uint32_t g = batch - b.base[s];
@@ -452,10 +452,9 @@ __device__ void reduce_token(const EpParams &p, uint32_t t) {
     }
 }
 
-// Reduces with the blocks from `first` on, one warp per token in turn.
-__device__ bool reduce_outputs(const EpParams &p, uint32_t first) {
-    const uint32_t warp = ((blockIdx.x - first) * blockDim.x + threadIdx.x) / 32;
-    const uint32_t warps = (gridDim.x - first) * blockDim.x / 32;
+__device__ bool reduce_outputs(const EpParams &p) {
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const uint32_t warps = gridDim.x * blockDim.x / 32;
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     for (uint32_t t = warp; t < p.tokens; t += warps) {
         if (!wait_token(p, t, deadline)) return false;
@@ -472,28 +471,12 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_combine(EpParams p) 
     if (given_up(p.report)) return;
     block_setup(p, b);
     if (!phase_start(p, b, 1)) return;
-    bool reduced = true;
-    if (p.combine_batches == 1 || gridDim.x < 2) {
-        // Few tokens (or one block): every block sends its share, then
-        // every block reduces.
-        if (p.combine_batches == 1) {
-            send_outputs_all(p, b);
-        } else {
-            send_outputs(p, b, gridDim.x);
-        }
-        reduced = reduce_outputs(p, 0);
+    if (p.combine_batches == 1) {
+        send_outputs_all(p, b);
     } else {
-        // Many tokens: half the blocks send (half the SMs keep NVLink busy),
-        // the other half reduce each token as its batches arrive, so the
-        // reduction runs under the transfer instead of after it (one grid
-        // for both: 269 µs, 0.58× the dispatch rate, on two H200s).
-        const uint32_t senders = max(1u, gridDim.x / 2);
-        if (blockIdx.x < senders) {
-            send_outputs(p, b, senders);
-        } else {
-            reduced = reduce_outputs(p, senders);
-        }
+        send_outputs(p, b);
     }
+    const bool reduced = reduce_outputs(p);
     __syncthreads();
     if (threadIdx.x != 0 || !reduced) return;
     cuda::atomic_ref<uint64_t, cuda::thread_scope_device> done(p.grid_flags[2]);
