@@ -411,10 +411,13 @@ impl Kernels {
     }
 
     /// The most blocks a write kernel on `gpu` may have: all resident at
-    /// once (they wait on each other through the acknowledgement), and
-    /// under MPS one SM's worth fewer, because the peer process's wait
-    /// kernel may share the GPU and must find room: with every SM full it
-    /// would never start, and the round would stall until the timeout.
+    /// once (they wait on each other through the acknowledgement). Under
+    /// MPS the peer process's wait kernel may share the GPU and must find
+    /// room, or the round stalls until the timeout: one block per SM, and
+    /// one SM left free. Measured on an H200 under MPS: 264×512 at 16 MiB
+    /// (every SM full) and 256×256 at 4 MiB (two blocks on most SMs) both
+    /// stalled; one block per SM with one SM free ran every size from 8 B
+    /// to 1 GiB on both paths (H100 and H200).
     pub fn grid_limit(
         &self,
         gpu: &super::Gpu,
@@ -423,11 +426,13 @@ impl Kernels {
         threads: u32,
     ) -> Result<u32, DriverError> {
         let per_sm = self.blocks_per_sm(path, level, threads)?;
-        let all = per_sm * gpu.sm_count;
         Ok(if gpu.mps {
-            all.saturating_sub(per_sm).max(1)
+            gpu.sm_count
+                .saturating_sub(1)
+                .max(1)
+                .min(per_sm * gpu.sm_count)
         } else {
-            all
+            per_sm * gpu.sm_count
         })
     }
 
