@@ -8,8 +8,8 @@ use nixl_examples::ep::kernels::{BAD_COMBINED, BAD_CONTRIBUTION, BAD_COUNT, BAD_
 use nixl_examples::ep::layout::PhaseBytes;
 use nixl_examples::ep::model::Model;
 use nixl_examples::ep::nccl::{NcclStatus, NcclTimes};
+use nixl_examples::ep::plan::make_plan;
 use nixl_examples::ep::report::{self, PathTimes, RankInfo, RankResult};
-use nixl_examples::ep::run::make_plan;
 use nixl_examples::ep::session::describe;
 
 fn cfg(mode: Mode, ranks: u32) -> RunConfig {

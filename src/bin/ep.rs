@@ -209,7 +209,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
         return launch_ranks(&args, world, timeout);
     };
     if let Some(cfg) = cfg {
-        let opts = run::RunOptions {
+        let opts = nixl_examples::ep::plan::RunOptions {
             gpus: args.gpus,
             json: args.json.clone(),
             csv: args.csv.clone(),
@@ -246,7 +246,7 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
 
 struct Injected {
     connect: Inject,
-    corrupt: Option<run::Corrupt>,
+    corrupt: Option<nixl_examples::ep::plan::Corrupt>,
 }
 
 fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> {
@@ -268,8 +268,12 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
             }
             out.connect.hang_rank = Some(r);
         }
-        Some(("corrupt", "dispatch")) => out.corrupt = Some(run::Corrupt::Dispatch),
-        Some(("corrupt", "combine")) => out.corrupt = Some(run::Corrupt::Combine),
+        Some(("corrupt", "dispatch")) => {
+            out.corrupt = Some(nixl_examples::ep::plan::Corrupt::Dispatch)
+        }
+        Some(("corrupt", "combine")) => {
+            out.corrupt = Some(nixl_examples::ep::plan::Corrupt::Combine)
+        }
         _ => return Err(bad()),
     }
     Ok(out)

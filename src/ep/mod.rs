@@ -20,10 +20,11 @@
 //! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
 //!   environment, the store keys, barriers, heartbeats, aborts, teardown;
 //! - [`connect`]: `--check-connection`, the wiring without a GPU;
-//! - [`view`], [`kernels`], [`rig`], [`session`], [`run`]: the GPU run —
-//!   the rank-indexed memory view, the kernels of `cuda/ep.cu`, the rank's
-//!   device memory, its session with the others (iterations and checks),
-//!   and the entry that decides GPU, memory and plan;
+//! - [`view`], [`kernels`], [`rig`], [`plan`], [`session`], [`run`]: the GPU
+//!   run — the rank-indexed memory view, the kernels of `cuda/ep.cu`, the
+//!   rank's device memory, the plan all ranks follow, its session with the
+//!   others (iterations and checks), and the entry that decides GPU, memory
+//!   and plan;
 //! - [`nccl`]: the same-run NCCL all-to-all baseline;
 //! - [`report`]: results as lines, a table, goals, JSON and CSV;
 //! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
@@ -38,6 +39,7 @@ pub mod launch;
 pub mod layout;
 pub mod model;
 pub mod nccl;
+pub mod plan;
 pub mod reference;
 pub mod report;
 pub mod rig;

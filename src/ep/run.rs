@@ -4,11 +4,9 @@
 //! other ranks on configuration and plan, and the session
 //! ([`super::session`]).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use serde::{Deserialize, Serialize};
 
 use super::config::RunConfig;
 use super::connect::conclude;
@@ -18,45 +16,13 @@ use super::kernels::{self, EpKernels};
 use super::keys::Keys;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
+use super::plan::RunOptions;
 use super::report::RankInfo;
 use super::rig::Rig;
 use super::session;
 use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
-
-/// Fault injection for tests: one wrong value, so the checks must fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Corrupt {
-    /// A received activation, on the last rank, first timed iteration.
-    Dispatch,
-    /// A combined output value, on the last rank, first timed iteration.
-    Combine,
-}
-
-/// What the run needs beyond the configuration every rank shares.
-#[derive(Clone, Debug, Default)]
-pub struct RunOptions {
-    /// `--gpus`: how many GPUs the ranks share round-robin.
-    pub gpus: Option<u32>,
-    pub json: Option<PathBuf>,
-    pub csv: Option<PathBuf>,
-    /// simple_write's best put bandwidth at the same size, GB/s (goal check).
-    pub ref_put_gbps: Option<f64>,
-    pub corrupt: Option<Corrupt>,
-}
-
-/// Decisions rank 0 makes from every rank's [`RankInfo`], which all follow.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Plan {
-    /// Blocks of every phase kernel (the receivers count one signal per
-    /// block, so every rank must use the same number).
-    pub blocks: u32,
-    /// Ranks on the busiest GPU.
-    pub max_ranks_on_gpu: u32,
-    /// Why the NCCL baseline is skipped, if it is.
-    pub baseline_skip: Option<String>,
-}
 
 /// Runs this rank. Errors: usage errors (exit 2), data mismatches (exit 3),
 /// anything else (exit 1), each naming the cause.
@@ -225,56 +191,5 @@ fn rank_info(
         ranks_on_gpu,
         mps: mps_state(),
         nccl,
-    })
-}
-
-/// Rank 0's decisions from every rank's info: one grid for all (each
-/// rank's share of its GPU's SMs, the smallest share wins), and whether the
-/// NCCL baseline can run (one rank per GPU, NCCL everywhere).
-pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
-    let sharing = |i: &RankInfo| {
-        infos
-            .iter()
-            .filter(|j| j.host == i.host && j.gpu_uuid == i.gpu_uuid)
-            .count() as u32
-    };
-    let max_ranks_on_gpu = infos.iter().map(sharing).max().unwrap_or(1);
-    let share = infos
-        .iter()
-        .map(|i| i.sm_count / sharing(i))
-        .min()
-        .unwrap_or(1)
-        .max(1);
-    let blocks = cfg.blocks.unwrap_or(share);
-    for i in infos {
-        let room = i.blocks_per_sm * i.sm_count / sharing(i);
-        if blocks > room {
-            return Err(UsageError(format!(
-                "--blocks {blocks}: rank {} can keep only {room} blocks resident at once ({} SMs × {} blocks, shared by {} \
-                 rank(s)); the combine kernel's blocks wait for each other, so use at most {room}",
-                i.rank,
-                i.sm_count,
-                i.blocks_per_sm,
-                sharing(i)
-            ))
-            .into());
-        }
-    }
-    let baseline_skip = if !cfg.baseline {
-        Some("--no-baseline".into())
-    } else if max_ranks_on_gpu > 1 {
-        Some(format!(
-            "{max_ranks_on_gpu} ranks share a GPU; NCCL needs one rank per GPU"
-        ))
-    } else {
-        infos.iter().find_map(|i| match &i.nccl {
-            NcclStatus::Unavailable(why) => Some(format!("rank {}: {why}", i.rank)),
-            NcclStatus::Ready(_) => None,
-        })
-    };
-    Ok(Plan {
-        blocks,
-        max_ranks_on_gpu,
-        baseline_skip,
     })
 }

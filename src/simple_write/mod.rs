@@ -8,7 +8,7 @@
 //!   peer that gave up, died or froze;
 //! - [`plan`]: the rounds (sizes, levels, grids, iterations) the initiator
 //!   decides and the target follows;
-//! - [`initiator`] and [`rounds`]; [`target`] and [`receive`]: the roles,
+//! - [`initiator`] (and its rounds); [`target`] (and its receiving): the roles,
 //!   each a short sequence of phases;
 //! - [`baseline`]: the copy engine and NIXL's host API in the same run;
 //! - [`connection`]: `--check-connection`, the exchange without a GPU;
@@ -22,8 +22,6 @@ pub mod connection;
 pub mod initiator;
 pub mod plan;
 pub mod protocol;
-pub mod receive;
 pub mod report;
-pub mod rounds;
 pub mod session;
 pub mod target;

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::baseline::Baselines;
 use super::initiator::RunResult;
+use super::initiator::rounds::RoundResult;
 use super::protocol::Verdict;
-use super::rounds::RoundResult;
 use crate::cli::fmt_bytes;
 use crate::gpu::GpuInfo;
 use crate::stats::Summary;

@@ -46,10 +46,12 @@ use std::ops::Range;
 use anyhow::{Context, Result};
 use nixl_sys::{Agent, RegistrationHandle};
 
-pub use check::SlotCheck;
+mod verify;
+
 pub use coverage::{Coverage, SAMPLE_BLOCK};
 pub use device::CopyStats;
 pub use phases::Phases;
+pub use verify::SlotCheck;
 
 use crate::gpu::Gpu;
 use crate::nixl::memory::HostBuffer;

@@ -7,8 +7,8 @@
 
 use std::ops::Range;
 
-use super::check::verify_ranges;
-use super::{HEADER_BYTES, SlotCheck, SlotJob};
+use super::verify::{SlotCheck, verify_ranges};
+use super::{HEADER_BYTES, SlotJob};
 use crate::pattern;
 
 /// A slot and the spans of it (offset in the slot, length) a job moves.

@@ -4,7 +4,7 @@
 //! little-endian (torch copies host-order integers onto the wire, and every
 //! platform it ships on is little-endian); a `str` or `bytes` field is a u64
 //! length followed by that many bytes. Replies have no opcode: the client
-//! knows what it asked for. The table lives in `shared/REFERENCE.md` §5; the
+//! knows what it asked for. The opcodes are [`Op`]; the
 //! sources are `TCPStoreBackend.hpp` (opcodes, magic) and
 //! `TCPStoreLibUvBackend.cpp` (`UvClient::parse_*_command`, the limits).
 //!

@@ -4,7 +4,7 @@
 //!
 //! Four phases: [`set_up`] (GPU, plan, memory, agent), [`connect`]
 //! (metadata and descriptors through the store, memory views), the rounds
-//! ([`super::rounds`]), and [`tear_down`] (views first, then a handshake so
+//! ([`rounds`]), and [`tear_down`] (views first, then a handshake so
 //! the target frees nothing the initiator still maps).
 //!
 //! Mirrors upstream's `simple_write --mode initiator` (NIXL PR #1259) on the
@@ -12,16 +12,20 @@
 //! collective calls made by every lane, per-position data, timing that stops
 //! at the receiver, and a teardown that cannot race the target.
 
+mod held;
+pub mod rounds;
+
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use nixl_sys::{MemView, RegistrationHandle};
+use nixl_sys::RegistrationHandle;
 use tracing::info;
 
+use self::held::{Held, Memory, Views};
+use self::rounds::RoundResult;
 use super::baseline::BaselineRig;
 use super::plan::{RoundSpec, RunPlan};
 use super::protocol::{self as p, AgentMetadata, GpuInfo, Role};
-use super::rounds::{self, RoundResult};
 use super::session::Session;
 use crate::cli::DataMismatch;
 use crate::gpu::context::find_gpu;
@@ -103,48 +107,6 @@ pub fn run(
         }
     }
     result
-}
-
-/// Everything the initiator holds, in teardown order: Rust drops fields
-/// in declaration order, so the memory views (which map the target's
-/// memory) go first, then the baseline's registration, our registrations,
-/// the memory they name, the agent, and the GPU context last.
-pub(super) struct Held {
-    pub views: Option<Views>,
-    pub baseline: Option<BaselineRig>,
-    _registrations: Vec<RegistrationHandle>,
-    pub mem: Memory,
-    pub nixl: UcxAgent,
-    pub kernels: Kernels,
-    pub gpu: Gpu,
-    pub plan: RunPlan,
-    pub me: GpuInfo,
-    pub target: GpuInfo,
-    /// The target's data buffer, for the NIXL WRITE baseline.
-    pub target_data: DescList,
-    pub wait: WaitMode,
-    pub timeout: Duration,
-}
-
-/// The three memory views the write kernel takes.
-pub(super) struct Views {
-    /// Our two source buffers (index 0 and 1).
-    pub src: MemView,
-    /// The target's data buffer.
-    pub dst: MemView,
-    /// The target's 8-byte signal.
-    pub signal: MemView,
-}
-
-/// The initiator's device memory.
-pub(super) struct Memory {
-    /// Two sources with different patterns, alternating by iteration, so
-    /// a stale iteration can never verify.
-    pub sources: [DeviceBuffer; 2],
-    /// The 8-byte word the target's acknowledgements increment.
-    pub ack: DeviceBuffer,
-    /// The kernels' [`crate::gpu::kernels::KernelReport`].
-    pub report: DeviceBuffer,
 }
 
 /// Set-up, before the peer is involved: the GPU (before the agent: UCX

@@ -4,27 +4,30 @@
 //!
 //! Four phases: [`set_up`] (the plan, GPU, memory, agent, and publishing
 //! them), [`connect`] (the initiator's metadata and acknowledgement word),
-//! the rounds ([`super::receive`]), and [`tear_down`] (after the initiator
+//! the rounds ([`receive`]), and [`tear_down`] (after the initiator
 //! released its views of our memory).
 //!
 //! Mirrors upstream's `simple_write --mode target` (NIXL PR #1259) on the
 //! 1.x device API; the data check, the acknowledgement and the teardown
 //! handshake are ours.
 
+mod held;
+mod receive;
+
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use nixl_sys::{MemView, RegistrationHandle};
+
 use tracing::info;
 
+use self::held::Held;
 use super::plan::RunPlan;
 use super::protocol::{self as p, AgentMetadata, Claim, Role};
-use super::receive;
 use super::session::Session;
 use crate::cli::DataMismatch;
 use crate::gpu::kernels::{Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
-use crate::nixl::agent::{UcxAgent, create_ucx_agent};
+use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::serdes::{Desc, DescList, MemType};
 use crate::nixl::view::{load_peer, prep_remote};
 use crate::say;
@@ -112,22 +115,6 @@ fn own_keys() -> Vec<String> {
     ]
     .map(str::to_string)
     .to_vec()
-}
-
-/// Everything the target holds, in teardown order (fields drop in
-/// declaration order): the view of the initiator's ack word, our
-/// registrations, the memory they name, the agent, the GPU context.
-pub(super) struct Held {
-    pub ack_view: Option<MemView>,
-    _registrations: Vec<RegistrationHandle>,
-    pub data: DeviceBuffer,
-    pub signal: DeviceBuffer,
-    pub report: DeviceBuffer,
-    pub nixl: UcxAgent,
-    pub kernels: Kernels,
-    pub gpu: Gpu,
-    pub plan: RunPlan,
-    pub wait: WaitMode,
 }
 
 fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> {

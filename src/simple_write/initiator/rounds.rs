@@ -6,11 +6,7 @@ use anyhow::{Result, bail};
 use cudarc::driver::CudaStream;
 use tracing::info;
 
-use super::baseline::Baselines;
-use super::initiator::Held;
-use super::plan::Round;
-use super::protocol::{self as p, Verdict};
-use super::session::Session;
+use super::held::Held;
 use crate::cli::fmt_bytes;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::kernels::{
@@ -18,6 +14,10 @@ use crate::gpu::kernels::{
     WriteParams, wait_value_geq,
 };
 use crate::gpu::run::{Finished, run_watched};
+use crate::simple_write::baseline::Baselines;
+use crate::simple_write::plan::Round;
+use crate::simple_write::protocol::{self as p, Verdict};
+use crate::simple_write::session::Session;
 use crate::stats::Summary;
 
 /// One round as measured by the initiator and judged by the target.

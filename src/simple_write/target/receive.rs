@@ -4,14 +4,14 @@
 use anyhow::{Result, bail};
 use cudarc::driver::CudaStream;
 
-use super::plan::Round;
-use super::protocol::{self as p, Verdict};
-use super::session::Session;
-use super::target::Held;
+use super::held::Held;
 use crate::cli::DataMismatch;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::kernels::{KernelReport, MemViewElem, Path, WaitMode, WaitParams, wait_value_geq};
 use crate::gpu::run::run_watched;
+use crate::simple_write::plan::Round;
+use crate::simple_write::protocol::{self as p, Verdict};
+use crate::simple_write::session::Session;
 use crate::stats::Summary;
 use crate::{pattern, say};
 

@@ -1,0 +1,26 @@
+//! What the target holds once set up: its GPU, memory, agent,
+//! registrations and the view of the initiator's acknowledgement word, in
+//! the order they are torn down.
+
+use nixl_sys::{MemView, RegistrationHandle};
+
+use crate::gpu::kernels::{Kernels, WaitMode};
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::nixl::agent::UcxAgent;
+use crate::simple_write::plan::RunPlan;
+
+/// Everything the target holds, in teardown order (fields drop in
+/// declaration order): the view of the initiator's ack word, our
+/// registrations, the memory they name, the agent, the GPU context.
+pub(crate) struct Held {
+    pub ack_view: Option<MemView>,
+    pub(super) _registrations: Vec<RegistrationHandle>,
+    pub data: DeviceBuffer,
+    pub signal: DeviceBuffer,
+    pub report: DeviceBuffer,
+    pub nixl: UcxAgent,
+    pub kernels: Kernels,
+    pub gpu: Gpu,
+    pub plan: RunPlan,
+    pub wait: WaitMode,
+}
