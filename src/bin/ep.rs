@@ -161,6 +161,7 @@ fn main() -> ExitCode {
         Ok(r) => format!("[rank {r}]"),
         Err(_) => "[ep]".into(),
     };
+    nixl_examples::logging::init(tag.trim_matches(|c| c == '[' || c == ']'));
     match real_main(args) {
         Ok(code) => code,
         Err(e) => {
@@ -231,13 +232,13 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
         check_port_free(args.port)?;
         args.port
     };
-    eprintln!("[ep] starting {world} rank(s); rank 0 hosts the store on port {port}");
+    tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
     let exits = launch::run_ranks(world, port, timeout + Duration::from_secs(10))?;
     if exits.iter().any(|e| e.code != 0) {
-        eprintln!(
-            "[ep] exit status by rank: {}",
+        tracing::warn!(
+            "exit status by rank: {}",
             nixl_examples::launch::summary(&exits)
         );
     }

@@ -87,7 +87,7 @@ fn wire_up(group: &Group, timeout: Duration, inject: Inject) -> Result<()> {
     );
     group.barrier("connected")?;
     if inject.hang_rank == Some(me) {
-        eprintln!("[rank {me}] injected fault: hanging until killed");
+        tracing::warn!("injected fault (rank {me}): hanging until killed");
         loop {
             if let Some(sig) = crate::interrupt::received() {
                 anyhow::bail!("{sig}");

@@ -292,13 +292,13 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
     let addr = format!("{}:{}", env.master_addr, env.master_port);
     if env.rank == 0 {
         match hosting {
-            true => eprintln!(
-                "[rank 0] hosting the store on port {} (keys under {})",
+            true => tracing::info!(
+                "hosting the store on port {} (keys under {})",
                 env.master_port,
                 env.key_prefix()
             ),
-            false => eprintln!(
-                "[rank 0] joining torchrun's agent store at {addr} (keys under {})",
+            false => tracing::info!(
+                "joining torchrun's agent store at {addr} (keys under {})",
                 env.key_prefix()
             ),
         }

@@ -154,8 +154,8 @@ fn reexec_with(lib: &Path) -> Result<std::convert::Infallible, String> {
     }
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find our own executable to re-execute: {e}"))?;
-    eprintln!(
-        "[ep] loading NCCL from {} (re-executing with it on LD_LIBRARY_PATH)",
+    tracing::info!(
+        "loading NCCL from {} (re-executing with it on LD_LIBRARY_PATH)",
         lib.display()
     );
     let err = std::process::Command::new(exe)

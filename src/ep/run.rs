@@ -43,9 +43,13 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     check_memory(&gpu, &model, ranks_on_gpu, cfg.baseline)?;
     let kernels = EpKernels::load(&gpu.ctx)?;
     let info = rank_info(env, &gpu, &kernels, ranks_on_gpu, nccl_status)?;
-    eprintln!(
-        "[rank {}] GPU {} ({}), {} rank(s) on it, MPS {}; NCCL: {:?}",
-        env.rank, info.gpu_ordinal, info.gpu_name, ranks_on_gpu, info.mps, info.nccl
+    tracing::info!(
+        "GPU {} ({}), {} rank(s) on it, MPS {}; NCCL: {:?}",
+        info.gpu_ordinal,
+        info.gpu_name,
+        ranks_on_gpu,
+        info.mps,
+        info.nccl
     );
     let timeout = Duration::from_nanos(cfg.timeout_ns);
     let store = open_store(env, timeout)?;

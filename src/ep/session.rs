@@ -155,8 +155,8 @@ impl Session {
             m.send.entries.len() as u64,
         );
         if g.rank == 0 {
-            eprintln!(
-                "[rank 0] grid {}×{} per phase kernel, tokens in {} piece(s) of {} B; window {} MiB per rank",
+            tracing::info!(
+                "grid {}×{} per phase kernel, tokens in {} piece(s) of {} B; window {} MiB per rank",
                 grid.blocks,
                 grid.threads,
                 grid.chunks,
@@ -193,10 +193,7 @@ impl Session {
         }
         let nccl = match (&plan.baseline_skip, &info.nccl) {
             (None, NcclStatus::Ready(v)) => {
-                eprintln!(
-                    "[rank {}] NCCL all-to-all baseline (NCCL {v})",
-                    ctx.group.rank
-                );
+                tracing::info!("NCCL all-to-all baseline (NCCL {v})");
                 Some(nccl::baseline(
                     ctx.group,
                     ctx.gpu,
@@ -296,8 +293,8 @@ impl Session {
             self.check_report(ctx, path, i)?;
             self.check_verify(ctx, path, i)?;
             if g.rank == 0 && (i + 1) % every == 0 {
-                eprintln!(
-                    "[rank 0] {} path: {}/{total} iterations verified",
+                tracing::info!(
+                    "{} path: {}/{total} iterations verified",
                     path.name(),
                     i + 1
                 );

@@ -468,9 +468,8 @@ impl Exchange {
                 let _ = store.delete_key(&key);
             }
         } else if let Err(e) = agent.invalidate_local_md(None) {
-            eprintln!(
-                "[{}] note: invalidateLocalMD failed ({e}); our metadata may stay in {}",
-                agent.name(),
+            tracing::warn!(
+                "invalidateLocalMD failed ({e}); our metadata may stay in {}",
                 self.endpoint
             );
         }

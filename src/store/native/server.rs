@@ -258,7 +258,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 drop(conns);
                 let _ = stream.shutdown(Shutdown::Both);
                 if !refusing {
-                    eprintln!(
+                    tracing::warn!(
                         "TCPStore server on port {port}: refusing connections: {} are open, \
                          the most it serves at once (TcpStoreServer::max_connections)",
                         shared.max_connections
