@@ -195,7 +195,7 @@ PYEOF
 )
   printf 'device headers %s, NIXL'"'"'s bundled UCX %s' "${hdr:-unknown}" "${rt:-unknown}"
   if [[ -z $hdr || $rt != "$hdr".* ]]; then
-    printf ': they differ, so the kernels get UCX'"'"'s memory-list version check (build/cuda_kernels.rs)'
+    printf ': they differ; each memory view'"'"'s layout version is checked when it is prepared (build/cuda_kernels.rs)'
   fi
 }
 
