@@ -78,6 +78,28 @@ pub struct DataMismatch(pub String);
 /// Exit status for a run whose data did not verify.
 pub const EXIT_MISMATCH: i32 = 3;
 
+/// A program's exit status for an error, after its last line on stderr:
+/// 2 for a [`UsageError`] (printed as clap prints its own), 130/143 when
+/// the run was interrupted (whatever the error chain says), 3 for a
+/// [`DataMismatch`], 1 otherwise, each line prefixed `[tag]`.
+pub fn exit_status(tag: &str, e: &anyhow::Error) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    if let Some(u) = e.downcast_ref::<UsageError>() {
+        print_usage_error(u);
+        return ExitCode::from(EXIT_USAGE as u8);
+    }
+    if let Some(sig) = crate::interrupt::received() {
+        eprintln!("[{tag}] {sig}: released memory views, deregistered memory, deleted store keys");
+        return ExitCode::from(sig.exit_code() as u8);
+    }
+    if let Some(m) = e.downcast_ref::<DataMismatch>() {
+        eprintln!("[{tag}] error: {m}");
+        return ExitCode::from(EXIT_MISMATCH as u8);
+    }
+    eprintln!("[{tag}] error: {e:#}");
+    ExitCode::FAILURE
+}
+
 /// Prints a [`UsageError`] like clap does.
 pub fn print_usage_error(e: &UsageError) {
     eprintln!("error: {}\n\nFor more information, try '--help'.", e.0);

@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
-use nixl_examples::cli::{EXIT_USAGE, UsageError, check_port_free, print_usage_error};
+use nixl_examples::cli::{UsageError, check_port_free, exit_status};
 use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::connect::{self, Inject};
 use nixl_examples::ep::env::RankEnv;
 use nixl_examples::ep::{launch, run};
-use nixl_examples::interrupt;
 
 /// Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
 /// device API.
@@ -158,31 +156,11 @@ fn parse_timeout(s: &str) -> Result<f64, String> {
 fn main() -> ExitCode {
     let args = Args::parse();
     let tag = match std::env::var("RANK") {
-        Ok(r) => format!("[rank {r}]"),
-        Err(_) => "[ep]".into(),
+        Ok(r) => format!("rank {r}"),
+        Err(_) => "ep".into(),
     };
-    nixl_examples::logging::init(tag.trim_matches(|c| c == '[' || c == ']'));
-    match real_main(args) {
-        Ok(code) => code,
-        Err(e) => {
-            if let Some(u) = e.downcast_ref::<UsageError>() {
-                print_usage_error(u);
-                return ExitCode::from(EXIT_USAGE as u8);
-            }
-            if let Some(sig) = interrupt::received() {
-                eprintln!(
-                    "{tag} {sig}: released memory views, deregistered memory, deleted store keys"
-                );
-                return ExitCode::from(sig.exit_code() as u8);
-            }
-            if let Some(m) = e.downcast_ref::<DataMismatch>() {
-                eprintln!("{tag} error: {m}");
-                return ExitCode::from(EXIT_MISMATCH as u8);
-            }
-            eprintln!("{tag} error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    nixl_examples::logging::init(&tag);
+    real_main(args).unwrap_or_else(|e| exit_status(&tag, &e))
 }
 
 fn real_main(args: Args) -> Result<ExitCode> {

@@ -16,10 +16,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{
-    DataMismatch, EXIT_MISMATCH, EXIT_USAGE, UsageError, check_port_free, fmt_bytes, parse_bytes,
-    print_usage_error,
-};
+use nixl_examples::cli::{UsageError, check_port_free, exit_status, fmt_bytes, parse_bytes};
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, Path, WaitMode};
@@ -232,27 +229,8 @@ fn main() -> ExitCode {
     logging::init(tag);
     match run(args) {
         Ok(code) => code,
-        Err(e) => exit_for(tag, &e),
+        Err(e) => exit_status(tag, &e),
     }
-}
-
-/// The exit status and last line of a failed run.
-fn exit_for(tag: &str, e: &anyhow::Error) -> ExitCode {
-    if let Some(u) = e.downcast_ref::<UsageError>() {
-        print_usage_error(u);
-        return ExitCode::from(EXIT_USAGE as u8);
-    }
-    // Whatever the error chain says, an interrupted run exits 130/143.
-    if let Some(sig) = interrupt::received() {
-        eprintln!("[{tag}] {sig}: released memory views, deregistered memory, deleted store keys");
-        return ExitCode::from(sig.exit_code() as u8);
-    }
-    if let Some(m) = e.downcast_ref::<DataMismatch>() {
-        eprintln!("[{tag}] error: {m}");
-        return ExitCode::from(EXIT_MISMATCH as u8);
-    }
-    eprintln!("[{tag}] error: {e:#}");
-    ExitCode::FAILURE
 }
 
 fn run(args: Args) -> Result<ExitCode> {
