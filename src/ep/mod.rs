@@ -20,8 +20,8 @@
 //! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
 //!   environment, the store keys, barriers, heartbeats, aborts, teardown;
 //! - [`connect`]: `--check-connection`, the wiring without a GPU;
-//! - [`view`], [`kernels`], [`rig`], [`plan`], [`session`], [`run`]: the GPU
-//!   run — the rank-indexed memory view, the kernels of `cuda/ep.cu`, the
+//! - [`kernels`], [`rig`], [`plan`], [`session`], [`run`]: the GPU
+//!   run — the kernels of `cuda/ep.cu`, the
 //!   rank's device memory, the plan all ranks follow, its session with the
 //!   others (iterations and checks), and the entry that decides GPU, memory
 //!   and plan;
@@ -47,4 +47,3 @@ pub mod rng;
 pub mod routing;
 pub mod run;
 pub mod session;
-pub mod view;

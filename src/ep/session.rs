@@ -24,14 +24,13 @@ use super::plan::{Corrupt, Plan, RunOptions, make_plan};
 use super::reference::Mismatch;
 use super::report::{self, PathTimes, RankInfo, RankResult};
 use super::rig::Rig;
-use super::view::prep_remote_ranks;
 use crate::cli::DataMismatch;
 use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::run::run_watched;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{DescList, MemType};
-use crate::nixl::view::{load_peer, prep_local};
+use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
 use crate::say;
 
 /// What a session works with.

@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use nixl_sys::{Agent, Backend, MemView, OptArgs};
+use nixl_sys::{Agent, Backend, MemView, OptArgs, RemoteDescList, RemoteDescriptor};
 
-use super::serdes::DescList;
+use super::serdes::{Desc, DescList, MemType};
 
 fn backend_hint(backend: &Backend) -> Result<OptArgs> {
     let mut opt = OptArgs::new()?;
@@ -51,15 +51,53 @@ pub unsafe fn prep_remote(
 ) -> Result<MemView> {
     let list = descs.to_remote_dlist(remote_agent)?;
     let opt = backend_hint(backend)?;
-    unsafe { agent.prep_mem_view_remote(&list, Some(&opt)) }.map_err(|e| {
-        anyhow::anyhow!(
-            "preparing a memory view of {remote_agent}'s buffers failed ({e}). Usual causes: no device-capable UCX \
-             lane between the two GPUs (\"lane not found\" above: cuda_ipc disabled by UCX_TLS, or the processes \
-             cannot share CUDA IPC handles — containers need a shared PID namespace and --ipc=host), or /proc \
-             access denied (set UCX_POSIX_USE_PROC_LINK=n), or both agents in one process (UCX's cuda_ipc refuses \
-             a peer in its own process: \"cannot reach ...: same process\" at UCX_LOG_LEVEL=debug)"
-        )
-    })
+    unsafe { agent.prep_mem_view_remote(&list, Some(&opt)) }
+        .map_err(|e| remote_view_error(&format!("{remote_agent}'s buffers"), e))
+}
+
+/// One element of a rank-indexed remote view: the peer's buffer and agent
+/// name, or `None` for a null-agent placeholder (this rank itself).
+pub type RankBuffer = Option<(Desc, String)>;
+
+/// Prepares one remote view whose elements belong to different agents:
+/// element `r` is rank `r`'s buffer, so a kernel addresses any peer as
+/// `nixlMemViewElem{view, r, offset}` (NIXL EP's layout). [`prep_remote`]
+/// names one agent for every descriptor; this names one per element.
+///
+/// This rank's own element is a null agent (`None`): UCX's cuda_ipc refuses
+/// a peer in its own process, and kernels copy their local share with plain
+/// stores anyway.
+///
+/// # Safety
+/// The peers' buffers must stay registered until the view drops.
+pub unsafe fn prep_remote_ranks(
+    agent: &Agent,
+    backend: &Backend,
+    buffers: &[RankBuffer],
+) -> Result<MemView> {
+    let mut list = RemoteDescList::new(MemType::Vram.into())?;
+    for b in buffers {
+        list.add_desc(&RemoteDescriptor {
+            addr: b.as_ref().map_or(0, |(d, _)| d.addr as usize),
+            len: b.as_ref().map_or(0, |(d, _)| d.len as usize),
+            dev_id: b.as_ref().map_or(0, |(d, _)| d.dev_id),
+            remote_agent: b.as_ref().map(|(_, name)| name.as_str()),
+        })?;
+    }
+    let opt = backend_hint(backend)?;
+    unsafe { agent.prep_mem_view_remote(&list, Some(&opt)) }
+        .map_err(|e| remote_view_error("the other ranks' buffers", e))
+}
+
+/// The error of a failed remote `prepMemView`, naming the usual causes.
+fn remote_view_error(what: &str, e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!(
+        "preparing a memory view of {what} failed ({e}). Usual causes: no device-capable UCX \
+         lane between the GPUs (\"lane not found\" above: cuda_ipc disabled by UCX_TLS, or the processes \
+         cannot share CUDA IPC handles — containers need a shared PID namespace and --ipc=host), or /proc \
+         access denied (set UCX_POSIX_USE_PROC_LINK=n), or both agents in one process (UCX's cuda_ipc refuses \
+         a peer in its own process: \"cannot reach ...: same process\" at UCX_LOG_LEVEL=debug)"
+    )
 }
 
 /// Loads a peer's metadata blob (from `getLocalMD`) and waits until it is usable.
