@@ -1,5 +1,5 @@
 //! The store as one role sees it: typed reads and writes of
-//! [`protocol`](super::protocol) entries, and waits that end early, with
+//! [`super::protocol`] entries, and waits that end early, with
 //! the reason, when the other side can no longer answer.
 //!
 //! A wait for the peer ends early when:

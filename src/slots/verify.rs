@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use crate::pattern::{self, Mismatch};
 
-/// What [`SlotRing::check_queued`] found in one slot: its header, and when
+/// What [`SlotRing::check_queued`](super::SlotRing::check_queued) found in one slot: its header, and when
 /// the header is the expected sequence, the first payload mismatch in the
 /// checked ranges (`None`: all match). When the header is not the
 /// expected sequence the payload is not checked (`mismatch` is `None`).

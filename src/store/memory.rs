@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::native::wire::parse_stoll;
 use super::{Bounded, StoreError};
 
-/// A [`Store`] in this process's memory: a map behind a mutex, with a condvar
+/// A [`Store`](super::Store) in this process's memory: a map behind a mutex, with a condvar
 /// waking waiters on every change. Share it between threads with `Arc`.
 pub struct MemoryStore {
     map: Mutex<HashMap<String, Vec<u8>>>,

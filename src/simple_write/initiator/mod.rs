@@ -2,9 +2,9 @@
 //! kernels that put it into the target's GPU memory and raise the target's
 //! signal. (It also hosts the store; the binary opens it.)
 //!
-//! Four phases: [`set_up`] (GPU, plan, memory, agent), [`connect`]
+//! Four phases: `set_up` (GPU, plan, memory, agent), `connect`
 //! (metadata and descriptors through the store, memory views), the rounds
-//! ([`rounds`]), and [`tear_down`] (views first, then a handshake so
+//! (`rounds`), and `tear_down` (views first, then a handshake so
 //! the target frees nothing the initiator still maps).
 //!
 //! Mirrors upstream's `simple_write --mode initiator` (NIXL PR #1259) on the

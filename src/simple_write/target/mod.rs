@@ -2,9 +2,9 @@
 //! signal, waits on the GPU until the initiator's puts and signals arrive,
 //! acknowledges them, and verifies every byte.
 //!
-//! Four phases: [`set_up`] (the plan, GPU, memory, agent, and publishing
-//! them), [`connect`] (the initiator's metadata and acknowledgement word),
-//! the rounds ([`receive`]), and [`tear_down`] (after the initiator
+//! Four phases: `set_up` (the plan, GPU, memory, agent, and publishing
+//! them), `connect` (the initiator's metadata and acknowledgement word),
+//! the rounds (`receive`), and `tear_down` (after the initiator
 //! released its views of our memory).
 //!
 //! Mirrors upstream's `simple_write --mode target` (NIXL PR #1259) on the

@@ -4,7 +4,7 @@
 //! - [`wire`]: the frame format (opcodes, encoding, hardened decoding);
 //! - [`TcpStoreServer`]: the server (`LibUVStoreDaemon` semantics);
 //! - `client`: one connection with torch's request logic (`doWait`, ...);
-//! - [`TcpStore`]: the [`Store`] users open, the counterpart of
+//! - [`TcpStore`]: the [`Store`](super::Store) users open, the counterpart of
 //!   `c10d::TCPStore` (hosts the server when `is_server`).
 
 mod client;
