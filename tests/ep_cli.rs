@@ -349,11 +349,16 @@ fn a_machine_that_cannot_run_it_says_why_and_exits_1() {
     let o = ep()
         .args(["--ranks", "2", "--timeout", "60"])
         .env("NCCL_LIB", "/nonexistent/nccl")
+        .env("UCX_TLS", "tcp,cuda_copy")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(err.contains("cannot run ep"), "{err}");
+    assert!(
+        err.contains("UCX_TLS=tcp,cuda_copy leaves out cuda_ipc"),
+        "{err}"
+    );
     assert!(
         err.contains("NCCL_LIB=/nonexistent/nccl"),
         "the NCCL search is not reported: {err}"

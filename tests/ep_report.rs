@@ -44,7 +44,7 @@ fn info(rank: u32, gpu: &str, nccl: bool) -> RankInfo {
         sm_count: 132,
         blocks_per_sm: 2,
         ranks_on_gpu: 1,
-        mps: "off".into(),
+        mps: false,
         nccl: if nccl {
             NcclStatus::Ready("2.27.7".into())
         } else {

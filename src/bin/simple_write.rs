@@ -282,7 +282,7 @@ fn check_machine(args: &Args) -> Result<usize> {
     if let Err(e) = runtime::load() {
         problems.push(e.to_string());
     }
-    problems.extend(ucx_tls_excludes_cuda_ipc());
+    problems.extend(runtime::ucx_tls_problem());
     if !problems.is_empty() {
         anyhow::bail!(
             "this machine cannot run simple_write:\n  - {}",
@@ -636,24 +636,6 @@ fn check_thread_level_fits(args: &Args, sizes: &[u64]) -> Result<()> {
         .into()),
         _ => Ok(()),
     }
-}
-
-/// `UCX_TLS` that leaves out cuda_ipc, the only transport with device-API
-/// support between GPUs of one machine (UCX then reports "lane not found").
-fn ucx_tls_excludes_cuda_ipc() -> Option<String> {
-    let tls = std::env::var("UCX_TLS").ok()?;
-    let names_it = tls
-        .trim_start_matches('^')
-        .split(',')
-        .map(str::trim)
-        .any(|t| matches!(t, "cuda_ipc" | "cuda" | "all"));
-    let excluded = names_it == tls.starts_with('^');
-    excluded.then(|| {
-        format!(
-            "UCX_TLS={tls} leaves out cuda_ipc, the transport NIXL's device API uses between GPUs of one machine \
-             (memory views would fail with \"lane not found\"): unset UCX_TLS or include cuda_ipc"
-        )
-    })
 }
 
 /// A fresh seed per run: time and pid.

@@ -33,8 +33,10 @@ pub struct RankInfo {
     pub blocks_per_sm: u32,
     /// Ranks of this machine on the same GPU (this one included).
     pub ranks_on_gpu: u32,
-    /// MPS as seen from this process: `on (…)`, `off`, `unknown`.
-    pub mps: String,
+    /// Whether this rank's CUDA context is an MPS client
+    /// (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`): ranks sharing its GPU then run
+    /// their kernels at the same time instead of time-slicing.
+    pub mps: bool,
     pub nccl: NcclStatus,
 }
 

@@ -48,7 +48,7 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
         info.gpu_ordinal,
         info.gpu_name,
         ranks_on_gpu,
-        info.mps,
+        if info.mps { "on" } else { "off" },
         info.nccl
     );
     let timeout = Duration::from_nanos(cfg.timeout_ns);
@@ -90,22 +90,7 @@ fn preflight(nccl: &NcclStatus) -> Result<()> {
     if let Err(e) = crate::nixl::runtime::load() {
         problems.push(e.to_string());
     }
-    if let Ok(tls) = std::env::var("UCX_TLS") {
-        let names: Vec<&str> = tls
-            .trim_start_matches('^')
-            .split(',')
-            .map(str::trim)
-            .collect();
-        let named = names
-            .iter()
-            .any(|t| matches!(*t, "cuda_ipc" | "cuda" | "all"));
-        if named == tls.starts_with('^') {
-            problems.push(format!(
-                "UCX_TLS={tls} leaves out cuda_ipc, the device-API transport between GPUs of one machine: unset UCX_TLS \
-                 or include cuda_ipc"
-            ));
-        }
-    }
+    problems.extend(crate::nixl::runtime::ucx_tls_problem());
     if !problems.is_empty() {
         let nccl = match nccl {
             NcclStatus::Ready(v) => format!("NCCL {v} loaded"),
@@ -160,19 +145,6 @@ fn check_memory(gpu: &Gpu, model: &Model, ranks_on_gpu: u32, baseline: bool) -> 
     Ok(())
 }
 
-/// MPS as seen from here: its control pipe in `CUDA_MPS_PIPE_DIRECTORY`
-/// (default `/tmp/nvidia-mps`).
-pub fn mps_state() -> String {
-    let set = std::env::var("CUDA_MPS_PIPE_DIRECTORY").ok();
-    let dir = set.clone().unwrap_or_else(|| "/tmp/nvidia-mps".into());
-    let pipe = std::path::Path::new(&dir).join("control");
-    match (pipe.exists(), set) {
-        (true, _) => format!("on (control pipe {})", pipe.display()),
-        (false, Some(d)) => format!("off (CUDA_MPS_PIPE_DIRECTORY={d} has no control pipe)"),
-        (false, None) => "off".into(),
-    }
-}
-
 fn rank_info(
     env: &RankEnv,
     gpu: &Gpu,
@@ -193,7 +165,7 @@ fn rank_info(
         sm_count: gpu.sm_count,
         blocks_per_sm: k.blocks_per_sm()?,
         ranks_on_gpu,
-        mps: mps_state(),
+        mps: g.mps,
         nccl,
     })
 }

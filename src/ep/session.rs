@@ -540,7 +540,7 @@ fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) 
         s.ranks,
         gpus.len(),
         infos[0].gpu_name,
-        infos[0].mps,
+        if infos[0].mps { "on" } else { "off" },
         s.tokens,
         s.hidden,
         s.topk,

@@ -42,6 +42,27 @@ pub enum NixlLoadError {
     LoadFailed { path: PathBuf, reason: String },
 }
 
+/// The problem with `UCX_TLS`, if it leaves out cuda_ipc: the only UCX
+/// transport with device-API support between GPUs of one machine, so every
+/// remote memory view would fail with "lane not found". `UCX_TLS` lists
+/// transports to use, or with a leading `^` to leave out; `cuda` and `all`
+/// include cuda_ipc.
+pub fn ucx_tls_problem() -> Option<String> {
+    let tls = std::env::var("UCX_TLS").ok()?;
+    let names_it = tls
+        .trim_start_matches('^')
+        .split(',')
+        .map(str::trim)
+        .any(|t| matches!(t, "cuda_ipc" | "cuda" | "all"));
+    let excluded = names_it == tls.starts_with('^');
+    excluded.then(|| {
+        format!(
+            "UCX_TLS={tls} leaves out cuda_ipc, the transport NIXL's device API uses between GPUs of one machine \
+             (memory views would fail with \"lane not found\"): unset UCX_TLS or include cuda_ipc"
+        )
+    })
+}
+
 static LOADED: OnceLock<Result<NixlRuntime, NixlLoadError>> = OnceLock::new();
 
 /// Finds and loads NIXL once per process; later calls return the first result.
