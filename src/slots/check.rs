@@ -117,19 +117,8 @@ impl SlotRing {
 /// Checks `job`'s slot where it lies in a DRAM `region`.
 fn check_in_place(region: &[u8], slot_len: usize, job: &SlotJob, seed: u64) -> SlotCheck {
     let off = job.slot * slot_len;
-    let header = read_header(region, off);
     let bytes = &region[off + HEADER_BYTES..off + slot_len];
-    let mismatch = if header == job.seq {
-        verify_ranges(&job.ranges, seed, job.seq, |r| &bytes[r.clone()])
-    } else {
-        None
-    };
-    SlotCheck {
-        slot: job.slot,
-        seq: job.seq,
-        header,
-        mismatch,
-    }
+    SlotCheck::of(job, seed, read_header(region, off), |r| &bytes[r.clone()])
 }
 
 #[cfg(test)]

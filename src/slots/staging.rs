@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::verify::{SlotCheck, verify_ranges};
+use super::verify::SlotCheck;
 use super::{HEADER_BYTES, SlotJob};
 use crate::pattern;
 
@@ -168,23 +168,13 @@ pub(super) fn check_staged(
 ) -> SlotCheck {
     let h = locate(pieces, 0, HEADER_BYTES);
     let header = u64::from_le_bytes(staging[h..h + HEADER_BYTES].try_into().expect("8 bytes"));
-    let mismatch = if header == job.seq {
-        verify_ranges(&job.ranges, seed, job.seq, |r| {
-            if r.is_empty() {
-                return &[];
-            }
-            let at = locate(pieces, HEADER_BYTES + r.start, r.len());
-            &staging[at..at + r.len()]
-        })
-    } else {
-        None
-    };
-    SlotCheck {
-        slot: job.slot,
-        seq: job.seq,
-        header,
-        mismatch,
-    }
+    SlotCheck::of(job, seed, header, |r| {
+        if r.is_empty() {
+            return &[];
+        }
+        let at = locate(pieces, HEADER_BYTES + r.start, r.len());
+        &staging[at..at + r.len()]
+    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use super::SlotJob;
 use crate::pattern::{self, Mismatch};
 
 /// What [`SlotRing::check_queued`](super::SlotRing::check_queued) found in one slot: its header, and when
@@ -15,6 +16,28 @@ pub struct SlotCheck {
     pub seq: u64,
     pub header: u64,
     pub mismatch: Option<Mismatch>,
+}
+
+impl SlotCheck {
+    /// The check of `job`'s slot whose header reads `header`, `payload(r)`
+    /// giving the bytes of each checked payload range (read only when the
+    /// header is the expected sequence).
+    pub(super) fn of<'a>(
+        job: &SlotJob,
+        seed: u64,
+        header: u64,
+        payload: impl Fn(&Range<usize>) -> &'a [u8],
+    ) -> Self {
+        let mismatch = (header == job.seq)
+            .then(|| verify_ranges(&job.ranges, seed, job.seq, payload))
+            .flatten();
+        SlotCheck {
+            slot: job.slot,
+            seq: job.seq,
+            header,
+            mismatch,
+        }
+    }
 }
 
 /// The first mismatch of the payload `ranges` against pattern (`seed`,
