@@ -24,6 +24,7 @@
 #include <cuda/atomic>
 #include <cuda_bf16.h>
 
+#include "device_common.cuh"
 #include "ep_common.cuh"
 
 static_assert(sizeof(EpSendEntry) == 12, "EpSendEntry layout is shared with the host");
@@ -36,17 +37,6 @@ static_assert(offsetof(EpParams, off_dispatch_count) == 128, "EpParams layout is
 static_assert(offsetof(EpParams, rank) == 216, "EpParams layout is shared with the host");
 
 // ------------------------------------------------------------ primitives
-
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ uint64_t load_relaxed_system(const uint64_t *p) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
-    return ref.load(cuda::memory_order_relaxed);
-}
 
 __device__ __forceinline__ void add_relaxed_system(uint64_t *p, uint64_t v) {
     cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*p);

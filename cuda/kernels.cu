@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device_common.cuh"
+
 // The host passes nixlMemViewElem by value; its layout is part of our ABI.
 static_assert(sizeof(nixlMemViewElem) == 24, "nixlMemViewElem changed size");
 static_assert(offsetof(nixlMemViewElem, mvh) == 0, "nixlMemViewElem.mvh moved");
@@ -93,26 +95,12 @@ struct WaitParams {
 };
 static_assert(sizeof(WaitParams) == 88, "WaitParams layout is shared with the host");
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 // A system-scope acquire load: sees stores another GPU (or process) made
 // visible with a release, and orders our later reads after it. This is the
 // 1.x replacement for the old nixlGpuReadSignal.
 __device__ __forceinline__ uint64_t load_acquire_system(const uint64_t *p) {
     cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
     return ref.load(cuda::memory_order_acquire);
-}
-
-// The polling load: relaxed, system scope. An acquire load on every poll
-// would order (and slow) each one; the acquire is paid once, by a fence,
-// where data is read after the wait (see nixl_wait_signal).
-__device__ __forceinline__ uint64_t load_relaxed_system(const uint64_t *p) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
-    return ref.load(cuda::memory_order_relaxed);
 }
 
 __device__ __forceinline__ void record_status(KernelReport *r, nixl_status_t s) {
