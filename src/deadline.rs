@@ -9,43 +9,6 @@
 
 use std::time::{Duration, Instant};
 
-/// A moment by which a wait must end.
-#[derive(Clone, Copy, Debug)]
-pub struct Deadline {
-    start: Instant,
-    limit: Duration,
-}
-
-impl Deadline {
-    /// `limit` from now.
-    pub fn after(limit: Duration) -> Self {
-        Self {
-            start: Instant::now(),
-            limit,
-        }
-    }
-
-    /// Whether the limit has passed.
-    pub fn expired(&self) -> bool {
-        self.start.elapsed() >= self.limit
-    }
-
-    /// Time left (zero once expired).
-    pub fn remaining(&self) -> Duration {
-        self.limit.saturating_sub(self.start.elapsed())
-    }
-
-    /// Time since the deadline was set.
-    pub fn elapsed(&self) -> Duration {
-        self.start.elapsed()
-    }
-
-    /// The limit it was set with.
-    pub fn limit(&self) -> Duration {
-        self.limit
-    }
-}
-
 /// How a polling loop pauses between tries that found nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pace {
@@ -60,32 +23,14 @@ pub enum Pace {
     Every(Duration),
 }
 
-/// The pause state of one polling loop.
-#[derive(Debug)]
-pub struct Backoff {
-    pace: Pace,
-    idle: u32,
-}
-
-impl Backoff {
-    /// A fresh loop with `pace`.
-    pub fn new(pace: Pace) -> Self {
-        Self { pace, idle: 0 }
-    }
-
-    /// Pauses after a try that found nothing.
-    pub fn idle(&mut self) {
-        match self.pace {
-            Pace::Yield if self.idle < 64 => std::thread::yield_now(),
+impl Pace {
+    /// Pauses after the `idle`-th try in a row that found nothing.
+    fn pause(self, idle: u32) {
+        match self {
+            Pace::Yield if idle < 64 => std::thread::yield_now(),
             Pace::Yield => std::thread::sleep(Duration::from_micros(20)),
             Pace::Every(d) => std::thread::sleep(d),
         }
-        self.idle = self.idle.saturating_add(1);
-    }
-
-    /// Back to short pauses after a try that made progress.
-    pub fn reset(&mut self) {
-        self.idle = 0;
     }
 }
 
@@ -102,16 +47,16 @@ pub fn poll<T>(
     mut step: impl FnMut() -> anyhow::Result<Option<T>>,
     timed_out: impl FnOnce(Duration) -> anyhow::Error,
 ) -> anyhow::Result<T> {
-    let deadline = Deadline::after(limit);
-    let mut backoff = Backoff::new(pace);
+    let (start, mut idle) = (Instant::now(), 0u32);
     loop {
         if let Some(v) = step()? {
             return Ok(v);
         }
-        if deadline.expired() {
-            return Err(timed_out(deadline.elapsed()));
+        if start.elapsed() >= limit {
+            return Err(timed_out(start.elapsed()));
         }
-        backoff.idle();
+        pace.pause(idle);
+        idle = idle.saturating_add(1);
     }
 }
 

@@ -75,11 +75,6 @@ impl MetadataMode {
         }
     }
 
-    /// Whether NIXL itself moves the agent metadata.
-    pub fn is_nixl_builtin(self) -> bool {
-        self != Self::Tcpstore
-    }
-
     /// Whether the mode needs a TCPStore server (ours, or torch's).
     pub fn needs_store(self) -> bool {
         self != Self::Etcd

@@ -396,20 +396,6 @@ impl Kernels {
         &self.write[path as usize][level as usize]
     }
 
-    /// Most blocks of `threads` threads that can be resident at once on a
-    /// GPU with `sm_count` SMs. The write kernel's blocks wait on each
-    /// other (through the target's acknowledgement), so a grid larger than
-    /// this would deadlock until the timeout.
-    pub fn max_resident_blocks(
-        &self,
-        path: Path,
-        level: Level,
-        threads: u32,
-        sm_count: u32,
-    ) -> Result<u32, DriverError> {
-        Ok(self.blocks_per_sm(path, level, threads)? * sm_count)
-    }
-
     /// The most blocks a write kernel on `gpu` may have: all resident at
     /// once (they wait on each other through the acknowledgement). Under
     /// MPS the peer process's wait kernel may share the GPU and must find
