@@ -84,7 +84,7 @@ pub struct EpParams {
 /// bytes are [`crate::gpu::kernels::KernelReport`], so
 /// [`crate::gpu::run::run_watched`] zeroes it, reads it and cancels through it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct EpReport {
     pub t_start_ns: u64,
     pub t_end_ns: u64,
@@ -120,7 +120,7 @@ pub const WAIT_BLOCKS: u32 = 5;
 
 /// `EpVerify`: the first wrong value a check kernel found.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct EpVerify {
     pub mismatches: u32,
     /// [`BAD_COUNT`] … [`BAD_COMBINED`].
@@ -145,7 +145,7 @@ pub const BAD_COMBINED: u32 = 5;
 
 /// `EpTiming`: one phase on one rank, from the barrier to completion.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct EpTiming {
     /// `clock64` of block 0's first thread (cycles).
     pub clock_start: u64,
@@ -168,16 +168,6 @@ const _: () = {
 
 // SAFETY: plain #[repr(C)] data whose layout matches the kernel parameter.
 unsafe impl DeviceRepr for EpParams {}
-
-/// Reads a `#[repr(C)]` plain-data struct from the start of `raw`.
-///
-/// # Safety
-/// `T` must be valid for any bit pattern (integers and floats only).
-pub unsafe fn from_bytes<T: Copy>(raw: &[u8]) -> T {
-    assert!(raw.len() >= size_of::<T>());
-    // SAFETY: length checked; read_unaligned needs no alignment.
-    unsafe { std::ptr::read_unaligned(raw.as_ptr().cast::<T>()) }
-}
 
 /// Whether the EP kernels were compiled in, and if not, why.
 pub fn availability() -> Result<(), &'static str> {

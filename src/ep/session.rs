@@ -17,7 +17,7 @@ use nixl_sys::{MemView, RegistrationHandle};
 use super::config::{Grid, Path, RunConfig};
 use super::connect::agent_name;
 use super::group::Group;
-use super::kernels::{self, EpKernels, EpParams, EpReport, EpTiming, EpVerify, Step, from_bytes};
+use super::kernels::{self, EpKernels, EpParams, EpReport, EpTiming, EpVerify, Step};
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
 use super::plan::{Corrupt, Plan, RunOptions, make_plan};
@@ -306,9 +306,9 @@ impl Session {
             2 * (first + cfg.warmup) as usize,
             2 * (first + total) as usize,
         );
-        // SAFETY: EpTiming is four u64.
-        let timed: Vec<EpTiming> = (from..to)
-            .map(|k| unsafe { from_bytes(&raw[k * slot..]) })
+        let timed: Vec<EpTiming> = raw[from * slot..to * slot]
+            .chunks_exact(slot)
+            .map(bytemuck::pod_read_unaligned)
             .collect();
         let (ns_per_cycle, dispatch_ns, combine_ns) = calibrate(&timed)?;
         Ok(PathTimes {
@@ -371,10 +371,8 @@ impl Session {
 impl Session {
     /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
     fn check_report(&self, ctx: &Context, path: Path, i: u32) -> Result<()> {
-        let mut raw = [0u8; 64];
-        self.rig.report.download(&ctx.gpu.stream, &mut raw)?;
-        // SAFETY: EpReport is plain integers.
-        let r: EpReport = unsafe { from_bytes(&raw) };
+        let mut r = EpReport::default();
+        (self.rig.report).download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
         let me = ctx.group.rank;
         let at = format!("rank {me}, {} path, iteration {i}", path.name());
         if r.null_ptr_rank != 0 {
@@ -418,10 +416,8 @@ impl Session {
 
     /// Wrong data: exit 3, naming rank, token and expert.
     fn check_verify(&self, ctx: &Context, path: Path, i: u32) -> Result<()> {
-        let mut raw = [0u8; 48];
-        self.rig.verify.download(&ctx.gpu.stream, &mut raw)?;
-        // SAFETY: EpVerify is plain integers and floats.
-        let v: EpVerify = unsafe { from_bytes(&raw) };
+        let mut v = EpVerify::default();
+        (self.rig.verify).download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut v))?;
         if v.mismatches == 0 {
             return Ok(());
         }

@@ -113,7 +113,7 @@ impl MemViewElem {
 /// What a kernel reports back (`KernelReport` in kernels.cu). Times are
 /// `%globaltimer` nanoseconds of the GPU that ran the kernel.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct KernelReport {
     /// When the timed iterations began (initiator) / warm-up ended (target).
     pub t_start_ns: u64,
@@ -129,23 +129,6 @@ pub struct KernelReport {
     pub timed_out: u32,
     /// Written (non-zero) by the host to stop a running wait early.
     pub cancel: u32,
-}
-
-impl KernelReport {
-    /// Reads a report from the first 40 bytes of `raw`.
-    pub fn from_bytes(raw: &[u8]) -> Self {
-        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap());
-        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().unwrap());
-        Self {
-            t_start_ns: u64_at(0),
-            t_end_ns: u64_at(8),
-            observed: u64_at(16),
-            errors: u32_at(24),
-            first_status: u32_at(28) as i32,
-            timed_out: u32_at(32),
-            cancel: u32_at(36),
-        }
-    }
 }
 
 /// Parameters of the initiator's write + signal kernels (`WriteParams`).

@@ -88,15 +88,15 @@ pub fn run_watched(
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-    let mut raw = [0u8; 40];
-    report.download(&gpu.stream, &mut raw)?;
-    let report = KernelReport::from_bytes(&raw);
+    // The first 40 bytes: the whole KernelReport, or the start of an EpReport.
+    let mut kernel_report = KernelReport::default();
+    report.download(&gpu.stream, bytemuck::bytes_of_mut(&mut kernel_report))?;
     if let Some(reason) = cancelled {
         bail!("{reason}");
     }
     let event_us = start.elapsed_ms(&end)? as f64 * 1e3;
     Ok(Finished {
-        report,
+        report: kernel_report,
         event_us,
         released,
     })
