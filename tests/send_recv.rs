@@ -233,7 +233,11 @@ fn backpressure_keeps_a_fast_sender_from_overrunning_a_slow_receiver() {
         "--num-transfers",
         "60",
         "--consume-us",
-        "3000",
+        // 10 ms a slot: an overrun needs the sender to get 4 slots ahead of
+        // the receiver, and a loaded two-core machine must manage that. At
+        // 3 ms the --no-backpressure half missed its exit 3 once in about 25
+        // runs of this file (likely a sender slowed until the receiver kept up).
+        "10000",
         "--baseline-reps",
         "0",
         "--timeout",
