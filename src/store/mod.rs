@@ -26,7 +26,7 @@ pub mod native;
 pub enum StoreError {
     /// No server answered at `addr` within `waited`.
     #[error(
-        "no TCPStore at {addr} after {waited:.0?}: start the side that hosts the store first (the initiator), or check --host/--port"
+        "no TCPStore at {addr} after {waited:.0?}: start the process that hosts the store first, or check --host/--port"
     )]
     Unreachable {
         /// `host:port` the client tried.
