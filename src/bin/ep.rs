@@ -202,7 +202,7 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
     };
     if !args.check_connection {
         // Once here, rather than the same message from every rank.
-        nixl_examples::ep::run::check_machine()?;
+        nixl_examples::ep::run::check_machine(!args.no_baseline)?;
     }
     tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
     // Survivors notice a failed rank within --timeout (GPU waits) or a few

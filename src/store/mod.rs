@@ -34,6 +34,15 @@ pub enum StoreError {
         /// How long it kept retrying.
         waited: Duration,
     },
+    /// The store's host name does not resolve (the resolver says it does
+    /// not exist; a resolver that cannot answer now is retried instead).
+    #[error("cannot resolve the store's host '{host}' (check --host)")]
+    UnknownHost {
+        /// The name as given.
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The server could not bind its port.
     #[error(
         "cannot listen on {addr}: {source}; another process (an earlier run?) holds the port: stop it or pick another with --port"

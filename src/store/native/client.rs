@@ -169,9 +169,10 @@ impl Client {
         // now, rather than after the whole timeout.
         let addrs = (host, port).to_socket_addrs().map_err(|e| {
             if unknown_name(&e) {
-                Attempt::Fatal(StoreError::Invalid(format!(
-                    "cannot resolve the store's host '{host}': {e}; check --host"
-                )))
+                Attempt::Fatal(StoreError::UnknownHost {
+                    host: host.to_string(),
+                    source: e,
+                })
             } else {
                 Attempt::Retry
             }
