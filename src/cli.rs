@@ -13,6 +13,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
+    let not_a_count = || format!("'{s}' is not a byte count (e.g. 1048576, 64K, 1.5M, 2G)");
+    if num.is_empty() || num == "." {
+        return Err(not_a_count());
+    }
     let shift: u32 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kib" | "kb" => 10,
@@ -25,9 +29,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
             ));
         }
     };
-    let not_a_count = || format!("'{s}' is not a byte count (e.g. 1048576, 64K, 1.5M, 2G)");
     let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
-    if whole.is_empty() && frac.is_empty() || frac.contains('.') {
+    if frac.contains('.') {
         return Err(not_a_count());
     }
     let too_large = || format!("'{s}' is more bytes than 64 bits can count");
@@ -163,7 +166,7 @@ mod tests {
         assert_eq!(parse_bytes("8"), Ok(8));
         assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
         assert!(parse_bytes("0").is_err());
-        assert!(parse_bytes("-5").is_err());
+        assert!(parse_bytes("-5").unwrap_err().contains("not a byte count"));
         assert!(parse_bytes("5X").is_err());
         assert_eq!(parse_bytes("1.5M"), Ok(3 << 19));
         assert_eq!(parse_bytes("0.5K"), Ok(512));
