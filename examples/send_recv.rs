@@ -89,6 +89,16 @@ enum Memory {
     Vram,
 }
 
+impl Memory {
+    /// The name `--memory` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Memory::Dram => "dram",
+            Memory::Vram => "vram",
+        }
+    }
+}
+
 /// Streaming between two NIXL agents in two processes: a ring of slots,
 /// prepared WRITEs re-posted per slot, progress notifications for
 /// backpressure, every payload verified by the receiver.
@@ -286,11 +296,11 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     }
     let host = ExchangeHost::start(&args.exchange, &[SENDER, RECEIVER], args.timeout())?;
     say!(
-        "[main] Starting sender-receiver: {} slots × {}, {} transfers, {:?}, metadata via {}",
+        "[main] Starting sender-receiver: {} slots × {}, {} transfers, {}, metadata via {}",
         args.num_buffers,
         fmt_bytes(args.buffer_size),
         args.num_transfers,
-        args.memory,
+        args.memory.name(),
         args.exchange.metadata.name()
     );
     let mut sender_args = role_args(
@@ -333,7 +343,7 @@ fn role_args(args: &Args, port: u16, role: &str, gpu: usize) -> Vec<String> {
             ("--num-transfers", args.num_transfers.to_string()),
             ("--progress-every", args.progress_every().to_string()),
             ("--backpressure-at", args.backpressure_at().to_string()),
-            ("--memory", format!("{:?}", args.memory).to_lowercase()),
+            ("--memory", args.memory.name().to_string()),
             ("--gpu", gpu.to_string()),
             ("--verify", args.verify.name().to_string()),
             ("--baseline-reps", args.baseline_reps.to_string()),
@@ -713,8 +723,8 @@ impl<'a> ReceiverLoop<'a> {
         let (overruns, mismatches) = (self.overruns, self.mismatches);
         if overruns + mismatches == 0 {
             say!(
-                "[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified ({:?})",
-                self.args.verify
+                "[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified ({})",
+                self.args.verify.name()
             );
         } else {
             say!("[{RECEIVER}] ✗ {overruns} overrun(s), {mismatches} mismatch(es)");
@@ -758,12 +768,12 @@ fn sender(
     let (inbox, remote) = connect_sender(agent, exchange, ring)?;
     let requests = prepare_requests(agent, ring, &remote)?;
     say!(
-        "[{SENDER}] Ready: {} slots × {} (+8 B header) in {:?}, {} transfers, verify {:?}",
+        "[{SENDER}] Ready: {} slots × {} (+8 B header) in {}, {} transfers, verify {}",
         ring.slots(),
         fmt_bytes(ring.payload() as u64),
-        ring.mem_type(),
+        args.memory.name(),
         args.num_transfers,
-        args.verify
+        args.verify.name()
     );
     let baseline = if args.baseline_reps > 0 {
         Some(baseline(args, agent, ring, &remote)?)
@@ -1269,13 +1279,13 @@ impl<'a> SenderLoop<'a> {
         let Some(b) = baseline else { return };
         let r = rate / b.median;
         say!(
-            "[{SENDER}] Streaming {rate:.2} GB/s vs single {:.2} GB WRITEs {:.2} GB/s (median): ratio {r:.2} (goal ≥ 0.80; {:.2} against the best)",
+            "[{SENDER}] Streaming {rate:.2} GB/s vs single {:.2} GB WRITEs {:.2} GB/s (median): ratio {r:.2} ({:.2} against the best)",
             b.bytes as f64 / 1e9,
             b.median,
             rate / b.best
         );
         let fill = self.phases.get(self.fill.phase);
-        if r < 0.8 && pct(fill, run.elapsed) > 25.0 {
+        if pct(fill, run.elapsed) > 25.0 {
             say!(
                 "[{SENDER}] Note: {:.0}% of the time went into generating the pattern (--verify full); --verify sample measures the transfer pipeline alone",
                 pct(fill, run.elapsed)
@@ -1296,7 +1306,7 @@ impl<'a> SenderLoop<'a> {
         json!({
             "example": "send_recv",
             "metadata": exchange.mode().name(),
-            "memory": format!("{:?}", args.memory).to_lowercase(),
+            "memory": args.memory.name(),
             "verify": args.verify.name(),
             "num_buffers": ring.slots(),
             "buffer_size": args.buffer_size,

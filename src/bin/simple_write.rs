@@ -131,12 +131,13 @@ struct Args {
     warmup: Option<u32>,
 
     /// Thread blocks, each group putting its own slice on its own channel
-    /// [default: block level: one per 32 KiB up to what fits the GPU at once;
-    /// thread and warp level: 1].
+    /// [default: block level: one per 16 KiB, at least 32, up to what fits
+    /// the GPU at once (1 in --pingpong); thread and warp level: 1].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65535))]
     blocks: Option<u32>,
 
-    /// Threads per block [default: 1 thread, 32 warp, 512 block level (256 in --pingpong)].
+    /// Threads per block [default: 1 thread, 32 warp level; block level: 256
+    /// on the put path, 512 on the store path, 256 in --pingpong].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
 
