@@ -125,7 +125,10 @@ pub fn directives(env: Env, manifest: &Path, out_dir: &Path) -> Result<Vec<Strin
 fn missing_pieces(why: &str) -> String {
     let pieces: Vec<&str> = ["nvcc", "NIXL device header", "UCX device headers"]
         .into_iter()
-        .filter(|p| why.split("; ").any(|m| m.starts_with(p) && m.contains("not found")))
+        .filter(|p| {
+            why.split("; ")
+                .any(|m| m.starts_with(p) && m.contains("not found"))
+        })
         .collect();
     if pieces.is_empty() {
         why.to_string()

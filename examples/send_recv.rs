@@ -254,14 +254,18 @@ fn check_args(args: &Args) -> Result<(), UsageError> {
     );
     ensure(
         b <= n,
-        format!("--backpressure-at {b} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed"),
+        format!(
+            "--backpressure-at {b} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed"
+        ),
     )?;
     // The sender stops at `b` ahead and waits for a report; reports come
     // every `i`. With i > b the receiver could consume everything posted
     // without reaching the next report: both would wait forever.
     ensure(
         i <= b,
-        format!("--progress-every {i} exceeds --backpressure-at {b}: the sender would wait for a report that never comes"),
+        format!(
+            "--progress-every {i} exceeds --backpressure-at {b}: the sender would wait for a report that never comes"
+        ),
     )?;
     let ring = (args.buffer_size as u128 + HEADER_BYTES as u128) * n as u128;
     ensure(

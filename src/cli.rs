@@ -42,7 +42,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let mut v = w.checked_mul(1 << shift).ok_or_else(too_large)?;
     if !frac.is_empty() {
         // The fraction of the unit, exactly: digits / 10^len of 2^shift bytes.
-        let digits: u128 = frac.get(..30).unwrap_or(frac).parse().map_err(|_| not_a_count())?;
+        let digits: u128 = frac
+            .get(..30)
+            .unwrap_or(frac)
+            .parse()
+            .map_err(|_| not_a_count())?;
         let scale = 10u128.pow(frac.len().min(30) as u32);
         let part = digits * (1u128 << shift);
         if part % scale != 0 || frac.len() > 30 {
@@ -152,11 +156,23 @@ mod tests {
         assert_eq!(parse_timeout("30"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_timeout("0.5"), Ok(Duration::from_millis(500)));
         for bad in ["0", "-1", "86401", "nan", "inf"] {
-            assert!(parse_timeout(bad).unwrap_err().contains("more than 0 and at most 86400"), "{bad}");
+            assert!(
+                parse_timeout(bad)
+                    .unwrap_err()
+                    .contains("more than 0 and at most 86400"),
+                "{bad}"
+            );
         }
-        assert!(parse_timeout("x").unwrap_err().contains("not a number of seconds"));
+        assert!(
+            parse_timeout("x")
+                .unwrap_err()
+                .contains("not a number of seconds")
+        );
         assert_eq!(fmt_timeout(Duration::from_millis(500)), "0.5");
-        assert_eq!(parse_timeout(&fmt_timeout(Duration::from_secs(30))), Ok(Duration::from_secs(30)));
+        assert_eq!(
+            parse_timeout(&fmt_timeout(Duration::from_secs(30))),
+            Ok(Duration::from_secs(30))
+        );
     }
 
     #[test]
@@ -170,15 +186,35 @@ mod tests {
         assert!(parse_bytes("5X").is_err());
         assert_eq!(parse_bytes("1.5M"), Ok(3 << 19));
         assert_eq!(parse_bytes("0.5K"), Ok(512));
-        assert_eq!(parse_bytes("16E").unwrap_err(), "unknown size suffix 'e' in '16E' (use K, M, G or T: powers of 1024)");
-        assert!(parse_bytes("1.5").unwrap_err().contains("whole number of bytes"));
-        assert!(parse_bytes("1.2.3M").unwrap_err().contains("not a byte count"));
+        assert_eq!(
+            parse_bytes("16E").unwrap_err(),
+            "unknown size suffix 'e' in '16E' (use K, M, G or T: powers of 1024)"
+        );
+        assert!(
+            parse_bytes("1.5")
+                .unwrap_err()
+                .contains("whole number of bytes")
+        );
+        assert!(
+            parse_bytes("1.2.3M")
+                .unwrap_err()
+                .contains("not a byte count")
+        );
         assert!(parse_bytes(".").unwrap_err().contains("not a byte count"));
-        for huge in ["99999999999999999999", "18446744073709551616", "17179869184G", "1".repeat(60).as_str()] {
+        for huge in [
+            "99999999999999999999",
+            "18446744073709551616",
+            "17179869184G",
+            "1".repeat(60).as_str(),
+        ] {
             assert!(parse_bytes(huge).unwrap_err().contains("64 bits"), "{huge}");
         }
         assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
-        assert!(bytes_between(1, 1 << 30)("2G").unwrap_err().contains("1 GiB"));
+        assert!(
+            bytes_between(1, 1 << 30)("2G")
+                .unwrap_err()
+                .contains("1 GiB")
+        );
         assert_eq!(bytes_between(1, 1 << 30)("1M"), Ok(1 << 20));
         assert_eq!(fmt_bytes(64 << 20), "64 MiB");
         assert_eq!(fmt_bytes(1000), "1000 B");
@@ -218,7 +254,9 @@ pub fn exit_status(tag: &str, e: &anyhow::Error) -> std::process::ExitCode {
         return ExitCode::from(EXIT_USAGE as u8);
     }
     if let Some(sig) = crate::interrupt::received() {
-        crate::eline!("[{tag}] {sig}: released memory views, deregistered memory, deleted store keys");
+        crate::eline!(
+            "[{tag}] {sig}: released memory views, deregistered memory, deleted store keys"
+        );
         return ExitCode::from(sig.exit_code() as u8);
     }
     if e.chain().any(|c| c.is::<DataMismatch>()) {

@@ -15,7 +15,10 @@ use common::{both, example, stderr};
 /// The programs with a `--timeout`, as (name, command).
 fn programs() -> Vec<(&'static str, Command)> {
     let mut v: Vec<(&'static str, Command)> = vec![
-        ("simple_write", Command::new(env!("CARGO_BIN_EXE_simple_write"))),
+        (
+            "simple_write",
+            Command::new(env!("CARGO_BIN_EXE_simple_write")),
+        ),
         ("ep", ep()),
     ];
     for name in [
@@ -34,7 +37,13 @@ fn programs() -> Vec<(&'static str, Command)> {
 fn ep() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ep"));
     // The test's own environment must not make the launcher a rank.
-    for v in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"] {
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
         c.env_remove(v);
     }
     c
@@ -49,7 +58,12 @@ fn every_timeout_has_one_range_and_one_message() {
     for (name, c) in programs() {
         for bad in ["0", "-1", "86401"] {
             let o = output(c_clone(&c), &[&format!("--timeout={bad}")]);
-            assert_eq!(o.status.code(), Some(2), "{name} --timeout {bad}: {}", both(&o));
+            assert_eq!(
+                o.status.code(),
+                Some(2),
+                "{name} --timeout {bad}: {}",
+                both(&o)
+            );
             assert!(
                 stderr(&o).contains("a timeout must be more than 0 and at most 86400 seconds"),
                 "{name} --timeout {bad}: {}",
@@ -118,9 +132,18 @@ fn rings_that_do_not_fit_in_memory_are_refused_with_both_numbers() {
     assert_eq!(o.status.code(), Some(2), "{}", both(&o));
     let err = stderr(&o);
     assert!(err.contains("2 ring(s) of 4000 × 256 MiB"), "{err}");
-    assert!(err.contains("of host memory, but this machine has"), "{err}");
-    assert!(err.contains("available: use fewer or smaller slots"), "{err}");
-    let o = output(Command::new(example("send_recv")), &["--buffer-size", "64G"]);
+    assert!(
+        err.contains("of host memory, but this machine has"),
+        "{err}"
+    );
+    assert!(
+        err.contains("available: use fewer or smaller slots"),
+        "{err}"
+    );
+    let o = output(
+        Command::new(example("send_recv")),
+        &["--buffer-size", "64G"],
+    );
     assert_eq!(o.status.code(), Some(2), "{}", both(&o));
     assert!(
         stderr(&o).contains("is 4398046511616 bytes, more than 1 TiB"),
@@ -136,7 +159,10 @@ fn a_busy_port_is_a_usage_error_named_once_everywhere() {
     let cases: Vec<(Command, Vec<&str>)> = vec![
         (Command::new(example("two_proc")), vec!["--port", &port]),
         (Command::new(example("send_recv")), vec!["--port", &port]),
-        (Command::new(example("notifications")), vec!["--port", &port]),
+        (
+            Command::new(example("notifications")),
+            vec!["--port", &port],
+        ),
         (ep(), vec!["--port", &port, "--check-connection"]),
         (
             Command::new(env!("CARGO_BIN_EXE_simple_write")),
@@ -167,7 +193,13 @@ fn a_host_that_does_not_resolve_fails_at_the_lookup() {
         ),
         (
             Command::new(env!("CARGO_BIN_EXE_simple_write")),
-            vec!["--mode", "target", "--check-connection", "--host", "nonexistent.invalid"],
+            vec![
+                "--mode",
+                "target",
+                "--check-connection",
+                "--host",
+                "nonexistent.invalid",
+            ],
         ),
     ] {
         let child = common::Reaped::new(
@@ -182,7 +214,8 @@ fn a_host_that_does_not_resolve_fails_at_the_lookup() {
         let o = child.wait_output(Duration::from_secs(600));
         assert_eq!(o.status.code(), Some(1), "{}", both(&o));
         assert!(
-            stderr(&o).contains("cannot resolve the store's host 'nonexistent.invalid' (check --host)"),
+            stderr(&o)
+                .contains("cannot resolve the store's host 'nonexistent.invalid' (check --host)"),
             "{}",
             both(&o)
         );
@@ -218,7 +251,10 @@ fn ep_checks_the_machine_once_in_the_launcher() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{}", both(&o));
     assert_eq!(err.matches("cannot run ep").count(), 1, "{err}");
-    assert!(err.starts_with("[ep] error: this machine cannot run ep:"), "{err}");
+    assert!(
+        err.starts_with("[ep] error: this machine cannot run ep:"),
+        "{err}"
+    );
     assert!(!err.contains("for the baseline"), "{err}");
     assert!(!err.contains("warning"), "{err}");
     assert!(!err.contains("rank"), "no rank should have started: {err}");
@@ -230,7 +266,9 @@ fn ep_checks_the_machine_once_in_the_launcher() {
 fn every_line_reaches_the_terminal_in_one_write() {
     let strace = Command::new("strace").arg("-V").output();
     if !strace.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIP one-write-per-line check: strace is not installed (apt-get install strace)");
+        eprintln!(
+            "SKIP one-write-per-line check: strace is not installed (apt-get install strace)"
+        );
         return;
     }
     let log = std::env::temp_dir().join(format!("cli-consistency-{}.strace", std::process::id()));
@@ -254,14 +292,19 @@ fn every_line_reaches_the_terminal_in_one_write() {
     assert_ne!(o.status.code(), Some(0), "{}", both(&o));
     let mut writes = 0;
     for line in trace.lines() {
-        let Some(at) = line.find("write(") else { continue };
+        let Some(at) = line.find("write(") else {
+            continue;
+        };
         let call = &line[at + "write(".len()..];
         if !(call.starts_with("1, \"") || call.starts_with("2, \"")) {
             continue;
         }
         writes += 1;
         let text = &call[4..call.rfind("\", ").expect("a complete write")];
-        assert!(text.ends_with("\\n"), "a write that does not end a line: {line}");
+        assert!(
+            text.ends_with("\\n"),
+            "a write that does not end a line: {line}"
+        );
     }
     assert!(writes > 5, "too few writes seen:\n{trace}");
     assert!(stderr(&o).contains("[ep] ✗"), "{}", both(&o));
@@ -307,7 +350,11 @@ fn ctrl_c_after(mut c: Command, ready: &str) -> Output {
     let status = child.wait().unwrap();
     let stdout = out.join().unwrap().into_bytes();
     let stderr = err.join().unwrap().into_bytes();
-    assert!(seen, "never saw {ready:?}:\n{}", String::from_utf8_lossy(&stderr));
+    assert!(
+        seen,
+        "never saw {ready:?}:\n{}",
+        String::from_utf8_lossy(&stderr)
+    );
     Output {
         status,
         stdout,
@@ -322,7 +369,10 @@ unsafe extern "C" {
 fn assert_interrupted(o: &Output, roles: &[&str]) {
     let err = stderr(o);
     assert_eq!(o.status.code(), Some(130), "{}", both(o));
-    let summaries: Vec<&str> = err.lines().filter(|l| l.contains("✗ interrupted by SIGINT")).collect();
+    let summaries: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("✗ interrupted by SIGINT"))
+        .collect();
     assert_eq!(summaries.len(), 1, "one summary expected: {}", both(o));
     for role in roles {
         // The parent saw each child end (it did not stop them itself).
@@ -350,7 +400,14 @@ fn ctrl_c_waits_for_the_ranks_then_one_summary_and_130() {
 fn ctrl_c_waits_for_send_recv_roles_then_one_summary_and_130() {
     let mut c = Command::new(example("send_recv"));
     c.args(["--port", "0", "--num-buffers", "8", "--buffer-size", "64K"])
-        .args(["--num-transfers", "1000000", "--consume-us", "1000", "--baseline-reps", "0"]);
+        .args([
+            "--num-transfers",
+            "1000000",
+            "--consume-us",
+            "1000",
+            "--baseline-reps",
+            "0",
+        ]);
     let o = ctrl_c_after(c, "[receiver] Processed 100/");
     assert_interrupted(&o, &["Receiver", "Sender"]);
 }

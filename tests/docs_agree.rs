@@ -13,7 +13,10 @@ fn readme_commands_run_as_written() {
     let readme = read("README.md");
     for line in readme.lines().filter(|l| l.contains("cargo run")) {
         if line.contains("--store libtorch") {
-            assert!(line.contains("--features libtorch"), "needs --features libtorch: {line}");
+            assert!(
+                line.contains("--features libtorch"),
+                "needs --features libtorch: {line}"
+            );
         }
     }
     // The bare `simple_write …` / `ep …` commands say where the programs come from.
@@ -29,9 +32,15 @@ fn simple_write_help_states_the_defaults_the_plan_uses() {
         .arg("--help")
         .output()
         .unwrap();
-    let help = String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let help = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(help.contains("one per 16 KiB, at least 32"), "{help}");
-    assert!(help.contains("256 on the put path, 512 on the store path"), "{help}");
+    assert!(
+        help.contains("256 on the put path, 512 on the store path"),
+        "{help}"
+    );
     // What "one per 16 KiB, at least 32" means, in the plan's own function.
     assert_eq!(auto_blocks(100 * (16 << 10), 10_000), 100);
     assert_eq!(auto_blocks(8, 10_000), 32);
@@ -45,7 +54,10 @@ fn ep_md_cites_the_guide_section_that_holds_the_argument() {
         .lines()
         .find(|l| l.contains("can never overtake the data"))
         .expect("EP.md's ordering argument");
-    let cited = line.split("KERNEL_GUIDE.md §").nth(1).expect("a § reference");
+    let cited = line
+        .split("KERNEL_GUIDE.md §")
+        .nth(1)
+        .expect("a § reference");
     let n: String = cited.chars().take_while(char::is_ascii_digit).collect();
     let title = guide
         .lines()
@@ -57,8 +69,18 @@ fn ep_md_cites_the_guide_section_that_holds_the_argument() {
 /// `simple_write`'s put at 64 MiB on the H200 pair, from the README's table.
 fn put_at_64_mib() -> String {
     let readme = read("README.md");
-    let row = readme.lines().find(|l| l.starts_with("| 64 MiB |")).expect("the 64 MiB row");
-    row.split('|').nth(2).unwrap().trim().split(' ').next().unwrap().to_string()
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| 64 MiB |"))
+        .expect("the 64 MiB row");
+    row.split('|')
+        .nth(2)
+        .unwrap()
+        .trim()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -68,14 +90,20 @@ fn simple_writes_put_at_64_mib_is_one_figure() {
     let mut seen = 0;
     // Every "NNN GB/s at 64 MiB" in EP.md is simple_write's put there.
     for line in ep.lines().filter(|l| l.contains("GB/s at 64 MiB")) {
-        for w in line.split(|c: char| !c.is_ascii_digit()).filter(|w| w.len() == 3) {
+        for w in line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| w.len() == 3)
+        {
             if line.contains(&format!("{w} GB/s at 64 MiB")) {
                 assert_eq!(w, put, "{line}");
                 seen += 1;
             }
         }
     }
-    assert!(seen >= 2, "EP.md cites simple_write's put at 64 MiB {seen} time(s)");
+    assert!(
+        seen >= 2,
+        "EP.md cites simple_write's put at 64 MiB {seen} time(s)"
+    );
 }
 
 /// KERNEL_GUIDE §11's claim about the store path against the copy engine
@@ -83,14 +111,19 @@ fn simple_writes_put_at_64_mib_is_one_figure() {
 #[test]
 fn the_guides_store_path_claim_matches_its_table() {
     let guide = read("KERNEL_GUIDE.md");
-    assert!(guide.contains("the store path beats\n  the copy engine from 8 B to 8 MiB: 1.2–2.0× up to 1 MiB"));
+    assert!(guide.contains(
+        "the store path beats\n  the copy engine from 8 B to 8 MiB: 1.2–2.0× up to 1 MiB"
+    ));
     let tables = read("docs/results/2026-11-23-h200x2/bench/tables.txt");
     let section = tables
         .split("== ")
         .find(|s| s.starts_with("gpu0-gpu1-bw-block"))
         .expect("the GPU 0 -> GPU 1 block table");
     let mut rows = 0;
-    for cols in section.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()) {
+    for cols in section
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+    {
         if cols.len() < 11 || cols[2] != "store" {
             continue;
         }
@@ -100,7 +133,10 @@ fn the_guides_store_path_claim_matches_its_table() {
             rows += 1;
         }
         if size <= 1 << 20 {
-            assert!((1.195..2.005).contains(&ratio), "store path at {size} B: {ratio}");
+            assert!(
+                (1.195..2.005).contains(&ratio),
+                "store path at {size} B: {ratio}"
+            );
         }
     }
     assert!(rows >= 20, "{rows} rows");

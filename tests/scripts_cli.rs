@@ -99,7 +99,11 @@ fn every_script_answers_help_without_side_effects() {
             let o = stubs.run(&script, &[flag]);
             assert_eq!(o.status.code(), Some(0), "{script} {flag}: {}", text(&o));
             let out = String::from_utf8_lossy(&o.stdout);
-            assert!(out.lines().count() >= 2, "{script} {flag} prints no help: {}", text(&o));
+            assert!(
+                out.lines().count() >= 2,
+                "{script} {flag} prints no help: {}",
+                text(&o)
+            );
             assert!(
                 !String::from_utf8_lossy(&o.stderr).contains("Traceback"),
                 "{script} {flag}: {}",
@@ -116,7 +120,12 @@ fn every_script_refuses_an_unknown_option_with_exit_2() {
     let stubs = Stubs::new("bogus");
     for script in scripts() {
         let o = stubs.run(&script, &["--bogus-flag"]);
-        assert_eq!(o.status.code(), Some(2), "{script} --bogus-flag: {}", text(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{script} --bogus-flag: {}",
+            text(&o)
+        );
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
             err.contains("--bogus-flag") || err.contains("usage"),
@@ -150,18 +159,31 @@ fn gpu_scripts_without_a_gpu_say_so_and_fail() {
         ("tune-grid.sh", vec!["--out", out]),
         ("gpu-faults.sh", vec!["--out", out]),
         ("run_ep.sh", vec!["--out", out]),
-        ("ucx-diag.sh", vec![env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write"), out]),
+        (
+            "ucx-diag.sh",
+            vec![
+                env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write"),
+                out,
+            ],
+        ),
     ] {
         let o = stubs.run(script, &args);
         assert_eq!(o.status.code(), Some(1), "{script}: {}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains("no NVIDIA GPU on this machine"), "{script}: {}", text(&o));
+        assert!(
+            err.contains("no NVIDIA GPU on this machine"),
+            "{script}: {}",
+            text(&o)
+        );
         assert!(
             !String::from_utf8_lossy(&o.stdout).contains("PASS"),
             "{script} passed a row without a GPU: {}",
             text(&o)
         );
-        assert!(!Path::new(out).join("table.txt").exists(), "{script} wrote a table");
+        assert!(
+            !Path::new(out).join("table.txt").exists(),
+            "{script} wrote a table"
+        );
     }
 }
 

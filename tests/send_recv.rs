@@ -52,7 +52,11 @@ fn streams_with_backpressure_and_verifies_every_payload() {
     }
     // Names as the options take them, the port actually bound, and ratios
     // without the project's goals.
-    for shown in ["in dram,", "verify full", "[main] Started TCPStore on port "] {
+    for shown in [
+        "in dram,",
+        "verify full",
+        "[main] Started TCPStore on port ",
+    ] {
         assert!(out.contains(shown), "missing {shown:?} in:\n{out}");
     }
     for hidden in ["Dram", "Full", "port 0", "goal"] {

@@ -422,7 +422,10 @@ fn without_the_header_the_host_side_builds_and_says_what_is_missing() {
         "scripts/setup.sh",
         "NIXL_INCLUDE_DIR",
     ] {
-        assert!(detail.contains(needle), "the detail names {needle}: {detail}");
+        assert!(
+            detail.contains(needle),
+            "the detail names {needle}: {detail}"
+        );
     }
     assert!(
         said.contains("cargo:rustc-env=NIXL_KERNELS_MISSING="),

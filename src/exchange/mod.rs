@@ -48,11 +48,11 @@ use nixl_sys::Agent;
 pub mod etcd;
 
 use self::etcd::Etcd;
+use crate::cli::UsageError;
 use crate::nixl::serdes::DescList;
 use crate::nixl::view::load_peer as load_peer_blob;
 use crate::nixl::xfer::NotifInbox;
 use crate::store::native::TcpStore;
-use crate::cli::UsageError;
 use crate::store::{self, Store, StoreBackend, StoreOptions};
 
 /// Where agent metadata travels.
