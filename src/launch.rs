@@ -262,12 +262,12 @@ pub fn summary(exits: &[RoleExit]) -> String {
 
 /// The parent's last word: its exit status ([`overall`]) and, unless
 /// every role succeeded, one line on stderr naming the processes that did
-/// not (`[main] ✗ 1 of 2 processes failed: Target: 3`), or, when this
-/// process was interrupted, how each ended.
+/// not (`[main] error: 1 of 2 processes failed: Target: 3`), or, when
+/// this process was interrupted, how each ended.
 pub fn finish(tag: &str, exits: &[RoleExit]) -> ExitCode {
     let code = overall(exits);
     if let Some(sig) = crate::interrupt::received() {
-        crate::eline!("[{tag}] ✗ {sig}; the processes ended: {}", summary(exits));
+        crate::eline!("[{tag}] {sig}; the processes ended: {}", summary(exits));
     } else if code != ExitCode::SUCCESS {
         let failed: Vec<RoleExit> = exits
             .iter()
@@ -278,7 +278,7 @@ pub fn finish(tag: &str, exits: &[RoleExit]) -> ExitCode {
             })
             .collect();
         crate::eline!(
-            "[{tag}] ✗ {} of {} processes failed: {}",
+            "[{tag}] error: {} of {} processes failed: {}",
             failed.len(),
             exits.len(),
             summary(&failed)

@@ -307,7 +307,8 @@ fn every_line_reaches_the_terminal_in_one_write() {
         );
     }
     assert!(writes > 5, "too few writes seen:\n{trace}");
-    assert!(stderr(&o).contains("[ep] ✗"), "{}", both(&o));
+    assert!(stderr(&o).contains("[ep] error: "), "{}", both(&o));
+    assert!(stderr(&o).contains("processes failed: Rank "), "{}", both(&o));
 }
 
 /// Starts `c` in its own process group (as a terminal's job), waits for
@@ -371,7 +372,7 @@ fn assert_interrupted(o: &Output, roles: &[&str]) {
     assert_eq!(o.status.code(), Some(130), "{}", both(o));
     let summaries: Vec<&str> = err
         .lines()
-        .filter(|l| l.contains("✗ interrupted by SIGINT"))
+        .filter(|l| l.contains("interrupted by SIGINT (Ctrl-C); the processes ended: "))
         .collect();
     assert_eq!(summaries.len(), 1, "one summary expected: {}", both(o));
     for role in roles {
