@@ -94,8 +94,9 @@ for p in "${profiles[@]}"; do
     echo "failed in $p: no test failed; cargo itself did (a build error? see above)"
   fi
 done
-if cat "$log".* | grep -q 'SKIP'; then
+# (grep reads the files itself: `cat | grep -q` fails under pipefail.)
+if grep -qh 'SKIP' "$log".*; then
   echo "skipped (with reasons):"
-  cat "$log".* | grep -oE 'SKIP[^"]*' | sort -u | sed 's/^/  /'
+  grep -ohE 'SKIP[^"]*' "$log".* | sort -u | sed 's/^/  /'
 fi
 exit "$status"
