@@ -104,13 +104,37 @@ pub fn directives(env: Env, manifest: &Path, out_dir: &Path) -> Result<Vec<Strin
                     "NIXL_REQUIRE_KERNELS=1 but the device kernels cannot be built: {why}"
                 ));
             }
+            // Cargo replays a build script's warnings on every later
+            // command, rebuilt or not: one short line, the whole story in a
+            // `build:` line (`cargo build -vv`) and in the programs' message.
+            lines.push(format!("build: device kernels left out: {why}"));
             lines.push(format!(
-                "cargo:warning=device kernels left out (host side only): {why}"
+                "cargo:warning=device kernels left out (host side only): {} missing; \
+                 scripts/setup.sh installs them (details: cargo build -vv)",
+                missing_pieces(&why)
             ));
             lines.push(format!("cargo:rustc-env=NIXL_KERNELS_MISSING={why}"));
         }
     }
     Ok(lines)
+}
+
+/// The names of the missing pieces in [`compile`]'s error (`nvcc`, `NIXL
+/// device header`, `UCX device headers`), or the error itself when it is
+/// not a list of missing pieces (nvcc failed).
+fn missing_pieces(why: &str) -> String {
+    let pieces: Vec<&str> = ["nvcc", "NIXL device header", "UCX device headers"]
+        .into_iter()
+        .filter(|p| {
+            why.split("; ")
+                .any(|m| m.starts_with(p) && m.contains("not found"))
+        })
+        .collect();
+    if pieces.is_empty() {
+        why.to_string()
+    } else {
+        pieces.join(", ")
+    }
 }
 
 /// Finds nvcc and both header sets, then compiles each of [`SOURCES`]

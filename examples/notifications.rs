@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
+use nixl_examples::cli::{DataMismatch, bytes_between, exit_status, fmt_timeout, parse_timeout};
 use nixl_examples::deadline::{Pace, poll};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
 use nixl_examples::launch::{self, RoleSpec};
@@ -71,16 +71,16 @@ struct Args {
     #[command(flatten)]
     exchange: ExchangeArgs,
     /// Seconds any wait may take.
-    #[arg(short, long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
-    timeout: u64,
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
     /// Notifications `MSG:<i>` sent alone (the target collects them by prefix).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10000))]
     messages: u32,
     /// WRITEs with an attached notification `XFER:<i>`, one slot each.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     transfers: u32,
-    /// Bytes per slot.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=(1 << 26)))]
+    /// Bytes per slot, e.g. 4096, 64K; at most 64M.
+    #[arg(long, default_value = "4096", value_parser = bytes_between(1, 1 << 26))]
     buf_size: u64,
     /// Pattern seed; both roles must use the same one.
     #[arg(long, default_value_t = 0x90f1)]
@@ -106,21 +106,11 @@ fn main() -> ExitCode {
         None => run_both(&args),
         Some(role) => run_role(&args, role).map(|()| ExitCode::SUCCESS),
     };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("[{who}] error: {e:#}");
-            if e.downcast_ref::<DataMismatch>().is_some() {
-                ExitCode::from(EXIT_MISMATCH as u8)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-    }
+    result.unwrap_or_else(|e| exit_status(who, &e))
 }
 
 fn timeout(args: &Args) -> Duration {
-    Duration::from_secs(args.timeout)
+    args.timeout
 }
 
 fn run_both(args: &Args) -> Result<ExitCode> {
@@ -129,8 +119,8 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     let spawn = |role: &str| {
         let mut a = vec!["--role".to_string(), role.to_string()];
         a.extend(args.exchange.to_args(host.port()));
+        a.extend(["--timeout".to_string(), fmt_timeout(args.timeout)]);
         for (k, v) in [
-            ("--timeout", args.timeout),
             ("--messages", args.messages as u64),
             ("--transfers", args.transfers as u64),
             ("--buf-size", args.buf_size),
@@ -147,10 +137,8 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     drop(host);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Test Complete - Both processes succeeded!");
-    } else {
-        eprintln!("[main] ✗ Process error - {}", launch::summary(&exits));
     }
-    Ok(launch::overall(&exits))
+    Ok(launch::finish("main", &exits))
 }
 
 fn run_role(args: &Args, role: Role) -> Result<()> {

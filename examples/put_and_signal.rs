@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
-use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH, parse_bytes};
+use nixl_examples::cli::{DataMismatch, exit_status, parse_bytes, parse_timeout};
 use nixl_examples::gpu::kernels::{MemViewElem, active_groups, slice_for};
 use nixl_examples::gpu::module::{Fatbin, load};
 use nixl_examples::gpu::{DeviceBuffer, Gpu};
@@ -71,8 +71,8 @@ struct Args {
     #[arg(long, default_value_t = 9997)]
     port: u16,
     /// Seconds any wait may take.
-    #[arg(long, default_value_t = 30)]
-    timeout: u64,
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 }
 
 const SEED: u64 = 0x1eaf;
@@ -86,7 +86,7 @@ fn bytes16(s: &str) -> Result<u64, String> {
 }
 
 fn timeout(a: &Args) -> Duration {
-    Duration::from_secs(a.timeout)
+    a.timeout
 }
 
 fn main() -> ExitCode {
@@ -102,11 +102,7 @@ fn main() -> ExitCode {
         Some(Role::Target) => target(&args),
         Some(Role::Initiator) => initiator(&args),
     };
-    result.unwrap_or_else(|e| {
-        eprintln!("[{who}] error: {e:#}");
-        let mismatch = e.downcast_ref::<DataMismatch>().is_some();
-        ExitCode::from(if mismatch { EXIT_MISMATCH as u8 } else { 1 })
-    })
+    result.unwrap_or_else(|e| exit_status(who, &e))
 }
 
 /// Hosts the store on a free port and runs target and initiator as
@@ -128,7 +124,7 @@ fn run_both(a: &Args) -> Result<ExitCode> {
             a.size
         );
     }
-    Ok(launch::overall(&exits))
+    Ok(launch::finish("main", &exits))
 }
 
 /// Exposes a data buffer and a signal, waits on the GPU, verifies.
@@ -154,7 +150,7 @@ fn target(a: &Args) -> Result<ExitCode> {
     let seen = wait_signal(&gpu, &kernels, &signal, expected, a.timeout)?;
     ensure!(
         seen == expected,
-        "the signal reached {seen} of {expected} within {} s: the initiator stopped (died or froze)",
+        "the signal reached {seen} of {expected} within {:?}: the initiator stopped (died or froze)",
         a.timeout
     );
     let mut host = vec![0u8; a.size as usize];
@@ -186,11 +182,11 @@ fn wait_signal(
     m: &Arc<CudaModule>,
     signal: &DeviceBuffer,
     expected: u64,
-    timeout: u64,
+    timeout: Duration,
 ) -> Result<u64> {
     let seen = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
     let f = m.load_function("wait_signal")?;
-    let (sig, out, ns) = (signal.addr(), seen.addr(), timeout * 1_000_000_000);
+    let (sig, out, ns) = (signal.addr(), seen.addr(), timeout.as_nanos() as u64);
     let mut launch = gpu.stream.launch_builder(&f);
     launch.arg(&sig).arg(&expected).arg(&ns).arg(&out);
     // SAFETY: both words are live device memory until the sync below.

@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use nixl_examples::cli::parse_bytes;
-use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
+use nixl_examples::cli::{exit_status, parse_bytes, parse_timeout};
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
 use nixl_examples::nixl::runtime;
@@ -59,8 +58,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = WaitMode::Auto)]
     wait: WaitMode,
     /// Seconds any wait may take.
-    #[arg(short, long, default_value_t = 30)]
-    timeout: u64,
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 }
 
 fn main() -> ExitCode {
@@ -68,14 +67,7 @@ fn main() -> ExitCode {
     logging::init("main");
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.downcast_ref::<DataMismatch>().is_some() => {
-            eprintln!("[main] error: {e:#}");
-            ExitCode::from(EXIT_MISMATCH as u8)
-        }
-        Err(e) => {
-            eprintln!("[main] error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => exit_status("main", &e),
     }
 }
 
@@ -90,7 +82,7 @@ fn run(args: &Args) -> Result<()> {
             bail!("GPU {g} does not exist: this machine has {gpus} GPU(s)");
         }
     }
-    let timeout = Duration::from_secs(args.timeout);
+    let timeout = args.timeout;
     say!(
         "[main] target on GPU {}, initiator on GPU {initiator_gpu}, one process",
         args.target_gpu

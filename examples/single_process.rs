@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
-use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
+use nixl_examples::cli::{DataMismatch, exit_status, parse_timeout};
 use nixl_examples::deadline::{Pace, poll};
 use nixl_examples::nixl::agent::UcxAgent;
 use nixl_examples::nixl::agent::create_polled_agent;
@@ -38,8 +38,8 @@ use nixl_sys::{RegistrationHandle, XferDescList, XferOp, XferRequest, XferStatus
 #[command(version)]
 struct Args {
     /// Seconds any wait may take.
-    #[arg(short, long, default_value_t = 10)]
-    timeout: u64,
+    #[arg(short, long, default_value = "10", value_parser = parse_timeout)]
+    timeout: Duration,
     /// Fault injection for testing: `corrupt` flips byte 100 of the
     /// initiator's buffer 0 before the WRITE, so the check must fail (exit 3).
     #[arg(long, hide = true, value_parser = ["corrupt"])]
@@ -85,19 +85,12 @@ fn main() -> ExitCode {
             say!("Test Complete.");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<DataMismatch>().is_some() {
-                ExitCode::from(EXIT_MISMATCH as u8)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Err(e) => exit_status("main", &e),
     }
 }
 
 fn run(args: &Args) -> Result<()> {
-    let timeout = Duration::from_secs(args.timeout);
+    let timeout = args.timeout;
     let (target, initiator) = create_agents()?;
     list_ucx_params(&target)?;
     let mut target = register(TARGET, target)?;

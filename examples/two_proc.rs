@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
+use nixl_examples::cli::{bytes_between, exit_status, fmt_timeout, parse_timeout};
 use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost, MetadataMode};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::logging;
@@ -61,10 +62,10 @@ struct Args {
     #[command(flatten)]
     exchange: ExchangeArgs,
     /// Seconds any wait may take.
-    #[arg(short, long, default_value_t = 30)]
-    timeout: u64,
-    /// Bytes per buffer (each side has two).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
+    /// Bytes per buffer (each side has two), e.g. 256, 64K, 1M; at most 1G.
+    #[arg(long, default_value = "256", value_parser = bytes_between(1, 1 << 30))]
     buf_size: u64,
     /// Pattern seed; both roles must use the same one.
     #[arg(long, default_value_t = 0x2b0c)]
@@ -91,24 +92,18 @@ fn main() -> ExitCode {
         None => run_both(&args),
         Some(role) => run_role(&args, role),
     };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("[{who}] error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    result.unwrap_or_else(|e| exit_status(who, &e))
 }
 
 /// Hosts the exchange and runs the two roles as child processes.
 fn run_both(args: &Args) -> Result<ExitCode> {
-    let timeout = Duration::from_secs(args.timeout);
+    let timeout = args.timeout;
     let host = ExchangeHost::start(&args.exchange, &[TARGET, INITIATOR], timeout)?;
     say!("[main] Starting target and initiator processes...");
     let role = |name: &str| {
         let mut a = vec!["--role".to_string(), name.to_string()];
         a.extend(args.exchange.to_args(host.port()));
-        a.extend(["--timeout", &args.timeout.to_string()].map(str::to_string));
+        a.extend(["--timeout", &fmt_timeout(args.timeout)].map(str::to_string));
         a.extend(["--buf-size", &args.buf_size.to_string()].map(str::to_string));
         a.extend(["--seed", &args.seed.to_string()].map(str::to_string));
         RoleSpec::new(name, a)
@@ -120,14 +115,12 @@ fn run_both(args: &Args) -> Result<ExitCode> {
     drop(host);
     if exits.iter().all(|e| e.code == 0) {
         say!("[main] ✓ Test Complete - Both processes succeeded!");
-    } else {
-        eprintln!("[main] ✗ Process error - {}", launch::summary(&exits));
     }
-    Ok(launch::overall(&exits))
+    Ok(launch::finish("main", &exits))
 }
 
 fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
-    let timeout = Duration::from_secs(args.timeout);
+    let timeout = args.timeout;
     let mut exchange = Exchange::join(&args.exchange, timeout)?;
     match role {
         Role::Target => target(args, &mut exchange, timeout),

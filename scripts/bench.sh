@@ -17,6 +17,8 @@
 # plotting needs python3 with matplotlib (skipped with a note otherwise).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/bench; QUICK=0; MPS=0; PAIRS_ARG=""
 while (($#)); do
   case "$1" in
@@ -27,8 +29,8 @@ while (($#)); do
     --quick) QUICK=1; shift ;;
     --mps) MPS=1; shift ;;
     --pairs) PAIRS_ARG=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench: unknown option $1 (try --help)" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
   esac
 done
 NAME=bench

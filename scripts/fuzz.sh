@@ -31,9 +31,16 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  -*) bad_option "$1" ;;
+esac
+(($# <= 1)) || { echo "fuzz.sh: one argument at most, SECONDS (try --help)" >&2; exit 2; }
 SECS="${1:-60}"
 if ! [[ "$SECS" =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: scripts/fuzz.sh [SECONDS per target, default 60]" >&2
+  echo "fuzz.sh: '$SECS' is not a number of seconds per target, e.g. 60 (try --help)" >&2
   exit 2
 fi
 TARGETS=(store_frame serdes_decode)

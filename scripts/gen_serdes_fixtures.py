@@ -2,8 +2,9 @@
 real NIXL library (the nixl-cu13 wheel's Python bindings: the pickled state
 of an nixlXferDList is exactly nixlSerDes bytes), and prints a line per file.
 
-    .venv/bin/python scripts/gen_serdes_fixtures.py
+    .venv/bin/python scripts/gen_serdes_fixtures.py [--stdout]
 
+--stdout prints name<TAB>hex per case instead of writing the files.
 tests/serdes.rs decodes each file, re-encodes it with our codec and
 compares byte for byte; with the bindings present it also checks live.
 The case list is shared with that test through tests/fixtures/serdes/cases.txt.
@@ -11,7 +12,15 @@ The case list is shared with that test through tests/fixtures/serdes/cases.txt.
 import os
 import sys
 
-import nixl_cu13._bindings as b
+# Arguments before the bindings: --help and a bad call need no NIXL.
+if sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__)
+    sys.exit(0)
+if sys.argv[1:] not in ([], ["--stdout"]):
+    print("usage: gen_serdes_fixtures.py [--stdout] (try --help)", file=sys.stderr)
+    sys.exit(2)
+
+import nixl_cu13._bindings as b  # noqa: E402
 
 here = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "serdes")
 segs = {"DRAM": b.DRAM_SEG, "VRAM": b.VRAM_SEG, "BLK": b.BLK_SEG, "OBJ": b.OBJ_SEG, "FILE": b.FILE_SEG}

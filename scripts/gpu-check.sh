@@ -15,6 +15,8 @@
 # /tmp/gpu-check); exit status is non-zero if any run failed.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; SIZES="8 1M 64M"; OUT=/tmp/gpu-check
 PATHS=put,store; MPS=0; EXTRA=()
 while (($#)); do
@@ -27,8 +29,8 @@ while (($#)); do
     --mps) MPS=1; shift ;;
     --out) OUT=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu-check: unknown option $1 (try --help)" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
   esac
 done
 NAME=gpu-check

@@ -13,7 +13,15 @@ import json
 import os
 import sys
 
-import matplotlib
+# Arguments before matplotlib: --help and a bad call need no plotting library.
+if sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__)
+    sys.exit(0)
+if len(sys.argv) != 3 or any(a.startswith("-") for a in sys.argv[1:]):
+    print("usage: plot_ep.py RESULTS_DIR OUT.png (try --help)", file=sys.stderr)
+    sys.exit(2)
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -18,6 +18,8 @@
 # holding `ep`); plotting needs python3 with matplotlib.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/ep; MODES="ht ll"; QUICK=0; MPS=1; TORCHRUN=1
 MORE_RANKS=""
 EXTRA=()
@@ -33,8 +35,8 @@ while (($#)); do
     --no-torchrun) TORCHRUN=0; shift ;;
     --more-ranks) MORE_RANKS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_ep: unknown option $1 (try --help)" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
   esac
 done
 NAME=run_ep

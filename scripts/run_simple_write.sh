@@ -16,13 +16,15 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 log() { printf '[run] %s\n' "$*" >&2; }
 
 MPS=0; ARGS=()
 for a in "$@"; do
   case "$a" in
     --mps) MPS=1 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) ARGS+=("$a") ;;
   esac
 done
@@ -37,17 +39,24 @@ if [[ -z "${SIMPLE_WRITE_BIN:-}" ]]; then
   scripts/setup.sh >/dev/null 2>&1 || scripts/setup.sh || exit 1
 fi
 
-if ! has_gpu; then
-  log "no NVIDIA GPU on this machine (nvidia-smi finds none): simple_write needs one."
-  log "running the host-API example instead: two NIXL agents, two processes, DRAM, READ + WRITE with notifications"
-  cargo run --quiet --release --example two_proc -- --port 0
-  exit $?
-fi
-
 BIN="${SIMPLE_WRITE_BIN:-}"
 if [[ -z "$BIN" ]]; then
   cargo build --quiet --release --bin simple_write || exit 1
   BIN="$ROOT/target/release/simple_write"
+fi
+# The options first, GPU or not: simple_write's own parser checks every
+# one given before a trailing --help (an unknown option or a bad value
+# exits 2 with clap's message), and nothing runs.
+if ((${#ARGS[@]})); then
+  "$BIN" --mode pair "${ARGS[@]}" --help >/dev/null || exit $?
+fi
+
+if ! has_gpu; then
+  log "no NVIDIA GPU on this machine (nvidia-smi finds none): simple_write needs one."
+  ((${#ARGS[@]})) && log "(so these simple_write options go unused: ${ARGS[*]})"
+  log "running the host-API example instead: two NIXL agents, two processes, DRAM, READ + WRITE with notifications"
+  cargo run --quiet --release --example two_proc -- --port 0
+  exit $?
 fi
 if ((MPS)); then
   # shellcheck source=lib/mps.sh

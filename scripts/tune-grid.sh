@@ -10,6 +10,8 @@
 #                        [--chunks "0"] [--sizes 64K:4M] [--paths put,store] [--out DIR]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/tune; GI=0; GT=1; MPS=0
 BLOCKS="33 66 132 264"; THREADS="256 512 1024"; CHUNKS="0"; SIZES="64K:4M"; PATHS="put store"
 while (($#)); do
@@ -26,8 +28,8 @@ while (($#)); do
     --sizes) SIZES=$2; shift 2 ;;
     --paths) PATHS=${2//,/ }; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tune-grid: unknown option $1 (try --help)" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
   esac
 done
 NAME=tune-grid

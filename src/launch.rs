@@ -2,6 +2,13 @@
 //! program here starts its peers (`simple_write --mode pair`, the host-API
 //! examples, `put_and_signal`, `ep --ranks N`), so that a failure of one
 //! never becomes a hang of another.
+//!
+//! The children share the parent's terminal; each writes a line in one
+//! write (`say!`, `tracing`, [`crate::eline!`]), so their lines never mix.
+//! Ctrl-C reaches the whole process group: the parent then waits for its
+//! children to clean up and say so (at most [`GRACE`] each), prints one
+//! summary ([`finish`]) and exits 130 (143 for SIGTERM). A child killed by
+//! a signal is reported with its name (`134 (killed by SIGABRT)`).
 
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitCode};
@@ -58,11 +65,49 @@ impl RoleSpec {
 #[derive(Debug)]
 pub struct RoleExit {
     pub name: String,
-    /// Exit status; 137 when killed by a signal (e.g. by us after another
-    /// role failed or the deadline passed).
+    /// Exit status; `128 + signal` when a signal ended it (137: SIGKILL,
+    /// e.g. ours after another role failed or the deadline passed).
     pub code: i32,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
     /// Whether we killed it.
     pub killed: bool,
+}
+
+impl RoleExit {
+    fn of(name: &str, status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt as _;
+        let signal = status.signal();
+        Self {
+            name: name.to_string(),
+            code: status.code().unwrap_or(128 + signal.unwrap_or(0)),
+            signal,
+            killed: false,
+        }
+    }
+}
+
+/// `SIGABRT` for 6: the usual name of a signal number (Linux numbering).
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
 }
 
 /// Starts every role, then waits for all of them for at most `deadline`
@@ -79,6 +124,9 @@ pub fn run_roles_with(
     deadline: Duration,
     grace: Duration,
 ) -> Result<Vec<RoleExit>> {
+    // From here Ctrl-C (which the terminal sends the children too) only
+    // sets a flag: the children clean up, and we wait for them to.
+    crate::interrupt::install().context("routing Ctrl-C and SIGTERM")?;
     let mut children: Vec<(String, Child)> = Vec::new();
     for role in &roles {
         let spawned = role.command().and_then(|mut c| {
@@ -97,8 +145,10 @@ pub fn run_roles_with(
 }
 
 /// Waits for every child, for at most `deadline` in total. When one exits
-/// non-zero, the others get `grace` to report their side, then are
-/// killed; at the deadline all remaining are killed.
+/// non-zero, or this process is interrupted (Ctrl-C, SIGTERM: passed on
+/// to the children that have not had it), the others get `grace` to
+/// report their side, then are killed; at the deadline all remaining are
+/// killed.
 pub fn supervise(
     children: Vec<(String, Child)>,
     deadline: Duration,
@@ -106,24 +156,33 @@ pub fn supervise(
 ) -> Vec<RoleExit> {
     let start = Instant::now();
     let mut failed_at: Option<Instant> = None;
+    let mut interrupted = false;
     let mut slots: Vec<(String, Child, Option<RoleExit>)> =
         children.into_iter().map(|(n, c)| (n, c, None)).collect();
     while slots.iter().any(|s| s.2.is_none()) {
         for (name, child, done) in slots.iter_mut().filter(|s| s.2.is_none()) {
-            let code = match child.try_wait() {
-                Ok(Some(status)) => status.code().unwrap_or(128 + 9),
+            let exit = match child.try_wait() {
+                Ok(Some(status)) => RoleExit::of(name, status),
                 Ok(None) => continue,
                 // Cannot happen for a child we spawned; count it as a failure.
-                Err(_) => -1,
+                Err(_) => RoleExit {
+                    name: name.clone(),
+                    code: -1,
+                    signal: None,
+                    killed: false,
+                },
             };
-            if code != 0 && failed_at.is_none() {
+            if exit.code != 0 && failed_at.is_none() {
                 failed_at = Some(Instant::now());
             }
-            *done = Some(RoleExit {
-                name: name.clone(),
-                code,
-                killed: false,
-            });
+            *done = Some(exit);
+        }
+        if let Some(sig) = crate::interrupt::received().filter(|_| !interrupted) {
+            interrupted = true;
+            failed_at.get_or_insert_with(Instant::now);
+            for (_, child, _) in slots.iter().filter(|s| s.2.is_none()) {
+                forward(child, sig.0);
+            }
         }
         let give_up = start.elapsed() > deadline || failed_at.is_some_and(|t| t.elapsed() > grace);
         if give_up {
@@ -133,6 +192,7 @@ pub fn supervise(
                 *done = Some(RoleExit {
                     name: name.clone(),
                     code: 128 + 9,
+                    signal: Some(9),
                     killed: true,
                 });
             }
@@ -140,6 +200,17 @@ pub fn supervise(
         std::thread::sleep(Duration::from_millis(10));
     }
     slots.into_iter().filter_map(|s| s.2).collect()
+}
+
+/// Passes SIGTERM on to `child` (a `kill` or a job runner sends it to the
+/// parent alone). SIGINT is not passed on: it comes from the terminal,
+/// which sends it to the whole process group, and a child that gets it
+/// twice exits at once, without its cleanup.
+fn forward(child: &Child, sig: i32) {
+    if sig == libc::SIGTERM {
+        // SAFETY: a plain syscall on a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    }
 }
 
 /// Kills and reaps children.
@@ -151,9 +222,12 @@ pub fn kill_all(children: Vec<(String, Child)>) {
 }
 
 /// The parent's exit status: 0 if every role succeeded; else the most
-/// specific failure: 2 (a usage error), 3 (wrong data), 130/143 (interrupted),
-/// 1 otherwise.
+/// specific failure: 130/143 (this process was interrupted), 2 (a usage
+/// error), 3 (wrong data), 130/143 (a role was), 1 otherwise.
 pub fn overall(exits: &[RoleExit]) -> ExitCode {
+    if let Some(sig) = crate::interrupt::received() {
+        return ExitCode::from(sig.exit_code() as u8);
+    }
     if exits.iter().all(|e| e.code == 0) {
         return ExitCode::SUCCESS;
     }
@@ -165,7 +239,8 @@ pub fn overall(exits: &[RoleExit]) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// `"Target: 0, Initiator: 137 (killed)"`, for the parent's summary line.
+/// `"Target: 0, Initiator: 134 (killed by SIGABRT)"`, for the parent's
+/// summary line.
 pub fn summary(exits: &[RoleExit]) -> String {
     exits
         .iter()
@@ -174,14 +249,42 @@ pub fn summary(exits: &[RoleExit]) -> String {
             if let Some(first) = name.get_mut(0..1) {
                 first.make_ascii_uppercase();
             }
-            format!(
-                "{name}: {}{}",
-                e.code,
-                if e.killed { " (killed)" } else { "" }
-            )
+            let how = match (e.signal, e.killed) {
+                (Some(sig), true) => format!(" (stopped by us: {})", signal_name(sig)),
+                (Some(sig), false) => format!(" (killed by {})", signal_name(sig)),
+                (None, _) => String::new(),
+            };
+            format!("{name}: {}{how}", e.code)
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The parent's last word: its exit status ([`overall`]) and, unless
+/// every role succeeded, one line on stderr naming the processes that did
+/// not (`[main] error: 1 of 2 processes failed: Target: 3`), or, when
+/// this process was interrupted, how each ended.
+pub fn finish(tag: &str, exits: &[RoleExit]) -> ExitCode {
+    let code = overall(exits);
+    if let Some(sig) = crate::interrupt::received() {
+        crate::eline!("[{tag}] {sig}; the processes ended: {}", summary(exits));
+    } else if code != ExitCode::SUCCESS {
+        let failed: Vec<RoleExit> = exits
+            .iter()
+            .filter(|e| e.code != 0)
+            .map(|e| RoleExit {
+                name: e.name.clone(),
+                ..*e
+            })
+            .collect();
+        crate::eline!(
+            "[{tag}] error: {} of {} processes failed: {}",
+            failed.len(),
+            exits.len(),
+            summary(&failed)
+        );
+    }
+    code
 }
 
 #[cfg(test)]
@@ -194,6 +297,7 @@ mod tests {
             .map(|&code| RoleExit {
                 name: "r".into(),
                 code,
+                signal: None,
                 killed: false,
             })
             .collect()
@@ -205,5 +309,20 @@ mod tests {
         assert_eq!(overall(&exits(&[1, 3, 1])), ExitCode::from(3));
         assert_eq!(overall(&exits(&[1, 2])), ExitCode::from(2));
         assert_eq!(overall(&exits(&[137, 1])), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn a_signal_death_is_named() {
+        let run = |sh: &str| {
+            let status = Command::new("sh").args(["-c", sh]).status().unwrap();
+            RoleExit::of("target", status)
+        };
+        let abort = run("kill -ABRT $$");
+        assert_eq!((abort.code, abort.signal), (134, Some(6)));
+        assert_eq!(summary(&[abort]), "Target: 134 (killed by SIGABRT)");
+        let done = run("exit 3");
+        assert_eq!((done.code, done.signal), (3, None));
+        assert_eq!(summary(&[done]), "Target: 3");
+        assert_eq!(signal_name(64), "signal 64");
     }
 }

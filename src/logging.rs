@@ -68,8 +68,20 @@ pub fn init(role: &str) {
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, $($arg)*);
+        let _ = out.write_all(line.as_bytes());
         let _ = out.flush();
     }};
+}
+
+/// Prints a line to stderr in one write ([`crate::cli::eprint_line`]): for
+/// the few lines outside `tracing` (a program's last error, a launcher's
+/// summary), so that they never mix with another process's.
+#[macro_export]
+macro_rules! eline {
+    ($($arg:tt)*) => {
+        $crate::cli::eprint_line(&format!($($arg)*))
+    };
 }

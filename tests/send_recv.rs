@@ -40,7 +40,7 @@ fn streams_with_backpressure_and_verifies_every_payload() {
     let out = stdout(&o);
     assert!(o.status.success(), "{}", both(&o));
     for line in [
-        "[receiver] ✓ No buffer overrun (0 mismatches), every payload verified (Full)",
+        "[receiver] ✓ No buffer overrun (0 mismatches), every payload verified (full)",
         "[sender] Baseline: 5 × one WRITE of the whole ring",
         "[sender] Backpressure:",
         "[receiver] Timing breakdown",
@@ -49,6 +49,18 @@ fn streams_with_backpressure_and_verifies_every_payload() {
         "[main] ✓ Success!",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    // Names as the options take them, the port actually bound, and ratios
+    // without the project's goals.
+    for shown in [
+        "in dram,",
+        "verify full",
+        "[main] Started TCPStore on port ",
+    ] {
+        assert!(out.contains(shown), "missing {shown:?} in:\n{out}");
+    }
+    for hidden in ["Dram", "Full", "port 0", "goal"] {
+        assert!(!out.contains(hidden), "{hidden:?} in:\n{out}");
     }
     let j = json_of(&json);
     let _ = std::fs::remove_file(&json);

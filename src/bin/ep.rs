@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use nixl_examples::cli::{UsageError, check_port_free, exit_status};
+use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_timeout};
 use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::connect::{self, Inject};
 use nixl_examples::ep::env::RankEnv;
@@ -91,8 +91,8 @@ struct Args {
 
     /// Seconds any wait may take: ranks joining, store keys, and every GPU
     /// spin-wait (a dead or silent rank is named within it).
-    #[arg(short, long, default_value_t = 30.0, value_parser = parse_timeout)]
-    timeout: f64,
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 
     /// Seed of the routing and of the data.
     #[arg(long, default_value_t = 1)]
@@ -143,16 +143,6 @@ struct Args {
     inject: Option<String>,
 }
 
-fn parse_timeout(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err("timeout must be between 0 and 86400 seconds".into());
-    }
-    Ok(v)
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let tag = match std::env::var("RANK") {
@@ -164,7 +154,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main(args: Args) -> Result<ExitCode> {
-    let timeout = Duration::from_secs_f64(args.timeout);
+    let timeout = args.timeout;
     let env = RankEnv::from_env()?;
     let world = match (&env, args.ranks) {
         (Some(e), Some(n)) if n != e.world => {
@@ -210,17 +200,15 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
         check_port_free(args.port)?;
         args.port
     };
+    if !args.check_connection {
+        // Once here, rather than the same message from every rank.
+        nixl_examples::ep::run::check_machine(!args.no_baseline)?;
+    }
     tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
     let exits = launch::run_ranks(world, port, timeout + Duration::from_secs(10))?;
-    if exits.iter().any(|e| e.code != 0) {
-        tracing::warn!(
-            "exit status by rank: {}",
-            nixl_examples::launch::summary(&exits)
-        );
-    }
-    Ok(nixl_examples::launch::overall(&exits))
+    Ok(nixl_examples::launch::finish("ep", &exits))
 }
 
 struct Injected {
@@ -278,7 +266,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         iters: args.iters.unwrap_or(iters),
         warmup: args.warmup.unwrap_or(warmup),
         seed: args.seed,
-        timeout_ns: (args.timeout * 1e9) as u64,
+        timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         baseline: !args.no_baseline,
     };

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{UsageError, check_port_free, exit_status, fmt_bytes, parse_bytes};
+use nixl_examples::cli::{
+    UsageError, check_port_free, exit_status, fmt_bytes, fmt_timeout, parse_bytes, parse_timeout,
+};
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, Path, WaitMode};
@@ -129,12 +131,13 @@ struct Args {
     warmup: Option<u32>,
 
     /// Thread blocks, each group putting its own slice on its own channel
-    /// [default: block level: one per 32 KiB up to what fits the GPU at once;
-    /// thread and warp level: 1].
+    /// [default: block level: one per 16 KiB, at least 32, up to what fits
+    /// the GPU at once (1 in --pingpong); thread and warp level: 1].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65535))]
     blocks: Option<u32>,
 
-    /// Threads per block [default: 1 thread, 32 warp, 512 block level (256 in --pingpong)].
+    /// Threads per block [default: 1 thread, 32 warp level; block level: 256
+    /// on the put path, 512 on the store path, 256 in --pingpong].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
 
@@ -160,8 +163,8 @@ struct Args {
     port: Option<u16>,
 
     /// Seconds any wait may take: the peer joining, keys, GPU spin-waits.
-    #[arg(short, long, default_value_t = 30.0, value_parser = parse_timeout)]
-    timeout: f64,
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 
     /// Store implementation.
     #[arg(long, value_enum, default_value_t = StoreKind::Native)]
@@ -209,16 +212,6 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
     })
 }
 
-fn parse_timeout(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err("timeout must be between 0 and 86400 seconds".into());
-    }
-    Ok(v)
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let tag = match args.mode {
@@ -234,7 +227,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<ExitCode> {
-    let timeout = Duration::from_secs_f64(args.timeout);
+    let timeout = args.timeout;
     // Arguments that cannot work, whatever the machine (exit 2).
     let rounds = match args.mode {
         Mode::Target => Vec::new(),
@@ -391,10 +384,7 @@ fn run_pair(args: &Args, timeout: Duration) -> Result<ExitCode> {
     // A backstop only: every wait inside the roles is bounded by --timeout.
     let exits = launch::run_roles(roles, timeout * 4 + Duration::from_secs(60))?;
     drop(store);
-    if exits.iter().any(|e| e.code != 0) {
-        eprintln!("[main] ✗ {}", launch::summary(&exits));
-    }
-    Ok(launch::overall(&exits))
+    Ok(launch::finish("main", &exits))
 }
 
 /// The initiator's command line in `--mode pair`.
@@ -460,7 +450,7 @@ fn common_args(a: &Args, mode: &str, port: u16) -> Vec<String> {
         "--port",
         &port.to_string(),
         "--timeout",
-        &a.timeout.to_string(),
+        &fmt_timeout(a.timeout),
         "--wait",
         a.wait.name(),
         "--store",
@@ -518,10 +508,17 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
             "the target did not join the store on port {port} within {timeout:?}: start `simple_write --mode \
              target` (same --host/--port), or raise --timeout"
         ),
-        (_, StoreError::Unreachable { .. }) => anyhow::anyhow!(
+        (Mode::Target, StoreError::Unreachable { .. }) => anyhow::anyhow!(
             "no initiator at {host}:{port} after {timeout:?}: start `simple_write --mode initiator` first (it hosts \
              the store), or check --host/--port"
         ),
+        (_, StoreError::Unreachable { .. }) if args.store_client => anyhow::anyhow!(
+            "no store at {host}:{port} after {timeout:?}: in --mode pair the parent hosts it; run the pair again"
+        ),
+        (_, StoreError::Unreachable { .. }) => anyhow::Error::new(UsageError(format!(
+            "the initiator hosts the store, but cannot reach it at {host}:{port}: --host must be an address of \
+             this machine (e.g. 127.0.0.1 or 0.0.0.0)"
+        ))),
         (_, e) => anyhow::Error::new(e).context(format!("opening the store at {host}:{port}")),
     })
 }
@@ -624,14 +621,14 @@ fn sizes(args: &Args) -> Result<Vec<u64>> {
 /// GPU): past a quarter of the timeout per iteration it is no longer a
 /// measurement.
 fn check_thread_level_fits(args: &Args, sizes: &[u64]) -> Result<()> {
-    let thread_max = (args.timeout / 4.0 * 25e6) as u64;
+    let thread_max = (args.timeout.as_secs_f64() / 4.0 * 25e6) as u64;
     match sizes.iter().find(|&&s| s > thread_max) {
         Some(&too_big) if args.level.contains(&Level::Thread) => Err(UsageError(format!(
             "size {} at thread level: one thread copies about 25 MB/s, so one iteration would take ~{:.0} s of a \
              {:.0} s timeout; use --level warp,block for this size, or raise --timeout",
             fmt_bytes(too_big),
             too_big as f64 / 25e6,
-            args.timeout
+            args.timeout.as_secs_f64()
         ))
         .into()),
         _ => Ok(()),

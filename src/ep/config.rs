@@ -60,6 +60,16 @@ pub enum RoutingKind {
     Skewed,
 }
 
+impl RoutingKind {
+    /// The name `--routing` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RoutingKind::Uniform => "uniform",
+            RoutingKind::Skewed => "skewed",
+        }
+    }
+}
+
 /// How a rank writes into a peer's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

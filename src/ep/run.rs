@@ -37,7 +37,7 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
         // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
         unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
     }
-    preflight(&nccl_status)?;
+    check_machine(cfg.baseline)?;
     let (gpu, ranks_on_gpu) = open_gpu(env, opts)?;
     let model = Model::new(cfg, env.rank);
     check_memory(&gpu, &model, ranks_on_gpu, cfg.baseline)?;
@@ -75,9 +75,11 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     conclude(&group, env, result)
 }
 
-/// Everything local that must hold, reported together (with what was found
-/// of NCCL, which only the baseline needs).
-fn preflight(nccl: &NcclStatus) -> Result<()> {
+/// Everything local that must hold, reported together (with, when the
+/// `baseline` is asked for and NCCL cannot be found, where it was looked
+/// for). `ep --ranks N` checks it once before starting the ranks; under
+/// torchrun each rank does.
+pub fn check_machine(baseline: bool) -> Result<()> {
     let mut problems = Vec::new();
     if let Err(why) = kernels::availability() {
         problems.push(format!(
@@ -92,12 +94,14 @@ fn preflight(nccl: &NcclStatus) -> Result<()> {
     }
     problems.extend(crate::nixl::runtime::ucx_tls_problem());
     if !problems.is_empty() {
-        let nccl = match nccl {
-            NcclStatus::Ready(v) => format!("NCCL {v} loaded"),
-            NcclStatus::Unavailable(why) => format!("no NCCL: {why}"),
+        let nccl = match nccl::find_library() {
+            Err(why) if baseline => {
+                format!("\n  (the NCCL baseline would be skipped too: {why})")
+            }
+            _ => String::new(),
         };
         bail!(
-            "this machine cannot run ep:\n  - {}\n(for the baseline: {nccl})",
+            "this machine cannot run ep:\n  - {}{nccl}",
             problems.join("\n  - ")
         );
     }

@@ -530,7 +530,7 @@ fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) 
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
         .collect();
     say!(
-        "[ep] {} mode: {} ranks on {} GPU(s) ({}, MPS {}), {} tokens × hidden {} per rank, top-{} of {} experts, {:?} \
+        "[ep] {} mode: {} ranks on {} GPU(s) ({}, MPS {}), {} tokens × hidden {} per rank, top-{} of {} experts, {} \
          routing, grid {}×{}, {} timed iterations per path",
         c.mode.name(),
         s.ranks,
@@ -541,7 +541,7 @@ fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) 
         s.hidden,
         s.topk,
         s.experts,
-        c.routing,
+        c.routing.name(),
         results[0].grid.blocks,
         results[0].grid.threads,
         c.iters

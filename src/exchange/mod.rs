@@ -48,6 +48,7 @@ use nixl_sys::Agent;
 pub mod etcd;
 
 use self::etcd::Etcd;
+use crate::cli::UsageError;
 use crate::nixl::serdes::DescList;
 use crate::nixl::view::load_peer as load_peer_blob;
 use crate::nixl::xfer::NotifInbox;
@@ -206,12 +207,16 @@ impl ExchangeHost {
                 port: args.port,
             });
         }
-        crate::say!("[main] Starting TCPStore on port {}...", args.port);
         let opts = args.store_options(true, timeout);
+        // A taken or privileged port is the user's to change (exit 2), said once.
+        let usage = |e: store::StoreError| match e {
+            e @ store::StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
+            e => anyhow::Error::new(e).context("starting the store"),
+        };
         let (store, port): (Box<dyn Store>, u16) = match args.store {
             // The native store reports the port it bound (useful with --port 0).
             StoreKind::Native => {
-                let s = TcpStore::open(&opts).context("starting the store")?;
+                let s = TcpStore::open(&opts).map_err(usage)?;
                 let port = s.port();
                 (Box::new(s), port)
             }
@@ -222,11 +227,12 @@ impl ExchangeHost {
                     );
                 }
                 (
-                    store::open(args.store.into(), &opts).context("starting the store")?,
+                    store::open(args.store.into(), &opts).map_err(usage)?,
                     args.port,
                 )
             }
         };
+        crate::say!("[main] Started TCPStore on port {port}");
         Ok(Self {
             _store: Some(store),
             port,
@@ -313,7 +319,7 @@ impl Exchange {
                 // failure; find out here, with a message that names the fix.
                 wait_for_port(&args.host, args.port, timeout).with_context(|| {
                     format!(
-                        "no TCPStore at {endpoint} for NIXL's TCPStore client: start the side that hosts it, or check --host/--port"
+                        "no TCPStore at {endpoint} for NIXL's TCPStore client: start the process that hosts it first, or check --host/--port"
                     )
                 })?;
                 set_env("NIXL_ETCD_ENDPOINTS", None);

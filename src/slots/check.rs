@@ -62,12 +62,12 @@ impl SlotRing {
     /// expected sequence.
     pub fn check_queued(&mut self, seed: u64) -> Result<Vec<SlotCheck>> {
         self.wait_queued()?;
-        let slot_len = self.slot_len();
+        let (slot_len, slots) = (self.slot_len(), self.slots);
         let queued = std::mem::take(&mut self.queued);
         let out = match &mut self.region {
             Region::Host(b) => queued
                 .iter()
-                .map(|s| check_in_place(b.as_slice(), slot_len, &s.job, seed))
+                .map(|s| check_in_place(b.as_slice(), slot_len, slots, &s.job, seed))
                 .collect(),
             Region::Device(d) => {
                 let staging = d.read_staging();
@@ -114,11 +114,64 @@ impl SlotRing {
     }
 }
 
-/// Checks `job`'s slot where it lies in a DRAM `region`.
-fn check_in_place(region: &[u8], slot_len: usize, job: &SlotJob, seed: u64) -> SlotCheck {
+/// Checks `job`'s slot where it lies in a DRAM `region` of `slots` slots.
+///
+/// A peer that does not wait for the receiver (send_recv's
+/// `--no-backpressure`) may rewrite the slot while it is being checked:
+/// one WRITE carries header and payload with no order between their
+/// bytes, so the header can still read `job.seq` over a payload that is
+/// already partly a later sequence's. Such a check is reported with the
+/// later sequence as its header (an overrun, not a mismatch): the header
+/// read again after the payload, or the later sequence whose pattern the
+/// wrong bytes hold.
+fn check_in_place(
+    region: &[u8],
+    slot_len: usize,
+    slots: usize,
+    job: &SlotJob,
+    seed: u64,
+) -> SlotCheck {
     let off = job.slot * slot_len;
     let bytes = &region[off + HEADER_BYTES..off + slot_len];
-    SlotCheck::of(job, seed, read_header(region, off), |r| &bytes[r.clone()])
+    let mut check = SlotCheck::of(job, seed, read_header(region, off), |r| &bytes[r.clone()]);
+    if let Some(m) = check.mismatch.filter(|_| check.header == job.seq) {
+        let later = match read_header(region, off) {
+            h if h != job.seq => Some(h),
+            _ => later_sequence_at(bytes, m.offset as usize, job.seq, slots as u64, seed),
+        };
+        if let Some(h) = later {
+            check.header = h;
+            check.mismatch = None;
+        }
+    }
+    check
+}
+
+/// How many later sequences of a slot [`later_sequence_at`] tries: a
+/// sender that ignores backpressure can be this many laps ahead at most
+/// before the check notices (far more than a run's transfers / slots).
+const LAPS: u64 = 4096;
+
+/// The later sequence of the same slot (`seq + k·slots`, k ≥ 1) whose
+/// pattern the 8 payload bytes around `at` (the first wrong byte) hold
+/// now, if any. Fewer than 8 bytes would match by chance too often.
+fn later_sequence_at(payload: &[u8], at: usize, seq: u64, slots: u64, seed: u64) -> Option<u64> {
+    if payload.len() < 8 {
+        return None;
+    }
+    let start = at.min(payload.len() - 8);
+    let aligned = start & !7;
+    let mut now = [0u8; 8];
+    // SAFETY: in bounds (start + 8 <= len); the peer writes these bytes
+    // behind the compiler's back, so read them volatile, once.
+    now.copy_from_slice(&unsafe {
+        std::ptr::read_volatile(payload[start..start + 8].as_ptr() as *const [u8; 8])
+    });
+    let mut expect = [0u8; 16];
+    (1..=LAPS).map(|k| seq + k * slots).find(|&later| {
+        crate::pattern::fill_at(&mut expect, aligned as u64, seed, later);
+        expect[start - aligned..start - aligned + 8] == now
+    })
 }
 
 #[cfg(test)]
@@ -188,5 +241,31 @@ mod tests {
             }
         );
         assert!(r.copy_stats().is_none());
+    }
+
+    #[test]
+    fn a_slot_rewritten_while_checked_is_an_overrun_not_a_mismatch() {
+        let mut r = SlotRing::host(2, 4096);
+        // Sequence 10 arrived; sequence 12 (the same slot, one lap later) is
+        // half written over it, its header not yet.
+        r.fill(0, 5, 10, &[0..4096]).unwrap();
+        r.fill(0, 5, 12, &[1024..2048]).unwrap();
+        r.set_header(0, 10).unwrap();
+        r.fill(1, 5, 11, &[0..4096]).unwrap();
+        let whole = |slot, seq| SlotJob {
+            slot,
+            seq,
+            ranges: vec![0..4096],
+        };
+        r.queue_checks(vec![whole(0, 10)]).unwrap();
+        let c = r.check_queued(5).unwrap();
+        assert_eq!((c[0].header, c[0].mismatch), (12, None), "{c:?}");
+        // Bytes of no later sequence of the slot (11 + 2k) stay a mismatch.
+        r.fill(1, 5, 100, &[0..8]).unwrap();
+        r.set_header(1, 11).unwrap();
+        r.queue_checks(vec![whole(1, 11)]).unwrap();
+        let c = r.check_queued(5).unwrap();
+        assert_eq!(c[0].header, 11);
+        assert_eq!(c[0].mismatch.map(|m| (m.offset, m.count)), Some((0, 8)));
     }
 }

@@ -26,13 +26,22 @@ pub mod native;
 pub enum StoreError {
     /// No server answered at `addr` within `waited`.
     #[error(
-        "no TCPStore at {addr} after {waited:.0?}: start the side that hosts the store first (the initiator), or check --host/--port"
+        "no TCPStore at {addr} after {waited:.0?}: start the process that hosts the store first, or check --host/--port"
     )]
     Unreachable {
         /// `host:port` the client tried.
         addr: String,
         /// How long it kept retrying.
         waited: Duration,
+    },
+    /// The store's host name does not resolve (the resolver says it does
+    /// not exist; a resolver that cannot answer now is retried instead).
+    #[error("cannot resolve the store's host '{host}' (check --host)")]
+    UnknownHost {
+        /// The name as given.
+        host: String,
+        #[source]
+        source: std::io::Error,
     },
     /// The server could not bind its port.
     #[error(

@@ -79,10 +79,13 @@ fn judge(
             let mut expected = vec![0u8; data.len()];
             pattern::fill(&mut expected, seed, variant);
             let expected_checksum = pattern::byte_sum(&expected);
-            eprintln!("[target] ✗ Checksum MISMATCH: got={checksum} expected={expected_checksum}");
-            eprintln!(
+            crate::eline!(
+                "[target] ✗ Checksum MISMATCH: got={checksum} expected={expected_checksum}"
+            );
+            crate::eline!(
                 "[target]   round {index} ({} B, {}): {m}",
-                round.size, round.level
+                round.size,
+                round.level
             );
             Verdict::Mismatch {
                 checksum,

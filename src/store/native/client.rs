@@ -164,8 +164,19 @@ impl Client {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Self, Attempt> {
-        // Resolve on every attempt: the name may only become resolvable later.
-        let addrs = (host, port).to_socket_addrs().map_err(|_| Attempt::Retry)?;
+        // Resolve on every attempt: a resolver that is briefly unavailable
+        // may answer later. A name the resolver says does not exist fails
+        // now, rather than after the whole timeout.
+        let addrs = (host, port).to_socket_addrs().map_err(|e| {
+            if unknown_name(&e) {
+                Attempt::Fatal(StoreError::UnknownHost {
+                    host: host.to_string(),
+                    source: e,
+                })
+            } else {
+                Attempt::Retry
+            }
+        })?;
         for addr in addrs {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -478,4 +489,12 @@ pub(crate) fn check_limits(key: &[u8], value: Option<&[u8]>) -> Result<(), Store
         )));
     }
     Ok(())
+}
+
+/// Whether a lookup error says the name does not exist (EAI_NONAME,
+/// EAI_NODATA), rather than that the resolver could not answer now
+/// (EAI_AGAIN). std reports getaddrinfo's errors only as text.
+fn unknown_name(e: &io::Error) -> bool {
+    let m = e.to_string();
+    m.contains("Name or service not known") || m.contains("No address associated with hostname")
 }

@@ -1,0 +1,143 @@
+//! The docs say what the code does: commands that run as written, defaults
+//! as `--help` states them, figures as the committed results give them.
+
+use std::path::Path;
+use std::process::Command;
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap()
+}
+
+#[test]
+fn readme_commands_run_as_written() {
+    let readme = read("README.md");
+    for line in readme.lines().filter(|l| l.contains("cargo run")) {
+        if line.contains("--store libtorch") {
+            assert!(
+                line.contains("--features libtorch"),
+                "needs --features libtorch: {line}"
+            );
+        }
+    }
+    // The bare `simple_write …` / `ep …` commands say where the programs come from.
+    for needle in ["target/release/", "cargo install --path ."] {
+        assert!(readme.contains(needle), "README never says {needle:?}");
+    }
+}
+
+#[test]
+fn simple_write_help_states_the_defaults_the_plan_uses() {
+    use nixl_examples::simple_write::plan::auto_blocks;
+    let o = Command::new(env!("CARGO_BIN_EXE_simple_write"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(help.contains("one per 16 KiB, at least 32"), "{help}");
+    assert!(
+        help.contains("256 on the put path, 512 on the store path"),
+        "{help}"
+    );
+    // What "one per 16 KiB, at least 32" means, in the plan's own function.
+    assert_eq!(auto_blocks(100 * (16 << 10), 10_000), 100);
+    assert_eq!(auto_blocks(8, 10_000), 32);
+}
+
+#[test]
+fn ep_md_cites_the_guide_section_that_holds_the_argument() {
+    let ep = read("docs/EP.md");
+    let guide = read("KERNEL_GUIDE.md");
+    let line = ep
+        .lines()
+        .find(|l| l.contains("can never overtake the data"))
+        .expect("EP.md's ordering argument");
+    let cited = line
+        .split("KERNEL_GUIDE.md §")
+        .nth(1)
+        .expect("a § reference");
+    let n: String = cited.chars().take_while(char::is_ascii_digit).collect();
+    let title = guide
+        .lines()
+        .find(|l| l.starts_with(&format!("## {n}. ")))
+        .unwrap_or_else(|| panic!("KERNEL_GUIDE.md has no section {n}"));
+    assert!(title.contains("Ordering"), "§{n} is {title:?}");
+}
+
+/// `simple_write`'s put at 64 MiB on the H200 pair, from the README's table.
+fn put_at_64_mib() -> String {
+    let readme = read("README.md");
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| 64 MiB |"))
+        .expect("the 64 MiB row");
+    row.split('|')
+        .nth(2)
+        .unwrap()
+        .trim()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn simple_writes_put_at_64_mib_is_one_figure() {
+    let put = put_at_64_mib();
+    let ep = read("docs/EP.md");
+    let mut seen = 0;
+    // Every "NNN GB/s at 64 MiB" in EP.md is simple_write's put there.
+    for line in ep.lines().filter(|l| l.contains("GB/s at 64 MiB")) {
+        for w in line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| w.len() == 3)
+        {
+            if line.contains(&format!("{w} GB/s at 64 MiB")) {
+                assert_eq!(w, put, "{line}");
+                seen += 1;
+            }
+        }
+    }
+    assert!(
+        seen >= 2,
+        "EP.md cites simple_write's put at 64 MiB {seen} time(s)"
+    );
+}
+
+/// KERNEL_GUIDE §11's claim about the store path against the copy engine
+/// holds row by row in the committed tables (GPU 0 -> GPU 1, block level).
+#[test]
+fn the_guides_store_path_claim_matches_its_table() {
+    let guide = read("KERNEL_GUIDE.md");
+    assert!(guide.contains(
+        "the store path beats\n  the copy engine from 8 B to 8 MiB: 1.2–2.0× up to 1 MiB"
+    ));
+    let tables = read("docs/results/2026-11-23-h200x2/bench/tables.txt");
+    let section = tables
+        .split("== ")
+        .find(|s| s.starts_with("gpu0-gpu1-bw-block"))
+        .expect("the GPU 0 -> GPU 1 block table");
+    let mut rows = 0;
+    for cols in section
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+    {
+        if cols.len() < 11 || cols[2] != "store" {
+            continue;
+        }
+        let (size, ratio): (u64, f64) = (cols[0].parse().unwrap(), cols[10].parse().unwrap());
+        if size <= 8 << 20 {
+            assert!(ratio > 1.0, "store path at {size} B: {ratio}");
+            rows += 1;
+        }
+        if size <= 1 << 20 {
+            assert!(
+                (1.195..2.005).contains(&ratio),
+                "store path at {size} B: {ratio}"
+            );
+        }
+    }
+    assert!(rows >= 20, "{rows} rows");
+}

@@ -1,0 +1,197 @@
+//! Every script behaves like the programs at the command line: `--help`
+//! prints its header and exits 0 without doing anything else, an unknown
+//! option exits 2, and the GPU scripts on a machine without a GPU say so
+//! and exit non-zero (never a table of runs that did not happen).
+//!
+//! The scripts run with `cargo` and `nvidia-smi` replaced on PATH by stubs
+//! that leave a mark when called (cargo) or list no GPU (nvidia-smi), so a
+//! side effect shows and "no GPU" holds on any machine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A folder with the stubs, and the file the cargo stub creates when run.
+struct Stubs {
+    dir: PathBuf,
+    mark: PathBuf,
+}
+
+impl Stubs {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("scripts-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mark = dir.join("cargo-was-run");
+        let write = |name: &str, body: String| {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        write(
+            "cargo",
+            format!("#!/bin/sh\necho \"$@\" >> '{}'\nexit 1\n", mark.display()),
+        );
+        write("nvidia-smi", "#!/bin/sh\nexit 9\n".into());
+        Self { dir, mark }
+    }
+
+    fn run(&self, script: &str, args: &[&str]) -> Output {
+        let path = format!("{}:{}", self.dir.display(), std::env::var("PATH").unwrap());
+        let program = root().join("scripts").join(script);
+        let mut c = if script.ends_with(".py") {
+            let mut c = Command::new("python3");
+            c.arg(&program);
+            c
+        } else {
+            Command::new(&program)
+        };
+        c.args(args)
+            .current_dir(root())
+            .env("PATH", path)
+            .env("SIMPLE_WRITE_BIN", env!("CARGO_BIN_EXE_simple_write"))
+            .output()
+            .unwrap_or_else(|e| panic!("running {script}: {e}"))
+    }
+
+    fn cargo_ran(&self) -> Option<String> {
+        std::fs::read_to_string(&self.mark).ok()
+    }
+}
+
+impl Drop for Stubs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Every script of scripts/ (not scripts/lib/).
+fn scripts() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join("scripts"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sh") || n.ends_with(".py"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_script_answers_help_without_side_effects() {
+    let stubs = Stubs::new("help");
+    let tree = git_status();
+    for script in scripts() {
+        for flag in ["--help", "-h"] {
+            let o = stubs.run(&script, &[flag]);
+            assert_eq!(o.status.code(), Some(0), "{script} {flag}: {}", text(&o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                out.lines().count() >= 2,
+                "{script} {flag} prints no help: {}",
+                text(&o)
+            );
+            assert!(
+                !String::from_utf8_lossy(&o.stderr).contains("Traceback"),
+                "{script} {flag}: {}",
+                text(&o)
+            );
+            assert_eq!(stubs.cargo_ran(), None, "{script} {flag} ran cargo");
+        }
+    }
+    assert_eq!(git_status(), tree, "a --help changed the working tree");
+}
+
+#[test]
+fn every_script_refuses_an_unknown_option_with_exit_2() {
+    let stubs = Stubs::new("bogus");
+    for script in scripts() {
+        let o = stubs.run(&script, &["--bogus-flag"]);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{script} --bogus-flag: {}",
+            text(&o)
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("--bogus-flag") || err.contains("usage"),
+            "{script}: the message names neither the option nor the usage: {}",
+            text(&o)
+        );
+        assert_eq!(stubs.cargo_ran(), None, "{script} --bogus-flag ran cargo");
+    }
+}
+
+#[test]
+fn run_simple_write_checks_simple_writes_options_first() {
+    let stubs = Stubs::new("run-sw");
+    let o = stubs.run("run_simple_write.sh", &["--size", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("at least 1 byte"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn gpu_scripts_without_a_gpu_say_so_and_fail() {
+    let stubs = Stubs::new("nogpu");
+    let out = stubs.dir.join("out");
+    let out = out.to_str().unwrap();
+    for (script, args) in [
+        ("gpu-check.sh", vec!["--out", out]),
+        ("bench.sh", vec!["--out", out]),
+        ("tune-grid.sh", vec!["--out", out]),
+        ("gpu-faults.sh", vec!["--out", out]),
+        ("run_ep.sh", vec!["--out", out]),
+        (
+            "ucx-diag.sh",
+            vec![
+                env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write"),
+                out,
+            ],
+        ),
+    ] {
+        let o = stubs.run(script, &args);
+        assert_eq!(o.status.code(), Some(1), "{script}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("no NVIDIA GPU on this machine"),
+            "{script}: {}",
+            text(&o)
+        );
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("PASS"),
+            "{script} passed a row without a GPU: {}",
+            text(&o)
+        );
+        assert!(
+            !Path::new(out).join("table.txt").exists(),
+            "{script} wrote a table"
+        );
+    }
+}
+
+fn git_status() -> String {
+    let o = Command::new("git")
+        .args(["status", "--porcelain", "--ignored=no"])
+        .current_dir(root())
+        .output();
+    o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
