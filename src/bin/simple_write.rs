@@ -102,8 +102,9 @@ struct Args {
     level: Vec<Level>,
 
     /// How the kernel moves the data, comma-separated for one round each:
-    /// nixlPut (any UCX device transport; the default and the teaching path)
-    /// or stores through the peer pointer from nixlGetPtr (NVLink/PCIe).
+    /// nixlPut (any UCX device transport; the default and the teaching path),
+    /// stores through the peer pointer from nixlGetPtr (NVLink/PCIe), or LL
+    /// lines that carry their own flag (NVLink or one GPU only).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Path::Put])]
     path: Vec<Path>,
 
@@ -118,6 +119,16 @@ struct Args {
     /// half round trips (p50/p99/min/avg).
     #[arg(long)]
     pingpong: bool,
+
+    /// Also measure the floor: a bare-flag ping-pong (no data) between the
+    /// same two processes, printed as its own row; every ping-pong row then
+    /// shows its ratio to it [default: on with --pingpong].
+    #[arg(long, overrides_with = "no_floor")]
+    floor: bool,
+
+    /// No floor row (see --floor).
+    #[arg(long, overrides_with = "floor")]
+    no_floor: bool,
 
     /// Timed iterations per round [default: about a quarter second of data at
     /// each level's typical rate, 1..1000; 1000 round trips in --pingpong].
@@ -330,12 +341,17 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
     };
+    // The floor round runs first, so each later line can show its ratio.
+    let mut floor_ns = None;
     let mut print_round = |r: &_| {
-        let row = Row::of(r);
+        let mut row = Row::of(r);
+        floor_ns = floor_ns.or(row.floor_ns());
+        row.set_floor(floor_ns);
         say!("[initiator] Round {}: {}", row.round, row.line());
     };
     let out = initiator::run(&cfg, store.as_ref(), &mut print_round)?;
-    let rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
+    let mut rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
+    report::apply_floor(&mut rows);
     say!("\n{}", report::table(&rows));
     let info = RunInfo::of(&out);
     if let Some(path) = &args.json {
@@ -434,6 +450,8 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     for (flag, on) in [
         ("--pingpong", a.pingpong),
         ("--no-baselines", a.no_baselines),
+        ("--floor", a.floor),
+        ("--no-floor", a.no_floor),
     ] {
         if on {
             v.push(flag.into());
@@ -562,6 +580,21 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         );
     }
     let mut specs = Vec::new();
+    if wants_floor(args) {
+        // A bare flag each way, one thread: what the hardware needs for a
+        // message of nothing, between the same two processes and GPUs.
+        specs.push(RoundSpec {
+            size: 0,
+            level: Level::Thread,
+            path: Path::Flag,
+            chunk: None,
+            blocks: None,
+            threads: None,
+            warmup: args.warmup,
+            iters: args.iters,
+            pingpong: true,
+        });
+    }
     for &size in &sizes {
         for &level in &args.level {
             for &path in &args.path {
@@ -580,6 +613,11 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         }
     }
     Ok(specs)
+}
+
+/// `--floor`, on by default with `--pingpong`, off with `--no-floor`.
+fn wants_floor(args: &Args) -> bool {
+    !args.no_floor && (args.floor || args.pingpong)
 }
 
 fn check_grid_args(args: &Args) -> Result<()> {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::GpuInfo;
 use crate::gpu::kernels::{Level, Path, signals_per_iter, slice_for};
+use crate::gpu::ll;
 
 /// One measured configuration: a size at a level with a grid shape.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,9 +51,24 @@ impl Round {
         slice_for(self.size, self.groups())
     }
 
-    /// Signals the target receives per iteration: one per group with data.
+    /// Signals the target receives per iteration: one per group with data;
+    /// none on the LL path (the lines are the signal); one flag on the
+    /// flag path.
     pub fn signals_per_iter(&self) -> u64 {
-        signals_per_iter(self.size, self.groups(), self.chunk)
+        match self.path {
+            Path::Ll => 0,
+            Path::Flag => 1,
+            Path::Put | Path::Store => signals_per_iter(self.size, self.groups(), self.chunk),
+        }
+    }
+
+    /// Bytes the round occupies in the target's buffer: the payload, or
+    /// on the LL path its lines (about twice as many).
+    pub fn wire_size(&self) -> u64 {
+        match self.path {
+            Path::Ll => ll::wire_bytes(self.size),
+            _ => self.size,
+        }
     }
 
     /// Acknowledgements the target sends in this round.
@@ -108,7 +124,7 @@ impl RoundSpec {
             .threads
             .unwrap_or(match (self.level, self.pingpong, self.path) {
                 (Level::Block, false, Path::Put) => 256,
-                (Level::Block, false, Path::Store) => 512,
+                (Level::Block, false, _) => 512,
                 (Level::Block, true, _) => 256,
                 (l, _, _) => l.default_threads(),
             });
@@ -155,6 +171,11 @@ impl RunPlan {
     /// Largest size of any round: the buffers' size.
     pub fn max_size(&self) -> u64 {
         self.rounds.iter().map(|r| r.size).max().unwrap_or(0)
+    }
+
+    /// Largest buffer any round needs on the target ([`Round::wire_size`]).
+    pub fn max_wire_size(&self) -> u64 {
+        self.rounds.iter().map(Round::wire_size).max().unwrap_or(0)
     }
 
     /// The timeout of every wait.

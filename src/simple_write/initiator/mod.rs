@@ -184,14 +184,27 @@ fn allocate(gpu: &Gpu, plan: &RunPlan, corrupt: bool) -> Result<Memory> {
         }
         src.upload(&gpu.stream, &host)?;
     }
-    let first = &plan.rounds[0];
+    // The first round that moves data (a floor round moves none).
+    let (first, first_iter) = first_data_round(plan);
     let n = first.size as usize;
-    pattern::fill(&mut host[..n], plan.seed, first.final_variant(0));
+    pattern::fill(&mut host[..n], plan.seed, first.final_variant(first_iter));
     say!(
         "[initiator] Data checksum: {}",
         pattern::byte_sum(&host[..n])
     );
     Ok(mem)
+}
+
+/// The plan's first round with data, and its first global iteration.
+fn first_data_round(plan: &RunPlan) -> (&super::plan::Round, u32) {
+    let mut first_iter = 0;
+    for r in &plan.rounds {
+        if r.size > 0 {
+            return (r, first_iter);
+        }
+        first_iter += r.warmup + r.iters;
+    }
+    (&plan.rounds[0], 0)
 }
 
 /// Publishes our metadata and acknowledgement word, takes the target's
@@ -207,7 +220,7 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
     load_peer(agent, &target_md.0, p::TARGET_NAME, cfg.timeout)?;
     let data = session.get(&p::target_data_descs(), "data descriptors")?;
     let signal = session.get(&p::target_signal_descs(), "signal descriptors")?;
-    check_remote(&data, local.plan.max_size(), "data")?;
+    check_remote(&data, local.plan.max_wire_size(), "data")?;
     check_remote(&signal, 8, "signal")?;
     let target = session.get(&p::target_gpu(), "GPU identity")?;
     say!("[initiator] Connected to target");

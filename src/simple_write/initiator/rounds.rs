@@ -61,7 +61,7 @@ pub(super) fn run_all(
     on_round: &mut dyn FnMut(&RoundResult),
 ) -> Result<Vec<RoundResult>> {
     let mut out: Vec<RoundResult> = Vec::new();
-    let (mut ack_base, mut first_iter) = (0u64, 0u32);
+    let (mut ack_base, mut first_iter, mut signal_base) = (0u64, 0u32, 0u64);
     for (index, round) in held.plan.rounds.iter().enumerate() {
         // Once per size, between rounds: the target's buffer is idle (its
         // verdict on the last round is in) and zeroed.
@@ -76,10 +76,12 @@ pub(super) fn run_all(
             round,
             ack_base,
             first_iter,
+            signal_base,
         };
         let (report, event_us, rtt) = launch.run(session)?;
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
+        signal_base += round.signals_per_iter() * (round.warmup + round.iters) as u64;
         let verdict = session.get(&p::verdict(index), "verdict on the data")?;
         let result = RoundResult {
             index,
@@ -152,6 +154,9 @@ struct Launch<'a> {
     ack_base: u64,
     /// Global index of the round's first iteration (its parity picks the source).
     first_iter: u32,
+    /// The target's signal word before this round (the flag path stores
+    /// absolute values into it).
+    signal_base: u64,
 }
 
 impl Launch<'_> {
@@ -226,6 +231,9 @@ impl Launch<'_> {
             flags: if round.pingpong { WRITE_PINGPONG } else { 0 },
             src_addr: [held.mem.sources[0].addr(), held.mem.sources[1].addr()],
             chunk: round.chunk,
+            // Iteration i (global) stores signal_base + i + 1, which is
+            // the round's signal base plus the iterations so far.
+            signal_base: self.signal_base.wrapping_sub(self.first_iter as u64),
             ..Default::default()
         }
     }
