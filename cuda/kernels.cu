@@ -78,6 +78,26 @@ constexpr uint32_t WRITE_PINGPONG = 1;
 constexpr uint32_t WRITE_HOST_SEQUENCED = 2;
 // Record %globaltimer at kernel start in iter_cycles[stamp_index].
 constexpr uint32_t WRITE_STAMP = 4;
+// Both processes use this GPU: a GPU-scope release orders the data before
+// the signal for every observer there. Across GPUs only a system-scope
+// release does (the default).
+constexpr uint32_t WRITE_GPU_SCOPE = 8;
+
+// One release add of 1 on a peer's counter, at the scope the host chose
+// (WRITE_GPU_SCOPE). A reduction (red), not an atom: nothing waits for the
+// old value, so the SM posts it like a store rather than waiting a round
+// trip over the link for the result.
+__device__ __forceinline__ void release_add(unsigned long long *counter, uint32_t flags) {
+    const unsigned long long one = 1;
+    if (flags & WRITE_GPU_SCOPE) asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(counter), "l"(one) : "memory");
+    else asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(counter), "l"(one) : "memory");
+}
+
+// The release before a signal, at the scope the host chose (WRITE_GPU_SCOPE).
+__device__ __forceinline__ void release_fence(uint32_t flags) {
+    if (flags & WRITE_GPU_SCOPE) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+    else cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+}
 
 // Parameters of the target's wait kernel. Iteration i of the round is
 // complete when the signal reaches base + (i + 1) * step.
@@ -101,12 +121,11 @@ struct WaitParams {
 };
 static_assert(sizeof(WaitParams) == 120, "WaitParams layout is shared with the host");
 
-// How the target acknowledges: nixlAtomicAdd (put path); a release add
-// through the peer pointer (store path: it orders nothing we wrote, but is
-// the store path's own way back); or a relaxed store of the new count
-// through the peer pointer (LL and flag: a bare flag, nothing to order).
+// How the target acknowledges: nixlAtomicAdd (put path: any transport),
+// or a relaxed store of the new count through the peer pointer (store, LL
+// and flag paths). The acknowledgement carries no data, so it needs no
+// release: a bare flag is the cheapest answer there is.
 constexpr uint32_t ACK_NIXL = 0;
-constexpr uint32_t ACK_RELEASE_ADD = 1;
 constexpr uint32_t ACK_STORE = 2;
 
 // The write kernels' data paths (template argument P below; the host's
@@ -217,7 +236,14 @@ __device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
         dst[i + 3 * n] = d;
     }
     for (; i < vecs; i += n) dst[i] = src[i];
-    for (uint64_t b = vecs * 16 + lane; b < len; b += n) to[b] = from[b];
+    // The tail (under 16 bytes): an 8-byte word if there is one (an 8-byte
+    // message is then one store over the link, not eight), then bytes.
+    uint64_t b = vecs * 16;
+    if (len - b >= 8) {
+        if (lane == 0) *reinterpret_cast<uint64_t *>(to + b) = *reinterpret_cast<const uint64_t *>(from + b);
+        b += 8;
+    }
+    for (b += lane; b < len; b += n) to[b] = from[b];
 }
 
 // One iteration for one group, put path: nixlPut each of the group's
@@ -244,7 +270,7 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
     // fence, which is cumulative: whichever thread performs the add, the
     // stores it has synchronized with become visible to the peer first.
     G::sync();
-    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+    release_fence(p.flags);
     record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
 }
 
@@ -271,10 +297,7 @@ __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *d
     // Sync, then one thread's release: cumulative over the stores of every
     // member it synchronized with, so the data is visible before the count.
     G::sync();
-    if (G::rank() == 0) {
-        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> s(*signal);
-        s.fetch_add(1, cuda::memory_order_release);
-    }
+    if (G::rank() == 0) release_add(signal, p.flags);
 }
 
 // An LL line, as NCCL's LL protocol (src/device/prims_ll.h): 16 bytes
@@ -327,7 +350,9 @@ __device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_
     const uint64_t done = vecs * 16;
     if (lane == 0 && done < len) {
         uint32_t w[4] = {0, 0, 0, 0};
-        for (uint64_t b = done; b < len; ++b) w[(b - done) / 4] |= uint32_t(from[b]) << (8 * ((b - done) % 4));
+        const uint64_t words = (len - done) / 4;  // whole words: one load each (from is 16-byte aligned here)
+        for (uint64_t k = 0; k < words; ++k) w[k] = reinterpret_cast<const uint32_t *>(from + done)[k];
+        for (uint64_t b = done + 4 * words; b < len; ++b) w[(b - done) / 4] |= uint32_t(from[b]) << (8 * ((b - done) % 4));
         ll_store(lines + 2 * vecs, w[0], w[1], seq);
         if (len - done > 8) ll_store(lines + 2 * vecs + 1, w[2], w[3], seq);
     }
@@ -531,8 +556,7 @@ struct Ack {
             return;
         }
         cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> a(*ptr);
-        if (p.ack_mode == ACK_STORE) a.store(p.ack_base + sent, cuda::memory_order_relaxed);
-        else a.fetch_add(1, cuda::memory_order_release);
+        a.store(p.ack_base + sent, cuda::memory_order_relaxed);
     }
 };
 

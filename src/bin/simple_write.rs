@@ -19,7 +19,7 @@ use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, fmt_bytes, parse_bytes};
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
-use nixl_examples::gpu::kernels::{self, Level, Path, WaitMode};
+use nixl_examples::gpu::kernels::{self, FenceScope, Level, Path, WaitMode};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
@@ -191,6 +191,12 @@ struct Args {
     #[arg(long)]
     check_connection: bool,
 
+    /// Scope of the release between data and signal on the put and store
+    /// paths (initiator): auto = gpu when both processes use one GPU, else
+    /// system; system everywhere, to measure what the narrower scope saves.
+    #[arg(long, hide = true, default_value = "auto", value_parser = parse_fence)]
+    fence_scope: FenceScope,
+
     /// Fault injection for testing (initiator): `corrupt-data` flips one
     /// source byte so the target must report a mismatch (exit 3).
     #[arg(long, hide = true, value_parser = ["corrupt-data"])]
@@ -218,6 +224,10 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
     (v % 16 == 0).then_some(v).ok_or_else(|| {
         format!("--chunk {v} is not a multiple of 16 (chunks start 16-byte aligned)")
     })
+}
+
+fn parse_fence(s: &str) -> Result<FenceScope, String> {
+    s.parse()
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
@@ -340,6 +350,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         baselines: !args.no_baselines,
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
+        fence: args.fence_scope,
     };
     // The floor round runs first, so each later line can show its ratio.
     let mut floor_ns = None;
@@ -422,6 +433,7 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     v.extend(["--level".into(), levels.join(",")]);
     let paths: Vec<&str> = a.path.iter().map(|p| p.name()).collect();
     v.extend(["--path".into(), paths.join(",")]);
+    v.extend(["--fence-scope".into(), a.fence_scope.name().into()]);
     let opt = |v: &mut Vec<String>, flag: &str, x: Option<String>| {
         if let Some(x) = x {
             v.extend([flag.to_string(), x]);

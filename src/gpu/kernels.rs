@@ -188,6 +188,55 @@ pub const WRITE_PINGPONG: u32 = 1;
 pub const WRITE_HOST_SEQUENCED: u32 = 2;
 /// Record the kernel's start time in `iter_cycles[stamp_index]`.
 pub const WRITE_STAMP: u32 = 4;
+/// Release the data before the signal at GPU scope, not system scope:
+/// enough when both processes use the same GPU ([`FenceScope`]).
+pub const WRITE_GPU_SCOPE: u32 = 8;
+
+/// The scope of the release that orders a put's data before its signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceScope {
+    /// GPU scope when both processes use the same GPU, else system scope.
+    Auto,
+    /// `fence.acq_rel.sys` / `red.release.sys`: required across GPUs (the
+    /// peer observes our stores through the link, outside our GPU).
+    System,
+    /// `fence.acq_rel.gpu` / `red.release.gpu`: orders stores for every
+    /// observer on this GPU, so only correct when the target shares it.
+    Gpu,
+}
+
+impl FenceScope {
+    /// Every scope, as `--fence-scope` offers them.
+    pub const ALL: [FenceScope; 3] = [FenceScope::Auto, FenceScope::System, FenceScope::Gpu];
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FenceScope::Auto => "auto",
+            FenceScope::System => "system",
+            FenceScope::Gpu => "gpu",
+        }
+    }
+
+    /// Resolves `Auto` for a pair of processes.
+    pub fn resolve(self, same_gpu: bool) -> FenceScope {
+        match self {
+            FenceScope::Auto if same_gpu => FenceScope::Gpu,
+            FenceScope::Auto => FenceScope::System,
+            s => s,
+        }
+    }
+}
+
+impl std::str::FromStr for FenceScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        FenceScope::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("unknown fence scope '{s}' (auto, system, gpu)"))
+    }
+}
 
 /// How a side waits for the other's signal or acknowledgement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,12 +330,12 @@ pub struct WaitParams {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum AckMode {
-    /// `nixlAtomicAdd(+1)` on the initiator's ack word (put path).
+    /// `nixlAtomicAdd(+1)` on the initiator's ack word (put path: any
+    /// transport).
     Nixl = 0,
-    /// A release add through the peer pointer (store path).
-    ReleaseAdd = 1,
     /// A relaxed store of the new count through the peer pointer: a bare
-    /// flag, nothing to order (LL and flag paths).
+    /// flag, since an acknowledgement carries no data to order (store, LL
+    /// and flag paths).
     Store = 2,
 }
 
@@ -295,8 +344,7 @@ impl AckMode {
     pub fn of(path: Path) -> Self {
         match path {
             Path::Put => AckMode::Nixl,
-            Path::Store => AckMode::ReleaseAdd,
-            Path::Ll | Path::Flag => AckMode::Store,
+            Path::Store | Path::Ll | Path::Flag => AckMode::Store,
         }
     }
 }

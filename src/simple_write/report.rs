@@ -199,6 +199,9 @@ pub struct RunInfo {
     pub mps: bool,
     /// How each side waited: `kernel` (spinning) or `stream` (cuStreamWaitValue64).
     pub initiator_wait: Option<&'static str>,
+    /// Scope of the release between data and signal on the put and store
+    /// paths: `gpu` (both processes on one GPU) or `system`.
+    pub fence_scope: Option<&'static str>,
     pub driver_version: Option<String>,
     pub nixl_version: Option<String>,
     pub nixl_lib_dir: Option<String>,
@@ -219,6 +222,7 @@ impl RunInfo {
             same_gpu: run.same_gpu,
             mps: run.initiator_gpu.mps,
             initiator_wait: Some(run.wait.name()),
+            fence_scope: Some(run.fence.name()),
             ..Self::collect()
         }
     }

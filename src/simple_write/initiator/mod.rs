@@ -29,7 +29,7 @@ use super::protocol::{self as p, AgentMetadata, GpuInfo, Role};
 use super::session::Session;
 use crate::cli::DataMismatch;
 use crate::gpu::context::find_gpu;
-use crate::gpu::kernels::{Kernels, WaitMode, check_view};
+use crate::gpu::kernels::{FenceScope, Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -53,6 +53,8 @@ pub struct InitiatorConfig {
     /// Fault injection for testing the verification path: flip one byte of
     /// the source data, so the target must report a mismatch.
     pub corrupt: bool,
+    /// Scope of the release between data and signal (put and store paths).
+    pub fence: FenceScope,
 }
 
 /// What a run measured, for the report.
@@ -65,6 +67,8 @@ pub struct RunResult {
     pub same_gpu: bool,
     /// How the initiator waited for acknowledgements.
     pub wait: WaitMode,
+    /// The release's scope on the put and store paths, resolved.
+    pub fence: FenceScope,
 }
 
 /// Bytes the initiator allocates on its GPU for rounds of up to `max_size`
@@ -237,6 +241,13 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
         },
         if local.gpu.mps { ", under MPS" } else { "" }
     );
+    let fence = cfg.fence.resolve(same_gpu);
+    if fence == FenceScope::Gpu && !same_gpu {
+        bail!(
+            "--fence-scope gpu with the target on another GPU: a GPU-scope release does not order our stores for \
+             a peer on another GPU, so signals could overtake data; use --fence-scope system or auto"
+        );
+    }
     let baseline = baseline_rig(cfg, &local, &target)?;
     local.gpu.bind()?;
     let views = prepare_views(&local, &data, &signal)?;
@@ -253,6 +264,7 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
         target,
         target_data: data,
         wait,
+        fence,
         timeout: cfg.timeout,
     })
 }
@@ -358,6 +370,7 @@ impl Held {
             initiator_gpu: self.me.clone(),
             target_gpu: self.target.clone(),
             wait: self.wait,
+            fence: self.fence,
         }
     }
 }

@@ -10,8 +10,8 @@ use super::held::Held;
 use crate::cli::fmt_bytes;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::kernels::{
-    KernelReport, MemViewElem, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode,
-    WriteParams, wait_value_geq,
+    FenceScope, KernelReport, MemViewElem, WRITE_GPU_SCOPE, WRITE_HOST_SEQUENCED, WRITE_PINGPONG,
+    WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
 };
 use crate::gpu::run::{Finished, run_watched};
 use crate::simple_write::baseline::Baselines;
@@ -228,7 +228,12 @@ impl Launch<'_> {
             warmup: round.warmup,
             iters: round.iters,
             first_iter: self.first_iter,
-            flags: if round.pingpong { WRITE_PINGPONG } else { 0 },
+            flags: if round.pingpong { WRITE_PINGPONG } else { 0 }
+                | if held.fence == FenceScope::Gpu {
+                    WRITE_GPU_SCOPE
+                } else {
+                    0
+                },
             src_addr: [held.mem.sources[0].addr(), held.mem.sources[1].addr()],
             chunk: round.chunk,
             // Iteration i (global) stores signal_base + i + 1, which is

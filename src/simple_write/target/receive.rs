@@ -233,11 +233,13 @@ impl Wait<'_> {
         }
     }
 
-    /// Threads of the LL wait kernel: one per line up to a block, whole
-    /// warps. A ping-pong of a few lines then syncs one warp, not 1024
-    /// threads, between seeing the data and acknowledging it.
+    /// Threads of the LL wait kernel: one per line, whole warps, at most
+    /// 512. A ping-pong of a few lines then syncs one warp between seeing
+    /// the data and acknowledging it; and under MPS a 512-thread block
+    /// still fits beside one of the initiator's blocks on an SM (1024
+    /// threads could need a whole SM's registers).
     fn ll_threads(&self) -> u32 {
-        let lines = ll::lines(self.round.size).clamp(1, 1024) as u32;
+        let lines = ll::lines(self.round.size).clamp(1, 512) as u32;
         lines.div_ceil(32) * 32
     }
 
