@@ -325,6 +325,20 @@ __device__ __forceinline__ bool ll_ready(const uint4 &v, uint32_t seq) {
     return v.y >= seq && v.w >= seq;
 }
 
+// Up to 4 bytes at p as a little-endian word, zero-padded: one aligned
+// load when all 4 are there (p is 4-byte aligned), else byte loads. Kept in
+// registers: an array indexed at run time would live in local memory and
+// add its latency to every small message.
+__device__ __forceinline__ uint32_t tail_word(const uint8_t *p, int64_t n) {
+    if (n >= 4) return *reinterpret_cast<const uint32_t *>(p);
+    uint32_t w = 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        if (j < n) w |= uint32_t(p[j]) << (8 * j);
+    }
+    return w;
+}
+
 // The LL copy: each thread loads 16 payload bytes and writes them as two
 // lines (32 contiguous bytes), four loads in flight per thread, then one
 // lane writes the zero-padded tail (under 16 bytes, the last group only).
@@ -349,12 +363,10 @@ __device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_
     }
     const uint64_t done = vecs * 16;
     if (lane == 0 && done < len) {
-        uint32_t w[4] = {0, 0, 0, 0};
-        const uint64_t words = (len - done) / 4;  // whole words: one load each (from is 16-byte aligned here)
-        for (uint64_t k = 0; k < words; ++k) w[k] = reinterpret_cast<const uint32_t *>(from + done)[k];
-        for (uint64_t b = done + 4 * words; b < len; ++b) w[(b - done) / 4] |= uint32_t(from[b]) << (8 * ((b - done) % 4));
-        ll_store(lines + 2 * vecs, w[0], w[1], seq);
-        if (len - done > 8) ll_store(lines + 2 * vecs + 1, w[2], w[3], seq);
+        const uint8_t *t = from + done;  // 16-byte aligned
+        const int64_t rest = len - done;
+        ll_store(lines + 2 * vecs, tail_word(t, rest), tail_word(t + 4, rest - 4), seq);
+        if (rest > 8) ll_store(lines + 2 * vecs + 1, tail_word(t + 8, rest - 8), tail_word(t + 12, rest - 12), seq);
     }
 }
 
@@ -609,11 +621,23 @@ __device__ bool wait_line(const uint4 *line, uint32_t seq, uint64_t deadline, Ke
 }
 
 // The block polls every line of the iteration, each thread its own
-// (strided, so a warp reads contiguous lines). True when all have `seq`.
+// (strided, so a warp reads contiguous lines), four at a time: the four
+// loads are in flight together, and only a line not there yet is polled
+// again. True when all carry `seq`.
 __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t deadline) {
+    const uint64_t n = p.line_count, stride = blockDim.x;
     bool ok = true;
-    for (uint64_t k = threadIdx.x; ok && k < p.line_count; k += blockDim.x) {
-        ok = wait_line(p.lines + k, seq, deadline, p.report);
+    for (uint64_t k = threadIdx.x; ok && k < n; k += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (k + j * stride < n) v[j] = ll_load(p.lines + k + j * stride);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t at = k + j * stride;
+            if (ok && at < n && !ll_ready(v[j], seq)) ok = wait_line(p.lines + at, seq, deadline, p.report);
+        }
     }
     return __syncthreads_and(ok);
 }

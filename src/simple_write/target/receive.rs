@@ -234,12 +234,14 @@ impl Wait<'_> {
     }
 
     /// Threads of the LL wait kernel: one per line, whole warps, at most
-    /// 512. A ping-pong of a few lines then syncs one warp between seeing
-    /// the data and acknowledging it; and under MPS a 512-thread block
-    /// still fits beside one of the initiator's blocks on an SM (1024
-    /// threads could need a whole SM's registers).
+    /// 1024 in ping-pong and 512 in bandwidth rounds. A ping-pong of a few
+    /// lines then syncs one warp between seeing the data and acknowledging
+    /// it; and under MPS a 512-thread block still fits beside one of the
+    /// initiator's blocks on an SM (1024 threads could need a whole SM's
+    /// registers, and a bandwidth grid leaves only one SM free).
     fn ll_threads(&self) -> u32 {
-        let lines = ll::lines(self.round.size).clamp(1, 512) as u32;
+        let max = if self.round.pingpong { 1024 } else { 512 };
+        let lines = ll::lines(self.round.size).clamp(1, max) as u32;
         lines.div_ceil(32) * 32
     }
 
