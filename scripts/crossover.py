@@ -22,8 +22,9 @@ def metric(row):
 
 
 def crossover(rows):
-    """(largest size where ll wins at it and every smaller size, first size
-    where it loses, ll / best other at each size)."""
+    """(largest size at which ll wins, smallest size from which it never wins
+    again, ll / best other at each size). Single small sizes can flip either
+    way by a poll period, so "up to" is the last win, not the first loss."""
     by_size = {}
     for r in rows:
         m = metric(r)
@@ -37,8 +38,8 @@ def crossover(rows):
             continue
         ratio = t["ll"] / min(others)
         ratios.append((size, round(ratio, 3)))
-        if loses_at is None and ratio < 1.0:
-            up_to = size
+        if ratio < 1.0:
+            up_to, loses_at = size, None
         elif loses_at is None:
             loses_at = size
     return up_to, loses_at, ratios

@@ -21,6 +21,13 @@ use crate::{pattern, say};
 /// Receives every round of the plan; after a round whose data did not
 /// verify it publishes the verdict and fails with [`DataMismatch`].
 pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
+    if held.wait == WaitMode::Stream && held.plan.rounds.iter().any(|r| r.path == Path::Ll) {
+        tracing::info!(
+            "note: LL rounds poll their lines with a spinning kernel, and this GPU time-slices between the two \
+             processes: each direction then waits for a time slice (milliseconds); run under MPS (--mps) or \
+             across GPUs to measure LL"
+        );
+    }
     let mut host = vec![0u8; held.plan.max_wire_size() as usize];
     let (mut signal_base, mut first_iter, mut ack_base) = (0u64, 0u32, 0u64);
     for (i, round) in held.plan.rounds.iter().enumerate() {
