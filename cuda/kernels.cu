@@ -65,6 +65,7 @@ struct WriteParams {
     uint64_t signal_base;    // flag path: iteration `iter` stores signal_base + iter + 1
 };
 static_assert(sizeof(WriteParams) == 184, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, signal_base) == 176, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, src_addr) == 152, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, warmup) == 128, "WriteParams layout is shared with the host");
@@ -120,6 +121,8 @@ struct WaitParams {
     uint32_t reserved;
 };
 static_assert(sizeof(WaitParams) == 120, "WaitParams layout is shared with the host");
+static_assert(offsetof(WaitParams, ack_base) == 88, "WaitParams layout is shared with the host");
+static_assert(offsetof(WaitParams, first_seq) == 112, "WaitParams layout is shared with the host");
 
 // How the target acknowledges: nixlAtomicAdd (put path: any transport),
 // or a relaxed store of the new count through the peer pointer (store, LL
