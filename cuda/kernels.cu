@@ -114,7 +114,7 @@ struct WaitParams {
     uint32_t iters;
     uint32_t pong;         // 1: acknowledge every iteration (ping-pong), else after warm-up and at the end
     uint32_t ack_mode;     // ACK_* below
-    uint64_t ack_base;     // ACK_STORE: the initiator's ack word before this round
+    uint64_t ack_base;     // the initiator's ack word before this round (the flag stores ack_base + n)
     const uint4 *lines;    // LL path: our data buffer, as 16-byte lines
     uint64_t line_count;   // LL path: lines per iteration
     uint32_t first_seq;    // LL path: sequence number of the round's first iteration
@@ -124,12 +124,14 @@ static_assert(sizeof(WaitParams) == 120, "WaitParams layout is shared with the h
 static_assert(offsetof(WaitParams, ack_base) == 88, "WaitParams layout is shared with the host");
 static_assert(offsetof(WaitParams, first_seq) == 112, "WaitParams layout is shared with the host");
 
-// How the target acknowledges: nixlAtomicAdd (put path: any transport),
-// or a relaxed store of the new count through the peer pointer (store, LL
-// and flag paths). The acknowledgement carries no data, so it needs no
-// release: a bare flag is the cheapest answer there is.
-constexpr uint32_t ACK_NIXL = 0;
-constexpr uint32_t ACK_STORE = 2;
+// How the target acknowledges. An acknowledgement carries no data, so it
+// needs no release: a bare flag (a relaxed store of the new count through
+// the peer pointer) is the cheapest answer there is. The put path takes it
+// where the transport maps the initiator's memory (cuda_ipc) and falls back
+// to nixlAtomicAdd where it maps nothing (RDMA), so it still runs anywhere;
+// the store, LL and flag paths need the pointer anyway.
+constexpr uint32_t ACK_FLAG_OR_NIXL = 0;
+constexpr uint32_t ACK_FLAG = 2;
 
 // The write kernels' data paths (template argument P below; the host's
 // Path enum in the same order).
@@ -557,16 +559,16 @@ extern "C" __global__ void nixl_ack(nixlMemViewElem ack, KernelReport *r, const 
 }
 
 // The target's acknowledgement (ACK_* above). Sent by one thread; counts
-// what it sent, so ACK_STORE can store the new total.
+// what it sent, so the flag can carry the new total.
 struct Ack {
     unsigned long long *ptr;
     uint64_t sent = 0;
     __device__ explicit Ack(const WaitParams &p)
-        : ptr(p.ack_mode != ACK_NIXL ? reinterpret_cast<unsigned long long *>(peer_ptr(p.ack)) : nullptr) {}
-    __device__ bool usable(const WaitParams &p) const { return p.ack_mode == ACK_NIXL || ptr != nullptr; }
+        : ptr(reinterpret_cast<unsigned long long *>(peer_ptr(p.ack))) {}
+    __device__ bool usable(const WaitParams &p) const { return p.ack_mode != ACK_FLAG || ptr != nullptr; }
     __device__ void send(const WaitParams &p) {
         ++sent;
-        if (p.ack_mode == ACK_NIXL) {
+        if (ptr == nullptr) {
             record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
             return;
         }

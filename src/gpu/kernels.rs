@@ -314,8 +314,8 @@ pub struct WaitParams {
     pub pong: u32,
     /// How the acknowledgement travels ([`AckMode`] as u32).
     pub ack_mode: u32,
-    /// [`AckMode::Store`]: the initiator's ack word before this round (the
-    /// target stores `ack_base + n` for its n-th acknowledgement).
+    /// The initiator's ack word before this round (the flag stores
+    /// `ack_base + n` for the round's n-th acknowledgement).
     pub ack_base: u64,
     /// LL path: device address of our data buffer, read as 16-byte lines.
     pub lines: u64,
@@ -326,25 +326,25 @@ pub struct WaitParams {
     pub reserved: u32,
 }
 
-/// How the target acknowledges (`ACK_*` in kernels.cu).
+/// How the target acknowledges (`ACK_*` in kernels.cu). An acknowledgement
+/// carries no data, so it needs no release: a bare flag (a relaxed store of
+/// the new count through the peer pointer) is the cheapest answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum AckMode {
-    /// `nixlAtomicAdd(+1)` on the initiator's ack word (put path: any
-    /// transport).
-    Nixl = 0,
-    /// A relaxed store of the new count through the peer pointer: a bare
-    /// flag, since an acknowledgement carries no data to order (store, LL
-    /// and flag paths).
-    Store = 2,
+    /// The flag where the transport maps the initiator's memory (cuda_ipc),
+    /// else `nixlAtomicAdd(+1)` (RDMA): the put path, which runs anywhere.
+    FlagOrNixl = 0,
+    /// The flag; the peer pointer must exist (store, LL and flag paths).
+    Flag = 2,
 }
 
 impl AckMode {
     /// The acknowledgement a round on `path` uses.
     pub fn of(path: Path) -> Self {
         match path {
-            Path::Put => AckMode::Nixl,
-            Path::Store | Path::Ll | Path::Flag => AckMode::Store,
+            Path::Put => AckMode::FlagOrNixl,
+            Path::Store | Path::Ll | Path::Flag => AckMode::Flag,
         }
     }
 }
