@@ -93,7 +93,9 @@ mod tests {
         let wire = pack(&[1, 2, 3, 4, 5, 6, 7, 8], 0x0a0b0c0d);
         assert_eq!(
             wire,
-            [1, 2, 3, 4, 0x0d, 0x0c, 0x0b, 0x0a, 5, 6, 7, 8, 0x0d, 0x0c, 0x0b, 0x0a]
+            [
+                1, 2, 3, 4, 0x0d, 0x0c, 0x0b, 0x0a, 5, 6, 7, 8, 0x0d, 0x0c, 0x0b, 0x0a
+            ]
         );
     }
 

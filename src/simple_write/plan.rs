@@ -293,6 +293,38 @@ mod tests {
     }
 
     #[test]
+    fn ll_rounds_send_no_signal_and_need_twice_the_buffer() {
+        let round = |path, size| Round {
+            size,
+            level: Level::Block,
+            path,
+            chunk: 0,
+            blocks: 4,
+            threads: 256,
+            warmup: 1,
+            iters: 1,
+            pingpong: false,
+        };
+        assert_eq!(round(Path::Ll, 1 << 20).signals_per_iter(), 0);
+        assert_eq!(round(Path::Ll, 1 << 20).wire_size(), 2 << 20);
+        assert_eq!(round(Path::Ll, 12345).wire_size(), 1544 * 16);
+        assert_eq!(round(Path::Flag, 0).signals_per_iter(), 1);
+        assert_eq!(round(Path::Store, 1 << 20).wire_size(), 1 << 20);
+        let plan = RunPlan {
+            seed: 1,
+            timeout_ms: 1,
+            initiator_gpu: GpuInfo {
+                ordinal: 0,
+                name: String::new(),
+                uuid: String::new(),
+                mps: false,
+            },
+            rounds: vec![round(Path::Put, 1 << 20), round(Path::Ll, 1 << 20)],
+        };
+        assert_eq!((plan.max_size(), plan.max_wire_size()), (1 << 20, 2 << 20));
+    }
+
+    #[test]
     fn sweeps_like_nccl_tests() {
         assert_eq!(size_sweep(8, 64, 2), vec![8, 16, 32, 64]);
         assert_eq!(size_sweep(1 << 20, 1 << 20, 2), vec![1 << 20]);

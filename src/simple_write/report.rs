@@ -406,3 +406,54 @@ const CSV: [Column; 30] = [
     ("wire_gb_per_s", |r| format!("{:.4}", r.wire_gb_per_s)),
     ("floor_ratio", |r| num(r.floor_ratio)),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &'static str, half_p50_ns: Option<f64>) -> Row {
+        let s = half_p50_ns.map(|ns| Summary::of(&[ns]));
+        Row {
+            round: 0,
+            mode: if s.is_some() { "pingpong" } else { "bandwidth" },
+            size_bytes: 8,
+            level: "warp",
+            path,
+            chunk: 0,
+            blocks: 1,
+            threads: 32,
+            warmup: 1,
+            iters: 1,
+            gpu_ns: 0,
+            us_per_iter: 0.0,
+            gb_per_s: 0.0,
+            wire_gb_per_s: 0.0,
+            recv: None,
+            rtt: s,
+            half_rtt: s,
+            floor_ratio: None,
+            kernel_event_us: 0.0,
+            baselines: Baselines::default(),
+            ratio: None,
+            verified: true,
+            verdict: String::new(),
+        }
+    }
+
+    #[test]
+    fn every_latency_row_is_read_against_the_floor() {
+        let mut rows = vec![
+            row("flag", Some(300.0)),
+            row("ll", Some(450.0)),
+            row("put", None),
+        ];
+        apply_floor(&mut rows);
+        let ratios: Vec<Option<f64>> = rows.iter().map(|r| r.floor_ratio).collect();
+        assert_eq!(ratios, [Some(1.0), Some(1.5), None]);
+        assert!(table(&rows).contains("×floor"));
+        // No floor row in the run: no ratios.
+        let mut rows = vec![row("ll", Some(450.0))];
+        apply_floor(&mut rows);
+        assert_eq!(rows[0].floor_ratio, None);
+    }
+}

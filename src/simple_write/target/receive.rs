@@ -198,9 +198,7 @@ impl Wait<'_> {
                 if stream_mode {
                     self.queue_host_sequenced(s, &params)
                 } else if lines {
-                    Ok(held
-                        .kernels
-                        .launch_ll_wait(s, self.ll_threads(), &params)?)
+                    Ok(held.kernels.launch_ll_wait(s, self.ll_threads(), &params)?)
                 } else {
                     Ok(held.kernels.launch_wait(s, &params)?)
                 }
@@ -298,7 +296,10 @@ impl Wait<'_> {
         if self.polls_lines() {
             let last = self.last_seq() as u64;
             if r.observed != last {
-                bail!("round {i}: the LL wait ended on seq {} instead of {last}", r.observed);
+                bail!(
+                    "round {i}: the LL wait ended on seq {} instead of {last}",
+                    r.observed
+                );
             }
             return Ok(());
         }
