@@ -62,8 +62,10 @@ struct WriteParams {
     const uint8_t *src_addr[2];  // store path: the two sources, as local pointers
     uint64_t chunk;          // 0: each group puts one contiguous slice; else chunks of this many
                              // bytes dealt round-robin to the groups (see Layout below)
+    uint64_t signal_base;    // flag path: iteration `iter` stores signal_base + iter + 1
 };
-static_assert(sizeof(WriteParams) == 176, "WriteParams layout is shared with the host");
+static_assert(sizeof(WriteParams) == 184, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, signal_base) == 176, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, src_addr) == 152, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, warmup) == 128, "WriteParams layout is shared with the host");
@@ -77,6 +79,26 @@ constexpr uint32_t WRITE_PINGPONG = 1;
 constexpr uint32_t WRITE_HOST_SEQUENCED = 2;
 // Record %globaltimer at kernel start in iter_cycles[stamp_index].
 constexpr uint32_t WRITE_STAMP = 4;
+// Both processes use this GPU: a GPU-scope release orders the data before
+// the signal for every observer there. Across GPUs only a system-scope
+// release does (the default).
+constexpr uint32_t WRITE_GPU_SCOPE = 8;
+
+// One release add of 1 on a peer's counter, at the scope the host chose
+// (WRITE_GPU_SCOPE). A reduction (red), not an atom: nothing waits for the
+// old value, so the SM posts it like a store rather than waiting a round
+// trip over the link for the result.
+__device__ __forceinline__ void release_add(unsigned long long *counter, uint32_t flags) {
+    const unsigned long long one = 1;
+    if (flags & WRITE_GPU_SCOPE) asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(counter), "l"(one) : "memory");
+    else asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(counter), "l"(one) : "memory");
+}
+
+// The release before a signal, at the scope the host chose (WRITE_GPU_SCOPE).
+__device__ __forceinline__ void release_fence(uint32_t flags) {
+    if (flags & WRITE_GPU_SCOPE) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+    else cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+}
 
 // Parameters of the target's wait kernel. Iteration i of the round is
 // complete when the signal reaches base + (i + 1) * step.
@@ -91,9 +113,32 @@ struct WaitParams {
     uint32_t warmup;
     uint32_t iters;
     uint32_t pong;         // 1: acknowledge every iteration (ping-pong), else after warm-up and at the end
-    uint32_t ack_store;    // 1: acknowledge through the peer pointer (nixlGetPtr) instead of nixlAtomicAdd
+    uint32_t ack_mode;     // ACK_* below
+    uint64_t ack_base;     // the initiator's ack word before this round (the flag stores ack_base + n)
+    const uint4 *lines;    // LL path: our data buffer, as 16-byte lines
+    uint64_t line_count;   // LL path: lines per iteration
+    uint32_t first_seq;    // LL path: sequence number of the round's first iteration
+    uint32_t reserved;
 };
-static_assert(sizeof(WaitParams) == 88, "WaitParams layout is shared with the host");
+static_assert(sizeof(WaitParams) == 120, "WaitParams layout is shared with the host");
+static_assert(offsetof(WaitParams, ack_base) == 88, "WaitParams layout is shared with the host");
+static_assert(offsetof(WaitParams, first_seq) == 112, "WaitParams layout is shared with the host");
+
+// How the target acknowledges. An acknowledgement carries no data, so it
+// needs no release: a bare flag (a relaxed store of the new count through
+// the peer pointer) is the cheapest answer there is. The put path takes it
+// where the transport maps the initiator's memory (cuda_ipc) and falls back
+// to nixlAtomicAdd where it maps nothing (RDMA), so it still runs anywhere;
+// the store, LL and flag paths need the pointer anyway.
+constexpr uint32_t ACK_FLAG_OR_NIXL = 0;
+constexpr uint32_t ACK_FLAG = 2;
+
+// The write kernels' data paths (template argument P below; the host's
+// Path enum in the same order).
+constexpr uint32_t PATH_PUT = 0;    // nixlPut + fence + nixlAtomicAdd
+constexpr uint32_t PATH_STORE = 1;  // stores through nixlGetPtr + a release add
+constexpr uint32_t PATH_LL = 2;     // LL lines through nixlGetPtr, no fence, no signal
+constexpr uint32_t PATH_FLAG = 3;   // no data: one relaxed store of a flag (the floor)
 
 // A system-scope acquire load: sees stores another GPU (or process) made
 // visible with a release, and orders our later reads after it. This is the
@@ -196,7 +241,14 @@ __device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
         dst[i + 3 * n] = d;
     }
     for (; i < vecs; i += n) dst[i] = src[i];
-    for (uint64_t b = vecs * 16 + lane; b < len; b += n) to[b] = from[b];
+    // The tail (under 16 bytes): an 8-byte word if there is one (an 8-byte
+    // message is then one store over the link, not eight), then bytes.
+    uint64_t b = vecs * 16;
+    if (len - b >= 8) {
+        if (lane == 0) *reinterpret_cast<uint64_t *>(to + b) = *reinterpret_cast<const uint64_t *>(from + b);
+        b += 8;
+    }
+    for (b += lane; b < len; b += n) to[b] = from[b];
 }
 
 // One iteration for one group, put path: nixlPut each of the group's
@@ -223,7 +275,7 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
     // fence, which is cumulative: whichever thread performs the add, the
     // stores it has synchronized with become visible to the peer first.
     G::sync();
-    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+    release_fence(p.flags);
     record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
 }
 
@@ -250,29 +302,122 @@ __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *d
     // Sync, then one thread's release: cumulative over the stores of every
     // member it synchronized with, so the data is visible before the count.
     G::sync();
-    if (G::rank() == 0) {
-        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> s(*signal);
-        s.fetch_add(1, cuda::memory_order_release);
+    if (G::rank() == 0) release_add(signal, p.flags);
+}
+
+// An LL line, as NCCL's LL protocol (src/device/prims_ll.h): 16 bytes
+// {data0, seq, data1, seq} carrying 8 bytes of payload and the iteration's
+// sequence number twice, written with one 16-byte volatile store. The
+// receiver polls the line itself: each 8-byte half {data, seq} is one
+// aligned 8-byte access and arrives whole over NVLink and within a GPU, so
+// a half whose seq is current holds current data, and no fence or signal
+// is needed. seq starts at 1 (a zeroed buffer never passes) and grows with
+// every iteration (a line left from an earlier one never passes either).
+__device__ __forceinline__ void ll_store(uint4 *line, uint32_t d0, uint32_t d1, uint32_t seq) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 ::"l"(line), "r"(d0), "r"(seq), "r"(d1), "r"(seq) : "memory");
+}
+
+__device__ __forceinline__ uint4 ll_load(const uint4 *line) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(line) : "memory");
+    return v;
+}
+
+// Both halves carry `seq` or a later one (seqs only grow within a run).
+__device__ __forceinline__ bool ll_ready(const uint4 &v, uint32_t seq) {
+    return v.y >= seq && v.w >= seq;
+}
+
+// Up to 4 bytes at p as a little-endian word, zero-padded: one aligned
+// load when all 4 are there (p is 4-byte aligned), else byte loads. Kept in
+// registers: an array indexed at run time would live in local memory and
+// add its latency to every small message.
+__device__ __forceinline__ uint32_t tail_word(const uint8_t *p, int64_t n) {
+    if (n >= 4) return *reinterpret_cast<const uint32_t *>(p);
+    uint32_t w = 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        if (j < n) w |= uint32_t(p[j]) << (8 * j);
+    }
+    return w;
+}
+
+// The LL copy: each thread loads 16 payload bytes and writes them as two
+// lines (32 contiguous bytes), four loads in flight per thread, then one
+// lane writes the zero-padded tail (under 16 bytes, the last group only).
+template <nixl_gpu_level_t L>
+__device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_t seq) {
+    const unsigned lane = Group<L>::rank(), n = Group<L>::size();
+    const uint64_t vecs = len / 16;
+    const uint4 *src = reinterpret_cast<const uint4 *>(from);
+    uint64_t i = lane;
+    for (; i + 3 * n < vecs; i += 4 * n) {
+        const uint4 v[4] = {src[i], src[i + n], src[i + 2 * n], src[i + 3 * n]};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            ll_store(lines + 2 * (i + k * n), v[k].x, v[k].y, seq);
+            ll_store(lines + 2 * (i + k * n) + 1, v[k].z, v[k].w, seq);
+        }
+    }
+    for (; i < vecs; i += n) {
+        const uint4 v = src[i];
+        ll_store(lines + 2 * i, v.x, v.y, seq);
+        ll_store(lines + 2 * i + 1, v.z, v.w, seq);
+    }
+    const uint64_t done = vecs * 16;
+    if (lane == 0 && done < len) {
+        const uint8_t *t = from + done;  // 16-byte aligned
+        const int64_t rest = len - done;
+        ll_store(lines + 2 * vecs, tail_word(t, rest), tail_word(t + 4, rest - 4), seq);
+        if (rest > 8) ll_store(lines + 2 * vecs + 1, tail_word(t + 8, rest - 8), tail_word(t + 12, rest - 12), seq);
     }
 }
 
-// One iteration on the round's path: P = false puts, P = true stores.
-template <nixl_gpu_level_t L, bool P>
+// One iteration for one group, LL path: the group's payload as lines
+// stamped with this iteration's seq. Nothing follows: no sync, no fence,
+// no signal; the lines are the signal.
+template <nixl_gpu_level_t L>
+__device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
+    const Layout at = layout_of<L>(p);
+    if (at.first >= at.end) return;
+    const uint8_t *src = p.src_addr[iter & 1];
+    const uint32_t seq = iter + 1;
+    for (uint64_t off = at.first; off < at.end; off += at.step) {
+        ll_copy<L>(lines + off / 8, src + off, min(at.len, at.end - off), seq);
+    }
+}
+
+// One iteration of the floor: no data, one thread stores the flag (the
+// peer's signal word) with a relaxed store. Nothing is cheaper.
+__device__ void flag_write(const WriteParams &p, uint32_t iter, unsigned long long *signal) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> s(*signal);
+    s.store(p.signal_base + iter + 1, cuda::memory_order_relaxed);
+}
+
+// One iteration on the round's path (PATH_* above).
+template <nixl_gpu_level_t L, uint32_t P>
 struct Path {
+    static constexpr bool kDst = P == PATH_STORE || P == PATH_LL;
+    static constexpr bool kSignal = P == PATH_STORE || P == PATH_FLAG;
     uint8_t *dst;
     unsigned long long *signal;
     __device__ explicit Path(const WriteParams &p)
-        : dst(P ? peer_ptr(p.dst) : nullptr),
-          signal(P ? reinterpret_cast<unsigned long long *>(peer_ptr(p.signal)) : nullptr) {}
-    // Whether the path can run here (the store path needs peer pointers).
+        : dst(kDst ? peer_ptr(p.dst) : nullptr),
+          signal(kSignal ? reinterpret_cast<unsigned long long *>(peer_ptr(p.signal)) : nullptr) {}
+    // Whether the path can run here (all but the put path need peer pointers).
     __device__ bool usable(const WriteParams &p) const {
-        if (!P || (dst != nullptr && signal != nullptr)) return true;
+        if ((!kDst || dst != nullptr) && (!kSignal || signal != nullptr)) return true;
         if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return false;
     }
     __device__ void iteration(const WriteParams &p, uint32_t iter) const {
-        if (P) store_and_signal<L>(p, iter, dst, signal);
-        else put_and_signal<L>(p, iter);
+        if (P == PATH_PUT) put_and_signal<L>(p, iter);
+        if (P == PATH_STORE) store_and_signal<L>(p, iter, dst, signal);
+        if (P == PATH_LL) ll_write<L>(p, iter, reinterpret_cast<uint4 *>(dst));
+        if (P == PATH_FLAG) flag_write(p, iter, signal);
     }
 };
 
@@ -287,7 +432,7 @@ __device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t d
 
 // Bandwidth: every group streams its slice `iters` times without waiting;
 // the target acknowledges once after warm-up and once at the end.
-template <nixl_gpu_level_t L, bool P>
+template <nixl_gpu_level_t L, uint32_t P>
 __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
@@ -313,7 +458,7 @@ __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint
 // Latency: one group puts and signals, then waits for the target's
 // acknowledgement before the next iteration; each round trip is timed with
 // clock64 (cycle resolution), calibrated against %globaltimer by the host.
-template <nixl_gpu_level_t L, bool P>
+template <nixl_gpu_level_t L, uint32_t P>
 __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
@@ -336,7 +481,7 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
     }
 }
 
-template <nixl_gpu_level_t L, bool P>
+template <nixl_gpu_level_t L, uint32_t P>
 __device__ void write_signal(const WriteParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     if ((p.flags & WRITE_STAMP) && blockIdx.x == 0 && threadIdx.x == 0) {
@@ -358,23 +503,38 @@ __device__ void write_signal(const WriteParams &p) {
 // of two, and the grid that keeps NVLink busy halves.
 #define WRITE_KERNEL extern "C" __global__ void __launch_bounds__(1024)
 WRITE_KERNEL nixl_write_signal_thread(WriteParams p) {
-    write_signal<nixl_gpu_level_t::THREAD, false>(p);
+    write_signal<nixl_gpu_level_t::THREAD, PATH_PUT>(p);
 }
 WRITE_KERNEL nixl_write_signal_warp(WriteParams p) {
-    write_signal<nixl_gpu_level_t::WARP, false>(p);
+    write_signal<nixl_gpu_level_t::WARP, PATH_PUT>(p);
 }
 WRITE_KERNEL nixl_write_signal_block(WriteParams p) {
-    write_signal<nixl_gpu_level_t::BLOCK, false>(p);
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_PUT>(p);
 }
 // Store path: nixlGetPtr + vector stores + a release add.
 WRITE_KERNEL nixl_store_signal_thread(WriteParams p) {
-    write_signal<nixl_gpu_level_t::THREAD, true>(p);
+    write_signal<nixl_gpu_level_t::THREAD, PATH_STORE>(p);
 }
 WRITE_KERNEL nixl_store_signal_warp(WriteParams p) {
-    write_signal<nixl_gpu_level_t::WARP, true>(p);
+    write_signal<nixl_gpu_level_t::WARP, PATH_STORE>(p);
 }
 WRITE_KERNEL nixl_store_signal_block(WriteParams p) {
-    write_signal<nixl_gpu_level_t::BLOCK, true>(p);
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_STORE>(p);
+}
+
+// LL path: nixlGetPtr + 16-byte lines that carry their own flag.
+WRITE_KERNEL nixl_ll_write_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_LL>(p);
+}
+WRITE_KERNEL nixl_ll_write_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, PATH_LL>(p);
+}
+WRITE_KERNEL nixl_ll_write_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_LL>(p);
+}
+// The floor: a bare flag, one thread.
+WRITE_KERNEL nixl_flag_write(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_FLAG>(p);
 }
 
 // Host-sequenced waits end in this one-thread kernel: it records when the
@@ -398,31 +558,34 @@ extern "C" __global__ void nixl_ack(nixlMemViewElem ack, KernelReport *r, const 
     record_status(r, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, ack));
 }
 
-// The target, one thread: follows the signal iteration by iteration,
-// timestamps each completed timed iteration, and acknowledges after the
-// warm-up and at the end (or, in ping-pong, after every iteration).
-// Launched <<<1, 1>>>.
-// The target's acknowledgement: nixlAtomicAdd, or (ack_store) a release
-// add through the peer pointer, the store path's way back.
+// The target's acknowledgement (ACK_* above). Sent by one thread; counts
+// what it sent, so the flag can carry the new total.
 struct Ack {
     unsigned long long *ptr;
+    uint64_t sent = 0;
     __device__ explicit Ack(const WaitParams &p)
-        : ptr(p.ack_store ? reinterpret_cast<unsigned long long *>(peer_ptr(p.ack)) : nullptr) {}
-    __device__ void send(const WaitParams &p) const {
+        : ptr(reinterpret_cast<unsigned long long *>(peer_ptr(p.ack))) {}
+    __device__ bool usable(const WaitParams &p) const { return p.ack_mode != ACK_FLAG || ptr != nullptr; }
+    __device__ void send(const WaitParams &p) {
+        ++sent;
         if (ptr == nullptr) {
             record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
             return;
         }
         cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> a(*ptr);
-        a.fetch_add(1, cuda::memory_order_release);
+        a.store(p.ack_base + sent, cuda::memory_order_relaxed);
     }
 };
 
+// The target, one thread: follows the signal iteration by iteration,
+// timestamps each completed timed iteration, and acknowledges after the
+// warm-up and at the end (or, in ping-pong, after every iteration).
+// Launched <<<1, 1>>>.
 extern "C" __global__ void nixl_wait_signal(WaitParams p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint32_t total = p.warmup + p.iters;
-    const Ack ack(p);
-    if (p.ack_store && ack.ptr == nullptr) {
+    Ack ack(p);
+    if (!ack.usable(p)) {
         record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return;
     }
@@ -442,4 +605,80 @@ extern "C" __global__ void nixl_wait_signal(WaitParams p) {
     cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
     p.report->t_end_ns = globaltimer_ns();
     ack.send(p);
+}
+
+// Spin until both halves of one LL line carry `seq` (or later), with the
+// deadline and cancel checks of wait_at_least.
+__device__ bool wait_line(const uint4 *line, uint32_t seq, uint64_t deadline, KernelReport *r) {
+    uint4 v = ll_load(line);
+    for (uint32_t n = 1; !ll_ready(v, seq); ++n) {
+        if ((n & 63) == 0) {
+            const bool late = globaltimer_ns() > deadline;
+            if (late || *static_cast<volatile uint32_t *>(&r->cancel)) {
+                r->observed = min(v.y, v.w);
+                r->timed_out = late ? 1 : 2;
+                return false;
+            }
+        }
+        v = ll_load(line);
+    }
+    return true;
+}
+
+// The block polls every line of the iteration, each thread its own
+// (strided, so a warp reads contiguous lines), four at a time: the four
+// loads are in flight together, and only a line not there yet is polled
+// again. True when all carry `seq`.
+__device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t deadline) {
+    const uint64_t n = p.line_count, stride = blockDim.x;
+    bool ok = true;
+    for (uint64_t k = threadIdx.x; ok && k < n; k += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (k + j * stride < n) v[j] = ll_load(p.lines + k + j * stride);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t at = k + j * stride;
+            if (ok && at < n && !ll_ready(v[j], seq)) ok = wait_line(p.lines + at, seq, deadline, p.report);
+        }
+    }
+    return __syncthreads_and(ok);
+}
+
+// The target on the LL path, one block: polls the lines themselves (there
+// is no signal), acknowledges with a bare flag, and timestamps like
+// nixl_wait_signal. Bandwidth: every line must carry the last warm-up
+// iteration's seq (the barrier), then the last iteration's. Ping-pong:
+// every iteration's. The host verifies the lines once the kernel is done.
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
+    const bool lead = threadIdx.x == 0;
+    Ack ack(p);
+    if (!ack.usable(p)) {
+        if (lead) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
+        return;
+    }
+    if (p.pong) {
+        for (uint32_t i = 0; i < total; ++i) {
+            if (i == p.warmup && lead) p.report->t_start_ns = globaltimer_ns();
+            if (!block_wait_lines(p, p.first_seq + i, deadline)) return;
+            if (!lead) continue;
+            ack.send(p);
+            if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
+        }
+    } else {
+        if (p.warmup > 0) {
+            if (!block_wait_lines(p, p.first_seq + p.warmup - 1, deadline)) return;
+            if (lead) ack.send(p);
+        }
+        if (lead) p.report->t_start_ns = globaltimer_ns();
+        if (!block_wait_lines(p, last, deadline)) return;
+    }
+    if (!lead) return;
+    p.report->t_end_ns = globaltimer_ns();
+    p.report->observed = last;
+    if (!p.pong) ack.send(p);
 }

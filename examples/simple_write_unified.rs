@@ -124,6 +124,7 @@ fn run(args: &Args) -> Result<()> {
         baselines: false,
         wait: args.wait,
         corrupt: false,
+        fence: nixl_examples::gpu::kernels::FenceScope::Auto,
     };
     let out = initiator::run(&cfg, store.as_ref(), &mut |_| {});
     let target_result = target

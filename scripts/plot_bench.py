@@ -1,8 +1,10 @@
 """Plots scripts/bench.sh's JSON: bandwidth vs size per level and data path
-(nixlPut solid, stores through nixlGetPtr dotted) with the same-run
-baselines dashed, and the ratio to the copy engine, one column per GPU pair
-(same-GPU runs under MPS get their own column); and half round trip vs size
-per level and path. Usage: plot_bench.py RESULTS_DIR OUT.png"""
+(nixlPut solid, stores through nixlGetPtr dotted, LL lines dash-dotted) with
+the same-run baselines dashed, and the ratio to the copy engine, one column
+per GPU pair (same-GPU runs under MPS get their own column); and half round
+trip vs size per level and path, with the same run's floor (a bare flag) as a
+grey line and the size up to which LL beats the other paths marked.
+Usage: plot_bench.py RESULTS_DIR OUT.png"""
 import glob
 import json
 import os
@@ -28,7 +30,8 @@ for path in sorted(glob.glob(os.path.join(src, "gpu*-gpu*-*.json"))):
     pair = "-".join(parts[:3] if parts[2] == "mps" else parts[:2])
     runs.setdefault(pair, []).append(json.load(open(path)))
 
-STYLE = {"put": "-", "store": ":"}
+STYLE = {"put": "-", "store": ":", "ll": "-."}
+NAME = {"put": "nixlPut", "store": "nixlGetPtr stores", "ll": "LL lines"}
 
 
 def title_of(docs):
@@ -40,13 +43,13 @@ def title_of(docs):
 
 def bandwidth(ax, ratio_ax, rows, title):
     for level in ("thread", "warp", "block"):
-        for path in ("put", "store"):
+        for path in ("put", "store", "ll"):
             pts = sorted((r["size_bytes"], r["gb_per_s"], r.get("ratio")) for r in rows
                          if r["level"] == level and r.get("path", "put") == path)
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLE[path], marker="o", ms=3,
-                    label=f"{level}, {'nixlPut' if path == 'put' else 'nixlGetPtr stores'}")
+                    label=f"{level}, {NAME[path]}")
             rp = [(p[0], p[2]) for p in pts if p[2]]
             if rp and level == "block":
                 ratio_ax.plot(*zip(*rp), STYLE[path], marker="o", ms=3, label=f"block, {path}")
@@ -64,22 +67,36 @@ def bandwidth(ax, ratio_ax, rows, title):
 
 def pingpong(ax, rows, title):
     for level in ("thread", "warp", "block"):
-        for path in ("put", "store"):
+        for path in ("put", "store", "ll"):
             pts = sorted((r["size_bytes"], r["half_rtt"]["p50_ns"] / 1e3) for r in rows
                          if r["level"] == level and r.get("path", "put") == path and r.get("half_rtt"))
             if pts:
                 ax.plot(*zip(*pts), STYLE[path], marker="o", ms=3, label=f"{level}, {path}, p50")
+    floors = [r["half_rtt"]["p50_ns"] / 1e3 for r in rows if r.get("path") == "flag" and r.get("half_rtt")]
+    if floors:
+        ax.axhline(min(floors), color="grey", lw=1, label=f"floor (bare flag) {min(floors):.2f} µs")
+    for c in CROSS.get(title, []):
+        if c["mode"] == "pingpong" and c["level"] == "block" and c["ll_wins_up_to_bytes"]:
+            ax.axvline(c["ll_wins_up_to_bytes"], color="grey", ls="-.", lw=0.8,
+                       label=f"block: ll fastest up to {c['ll_wins_up_to_bytes']} B")
     ax.set(xscale="log", yscale="log", xlabel="bytes per put", ylabel="half round trip (µs)", title="ping-pong, " + title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
 
 
+CROSS = {}
+try:
+    for c in json.load(open(os.path.join(src, "crossover.json"))):
+        CROSS.setdefault(c["pair"], []).append(c)
+except (OSError, ValueError):
+    pass
 pairs = sorted(runs)
 fig, axes = plt.subplots(3, len(pairs), figsize=(7 * len(pairs), 13), squeeze=False)
 for col, pair in enumerate(pairs):
     docs = runs[pair]
     title = title_of(docs)
     bandwidth(axes[0][col], axes[1][col], [r for d in docs for r in d["rows"] if r["mode"] == "bandwidth"], title)
-    pingpong(axes[2][col], [r for d in docs for r in d["rows"] if r["mode"] == "pingpong"], title)
+    pingpong(axes[2][col], [r for d in docs for r in d["rows"] if r["mode"] == "pingpong"], pair)
+    axes[2][col].set_title("ping-pong, " + title)
 fig.tight_layout()
 fig.savefig(out, dpi=100)

@@ -349,6 +349,10 @@ impl clap::ValueEnum for crate::gpu::kernels::Path {
             Path::Store => {
                 "nixlGetPtr + 16-byte stores + a release add: NVLink/PCIe peers (cuda_ipc) only"
             }
+            Path::Ll => {
+                "nixlGetPtr + 16-byte lines {data, seq, data, seq}, no fence or signal: NVLink only"
+            }
+            Path::Flag => "no data: the bare flag of --floor",
         };
         Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }

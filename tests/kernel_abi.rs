@@ -38,7 +38,19 @@ fn rust_and_cuda_assert_the_same_layout() {
             "offsetof(WriteParams, warmup) == {}",
             offset_of!(WriteParams, warmup)
         ),
+        format!(
+            "offsetof(WriteParams, signal_base) == {}",
+            offset_of!(WriteParams, signal_base)
+        ),
         format!("sizeof(WaitParams) == {}", size_of::<WaitParams>()),
+        format!(
+            "offsetof(WaitParams, ack_base) == {}",
+            offset_of!(WaitParams, ack_base)
+        ),
+        format!(
+            "offsetof(WaitParams, first_seq) == {}",
+            offset_of!(WaitParams, first_seq)
+        ),
     ] {
         assert!(
             cu.contains(&format!("static_assert({needle}")),

@@ -33,6 +33,9 @@ fn help_documents_the_options() {
         "--blocks",
         "--threads",
         "--json",
+        "--floor",
+        "--no-floor",
+        "ll:",
     ] {
         assert!(text.contains(opt), "--help lacks {opt}");
     }
@@ -70,6 +73,9 @@ fn bad_arguments_exit_2_with_a_reason() {
             "cannot be used with",
         ),
         (&["--step-factor", "1", "-b", "8"][..], "step-factor"),
+        // The floor's bare flag is a row of --floor, not a data path.
+        (&["--path", "flag"][..], "flag"),
+        (&["--fence-scope", "cta"][..], "fence scope"),
     ] {
         let o = simple_write(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

@@ -21,7 +21,7 @@ use nixl_examples::cli::{
 };
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
-use nixl_examples::gpu::kernels::{self, Level, Path, WaitMode};
+use nixl_examples::gpu::kernels::{self, FenceScope, Level, Path, WaitMode};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
@@ -104,8 +104,9 @@ struct Args {
     level: Vec<Level>,
 
     /// How the kernel moves the data, comma-separated for one round each:
-    /// nixlPut (any UCX device transport; the default and the teaching path)
-    /// or stores through the peer pointer from nixlGetPtr (NVLink/PCIe).
+    /// nixlPut (any UCX device transport; the default and the teaching path),
+    /// stores through the peer pointer from nixlGetPtr (NVLink/PCIe), or LL
+    /// lines that carry their own flag (NVLink or one GPU only).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Path::Put])]
     path: Vec<Path>,
 
@@ -120,6 +121,16 @@ struct Args {
     /// half round trips (p50/p99/min/avg).
     #[arg(long)]
     pingpong: bool,
+
+    /// Also measure the floor: a bare-flag ping-pong (no data) between the
+    /// same two processes, printed as its own row; every ping-pong row then
+    /// shows its ratio to it [default: on with --pingpong].
+    #[arg(long, overrides_with = "no_floor")]
+    floor: bool,
+
+    /// No floor row (see --floor).
+    #[arg(long, overrides_with = "floor")]
+    no_floor: bool,
 
     /// Timed iterations per round [default: about a quarter second of data at
     /// each level's typical rate, 1..1000; 1000 round trips in --pingpong].
@@ -183,6 +194,12 @@ struct Args {
     #[arg(long)]
     check_connection: bool,
 
+    /// Scope of the release between data and signal on the put and store
+    /// paths (initiator): auto = gpu when both processes use one GPU, else
+    /// system; system everywhere, to measure what the narrower scope saves.
+    #[arg(long, hide = true, default_value = "auto", value_parser = parse_fence)]
+    fence_scope: FenceScope,
+
     /// Fault injection for testing (initiator): `corrupt-data` flips one
     /// source byte so the target must report a mismatch (exit 3).
     #[arg(long, hide = true, value_parser = ["corrupt-data"])]
@@ -210,6 +227,10 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
     (v % 16 == 0).then_some(v).ok_or_else(|| {
         format!("--chunk {v} is not a multiple of 16 (chunks start 16-byte aligned)")
     })
+}
+
+fn parse_fence(s: &str) -> Result<FenceScope, String> {
+    s.parse()
 }
 
 fn main() -> ExitCode {
@@ -322,13 +343,19 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         baselines: !args.no_baselines,
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
+        fence: args.fence_scope,
     };
+    // The floor round runs first, so each later line can show its ratio.
+    let mut floor_ns = None;
     let mut print_round = |r: &_| {
-        let row = Row::of(r);
+        let mut row = Row::of(r);
+        floor_ns = floor_ns.or(row.floor_ns());
+        row.set_floor(floor_ns);
         say!("[initiator] Round {}: {}", row.round, row.line());
     };
     let out = initiator::run(&cfg, store.as_ref(), &mut print_round)?;
-    let rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
+    let mut rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
+    report::apply_floor(&mut rows);
     say!("\n{}", report::table(&rows));
     let info = RunInfo::of(&out);
     if let Some(path) = &args.json {
@@ -396,6 +423,7 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     v.extend(["--level".into(), levels.join(",")]);
     let paths: Vec<&str> = a.path.iter().map(|p| p.name()).collect();
     v.extend(["--path".into(), paths.join(",")]);
+    v.extend(["--fence-scope".into(), a.fence_scope.name().into()]);
     let opt = |v: &mut Vec<String>, flag: &str, x: Option<String>| {
         if let Some(x) = x {
             v.extend([flag.to_string(), x]);
@@ -424,6 +452,8 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     for (flag, on) in [
         ("--pingpong", a.pingpong),
         ("--no-baselines", a.no_baselines),
+        ("--floor", a.floor),
+        ("--no-floor", a.no_floor),
     ] {
         if on {
             v.push(flag.into());
@@ -559,6 +589,21 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         );
     }
     let mut specs = Vec::new();
+    if wants_floor(args) {
+        // A bare flag each way, one thread: what the hardware needs for a
+        // message of nothing, between the same two processes and GPUs.
+        specs.push(RoundSpec {
+            size: 0,
+            level: Level::Thread,
+            path: Path::Flag,
+            chunk: None,
+            blocks: None,
+            threads: None,
+            warmup: args.warmup,
+            iters: args.iters,
+            pingpong: true,
+        });
+    }
     for &size in &sizes {
         for &level in &args.level {
             for &path in &args.path {
@@ -577,6 +622,11 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         }
     }
     Ok(specs)
+}
+
+/// `--floor`, on by default with `--pingpong`, off with `--no-floor`.
+fn wants_floor(args: &Args) -> bool {
+    !args.no_floor && (args.floor || args.pingpong)
 }
 
 fn check_grid_args(args: &Args) -> Result<()> {

@@ -58,6 +58,10 @@ impl Level {
 
     fn kernel(self, path: Path) -> &'static str {
         match (path, self) {
+            (Path::Flag, _) => "nixl_flag_write",
+            (Path::Ll, Level::Thread) => "nixl_ll_write_thread",
+            (Path::Ll, Level::Warp) => "nixl_ll_write_warp",
+            (Path::Ll, Level::Block) => "nixl_ll_write_block",
             (Path::Put, Level::Thread) => "nixl_write_signal_thread",
             (Path::Put, Level::Warp) => "nixl_write_signal_warp",
             (Path::Put, Level::Block) => "nixl_write_signal_block",
@@ -172,6 +176,9 @@ pub struct WriteParams {
     /// 0: each group moves one contiguous slice; else chunks of this many
     /// bytes dealt round-robin to the groups ([`signals_per_iter`]).
     pub chunk: u64,
+    /// Flag path: iteration `i` (global index) stores `signal_base + i + 1`
+    /// into the target's signal (wrapping arithmetic).
+    pub signal_base: u64,
 }
 
 /// Wait for the target's acknowledgement after every iteration (latency).
@@ -181,6 +188,55 @@ pub const WRITE_PINGPONG: u32 = 1;
 pub const WRITE_HOST_SEQUENCED: u32 = 2;
 /// Record the kernel's start time in `iter_cycles[stamp_index]`.
 pub const WRITE_STAMP: u32 = 4;
+/// Release the data before the signal at GPU scope, not system scope:
+/// enough when both processes use the same GPU ([`FenceScope`]).
+pub const WRITE_GPU_SCOPE: u32 = 8;
+
+/// The scope of the release that orders a put's data before its signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceScope {
+    /// GPU scope when both processes use the same GPU, else system scope.
+    Auto,
+    /// `fence.acq_rel.sys` / `red.release.sys`: required across GPUs (the
+    /// peer observes our stores through the link, outside our GPU).
+    System,
+    /// `fence.acq_rel.gpu` / `red.release.gpu`: orders stores for every
+    /// observer on this GPU, so only correct when the target shares it.
+    Gpu,
+}
+
+impl FenceScope {
+    /// Every scope, as `--fence-scope` offers them.
+    pub const ALL: [FenceScope; 3] = [FenceScope::Auto, FenceScope::System, FenceScope::Gpu];
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FenceScope::Auto => "auto",
+            FenceScope::System => "system",
+            FenceScope::Gpu => "gpu",
+        }
+    }
+
+    /// Resolves `Auto` for a pair of processes.
+    pub fn resolve(self, same_gpu: bool) -> FenceScope {
+        match self {
+            FenceScope::Auto if same_gpu => FenceScope::Gpu,
+            FenceScope::Auto => FenceScope::System,
+            s => s,
+        }
+    }
+}
+
+impl std::str::FromStr for FenceScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        FenceScope::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("unknown fence scope '{s}' (auto, system, gpu)"))
+    }
+}
 
 /// How a side waits for the other's signal or acknowledgement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,9 +312,41 @@ pub struct WaitParams {
     pub iters: u32,
     /// 1: acknowledge every iteration (ping-pong).
     pub pong: u32,
-    /// 1: acknowledge with a release add through the peer pointer
-    /// (`nixlGetPtr`) instead of `nixlAtomicAdd`.
-    pub ack_store: u32,
+    /// How the acknowledgement travels ([`AckMode`] as u32).
+    pub ack_mode: u32,
+    /// The initiator's ack word before this round (the flag stores
+    /// `ack_base + n` for the round's n-th acknowledgement).
+    pub ack_base: u64,
+    /// LL path: device address of our data buffer, read as 16-byte lines.
+    pub lines: u64,
+    /// LL path: lines per iteration ([`super::ll::lines`]).
+    pub line_count: u64,
+    /// LL path: sequence number of the round's first iteration (≥ 1).
+    pub first_seq: u32,
+    pub reserved: u32,
+}
+
+/// How the target acknowledges (`ACK_*` in kernels.cu). An acknowledgement
+/// carries no data, so it needs no release: a bare flag (a relaxed store of
+/// the new count through the peer pointer) is the cheapest answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum AckMode {
+    /// The flag where the transport maps the initiator's memory (cuda_ipc),
+    /// else `nixlAtomicAdd(+1)` (RDMA): the put path, which runs anywhere.
+    FlagOrNixl = 0,
+    /// The flag; the peer pointer must exist (store, LL and flag paths).
+    Flag = 2,
+}
+
+impl AckMode {
+    /// The acknowledgement a round on `path` uses.
+    pub fn of(path: Path) -> Self {
+        match path {
+            Path::Put => AckMode::FlagOrNixl,
+            Path::Store | Path::Ll | Path::Flag => AckMode::Flag,
+        }
+    }
 }
 
 // The layout contract with kernels.cu; a mismatch fails the build.
@@ -266,10 +354,12 @@ const _: () = {
     assert!(size_of::<MemViewElem>() == 24);
     assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
     assert!(size_of::<KernelReport>() == 40);
-    assert!(size_of::<WriteParams>() == 176);
+    assert!(size_of::<WriteParams>() == 184);
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
     assert!(offset_of!(WriteParams, src_addr) == 152);
-    assert!(size_of::<WaitParams>() == 88);
+    assert!(offset_of!(WriteParams, signal_base) == 176);
+    assert!(size_of::<WaitParams>() == 120);
+    assert!(offset_of!(WaitParams, ack_base) == 88 && offset_of!(WaitParams, first_seq) == 112);
 };
 
 // SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.
@@ -310,16 +400,36 @@ pub enum Path {
     /// `nixlGetPtr` + 16-byte stores + a release add: memory the transport
     /// maps into the GPU's address space (cuda_ipc: NVLink or PCIe) only.
     Store,
+    /// `nixlGetPtr` + 16-byte LL lines {data, seq, data, seq} that carry
+    /// their own flag (NCCL's LL protocol): no fence, no signal, half the
+    /// bytes are payload. Needs 8-byte halves to arrive whole: NVLink and
+    /// within one GPU, not PCIe peer writes through switches or RDMA.
+    Ll,
+    /// No data: one relaxed store of a flag, the floor a ping-pong row is
+    /// compared with (`--floor`). Not a `--path` choice.
+    Flag,
 }
 
 impl Path {
-    pub const ALL: [Path; 2] = [Path::Put, Path::Store];
+    /// The data paths `--path` offers.
+    pub const ALL: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
 
     /// Lower-case name, as on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Path::Put => "put",
             Path::Store => "store",
+            Path::Ll => "ll",
+            Path::Flag => "flag",
+        }
+    }
+
+    /// Bytes that cross the link per payload byte: 2 for LL (half of every
+    /// line is its flag), else 1.
+    pub fn wire_factor(self) -> f64 {
+        match self {
+            Path::Ll => 2.0,
+            _ => 1.0,
         }
     }
 }
@@ -343,9 +453,10 @@ pub use super::module::{KernelsError, availability};
 /// The kernels loaded into one GPU's context.
 pub struct Kernels {
     _module: Arc<CudaModule>,
-    /// Write + signal, indexed `[path][level]`.
-    write: [[CudaFunction; 3]; 2],
+    /// Write + signal, indexed `[path][level]` (the flag path: one kernel).
+    write: [[CudaFunction; 3]; 4],
     wait: CudaFunction,
+    ll_wait: CudaFunction,
     stamp: CudaFunction,
     ack: CudaFunction,
 }
@@ -367,8 +478,14 @@ impl Kernels {
             ])
         };
         Ok(Self {
-            write: [row(Path::Put)?, row(Path::Store)?],
+            write: [
+                row(Path::Put)?,
+                row(Path::Store)?,
+                row(Path::Ll)?,
+                row(Path::Flag)?,
+            ],
             wait: f("nixl_wait_signal")?,
+            ll_wait: f("nixl_ll_wait")?,
             stamp: f("nixl_stamp")?,
             ack: f("nixl_ack")?,
             _module: module,
@@ -451,6 +568,28 @@ impl Kernels {
         let mut b = stream.launch_builder(&self.wait);
         b.arg(p);
         unsafe { b.launch(ONE_THREAD) }.map(|_| ())
+    }
+
+    /// Queues the target's LL wait kernel: one block of `threads` threads
+    /// polling the lines (at most 1024).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_write`]; `p.lines` must hold
+    /// `p.line_count` lines.
+    pub unsafe fn launch_ll_wait(
+        &self,
+        stream: &CudaStream,
+        threads: u32,
+        p: &WaitParams,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (threads.clamp(1, 1024), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&self.ll_wait);
+        b.arg(p);
+        unsafe { b.launch(cfg) }.map(|_| ())
     }
 }
 

@@ -7,6 +7,7 @@ pub mod buffer;
 pub mod context;
 pub mod copy;
 pub mod kernels;
+pub mod ll;
 pub mod module;
 pub mod pinned;
 pub mod run;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::GpuInfo;
 use crate::gpu::kernels::{Level, Path, signals_per_iter, slice_for};
+use crate::gpu::ll;
 
 /// One measured configuration: a size at a level with a grid shape.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,9 +51,24 @@ impl Round {
         slice_for(self.size, self.groups())
     }
 
-    /// Signals the target receives per iteration: one per group with data.
+    /// Signals the target receives per iteration: one per group with data;
+    /// none on the LL path (the lines are the signal); one flag on the
+    /// flag path.
     pub fn signals_per_iter(&self) -> u64 {
-        signals_per_iter(self.size, self.groups(), self.chunk)
+        match self.path {
+            Path::Ll => 0,
+            Path::Flag => 1,
+            Path::Put | Path::Store => signals_per_iter(self.size, self.groups(), self.chunk),
+        }
+    }
+
+    /// Bytes the round occupies in the target's buffer: the payload, or
+    /// on the LL path its lines (about twice as many).
+    pub fn wire_size(&self) -> u64 {
+        match self.path {
+            Path::Ll => ll::wire_bytes(self.size),
+            _ => self.size,
+        }
     }
 
     /// Acknowledgements the target sends in this round.
@@ -108,7 +124,7 @@ impl RoundSpec {
             .threads
             .unwrap_or(match (self.level, self.pingpong, self.path) {
                 (Level::Block, false, Path::Put) => 256,
-                (Level::Block, false, Path::Store) => 512,
+                (Level::Block, false, _) => 512,
                 (Level::Block, true, _) => 256,
                 (l, _, _) => l.default_threads(),
             });
@@ -155,6 +171,11 @@ impl RunPlan {
     /// Largest size of any round: the buffers' size.
     pub fn max_size(&self) -> u64 {
         self.rounds.iter().map(|r| r.size).max().unwrap_or(0)
+    }
+
+    /// Largest buffer any round needs on the target ([`Round::wire_size`]).
+    pub fn max_wire_size(&self) -> u64 {
+        self.rounds.iter().map(Round::wire_size).max().unwrap_or(0)
     }
 
     /// The timeout of every wait.
@@ -269,6 +290,38 @@ mod tests {
             pingpong: false,
         };
         assert_eq!(r.signals_per_iter(), 4);
+    }
+
+    #[test]
+    fn ll_rounds_send_no_signal_and_need_twice_the_buffer() {
+        let round = |path, size| Round {
+            size,
+            level: Level::Block,
+            path,
+            chunk: 0,
+            blocks: 4,
+            threads: 256,
+            warmup: 1,
+            iters: 1,
+            pingpong: false,
+        };
+        assert_eq!(round(Path::Ll, 1 << 20).signals_per_iter(), 0);
+        assert_eq!(round(Path::Ll, 1 << 20).wire_size(), 2 << 20);
+        assert_eq!(round(Path::Ll, 12345).wire_size(), 1544 * 16);
+        assert_eq!(round(Path::Flag, 0).signals_per_iter(), 1);
+        assert_eq!(round(Path::Store, 1 << 20).wire_size(), 1 << 20);
+        let plan = RunPlan {
+            seed: 1,
+            timeout_ms: 1,
+            initiator_gpu: GpuInfo {
+                ordinal: 0,
+                name: String::new(),
+                uuid: String::new(),
+                mps: false,
+            },
+            rounds: vec![round(Path::Put, 1 << 20), round(Path::Ll, 1 << 20)],
+        };
+        assert_eq!((plan.max_size(), plan.max_wire_size()), (1 << 20, 2 << 20));
     }
 
     #[test]

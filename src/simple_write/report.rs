@@ -39,14 +39,21 @@ pub struct Row {
     pub gpu_ns: u64,
     /// `gpu_ns` per timed iteration, µs.
     pub us_per_iter: f64,
-    /// Bytes delivered per second over the timed iterations (bandwidth mode).
+    /// Payload bytes delivered per second over the timed iterations
+    /// (bandwidth mode).
     pub gb_per_s: f64,
+    /// Bytes that crossed the link per second: `gb_per_s` times the path's
+    /// wire factor (2 on the LL path, whose lines are half flags).
+    pub wire_gb_per_s: f64,
     /// Per-iteration intervals as the target's GPU saw them complete.
     pub recv: Option<Summary>,
     /// Ping-pong round trips (put + signal there, acknowledgement back).
     pub rtt: Option<Summary>,
     /// Half of each round trip: the one-way figure latency tools report.
     pub half_rtt: Option<Summary>,
+    /// Ping-pong: half round trip p50 over the same run's floor row's (a
+    /// bare flag between the same processes; see [`apply_floor`]).
+    pub floor_ratio: Option<f64>,
     /// CUDA-event time of the whole kernel, warm-up and launch included, µs.
     pub kernel_event_us: f64,
     pub baselines: Baselines,
@@ -90,8 +97,10 @@ impl Row {
             gpu_ns: r.gpu_ns,
             us_per_iter: r.gpu_ns as f64 / 1e3 / iters,
             gb_per_s,
+            wire_gb_per_s: gb_per_s * round.path.wire_factor(),
             recv,
             half_rtt: r.rtt.map(|s| s.scaled(0.5)),
+            floor_ratio: None,
             rtt: r.rtt,
             kernel_event_us: r.event_us,
             baselines,
@@ -101,11 +110,45 @@ impl Row {
         }
     }
 
+    /// Whether this is the floor row (a bare flag, no data).
+    pub fn is_floor(&self) -> bool {
+        self.path == "flag"
+    }
+
+    /// The floor's half round trip p50, ns, if this is a measured floor row.
+    pub fn floor_ns(&self) -> Option<f64> {
+        self.half_rtt
+            .filter(|_| self.is_floor())
+            .map(|h| h.p50_ns)
+            .filter(|&ns| ns > 0.0)
+    }
+
+    /// Sets [`Row::floor_ratio`] against a floor of `floor_ns` (half round
+    /// trip p50); ping-pong rows only.
+    pub fn set_floor(&mut self, floor_ns: Option<f64>) {
+        self.floor_ratio = match (self.half_rtt, floor_ns) {
+            (Some(h), Some(f)) => Some(h.p50_ns / f),
+            _ => None,
+        };
+    }
+
     /// One human line, printed as each round finishes.
     pub fn line(&self) -> String {
+        let floor = self
+            .floor_ratio
+            .filter(|_| !self.is_floor())
+            .map_or(String::new(), |r| format!(", {r:.2}× the floor"));
         match &self.half_rtt {
+            Some(h) if self.is_floor() => format!(
+                "floor (a bare flag each way, no data), {} round trips: half round trip p50 {:.2} µs, p99 {:.2} µs, \
+                 min {:.2} µs",
+                self.iters,
+                h.p50_ns / 1e3,
+                h.p99_ns / 1e3,
+                h.min_ns / 1e3
+            ),
             Some(h) => format!(
-                "{} {} {} ping-pong, {} round trips: half round trip p50 {:.2} µs, p99 {:.2} µs, min {:.2} µs",
+                "{} {} {} ping-pong, {} round trips: half round trip p50 {:.2} µs, p99 {:.2} µs, min {:.2} µs{floor}",
                 fmt_bytes(self.size_bytes),
                 self.level,
                 self.path,
@@ -116,7 +159,7 @@ impl Row {
             ),
             None => format!(
                 "{} B, {} level, {} path, {}×{} threads, {} iterations ({} warm-up): {:.2} µs/iteration, {:.2} GB/s \
-                 (GPU time to the target's acknowledgement)",
+                 payload, {:.2} GB/s on the wire (GPU time to the target's acknowledgement)",
                 self.size_bytes,
                 self.level,
                 self.path,
@@ -125,9 +168,19 @@ impl Row {
                 self.iters,
                 self.warmup,
                 self.us_per_iter,
-                self.gb_per_s
+                self.gb_per_s,
+                self.wire_gb_per_s
             ),
         }
+    }
+}
+
+/// Sets every ping-pong row's ratio to the run's floor row (the first row
+/// on the flag path), if the run measured one.
+pub fn apply_floor(rows: &mut [Row]) {
+    let floor = rows.iter().find_map(Row::floor_ns);
+    for r in rows.iter_mut() {
+        r.set_floor(floor);
     }
 }
 
@@ -146,6 +199,9 @@ pub struct RunInfo {
     pub mps: bool,
     /// How each side waited: `kernel` (spinning) or `stream` (cuStreamWaitValue64).
     pub initiator_wait: Option<&'static str>,
+    /// Scope of the release between data and signal on the put and store
+    /// paths: `gpu` (both processes on one GPU) or `system`.
+    pub fence_scope: Option<&'static str>,
     pub driver_version: Option<String>,
     pub nixl_version: Option<String>,
     pub nixl_lib_dir: Option<String>,
@@ -166,6 +222,7 @@ impl RunInfo {
             same_gpu: run.same_gpu,
             mps: run.initiator_gpu.mps,
             initiator_wait: Some(run.wait.name()),
+            fence_scope: Some(run.fence.name()),
             ..Self::collect()
         }
     }
@@ -217,22 +274,24 @@ const ROUND: [Column; 4] = [
     ("grid", |r| format!("{}x{}", r.blocks, r.threads)),
 ];
 
-const BANDWIDTH: [Column; 8] = [
+const BANDWIDTH: [Column; 9] = [
     ("iters", |r| r.iters.to_string()),
     ("p50 µs", |r| us(r.recv.map(|s| s.p50_ns))),
     ("p99 µs", |r| us(r.recv.map(|s| s.p99_ns))),
     ("GB/s", |r| format!("{:.2}", r.gb_per_s)),
+    ("wire GB/s", |r| format!("{:.2}", r.wire_gb_per_s)),
     ("CE GB/s", |r| opt(r.baselines.copy_engine_gbps, 1.0, 1)),
     ("NIXL GB/s", |r| opt(r.baselines.nixl_write_gbps, 1.0, 1)),
     ("ratio", |r| opt(r.ratio, 1.0, 3)),
     ("ok", |r| if r.verified { "✓" } else { "✗" }.into()),
 ];
 
-const PINGPONG: [Column; 7] = [
+const PINGPONG: [Column; 8] = [
     ("iters", |r| r.iters.to_string()),
     ("RTT p50µs", |r| us(r.rtt.map(|s| s.p50_ns))),
     ("RTT p99µs", |r| us(r.rtt.map(|s| s.p99_ns))),
     ("half p50", |r| us(r.half_rtt.map(|s| s.p50_ns))),
+    ("×floor", |r| opt(r.floor_ratio, 1.0, 2)),
     ("half p99", |r| us(r.half_rtt.map(|s| s.p99_ns))),
     ("half min", |r| us(r.half_rtt.map(|s| s.min_ns))),
     ("ok", |r| if r.verified { "✓" } else { "✗" }.into()),
@@ -313,7 +372,7 @@ fn num(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.3}")).unwrap_or_default()
 }
 
-const CSV: [Column; 28] = [
+const CSV: [Column; 30] = [
     ("round", |r| r.round.to_string()),
     ("mode", |r| r.mode.to_string()),
     ("size_bytes", |r| r.size_bytes.to_string()),
@@ -344,4 +403,57 @@ const CSV: [Column; 28] = [
     ("ratio", |r| num(r.ratio)),
     ("verified", |r| r.verified.to_string()),
     ("half_rtt_min_ns", |r| num(r.half_rtt.map(|s| s.min_ns))),
+    ("wire_gb_per_s", |r| format!("{:.4}", r.wire_gb_per_s)),
+    ("floor_ratio", |r| num(r.floor_ratio)),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &'static str, half_p50_ns: Option<f64>) -> Row {
+        let s = half_p50_ns.map(|ns| Summary::of(&[ns]));
+        Row {
+            round: 0,
+            mode: if s.is_some() { "pingpong" } else { "bandwidth" },
+            size_bytes: 8,
+            level: "warp",
+            path,
+            chunk: 0,
+            blocks: 1,
+            threads: 32,
+            warmup: 1,
+            iters: 1,
+            gpu_ns: 0,
+            us_per_iter: 0.0,
+            gb_per_s: 0.0,
+            wire_gb_per_s: 0.0,
+            recv: None,
+            rtt: s,
+            half_rtt: s,
+            floor_ratio: None,
+            kernel_event_us: 0.0,
+            baselines: Baselines::default(),
+            ratio: None,
+            verified: true,
+            verdict: String::new(),
+        }
+    }
+
+    #[test]
+    fn every_latency_row_is_read_against_the_floor() {
+        let mut rows = vec![
+            row("flag", Some(300.0)),
+            row("ll", Some(450.0)),
+            row("put", None),
+        ];
+        apply_floor(&mut rows);
+        let ratios: Vec<Option<f64>> = rows.iter().map(|r| r.floor_ratio).collect();
+        assert_eq!(ratios, [Some(1.0), Some(1.5), None]);
+        assert!(table(&rows).contains("×floor"));
+        // No floor row in the run: no ratios.
+        let mut rows = vec![row("ll", Some(450.0))];
+        apply_floor(&mut rows);
+        assert_eq!(rows[0].floor_ratio, None);
+    }
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use nixl_sys::{MemView, RegistrationHandle};
 
-use crate::gpu::kernels::{Kernels, WaitMode};
+use crate::gpu::kernels::{FenceScope, Kernels, WaitMode};
 use crate::gpu::{DeviceBuffer, Gpu, GpuInfo};
 use crate::nixl::agent::UcxAgent;
 use crate::nixl::serdes::DescList;
@@ -30,6 +30,8 @@ pub(crate) struct Held {
     /// The target's data buffer, for the NIXL WRITE baseline.
     pub target_data: DescList,
     pub wait: WaitMode,
+    /// The release's scope (resolved: never `Auto`).
+    pub fence: FenceScope,
     pub timeout: Duration,
 }
 

@@ -29,7 +29,7 @@ use super::protocol::{self as p, AgentMetadata, GpuInfo, Role};
 use super::session::Session;
 use crate::cli::DataMismatch;
 use crate::gpu::context::find_gpu;
-use crate::gpu::kernels::{Kernels, WaitMode, check_view};
+use crate::gpu::kernels::{FenceScope, Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -53,6 +53,8 @@ pub struct InitiatorConfig {
     /// Fault injection for testing the verification path: flip one byte of
     /// the source data, so the target must report a mismatch.
     pub corrupt: bool,
+    /// Scope of the release between data and signal (put and store paths).
+    pub fence: FenceScope,
 }
 
 /// What a run measured, for the report.
@@ -65,6 +67,8 @@ pub struct RunResult {
     pub same_gpu: bool,
     /// How the initiator waited for acknowledgements.
     pub wait: WaitMode,
+    /// The release's scope on the put and store paths, resolved.
+    pub fence: FenceScope,
 }
 
 /// Bytes the initiator allocates on its GPU for rounds of up to `max_size`
@@ -184,14 +188,27 @@ fn allocate(gpu: &Gpu, plan: &RunPlan, corrupt: bool) -> Result<Memory> {
         }
         src.upload(&gpu.stream, &host)?;
     }
-    let first = &plan.rounds[0];
+    // The first round that moves data (a floor round moves none).
+    let (first, first_iter) = first_data_round(plan);
     let n = first.size as usize;
-    pattern::fill(&mut host[..n], plan.seed, first.final_variant(0));
+    pattern::fill(&mut host[..n], plan.seed, first.final_variant(first_iter));
     say!(
         "[initiator] Data checksum: {}",
         pattern::byte_sum(&host[..n])
     );
     Ok(mem)
+}
+
+/// The plan's first round with data, and its first global iteration.
+fn first_data_round(plan: &RunPlan) -> (&super::plan::Round, u32) {
+    let mut first_iter = 0;
+    for r in &plan.rounds {
+        if r.size > 0 {
+            return (r, first_iter);
+        }
+        first_iter += r.warmup + r.iters;
+    }
+    (&plan.rounds[0], 0)
 }
 
 /// Publishes our metadata and acknowledgement word, takes the target's
@@ -207,7 +224,7 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
     load_peer(agent, &target_md.0, p::TARGET_NAME, cfg.timeout)?;
     let data = session.get(&p::target_data_descs(), "data descriptors")?;
     let signal = session.get(&p::target_signal_descs(), "signal descriptors")?;
-    check_remote(&data, local.plan.max_size(), "data")?;
+    check_remote(&data, local.plan.max_wire_size(), "data")?;
     check_remote(&signal, 8, "signal")?;
     let target = session.get(&p::target_gpu(), "GPU identity")?;
     say!("[initiator] Connected to target");
@@ -224,6 +241,13 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
         },
         if local.gpu.mps { ", under MPS" } else { "" }
     );
+    let fence = cfg.fence.resolve(same_gpu);
+    if fence == FenceScope::Gpu && !same_gpu {
+        bail!(
+            "--fence-scope gpu with the target on another GPU: a GPU-scope release does not order our stores for \
+             a peer on another GPU, so signals could overtake data; use --fence-scope system or auto"
+        );
+    }
     let baseline = baseline_rig(cfg, &local, &target)?;
     local.gpu.bind()?;
     let views = prepare_views(&local, &data, &signal)?;
@@ -240,6 +264,7 @@ fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Hel
         target,
         target_data: data,
         wait,
+        fence,
         timeout: cfg.timeout,
     })
 }
@@ -345,6 +370,7 @@ impl Held {
             initiator_gpu: self.me.clone(),
             target_gpu: self.target.clone(),
             wait: self.wait,
+            fence: self.fence,
         }
     }
 }

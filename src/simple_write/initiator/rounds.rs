@@ -10,8 +10,8 @@ use super::held::Held;
 use crate::cli::fmt_bytes;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::kernels::{
-    KernelReport, MemViewElem, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode,
-    WriteParams, wait_value_geq,
+    FenceScope, KernelReport, MemViewElem, WRITE_GPU_SCOPE, WRITE_HOST_SEQUENCED, WRITE_PINGPONG,
+    WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
 };
 use crate::gpu::run::{Finished, run_watched};
 use crate::simple_write::baseline::Baselines;
@@ -61,7 +61,7 @@ pub(super) fn run_all(
     on_round: &mut dyn FnMut(&RoundResult),
 ) -> Result<Vec<RoundResult>> {
     let mut out: Vec<RoundResult> = Vec::new();
-    let (mut ack_base, mut first_iter) = (0u64, 0u32);
+    let (mut ack_base, mut first_iter, mut signal_base) = (0u64, 0u32, 0u64);
     for (index, round) in held.plan.rounds.iter().enumerate() {
         // Once per size, between rounds: the target's buffer is idle (its
         // verdict on the last round is in) and zeroed.
@@ -76,10 +76,12 @@ pub(super) fn run_all(
             round,
             ack_base,
             first_iter,
+            signal_base,
         };
         let (report, event_us, rtt) = launch.run(session)?;
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
+        signal_base += round.signals_per_iter() * (round.warmup + round.iters) as u64;
         let verdict = session.get(&p::verdict(index), "verdict on the data")?;
         let result = RoundResult {
             index,
@@ -152,6 +154,9 @@ struct Launch<'a> {
     ack_base: u64,
     /// Global index of the round's first iteration (its parity picks the source).
     first_iter: u32,
+    /// The target's signal word before this round (the flag path stores
+    /// absolute values into it).
+    signal_base: u64,
 }
 
 impl Launch<'_> {
@@ -223,9 +228,17 @@ impl Launch<'_> {
             warmup: round.warmup,
             iters: round.iters,
             first_iter: self.first_iter,
-            flags: if round.pingpong { WRITE_PINGPONG } else { 0 },
+            flags: if round.pingpong { WRITE_PINGPONG } else { 0 }
+                | if held.fence == FenceScope::Gpu {
+                    WRITE_GPU_SCOPE
+                } else {
+                    0
+                },
             src_addr: [held.mem.sources[0].addr(), held.mem.sources[1].addr()],
             chunk: round.chunk,
+            // Iteration i (global) stores signal_base + i + 1, which is
+            // the round's signal base plus the iterations so far.
+            signal_base: self.signal_base.wrapping_sub(self.first_iter as u64),
             ..Default::default()
         }
     }

@@ -25,7 +25,7 @@ use super::plan::RunPlan;
 use super::protocol::{self as p, AgentMetadata, Claim, Role};
 use super::session::Session;
 use crate::cli::DataMismatch;
-use crate::gpu::kernels::{Kernels, WaitMode, check_view};
+use crate::gpu::kernels::{Kernels, Path, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -119,8 +119,10 @@ fn own_keys() -> Vec<String> {
 
 fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> {
     if let Some(want) = cfg.expected_size {
-        if plan.rounds.iter().any(|r| r.size != want) {
-            let sizes: Vec<String> = plan.rounds.iter().map(|r| r.size.to_string()).collect();
+        // The floor round (a bare flag) carries no data and no size.
+        let data = || plan.rounds.iter().filter(|r| r.path != Path::Flag);
+        if data().any(|r| r.size != want) {
+            let sizes: Vec<String> = data().map(|r| r.size.to_string()).collect();
             bail!(
                 "--size {want} on the target differs from the initiator's ({}): give --size to the initiator only, \
                  or the same to both",
@@ -131,7 +133,8 @@ fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> 
     let gpu = Gpu::open(cfg.gpu)?;
     let kernels = Kernels::load(&gpu.ctx)?;
     let me = gpu.info()?;
-    let size = plan.max_size();
+    // LL rounds need twice their payload: half of every line is its flag.
+    let size = plan.max_wire_size();
     gpu.ensure_free(
         size + (1 << 20),
         "the target's data buffer",

@@ -7,7 +7,10 @@ use cudarc::driver::CudaStream;
 use super::held::Held;
 use crate::cli::DataMismatch;
 use crate::gpu::DeviceBuffer;
-use crate::gpu::kernels::{KernelReport, MemViewElem, Path, WaitMode, WaitParams, wait_value_geq};
+use crate::gpu::kernels::{
+    AckMode, KernelReport, MemViewElem, Path, WaitMode, WaitParams, wait_value_geq,
+};
+use crate::gpu::ll;
 use crate::gpu::run::run_watched;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
@@ -18,8 +21,15 @@ use crate::{pattern, say};
 /// Receives every round of the plan; after a round whose data did not
 /// verify it publishes the verdict and fails with [`DataMismatch`].
 pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
-    let mut host = vec![0u8; held.plan.max_size() as usize];
-    let (mut signal_base, mut first_iter) = (0u64, 0u32);
+    if held.wait == WaitMode::Stream && held.plan.rounds.iter().any(|r| r.path == Path::Ll) {
+        tracing::info!(
+            "note: LL rounds poll their lines with a spinning kernel, and this GPU time-slices between the two \
+             processes: each direction then waits for a time slice (milliseconds); run under MPS (--mps) or \
+             across GPUs to measure LL"
+        );
+    }
+    let mut host = vec![0u8; held.plan.max_wire_size() as usize];
+    let (mut signal_base, mut first_iter, mut ack_base) = (0u64, 0u32, 0u64);
     for (i, round) in held.plan.rounds.iter().enumerate() {
         // Not before the initiator says so: its baselines must run alone.
         session.get(&p::go(i), "start of the round")?;
@@ -28,13 +38,17 @@ pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
             round,
             index: i,
             base: signal_base,
+            first_iter,
+            ack_base,
         };
         let (report, stamps) = wait.run(session)?;
         if i == 0 {
             say!("[target] Signal received!");
         }
-        let n = round.size as usize;
-        held.data.download(&held.gpu.stream, &mut host[..n])?;
+        let n = round.wire_size() as usize;
+        if n > 0 {
+            held.data.download(&held.gpu.stream, &mut host[..n])?;
+        }
         // Cleared before the initiator may start the next round, so a put
         // that silently wrote nothing can never pass on stale data.
         held.data.zero(&held.gpu.stream)?;
@@ -48,15 +62,47 @@ pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
             None => None,
         };
         let variant = round.final_variant(first_iter);
-        let verdict = judge(&host[..n], held.plan.seed, variant, arrivals, i, round);
+        let verdict = match payload_of(&host[..n], round, wait.last_seq()) {
+            Ok(data) => judge(&data, held.plan.seed, variant, arrivals, i, round),
+            Err(e) => line_mismatch(&host[..n], round, e),
+        };
         session.put(&p::verdict(i), &verdict)?;
         if let Verdict::Mismatch { first, .. } = verdict {
             return Err(DataMismatch(format!("round {i}: {first}")).into());
         }
         signal_base = wait.end();
         first_iter += round.warmup + round.iters;
+        ack_base += round.acks();
     }
     Ok(())
+}
+
+/// The payload the round left in our buffer: the bytes themselves, or on
+/// the LL path the lines' data once every line's flags carry the round's
+/// last sequence number.
+fn payload_of<'a>(
+    buf: &'a [u8],
+    round: &Round,
+    last_seq: u32,
+) -> Result<std::borrow::Cow<'a, [u8]>, ll::LineMismatch> {
+    match round.path {
+        Path::Ll => ll::unpack(buf, round.size as usize, last_seq).map(Into::into),
+        _ => Ok(buf.into()),
+    }
+}
+
+/// An LL line without the last iteration's flags: wrong data as well.
+fn line_mismatch(buf: &[u8], round: &Round, e: ll::LineMismatch) -> Verdict {
+    let checksum = pattern::byte_sum(buf);
+    eprintln!(
+        "[target] ✗ LL lines MISMATCH: round of {} B, {}: {e}",
+        round.size, round.level
+    );
+    Verdict::Mismatch {
+        checksum,
+        expected_checksum: 0,
+        first: e.to_string(),
+    }
 }
 
 /// Checks the received bytes against the pattern; prints upstream's
@@ -103,6 +149,10 @@ struct Wait<'a> {
     index: usize,
     /// The signal's value before the round.
     base: u64,
+    /// Global index of the round's first iteration.
+    first_iter: u32,
+    /// The initiator's ack word before the round.
+    ack_base: u64,
 }
 
 impl Wait<'_> {
@@ -112,14 +162,28 @@ impl Wait<'_> {
         self.base + r.signals_per_iter() * (r.warmup + r.iters) as u64
     }
 
+    /// The LL sequence number of the round's last iteration (iteration
+    /// `i`, global, carries `i + 1`).
+    fn last_seq(&self) -> u32 {
+        self.first_iter + self.round.warmup + self.round.iters
+    }
+
+    /// Whether this round waits with `nixl_ll_wait`: LL lines can only be
+    /// polled by a kernel (no word for a stream wait to watch), so in
+    /// stream mode too.
+    fn polls_lines(&self) -> bool {
+        self.round.path == Path::Ll
+    }
+
     /// Waits for the round; returns the report and, with a spinning wait,
     /// the per-iteration arrival stamps.
     fn run(&self, session: &Session) -> Result<(KernelReport, Option<DeviceBuffer>)> {
         let held = self.held;
-        let stream_mode = held.wait == WaitMode::Stream;
+        let lines = self.polls_lines();
+        let stream_mode = held.wait == WaitMode::Stream && !lines;
         // Per-iteration arrival times exist only where a kernel follows the
-        // signal iteration by iteration.
-        let stamps = match stream_mode {
+        // data iteration by iteration (on the LL path: in ping-pong).
+        let stamps = match stream_mode || (lines && !self.round.pingpong) {
             true => None,
             false => Some(DeviceBuffer::zeroed(
                 &held.gpu.ctx,
@@ -136,6 +200,8 @@ impl Wait<'_> {
             |s| unsafe {
                 if stream_mode {
                     self.queue_host_sequenced(s, &params)
+                } else if lines {
+                    Ok(held.kernels.launch_ll_wait(s, self.ll_threads(), &params)?)
                 } else {
                     Ok(held.kernels.launch_wait(s, &params)?)
                 }
@@ -163,8 +229,28 @@ impl Wait<'_> {
             warmup: r.warmup,
             iters: r.iters,
             pong: r.pingpong as u32,
-            ack_store: (r.path == Path::Store) as u32,
+            ack_mode: AckMode::of(r.path) as u32,
+            ack_base: self.ack_base,
+            lines: held.data.addr(),
+            line_count: match r.path {
+                Path::Ll => ll::lines(r.size),
+                _ => 0,
+            },
+            first_seq: self.first_iter + 1,
+            reserved: 0,
         }
+    }
+
+    /// Threads of the LL wait kernel: one per line, whole warps, at most
+    /// 1024 in ping-pong and 512 in bandwidth rounds. A ping-pong of a few
+    /// lines then syncs one warp between seeing the data and acknowledging
+    /// it; and under MPS a 512-thread block still fits beside one of the
+    /// initiator's blocks on an SM (1024 threads could need a whole SM's
+    /// registers, and a bandwidth grid leaves only one SM free).
+    fn ll_threads(&self) -> u32 {
+        let max = if self.round.pingpong { 1024 } else { 512 };
+        let lines = ll::lines(self.round.size).clamp(1, max) as u32;
+        lines.div_ceil(32) * 32
     }
 
     /// Stream mode: stream waits on the signal, each followed by `nixl_ack`.
@@ -209,6 +295,16 @@ impl Wait<'_> {
                 r.errors,
                 r.first_status
             );
+        }
+        if self.polls_lines() {
+            let last = self.last_seq() as u64;
+            if r.observed != last {
+                bail!(
+                    "round {i}: the LL wait ended on seq {} instead of {last}",
+                    r.observed
+                );
+            }
+            return Ok(());
         }
         if r.observed != fin {
             bail!(
