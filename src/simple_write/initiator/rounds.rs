@@ -17,7 +17,7 @@ use crate::gpu::run::{Finished, run_watched};
 use crate::simple_write::baseline::Baselines;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
-use crate::simple_write::session::Session;
+use crate::group::Member;
 use crate::stats::Summary;
 
 /// One round as measured by the initiator and judged by the target.
@@ -57,7 +57,7 @@ impl RoundResult {
 /// did not verify (the caller turns that into a mismatch error).
 pub(super) fn run_all(
     held: &Held,
-    session: &Session,
+    member: &Member,
     on_round: &mut dyn FnMut(&RoundResult),
 ) -> Result<Vec<RoundResult>> {
     let mut out: Vec<RoundResult> = Vec::new();
@@ -70,17 +70,17 @@ pub(super) fn run_all(
             None => measure_baselines(held, round.size)?,
         };
         check_grid(held, round)?;
-        session.mark(&p::go(index))?;
+        member.mark(&p::go(index))?;
         let launch = Launch {
             held,
             round,
             ack_base,
             first_iter,
         };
-        let (report, event_us, rtt) = launch.run(session)?;
+        let (report, event_us, rtt) = launch.run(member)?;
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
-        let verdict = session.get(&p::verdict(index), "verdict on the data")?;
+        let verdict = member.get(&p::verdict(index), p::TARGET, "verdict on the data")?;
         let result = RoundResult {
             index,
             round: round.clone(),
@@ -157,7 +157,7 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// Launches the round and waits for it; returns the report, the event
     /// time (µs) and, for ping-pong, the round trips.
-    fn run(&self, session: &Session) -> Result<(KernelReport, f64, Option<Summary>)> {
+    fn run(&self, member: &Member) -> Result<(KernelReport, f64, Option<Summary>)> {
         let (held, round) = (self.held, self.round);
         let stream_mode = held.wait == WaitMode::Stream;
         let stamps = match self.stamp_slots(stream_mode) {
@@ -185,7 +185,7 @@ impl Launch<'_> {
                     )?)
                 }
             },
-            || session.probe(),
+            || member.probe(),
         )?;
         let mut report = self.check(&finished)?;
         let rtt = match &stamps {

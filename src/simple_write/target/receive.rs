@@ -11,25 +11,25 @@ use crate::gpu::kernels::{KernelReport, MemViewElem, Path, WaitMode, WaitParams,
 use crate::gpu::run::run_watched;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
-use crate::simple_write::session::Session;
+use crate::group::Member;
 use crate::stats::Summary;
 use crate::{pattern, say};
 
 /// Receives every round of the plan; after a round whose data did not
 /// verify it publishes the verdict and fails with [`DataMismatch`].
-pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
+pub(super) fn run_all(held: &Held, member: &Member) -> Result<()> {
     let mut host = vec![0u8; held.plan.max_size() as usize];
     let (mut signal_base, mut first_iter) = (0u64, 0u32);
     for (i, round) in held.plan.rounds.iter().enumerate() {
         // Not before the initiator says so: its baselines must run alone.
-        session.get(&p::go(i), "start of the round")?;
+        member.get(&p::go(i), p::INITIATOR, "start of the round")?;
         let wait = Wait {
             held,
             round,
             index: i,
             base: signal_base,
         };
-        let (report, stamps) = wait.run(session)?;
+        let (report, stamps) = wait.run(member)?;
         if i == 0 {
             say!("[target] Signal received!");
         }
@@ -49,7 +49,7 @@ pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
         };
         let variant = round.final_variant(first_iter);
         let verdict = judge(&host[..n], held.plan.seed, variant, arrivals, i, round);
-        session.put(&p::verdict(i), &verdict)?;
+        member.put(&p::verdict(i), &verdict)?;
         if let Verdict::Mismatch { first, .. } = verdict {
             return Err(DataMismatch(format!("round {i}: {first}")).into());
         }
@@ -111,7 +111,7 @@ impl Wait<'_> {
 
     /// Waits for the round; returns the report and, with a spinning wait,
     /// the per-iteration arrival stamps.
-    fn run(&self, session: &Session) -> Result<(KernelReport, Option<DeviceBuffer>)> {
+    fn run(&self, member: &Member) -> Result<(KernelReport, Option<DeviceBuffer>)> {
         let held = self.held;
         let stream_mode = held.wait == WaitMode::Stream;
         // Per-iteration arrival times exist only where a kernel follows the
@@ -137,7 +137,7 @@ impl Wait<'_> {
                     Ok(held.kernels.launch_wait(s, &params)?)
                 }
             },
-            || session.probe(),
+            || member.probe(),
         )?;
         if finished.released {
             bail!("{}", self.silent(None));

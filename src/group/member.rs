@@ -1,0 +1,255 @@
+//! One member's handle on the group: typed reads and writes, waits that
+//! end early with the reason, barriers, leaving, and the skeleton every
+//! member runs ([`Member::run`]).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Result, anyhow, bail};
+
+use super::entry::{Entry, Marker, Value};
+use super::watch::Watch;
+use super::{Host, LINGER, Roster, SLICE};
+use crate::cli::DataMismatch;
+use crate::deadline::{Pace, poll};
+use crate::store::{Store, StoreError};
+
+/// One member of a [`Roster`], talking to the run's store.
+pub struct Member<'a> {
+    /// The store with [`Roster::reply_deadline`] on every request.
+    pub(super) store: Box<dyn Store + 'a>,
+    pub roster: Roster,
+    /// Our index in the roster.
+    pub me: usize,
+    /// Every wait's limit, ns (a target learns the initiator's).
+    timeout_ns: AtomicU64,
+    pub(super) watch: Mutex<Watch>,
+    /// Every key we wrote: deleted when our work ends.
+    written: Mutex<BTreeSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<'a> Member<'a> {
+    /// Member `me` of `roster` on `store`; `timeout` bounds every wait for
+    /// another member.
+    pub fn new(store: &'a dyn Store, roster: Roster, me: usize, timeout: Duration) -> Self {
+        let quick = store.with_deadline(roster.reply_deadline(timeout));
+        let watch = Watch::new(roster.size());
+        Self {
+            store: quick,
+            roster,
+            me,
+            timeout_ns: AtomicU64::new(timeout.as_nanos() as u64),
+            watch: Mutex::new(watch),
+            written: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// How many members.
+    pub fn size(&self) -> usize {
+        self.roster.size()
+    }
+
+    /// Member `i` as named in messages.
+    pub fn label(&self, i: usize) -> &str {
+        &self.roster.labels[i]
+    }
+
+    /// Every wait's limit.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    /// Changes every later wait's limit (a target adopts the initiator's).
+    pub fn set_timeout(&self, t: Duration) {
+        self.timeout_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn note(&self, key: &str) {
+        lock(&self.written).insert(key.to_string());
+    }
+
+    /// Writes `value` under `entry`; deleted when our work ends.
+    pub fn put<T: Value>(&self, entry: &Entry<T>, value: &T) -> Result<()> {
+        self.note(entry.key());
+        Ok(self.store.set(entry.key(), &entry.encode(value))?)
+    }
+
+    /// Writes a [`Marker`]; deleted when our work ends.
+    pub fn mark(&self, entry: &Entry<Marker>) -> Result<()> {
+        self.put(entry, &Marker)
+    }
+
+    /// Writes our last message, which its reader deletes (we may be gone
+    /// before it reads it).
+    pub fn put_final<T: Value>(&self, entry: &Entry<T>, value: &T) -> Result<()> {
+        Ok(self.store.set(entry.key(), &entry.encode(value))?)
+    }
+
+    /// Waits for `entry`, which member `from` writes, and returns its value.
+    /// Fails early with the reason when a member gave up, died or froze, or
+    /// the store went silent; on timeout names `from` and the value (`what`).
+    pub fn get<T: Value>(&self, entry: &Entry<T>, from: usize, what: &str) -> Result<T> {
+        let key = entry.key();
+        let timeout = self.timeout();
+        poll(
+            timeout,
+            Pace::Every(Duration::ZERO),
+            || {
+                if self.wait_slice(&[key], &format!("{}'s {what}", self.label(from)))? {
+                    return Ok(Some(entry.decode(&self.store.get(key)?)?));
+                }
+                Ok(None)
+            },
+            |waited| {
+                anyhow!(
+                    "{} did not publish its {what} (key {key}) within {waited:.0?}: is it running, with the same {}? \
+                     (raise --timeout if it is just slow)",
+                    self.label(from),
+                    self.roster.place
+                )
+            },
+        )
+    }
+
+    /// One slice of a wait for `keys`: `Ok(true)` once they exist, `Ok(false)`
+    /// when the slice passed and the probe found nothing; errors say why to
+    /// stop (`what` names what we waited for).
+    fn wait_slice(&self, keys: &[&str], what: &str) -> Result<bool> {
+        match self.store.wait(keys, SLICE.min(self.timeout())) {
+            Ok(()) => return Ok(true),
+            Err(StoreError::Timeout { .. }) => {}
+            Err(e @ (StoreError::NoReply { .. } | StoreError::Io(_))) => {
+                bail!("{}", self.roster.store_lost(self.me, &e))
+            }
+            Err(e) => bail!("waiting for {what}: {e}"),
+        }
+        match self.probe() {
+            Some(why) => bail!("{why}"),
+            None => Ok(false),
+        }
+    }
+
+    /// Claims `entry` with compare-and-set: `Ok(None)` when we got it (it is
+    /// then ours to delete), `Ok(Some(holder))` when another holds it.
+    pub fn claim<T: Value + PartialEq>(&self, entry: &Entry<T>, mine: &T) -> Result<Option<T>> {
+        let ours = entry.encode(mine);
+        let holder = self.store.compare_set(entry.key(), b"", &ours)?;
+        if holder == ours {
+            self.note(entry.key());
+            return Ok(None);
+        }
+        Ok(Some(entry.decode(&holder)?))
+    }
+
+    /// Waits until every member reached barrier `name`; on timeout names
+    /// those that did not.
+    pub fn barrier(&self, name: &str) -> Result<()> {
+        let keys: Vec<String> = (self.roster.names.iter())
+            .map(|n| self.roster.key(format_args!("barrier/{name}/{n}")))
+            .collect();
+        self.mark(&Entry::new(keys[self.me].clone()))?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let what = format!("the others at barrier '{name}'");
+        poll(
+            self.timeout(),
+            Pace::Every(Duration::ZERO),
+            || Ok(self.wait_slice(&refs, &what)?.then_some(())),
+            |waited| {
+                let missing: Vec<&str> = (0..self.size())
+                    .filter(|&i| !self.store.check(&[&keys[i]]).unwrap_or(false))
+                    .map(|i| self.label(i))
+                    .collect();
+                anyhow!(
+                    "{} did not reach '{name}' within {waited:.0?}: slow, stuck, or never started",
+                    missing.join(", ")
+                )
+            },
+        )
+    }
+
+    /// The end of a successful run, inside the heartbeat: every member
+    /// reached `finished` (a barrier, so one that never does is named), and
+    /// every member has passed it, so no one still waits on a key that is
+    /// about to be deleted.
+    pub fn leave(&self) -> Result<()> {
+        self.barrier("finished")?;
+        let all = Entry::<Marker>::new(self.roster.key("left/all"));
+        if self.store.add(&self.roster.key("left"), 1)? >= self.size() as i64 {
+            self.put_final(&all, &Marker)?;
+        }
+        self.get(&all, self.me, "end of the run")
+            .map(drop)
+            .map_err(|e| anyhow!("waiting for every member to finish: {e}"))
+    }
+
+    /// Runs `work` as this member: with the heartbeat going; then on
+    /// failure the abort (unless the error is wrong data that the roster
+    /// publishes as a verdict); on every path our keys deleted and us
+    /// counted out (the host waits for the others first).
+    pub fn run<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
+        let out = self.with_heartbeat(work);
+        if let Err(e) = &out {
+            let judged = e.downcast_ref::<DataMismatch>().is_some();
+            if !(judged && self.roster.mismatch_is_published) {
+                self.abort(&format!("{e:#}"));
+            }
+        }
+        self.delete_written();
+        self.count_out(out.is_ok());
+        out
+    }
+
+    /// Counts us out; the host waits (its whole timeout after a success,
+    /// [`LINGER`] after a failure) until every member is, so that none
+    /// loses the store mid-cleanup. Whoever sees the count complete deletes
+    /// the shared keys.
+    fn count_out(&self, ok: bool) {
+        let out = self.roster.key("out");
+        let Ok(mut n) = self.store.add(&out, 1) else {
+            return;
+        };
+        let all = self.size() as i64;
+        if self.roster.host == Host::Member(self.me) && n < all {
+            let limit = if ok { self.timeout() } else { LINGER };
+            let counted = poll(
+                limit,
+                Pace::Every(Duration::from_millis(20)),
+                || Ok(self.store.add(&out, 0).ok().filter(|&v| v >= all)),
+                |_| anyhow!("not all out"),
+            );
+            match counted {
+                Ok(v) => n = v,
+                Err(_) if ok => tracing::warn!(
+                    "not every member counted itself out within {:?}; leaving anyway",
+                    limit
+                ),
+                Err(_) => {}
+            }
+        }
+        if n >= all {
+            let shared = ["abort", "left", "left/all", "out"].map(|k| self.roster.key(k));
+            self.delete(shared);
+        }
+    }
+
+    /// Deletes keys, ignoring errors (cleanup runs on every path, and the
+    /// store may already be gone: after the first failure the connection
+    /// fails the rest at once).
+    pub fn delete<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) {
+        for k in keys {
+            let _ = self.store.delete_key(k.as_ref());
+        }
+    }
+
+    /// Deletes every key we wrote (also called by [`Member::run`]).
+    pub fn delete_written(&self) {
+        let keys = std::mem::take(&mut *lock(&self.written));
+        self.delete(keys);
+    }
+}
