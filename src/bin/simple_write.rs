@@ -25,7 +25,7 @@ use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
 use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
-use nixl_examples::group::{Member, join_store};
+use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::{connection, target};
 use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
@@ -367,8 +367,15 @@ fn run_target(args: &Args, gpu: usize, timeout: Duration) -> Result<()> {
 
 /// This role as a member of the pair's group.
 fn member<'a>(args: &Args, store: &'a dyn store::Store, role: Role, timeout: Duration) -> Member<'a> {
-    let roster = protocol::roster(args.store_client);
-    Member::new(store, roster, role.index(), timeout)
+    Member::new(store, roster(args), role.index(), timeout)
+}
+
+/// The pair: the initiator hosts the store, or under `--mode pair` the parent does.
+fn roster(args: &Args) -> Roster {
+    protocol::roster(match args.store_client {
+        true => Host::Elsewhere("the `simple_write --mode pair` process".into()),
+        false => Host::Member(protocol::INITIATOR),
+    })
 }
 
 /// `--mode pair`: hosts the store on a free port, runs the initiator and
@@ -528,7 +535,7 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
     };
     let (host, port) = (&args.host, port(args));
     let opts = store_options(args, timeout);
-    let roster = protocol::roster(args.store_client);
+    let roster = roster(args);
     let opened = match opts.is_server {
         true => store::open(backend, &opts),
         false => join_store(backend, &opts, roster.reply_deadline(timeout)),

@@ -45,18 +45,15 @@ fn entry<T>(path: impl std::fmt::Display) -> Entry<T> {
     Entry::new(format!("{PREFIX}{path}"))
 }
 
-/// The two members: the initiator (index 0) and the target (1). The
-/// initiator hosts the store unless `pair_parent_hosts` (`--mode pair`:
-/// the parent process does).
-pub fn roster(pair_parent_hosts: bool) -> Roster {
+/// The two members: the initiator ([`INITIATOR`]) and the target
+/// ([`TARGET`]). `host` is usually `Host::Member(INITIATOR)`; under
+/// `--mode pair` the parent process hosts the store.
+pub fn roster(host: Host) -> Roster {
     Roster {
         prefix: PREFIX.into(),
         names: vec![INITIATOR_NAME.into(), TARGET_NAME.into()],
         labels: vec!["the initiator".into(), "the target".into()],
-        host: match pair_parent_hosts {
-            true => Host::Elsewhere("the `simple_write --mode pair` process".into()),
-            false => Host::Member(Role::Initiator.index()),
-        },
+        host,
         place: "--host/--port".into(),
         // The target publishes its verdict on the data; both then tear down.
         mismatch_is_published: true,
