@@ -205,36 +205,37 @@ impl<'a> Member<'a> {
         out
     }
 
-    /// Counts us out; the host waits (its whole timeout after a success,
+    /// Counts us out. The host waits (its whole timeout after a success,
     /// [`LINGER`] after a failure) until every member is, so that none
-    /// loses the store mid-cleanup. Whoever sees the count complete deletes
-    /// the shared keys.
+    /// loses the store mid-cleanup, then deletes the shared keys; with the
+    /// store elsewhere, the member whose count completes deletes them.
     fn count_out(&self, ok: bool) {
         let out = self.roster.key("out");
-        let Ok(mut n) = self.store.add(&out, 1) else {
+        let Ok(n) = self.store.add(&out, 1) else {
             return;
         };
-        let all = self.size() as i64;
-        if self.roster.host == Host::Member(self.me) && n < all {
-            let limit = if ok { self.timeout() } else { LINGER };
-            let counted = poll(
-                limit,
-                Pace::Every(Duration::from_millis(20)),
-                || Ok(self.store.add(&out, 0).ok().filter(|&v| v >= all)),
-                |_| anyhow!("not all out"),
-            );
-            match counted {
-                Ok(v) => n = v,
-                Err(_) if ok => tracing::warn!(
-                    "not every member counted itself out within {:?}; leaving anyway",
-                    limit
-                ),
-                Err(_) => {}
+        // A member found silent will not count itself out.
+        let silent = lock(&self.watch).silent.is_some() as i64;
+        let all = self.size() as i64 - silent;
+        let last = match &self.roster.host {
+            Host::Member(h) if *h == self.me => {
+                let limit = if ok { self.timeout() } else { LINGER };
+                let counted = poll(
+                    limit,
+                    Pace::Every(Duration::from_millis(20)),
+                    || Ok(self.store.add(&out, 0).ok().filter(|&v| v >= all)),
+                    |_| anyhow!("not all out"),
+                );
+                if counted.is_err() && ok {
+                    tracing::warn!("not every member counted itself out within {limit:?}; leaving anyway");
+                }
+                true
             }
-        }
-        if n >= all {
-            let shared = ["abort", "left", "left/all", "out"].map(|k| self.roster.key(k));
-            self.delete(shared);
+            Host::Member(_) => false,
+            Host::Elsewhere(_) => n >= all,
+        };
+        if last {
+            self.delete(["abort", "left", "left/all", "out"].map(|k| self.roster.key(k)));
         }
     }
 

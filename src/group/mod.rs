@@ -157,7 +157,7 @@ impl Roster {
     /// answer while joining: its host is frozen (or overloaded).
     pub fn host_silent(&self, e: &crate::store::StoreError) -> String {
         format!(
-            "{host}, which hosts the store, is frozen or gone: it accepted the connection but did not answer ({e})",
+            "{host}, which hosts the store, is frozen (or overloaded): it accepted the connection but did not answer ({e})",
             host = self.host_label()
         )
     }

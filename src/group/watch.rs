@@ -14,6 +14,9 @@ pub(super) struct Watch {
     next: Instant,
     /// A reason found once is the answer from then on.
     found: Option<String>,
+    /// The member found silent, if that was the reason: it will not count
+    /// itself out.
+    pub(super) silent: Option<usize>,
     /// Our own beats so far, and when the last went out.
     beats: u64,
     last_beat: Option<Instant>,
@@ -34,6 +37,7 @@ impl Watch {
         Self {
             next: Instant::now(),
             found: None,
+            silent: None,
             beats: 0,
             last_beat: None,
             seen: vec![None; size],
@@ -74,7 +78,7 @@ impl Member<'_> {
             s.spawn(move || {
                 // Errors are the probes' to report; keep beating.
                 self.beat_if_due();
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT / 2) {
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT / 4) {
                     self.beat_if_due();
                 }
             });
@@ -152,7 +156,8 @@ impl Member<'_> {
                 Some(s) if s.value == value => {
                     let (quiet, missed) = (s.at.elapsed(), ours - s.our_beats);
                     if quiet >= SILENT_AFTER && missed >= SILENT_BEATS {
-                        return Some(silent(self.label(i), quiet, missed));
+                        w.silent = Some(i);
+                        return Some(silent(self.label(i), quiet));
                     }
                 }
                 _ => {
@@ -181,9 +186,9 @@ impl Member<'_> {
     }
 }
 
-fn silent(who: &str, quiet: Duration, missed: u64) -> String {
+fn silent(who: &str, quiet: Duration) -> String {
     format!(
-        "{who} stopped responding (no heartbeat for {quiet:.1?}, while we beat {missed} times): it was killed, or it \
-         is frozen (stopped, in a debugger, a paused container)"
+        "{who} stopped responding (no heartbeat for {quiet:.1?}): it was killed, or it is frozen (stopped, in a \
+         debugger, a paused container)"
     )
 }
