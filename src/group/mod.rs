@@ -127,10 +127,10 @@ impl Roster {
     }
 
     /// The deadline of every store request of a member: [`SILENT_AFTER`]
-    /// plus 25 ms per member (the store serves them all; 4.6 s at 64),
+    /// plus 50 ms per member (the store serves them all: 6.2 s at 64),
     /// never more than the run's timeout.
     pub fn reply_deadline(&self, timeout: Duration) -> Duration {
-        (SILENT_AFTER + Duration::from_millis(25) * self.size() as u32).min(timeout)
+        (SILENT_AFTER + Duration::from_millis(50) * self.size() as u32).min(timeout)
     }
 
     /// The host's name for messages.
