@@ -146,17 +146,6 @@ fn notifications_initiator_notices_a_target_frozen_during_the_exchange() {
     assert_notices(initiator, frozen_at, "target");
 }
 
-fn simple_write(args: &[&str]) -> Reaped {
-    Reaped::new(
-        std::process::Command::new(env!("CARGO_BIN_EXE_simple_write"))
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawning simple_write"),
-    )
-}
-
 /// simple_write's arguments for a pair on `port`. The timeout is long on
 /// purpose: a frozen peer must be named by the probes, in seconds, not by
 /// the timeout.
