@@ -254,3 +254,76 @@ impl<'a> Member<'a> {
         self.delete(keys);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Host, Roster};
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    fn roster() -> Roster {
+        Roster::ranks("t/", 2, Host::Elsewhere("the test".into()), "the test's store")
+    }
+
+    fn entry(r: usize) -> Entry<Marker> {
+        Entry::new(format!("t/rank/{r}/mine"))
+    }
+
+    /// Both members run `work(member)` on threads; returns their results.
+    fn both(store: &MemoryStore, work: impl Fn(&Member) -> Result<()> + Sync) -> Vec<Result<()>> {
+        std::thread::scope(|s| {
+            let runs: Vec<_> = (0..2)
+                .map(|me| {
+                    let work = &work;
+                    s.spawn(move || {
+                        let m = Member::new(store, roster(), me, Duration::from_secs(30));
+                        m.run(|| work(&m))
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_successful_run_leaves_no_key() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let out = both(&store, |m| {
+            m.mark(&entry(m.me))?;
+            m.get(&entry(1 - m.me), 1 - m.me, "marker")?;
+            m.barrier("middle")?;
+            m.leave()
+        });
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+        assert_eq!(store.num_keys().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_failure_is_named_to_the_others_and_leaves_no_key() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let out = both(&store, |m| {
+            m.mark(&entry(m.me))?;
+            if m.me == 0 {
+                bail!("boom");
+            }
+            // Never written: only the abort ends this wait.
+            m.get(&Entry::<Marker>::new("t/never"), 0, "nothing").map(drop)
+        });
+        assert_eq!(out[0].as_ref().unwrap_err().to_string(), "boom");
+        let err = out[1].as_ref().unwrap_err().to_string();
+        assert_eq!(err, "rank 0 gave up: boom");
+        assert_eq!(store.num_keys().unwrap(), 0);
+    }
+
+    #[test]
+    fn the_first_abort_wins() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let (a, b) = (
+            Member::new(&store, roster(), 0, Duration::from_secs(30)),
+            Member::new(&store, roster(), 1, Duration::from_secs(30)),
+        );
+        a.abort("first");
+        b.abort("second");
+        assert_eq!(b.probe().as_deref(), Some("rank 0 gave up: first"));
+    }
+}
