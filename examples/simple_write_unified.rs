@@ -26,8 +26,8 @@ use nixl_examples::cli::parse_bytes;
 use nixl_examples::cli::{DataMismatch, EXIT_MISMATCH};
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
-use nixl_examples::nixl::runtime;
 use nixl_examples::group::{Host, Member};
+use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::plan::RoundSpec;
 use nixl_examples::simple_write::protocol::{INITIATOR, TARGET, roster};
 use nixl_examples::simple_write::report::{self, Row};
@@ -135,7 +135,11 @@ fn run(args: &Args) -> Result<()> {
         wait: args.wait,
         corrupt: false,
     };
-    let out = initiator::run(&cfg, &member(store.as_ref(), INITIATOR, timeout), &mut |_| {});
+    let out = initiator::run(
+        &cfg,
+        &member(store.as_ref(), INITIATOR, timeout),
+        &mut |_| {},
+    );
     let target_result = target
         .join()
         .map_err(|_| anyhow::anyhow!("the target thread panicked"))?;
@@ -149,5 +153,10 @@ fn run(args: &Args) -> Result<()> {
 
 /// A role as a member of the pair; this process hosts the store.
 fn member(store: &dyn nixl_examples::store::Store, role: usize, timeout: Duration) -> Member<'_> {
-    Member::new(store, roster(Host::Elsewhere("this process".into())), role, timeout)
+    Member::new(
+        store,
+        roster(Host::Elsewhere("this process".into())),
+        role,
+        timeout,
+    )
 }

@@ -382,7 +382,16 @@ fn frozen_rank_is_named(victim: u32, cause: &str) {
     let port = free_port();
     let hang = format!("hang-after-connect={victim}");
     let mut ranks: Vec<Option<Rank>> = (0..3)
-        .map(|r| Some(spawn_rank_within(r, 3, port, false, &["--inject", &hang], TIMEOUT_S)))
+        .map(|r| {
+            Some(spawn_rank_within(
+                r,
+                3,
+                port,
+                false,
+                &["--inject", &hang],
+                TIMEOUT_S,
+            ))
+        })
         .collect();
     let mut frozen = ranks[victim as usize].take().unwrap();
     frozen.wait_for_line(&format!("[rank {victim}] hanging"));

@@ -150,9 +150,16 @@ fn notifications_initiator_notices_a_target_frozen_during_the_exchange() {
 /// purpose: a frozen peer must be named by the probes, in seconds, not by
 /// the timeout.
 fn simple_write_args(mode: &'static str, port: &str, extra: &[&'static str]) -> Vec<String> {
-    let mut v: Vec<String> = ["--mode", mode, "--check-connection", "--port", port, "--timeout"]
-        .map(String::from)
-        .to_vec();
+    let mut v: Vec<String> = [
+        "--mode",
+        mode,
+        "--check-connection",
+        "--port",
+        port,
+        "--timeout",
+    ]
+    .map(String::from)
+    .to_vec();
     v.push(PROBED_TIMEOUT_S.to_string());
     v.extend(extra.iter().map(|s| s.to_string()));
     v
@@ -176,7 +183,11 @@ fn assert_named(survivor: Reaped, frozen_at: Instant, peer: &str, cause: &str) {
         both(&o)
     );
     let took = frozen_at.elapsed();
-    assert!(took < limit / 2, "took {took:?} of a {limit:?} timeout: {}", both(&o));
+    assert!(
+        took < limit / 2,
+        "took {took:?} of a {limit:?} timeout: {}",
+        both(&o)
+    );
 }
 
 fn simple_write(args: &[String]) -> Reaped {
@@ -235,14 +246,22 @@ fn simple_write_target_names_an_initiator_frozen_before_it_joined() {
     stop(&mut initiator);
     let frozen_at = Instant::now();
     let target = simple_write(&simple_write_args("target", &port.to_string(), &[]));
-    assert_named(target, frozen_at, "the initiator, which hosts the store", "frozen");
+    assert_named(
+        target,
+        frozen_at,
+        "the initiator, which hosts the store",
+        "frozen",
+    );
 }
 
 /// Returns once something accepts connections on `port` (the store is bound).
 fn wait_until_listening(port: u16) {
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(60), "nothing listened on {port}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "nothing listened on {port}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -260,8 +279,16 @@ fn simple_write_target_gives_up_on_a_store_that_goes_silent() {
         let port = store.port().to_string();
         let start = Instant::now();
         let target = simple_write(
-            &["--mode", "target", "--check-connection", "--port", &port, "--timeout", "5"]
-                .map(String::from),
+            &[
+                "--mode",
+                "target",
+                "--check-connection",
+                "--port",
+                &port,
+                "--timeout",
+                "5",
+            ]
+            .map(String::from),
         );
         let o = target.wait_output(Duration::from_secs(30));
         assert_eq!(o.status.code(), Some(1), "{}", both(&o));

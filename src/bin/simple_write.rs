@@ -20,13 +20,13 @@ use nixl_examples::cli::{UsageError, check_port_free, exit_status, fmt_bytes, pa
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, Path, WaitMode};
+use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
 use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
-use nixl_examples::simple_write::report::{self, Row, RunInfo};
-use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::simple_write::protocol::{self, Role};
+use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target};
 use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
 use nixl_examples::{interrupt, logging, say};
@@ -366,7 +366,12 @@ fn run_target(args: &Args, gpu: usize, timeout: Duration) -> Result<()> {
 }
 
 /// This role as a member of the pair's group.
-fn member<'a>(args: &Args, store: &'a dyn store::Store, role: Role, timeout: Duration) -> Member<'a> {
+fn member<'a>(
+    args: &Args,
+    store: &'a dyn store::Store,
+    role: Role,
+    timeout: Duration,
+) -> Member<'a> {
     Member::new(store, roster(args), role.index(), timeout)
 }
 
@@ -519,7 +524,10 @@ fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
     interrupt::install()?;
     let hang = args.inject.as_deref() == Some("hang-after-connect");
     match args.mode {
-        Mode::Initiator => connection::initiator(&member(args, store.as_ref(), Role::Initiator, timeout), hang),
+        Mode::Initiator => connection::initiator(
+            &member(args, store.as_ref(), Role::Initiator, timeout),
+            hang,
+        ),
         _ => connection::target(&member(args, store.as_ref(), Role::Target, timeout), hang),
     }
 }

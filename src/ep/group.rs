@@ -52,7 +52,9 @@ impl<'a> Group<'a> {
 
     /// Every rank's `entry(r)`, in rank order.
     pub fn gather<T: Value>(&self, entry: impl Fn(u32) -> Entry<T>, what: &str) -> Result<Vec<T>> {
-        (0..self.world).map(|r| self.get(&entry(r), r, what)).collect()
+        (0..self.world)
+            .map(|r| self.get(&entry(r), r, what))
+            .collect()
     }
 }
 
@@ -62,7 +64,12 @@ fn roster(env: &RankEnv) -> Roster {
         true => Host::Elsewhere("torchrun's agent".into()),
         false => Host::Member(0),
     };
-    Roster::ranks(&env.key_prefix(), env.world, host, "MASTER_ADDR:MASTER_PORT")
+    Roster::ranks(
+        &env.key_prefix(),
+        env.world,
+        host,
+        "MASTER_ADDR:MASTER_PORT",
+    )
 }
 
 /// Opens the run's store: joins torchrun's (`TORCHELASTIC_USE_AGENT_STORE=True`),
@@ -94,7 +101,11 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
     }
     let opened = match hosting {
         true => TcpStore::open(&opts).map(|s| Box::new(s) as Box<dyn Store>),
-        false => join_store(StoreBackend::Native, &opts, roster(env).reply_deadline(timeout)),
+        false => join_store(
+            StoreBackend::Native,
+            &opts,
+            roster(env).reply_deadline(timeout),
+        ),
     };
     opened.map_err(|e| match e {
         e @ StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),

@@ -29,9 +29,9 @@ use cudarc::nccl::{result, sys};
 use serde::{Deserialize, Serialize};
 
 use super::group::Group;
-use crate::group::Bytes;
 use super::layout::PairBytes;
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::Bytes;
 
 /// Set (to the library's path) in the re-executed process.
 const REEXEC_MARK: &str = "NIXL_EP_NCCL_REEXEC";

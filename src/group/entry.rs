@@ -174,6 +174,9 @@ mod tests {
     fn foreign_bytes_are_named_with_the_key() {
         let e: Entry<super::super::Abort> = Entry::new("p/abort");
         let err = e.decode(b"ok 123").unwrap_err().to_string();
-        assert!(err.contains("p/abort") && err.contains("abort message"), "{err}");
+        assert!(
+            err.contains("p/abort") && err.contains("abort message"),
+            "{err}"
+        );
     }
 }

@@ -67,7 +67,8 @@ impl<'a> Member<'a> {
 
     /// Changes every later wait's limit (a target adopts the initiator's).
     pub fn set_timeout(&self, t: Duration) {
-        self.timeout_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
+        self.timeout_ns
+            .store(t.as_nanos() as u64, Ordering::Relaxed);
     }
 
     pub(super) fn note(&self, key: &str) {
@@ -227,7 +228,9 @@ impl<'a> Member<'a> {
                     |_| anyhow!("not all out"),
                 );
                 if counted.is_err() && ok {
-                    tracing::warn!("not every member counted itself out within {limit:?}; leaving anyway");
+                    tracing::warn!(
+                        "not every member counted itself out within {limit:?}; leaving anyway"
+                    );
                 }
                 true
             }
@@ -262,7 +265,12 @@ mod tests {
     use crate::store::memory::MemoryStore;
 
     fn roster() -> Roster {
-        Roster::ranks("t/", 2, Host::Elsewhere("the test".into()), "the test's store")
+        Roster::ranks(
+            "t/",
+            2,
+            Host::Elsewhere("the test".into()),
+            "the test's store",
+        )
     }
 
     fn entry(r: usize) -> Entry<Marker> {
@@ -307,7 +315,8 @@ mod tests {
                 bail!("boom");
             }
             // Never written: only the abort ends this wait.
-            m.get(&Entry::<Marker>::new("t/never"), 0, "nothing").map(drop)
+            m.get(&Entry::<Marker>::new("t/never"), 0, "nothing")
+                .map(drop)
         });
         assert_eq!(out[0].as_ref().unwrap_err().to_string(), "boom");
         let err = out[1].as_ref().unwrap_err().to_string();

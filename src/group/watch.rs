@@ -47,7 +47,8 @@ impl Watch {
 
 impl Member<'_> {
     fn alive_key(&self, i: usize) -> String {
-        self.roster.key(format_args!("alive/{}", self.roster.names[i]))
+        self.roster
+            .key(format_args!("alive/{}", self.roster.names[i]))
     }
 
     fn abort_entry(&self) -> Entry<Abort> {

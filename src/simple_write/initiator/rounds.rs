@@ -14,10 +14,10 @@ use crate::gpu::kernels::{
     WriteParams, wait_value_geq,
 };
 use crate::gpu::run::{Finished, run_watched};
+use crate::group::Member;
 use crate::simple_write::baseline::Baselines;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
-use crate::group::Member;
 use crate::stats::Summary;
 
 /// One round as measured by the initiator and judged by the target.

@@ -23,10 +23,10 @@ use tracing::info;
 use self::held::Held;
 use super::plan::RunPlan;
 use super::protocol::{self as p, AgentMetadata, Claim, Marker};
-use crate::group::Member;
 use crate::cli::DataMismatch;
 use crate::gpu::kernels::{Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::Member;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::serdes::{Desc, DescList, MemType};
 use crate::nixl::view::{load_peer, prep_remote};
@@ -163,7 +163,11 @@ fn connect(held: &mut Held, member: &Member) -> Result<()> {
     let agent = &held.nixl.agent;
     let md = member.get(&p::initiator_meta(), p::INITIATOR, "agent metadata")?;
     load_peer(agent, &md.0, p::INITIATOR_NAME, held.plan.timeout())?;
-    let ack = member.get(&p::initiator_ack_descs(), p::INITIATOR, "acknowledgement descriptors")?;
+    let ack = member.get(
+        &p::initiator_ack_descs(),
+        p::INITIATOR,
+        "acknowledgement descriptors",
+    )?;
     say!("[target] Connected to initiator");
     // SAFETY: the initiator keeps its ack word until we set `target_done`,
     // which `tear_down` does after dropping this view.
@@ -179,7 +183,11 @@ fn connect(held: &mut Held, member: &Member) -> Result<()> {
 /// last message (the initiator deletes it). Deregistration follows when
 /// `held` drops.
 fn tear_down(held: &mut Held, member: &Member) -> Result<()> {
-    let released = member.get(&p::initiator_done(), p::INITIATOR, "release of its memory views");
+    let released = member.get(
+        &p::initiator_done(),
+        p::INITIATOR,
+        "release of its memory views",
+    );
     drop(held.ack_view.take());
     let _ = held.nixl.agent.invalidate_remote_md(p::INITIATOR_NAME);
     member.delete_written();

@@ -9,9 +9,9 @@ use crate::cli::DataMismatch;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::kernels::{KernelReport, MemViewElem, Path, WaitMode, WaitParams, wait_value_geq};
 use crate::gpu::run::run_watched;
+use crate::group::Member;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
-use crate::group::Member;
 use crate::stats::Summary;
 use crate::{pattern, say};
 
