@@ -55,9 +55,10 @@ impl Member<'_> {
         Entry::new(self.roster.key("abort"))
     }
 
-    /// Bumps our heartbeat if the last beat is [`BEAT`] old. Called by the
-    /// heartbeat thread and by every probe, so the beat goes on even while
-    /// our waits hold the store connection.
+    /// Bumps our heartbeat if the last beat is [`BEAT`] old (one request
+    /// then, none otherwise). Called by the heartbeat thread and by every
+    /// probe, so the beat goes on even while our waits hold the store
+    /// connection.
     fn beat_if_due(&self) {
         let due = {
             let w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
@@ -96,13 +97,15 @@ impl Member<'_> {
         if let Some(sig) = crate::interrupt::received() {
             return Some(sig.to_string());
         }
+        // A wait holds the store connection most of the time, and the
+        // heartbeat thread may lose every race for it: beat from here too.
+        self.beat_if_due();
         {
             let w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
             if w.found.is_some() || Instant::now() < w.next {
                 return w.found.clone();
             }
         }
-        self.beat_if_due();
         let found = self.aborted().or_else(|| self.silent_member());
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
         w.next = Instant::now() + PROBE_EVERY;
