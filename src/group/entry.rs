@@ -78,11 +78,6 @@ impl<T: Value> Entry<T> {
     }
 }
 
-/// A counter bumped with the store's `ADD` (decimal ASCII); it has no
-/// other value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counter;
-
 /// A key whose presence is the message (an empty value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Marker;

@@ -24,30 +24,33 @@
 //!   frozen or gone. Every request of a member has that deadline; only the
 //!   wait for a key to appear takes the run's `--timeout`.
 //!
-//! The probe costs at most three requests (CHECK abort, CHECK and
-//! MULTI_GET of the heartbeats) and runs at most every [`PROBE_EVERY`],
-//! however often it is called, so N members make O(N) requests per second,
-//! not O(N²).
+//! The probe costs at most three requests (CHECK the abort key, CHECK and
+//! MULTI_GET every heartbeat; a GET more when it finds an abort) and sends
+//! them at most every [`PROBE_EVERY`], however often it is called, so N
+//! members make O(N) requests a second, not O(N²).
 //!
-//! Keys, all under the run's prefix `P` (`NIXL_2PROC/` for `simple_write`,
+//! Keys, all under the run's prefix (`NIXL_2PROC/` for `simple_write`,
 //! `nixl_ep/` for `ep`); a member's name is `initiator`/`target` or its
 //! rank:
 //!
 //! | key | value | written by | read by | when |
 //! |---|---|---|---|---|
-//! | `P/alive/<name>` | counter (`ADD`) | that member | every other member's probe (one `MULTI_GET`) | every [`BEAT`] while the member runs |
-//! | `P/abort` | [`Abort`] (JSON) | the first member to fail (compare-and-set) | every probe | a member failed: the others stop at once |
-//! | `P/barrier/<b>/<name>` | empty | that member | every member (`WAIT` on all) | arriving at barrier `b` |
-//! | `P/left` | counter | every member | itself (the `ADD` answer) | after the barrier `finished` ([`Member::leave`]) |
-//! | `P/left/all` | empty | the member whose `ADD` made `left` the group's size | every member | everyone passed `finished`: keys may go |
-//! | `P/out` | counter | every member | the host and the last member out | teardown, on every path |
+//! | `alive/<name>` | counter (`ADD`) | that member | every other member's probe (one `MULTI_GET`) | every [`BEAT`] while the member runs |
+//! | `abort` | [`Abort`] (JSON) | the first member to fail (compare-and-set) | every probe | a member failed: the others stop at once |
+//! | `barrier/<b>/<name>` | empty | that member | every member (`WAIT` on all) | arriving at barrier `b` |
+//! | `left` | counter | every member | itself (the `ADD` answer) | after the barrier `finished` ([`Member::leave`]) |
+//! | `left/all` | empty | the member whose `ADD` made `left` the group's size | every member | everyone passed `finished`: keys may go |
+//! | `out` | counter | every member | the host | teardown, on every path |
 //!
-//! Each member deletes every key it wrote (alive, barriers, and the
-//! program's own entries) when its work ends, on every path. The shared
-//! keys (`abort`, `left`, `left/all`, `out`) are deleted by the member whose
-//! `ADD out` completed the count; a run in which a member died leaves them,
-//! and the dead member's keys, in a store that outlives the run (torchrun's
-//! agent store); a store a member hosts goes with it.
+//! Each member deletes every key it wrote (its heartbeat, its barriers,
+//! and the program's own entries) when its work ends, on every path; a
+//! last message its reader must still see ([`Member::put_final`]) is
+//! deleted by the reader. The shared keys (`abort`, `left`, `left/all`,
+//! `out`) are deleted by the host once every member counted itself out, or,
+//! when the store lives elsewhere (torchrun's agent), by the member whose
+//! `ADD out` completed the count. A run in which a member died leaves the
+//! dead member's keys and the shared ones in a store that outlives the run;
+//! a store a member hosts goes with it.
 
 pub mod entry;
 mod member;
@@ -58,7 +61,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::entry::{AgentMetadata, Bytes, Counter, Entry, Marker, ProtocolError, Value};
+pub use self::entry::{AgentMetadata, Bytes, Entry, Marker, ProtocolError, Value};
 pub use self::member::Member;
 pub use self::open::join_store;
 
