@@ -11,7 +11,7 @@ use anyhow::{Result, anyhow, bail};
 
 use super::entry::{Entry, Marker, Value};
 use super::watch::Watch;
-use super::{Host, LINGER, Roster, SLICE};
+use super::{Host, Roster, SLICE};
 use crate::cli::DataMismatch;
 use crate::deadline::{Pace, poll};
 use crate::store::{Store, StoreError};
@@ -78,7 +78,9 @@ impl<'a> Member<'a> {
     /// Writes `value` under `entry`; deleted when our work ends.
     pub fn put<T: Value>(&self, entry: &Entry<T>, value: &T) -> Result<()> {
         self.note(entry.key());
-        Ok(self.store.set(entry.key(), &entry.encode(value))?)
+        self.store
+            .set(entry.key(), &entry.encode(value))
+            .map_err(|e| self.lost(e))
     }
 
     /// Writes a [`Marker`]; deleted when our work ends.
@@ -89,7 +91,20 @@ impl<'a> Member<'a> {
     /// Writes our last message, which its reader deletes (we may be gone
     /// before it reads it).
     pub fn put_final<T: Value>(&self, entry: &Entry<T>, value: &T) -> Result<()> {
-        Ok(self.store.set(entry.key(), &entry.encode(value))?)
+        self.store
+            .set(entry.key(), &entry.encode(value))
+            .map_err(|e| self.lost(e))
+    }
+
+    /// A store error as a user needs it: a silent or lost store names the
+    /// process that hosts it.
+    fn lost(&self, e: StoreError) -> anyhow::Error {
+        match e {
+            e @ (StoreError::NoReply { .. } | StoreError::Io(_)) => {
+                anyhow!("{}", self.roster.store_lost(self.me, &e))
+            }
+            e => e.into(),
+        }
     }
 
     /// Waits for `entry`, which member `from` writes, and returns its value.
@@ -103,7 +118,8 @@ impl<'a> Member<'a> {
             Pace::Every(Duration::ZERO),
             || {
                 if self.wait_slice(&[key], &format!("{}'s {what}", self.label(from)))? {
-                    return Ok(Some(entry.decode(&self.store.get(key)?)?));
+                    let raw = self.store.get(key).map_err(|e| self.lost(e))?;
+                    return Ok(Some(entry.decode(&raw)?));
                 }
                 Ok(None)
             },
@@ -125,9 +141,7 @@ impl<'a> Member<'a> {
         match self.store.wait(keys, SLICE.min(self.timeout())) {
             Ok(()) => return Ok(true),
             Err(StoreError::Timeout { .. }) => {}
-            Err(e @ (StoreError::NoReply { .. } | StoreError::Io(_))) => {
-                bail!("{}", self.roster.store_lost(self.me, &e))
-            }
+            Err(e @ (StoreError::NoReply { .. } | StoreError::Io(_))) => return Err(self.lost(e)),
             Err(e) => bail!("waiting for {what}: {e}"),
         }
         match self.probe() {
@@ -140,7 +154,7 @@ impl<'a> Member<'a> {
     /// then ours to delete), `Ok(Some(holder))` when another holds it.
     pub fn claim<T: Value + PartialEq>(&self, entry: &Entry<T>, mine: &T) -> Result<Option<T>> {
         let ours = entry.encode(mine);
-        let holder = self.store.compare_set(entry.key(), b"", &ours)?;
+        let holder = (self.store.compare_set(entry.key(), b"", &ours)).map_err(|e| self.lost(e))?;
         if holder == ours {
             self.note(entry.key());
             return Ok(None);
@@ -181,7 +195,8 @@ impl<'a> Member<'a> {
     pub fn leave(&self) -> Result<()> {
         self.barrier("finished")?;
         let all = Entry::<Marker>::new(self.roster.key("left/all"));
-        if self.store.add(&self.roster.key("left"), 1)? >= self.size() as i64 {
+        let left = self.store.add(&self.roster.key("left"), 1);
+        if left.map_err(|e| self.lost(e))? >= self.size() as i64 {
             self.put_final(&all, &Marker)?;
         }
         self.get(&all, self.me, "end of the run")
@@ -189,56 +204,84 @@ impl<'a> Member<'a> {
             .map_err(|e| anyhow!("waiting for every member to finish: {e}"))
     }
 
-    /// Runs `work` as this member: with the heartbeat going; then on
-    /// failure the abort (unless the error is wrong data that the roster
-    /// publishes as a verdict); on every path our keys deleted and us
-    /// counted out (the host waits for the others first).
+    /// Runs `work` as this member, with the heartbeat going throughout;
+    /// then on failure the abort (unless the error is wrong data that the
+    /// roster publishes as a verdict), and on every path our keys deleted
+    /// and us counted out ([`Member::count_out`]); our heartbeat key goes
+    /// last, once we no longer beat.
     pub fn run<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
-        let out = self.with_heartbeat(work);
-        if let Err(e) = &out {
-            let judged = e.downcast_ref::<DataMismatch>().is_some();
-            if !(judged && self.roster.mismatch_is_published) {
-                self.abort(&format!("{e:#}"));
+        let out = self.with_heartbeat(|| {
+            let out = work();
+            if let Err(e) = &out {
+                let judged = e.downcast_ref::<DataMismatch>().is_some();
+                if !(judged && self.roster.mismatch_is_published) {
+                    self.abort(&format!("{e:#}"));
+                }
             }
-        }
-        self.delete_written();
-        self.count_out(out.is_ok());
+            self.delete_written();
+            self.count_out();
+            out
+        });
+        self.delete([self.alive_key(self.me)]);
         out
     }
 
-    /// Counts us out. The host waits (its whole timeout after a success,
-    /// [`LINGER`] after a failure) until every member is, so that none
-    /// loses the store mid-cleanup, then deletes the shared keys; with the
-    /// store elsewhere, the member whose count completes deletes them.
-    fn count_out(&self, ok: bool) {
-        let out = self.roster.key("out");
-        let Ok(n) = self.store.add(&out, 1) else {
-            return;
-        };
-        // A member found silent will not count itself out.
-        let silent = lock(&self.watch).silent.is_some() as i64;
-        let all = self.size() as i64 - silent;
-        let last = match &self.roster.host {
+    /// Says we are out. The host waits until every other member is out or
+    /// silent (dead, frozen), so that no live one loses the store before it
+    /// read the abort or finished its cleanup, then deletes the shared keys;
+    /// with the store elsewhere, the member whose `ADD out` completes the
+    /// count deletes them.
+    fn count_out(&self) {
+        let shared = ["abort", "left", "left/all", "out"].map(|k| self.roster.key(k));
+        match &self.roster.host {
             Host::Member(h) if *h == self.me => {
-                let limit = if ok { self.timeout() } else { LINGER };
-                let counted = poll(
-                    limit,
-                    Pace::Every(Duration::from_millis(20)),
-                    || Ok(self.store.add(&out, 0).ok().filter(|&v| v >= all)),
-                    |_| anyhow!("not all out"),
-                );
-                if counted.is_err() && ok {
-                    tracing::warn!(
-                        "not every member counted itself out within {limit:?}; leaving anyway"
-                    );
-                }
-                true
+                self.wait_for_the_others();
+                self.delete(shared);
+                let others = (0..self.size()).filter(|&i| i != self.me);
+                self.delete(others.map(|i| self.out_key(i)));
             }
-            Host::Member(_) => false,
-            Host::Elsewhere(_) => n >= all,
-        };
-        if last {
-            self.delete(["abort", "left", "left/all", "out"].map(|k| self.roster.key(k)));
+            Host::Member(_) => {
+                let _ = self.store.set(&self.out_key(self.me), b"");
+            }
+            Host::Elsewhere(_) => {
+                if self
+                    .store
+                    .add(&shared[3], 1)
+                    .is_ok_and(|n| n >= self.size() as i64)
+                {
+                    self.delete(shared);
+                }
+            }
+        }
+    }
+
+    fn out_key(&self, i: usize) -> String {
+        self.roster
+            .key(format_args!("out/{}", self.roster.names[i]))
+    }
+
+    /// The host's last wait: every other member out, or silent; bounded by
+    /// the timeout.
+    fn wait_for_the_others(&self) {
+        let others: Vec<usize> = (0..self.size()).filter(|&i| i != self.me).collect();
+        let keys: Vec<String> = others.iter().map(|&i| self.out_key(i)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let all_out = poll(
+            self.timeout(),
+            Pace::Every(Duration::from_millis(50)),
+            || {
+                if self.store.check(&refs)? {
+                    return Ok(Some(()));
+                }
+                let waiting = (others.iter().zip(&refs))
+                    .filter(|(_, k)| !self.store.check(&[k]).unwrap_or(true))
+                    .any(|(&i, _)| !self.gone(i));
+                Ok((!waiting).then_some(()))
+            },
+            |_| anyhow!("not every member counted itself out"),
+        );
+        if let Err(e) = all_out {
+            tracing::warn!("leaving the store anyway: {e}");
         }
     }
 
@@ -301,6 +344,29 @@ mod tests {
             m.get(&entry(1 - m.me), 1 - m.me, "marker")?;
             m.barrier("middle")?;
             m.leave()
+        });
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+        assert_eq!(store.num_keys().unwrap(), 0);
+    }
+
+    /// simple_write's ending: one member deletes its keys early and sends
+    /// a last message, which the other deletes; the heartbeat goes on
+    /// meanwhile and must not leave its key behind.
+    #[test]
+    fn a_last_message_and_a_late_beat_leave_no_key() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let last = Entry::<Marker>::new("t/last");
+        let out = both(&store, |m| {
+            m.mark(&entry(m.me))?;
+            m.get(&entry(1 - m.me), 1 - m.me, "marker")?;
+            if m.me == 1 {
+                m.delete_written();
+                std::thread::sleep(super::super::BEAT * 2); // a beat or two
+                return m.put_final(&last, &Marker);
+            }
+            m.get(&last, 1, "last message")?;
+            m.delete([last.key()]);
+            Ok(())
         });
         assert!(out.iter().all(Result::is_ok), "{out:?}");
         assert_eq!(store.num_keys().unwrap(), 0);

@@ -40,7 +40,8 @@
 //! | `barrier/<b>/<name>` | empty | that member | every member (`WAIT` on all) | arriving at barrier `b` |
 //! | `left` | counter | every member | itself (the `ADD` answer) | after the barrier `finished` ([`Member::leave`]) |
 //! | `left/all` | empty | the member whose `ADD` made `left` the group's size | every member | everyone passed `finished`: keys may go |
-//! | `out` | counter | every member | the host | teardown, on every path |
+//! | `out/<name>` | empty | that member | the host, which deletes it | teardown, on every path (the host waits for every live member's) |
+//! | `out` | counter | every member, when the store lives elsewhere | itself (the `ADD` answer) | teardown: the member that completes it deletes the shared keys |
 //!
 //! Each member deletes every key it wrote (its heartbeat, its barriers,
 //! and the program's own entries) when its work ends, on every path; a
@@ -78,9 +79,6 @@ pub const SILENT_BEATS: u64 = 8;
 pub const PROBE_EVERY: Duration = Duration::from_millis(400);
 /// How long one store `WAIT` blocks before the probe runs again.
 const SLICE: Duration = Duration::from_millis(200);
-/// How long a failing host waits for the others to read its abort and
-/// count themselves out before its store goes.
-const LINGER: Duration = Duration::from_millis(1500);
 
 /// Who hosts the store.
 #[derive(Clone, Debug, PartialEq, Eq)]

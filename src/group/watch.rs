@@ -14,9 +14,6 @@ pub(super) struct Watch {
     next: Instant,
     /// A reason found once is the answer from then on.
     found: Option<String>,
-    /// The member found silent, if that was the reason: it will not count
-    /// itself out.
-    pub(super) silent: Option<usize>,
     /// Our own beats so far, and when the last went out.
     beats: u64,
     last_beat: Option<Instant>,
@@ -37,7 +34,6 @@ impl Watch {
         Self {
             next: Instant::now(),
             found: None,
-            silent: None,
             beats: 0,
             last_beat: None,
             seen: vec![None; size],
@@ -45,8 +41,35 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// Records member `i`'s heartbeat `value`; once it has stood still for
+    /// [`SILENT_AFTER`] and [`SILENT_BEATS`] of ours, returns for how long.
+    fn judge(&mut self, i: usize, value: i64) -> Option<Duration> {
+        match self.seen[i] {
+            Some(s) if s.value == value => {
+                let quiet = s.at.elapsed();
+                let missed = self.beats - s.our_beats;
+                (quiet >= SILENT_AFTER && missed >= SILENT_BEATS).then_some(quiet)
+            }
+            _ => {
+                self.seen[i] = Some(Seen {
+                    value,
+                    at: Instant::now(),
+                    our_beats: self.beats,
+                });
+                None
+            }
+        }
+    }
+}
+
+/// A heartbeat counter's value (decimal ASCII, as `ADD` stores it).
+fn parse(raw: &[u8]) -> Option<i64> {
+    std::str::from_utf8(raw).ok()?.parse().ok()
+}
+
 impl Member<'_> {
-    fn alive_key(&self, i: usize) -> String {
+    pub(super) fn alive_key(&self, i: usize) -> String {
         self.roster
             .key(format_args!("alive/{}", self.roster.names[i]))
     }
@@ -150,30 +173,26 @@ impl Member<'_> {
             Err(e) => return Some(self.roster.store_lost(self.me, &e)),
         };
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-        let ours = w.beats;
         for (&i, raw) in others.iter().zip(&values) {
-            let Some(value) = std::str::from_utf8(raw).ok().and_then(|s| s.parse().ok()) else {
-                continue;
-            };
-            let now = Instant::now();
-            match w.seen[i] {
-                Some(s) if s.value == value => {
-                    let (quiet, missed) = (s.at.elapsed(), ours - s.our_beats);
-                    if quiet >= SILENT_AFTER && missed >= SILENT_BEATS {
-                        w.silent = Some(i);
-                        return Some(silent(self.label(i), quiet));
-                    }
-                }
-                _ => {
-                    w.seen[i] = Some(Seen {
-                        value,
-                        at: now,
-                        our_beats: ours,
-                    })
-                }
+            if let Some(quiet) = parse(raw).and_then(|v| w.judge(i, v)) {
+                return Some(silent(self.label(i), quiet));
             }
         }
         None
+    }
+
+    /// Whether member `i` is gone: its heartbeat key is missing (it left)
+    /// or stood still long enough (dead, frozen), or the store fails.
+    pub(super) fn gone(&self, i: usize) -> bool {
+        let key = self.alive_key(i);
+        if !self.store.check(&[&key]).unwrap_or(false) {
+            return true;
+        }
+        let Some(value) = self.store.get(&key).ok().and_then(|b| parse(&b)) else {
+            return true;
+        };
+        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        w.judge(i, value).is_some()
     }
 
     /// Tells every member we failed, best effort; the first abort wins
