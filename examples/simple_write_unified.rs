@@ -25,8 +25,10 @@ use clap::Parser;
 use nixl_examples::cli::{exit_status, parse_bytes, parse_timeout};
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, Level, WaitMode};
+use nixl_examples::group::{Host, Member};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::plan::RoundSpec;
+use nixl_examples::simple_write::protocol::{INITIATOR, TARGET, roster};
 use nixl_examples::simple_write::report::{self, Row};
 use nixl_examples::simple_write::{initiator, target};
 use nixl_examples::store::memory::MemoryStore;
@@ -99,7 +101,7 @@ fn run(args: &Args) -> Result<()> {
         };
         std::thread::Builder::new()
             .name("target".into())
-            .spawn(move || target::run(&cfg, store.as_ref()))?
+            .spawn(move || target::run(&cfg, &member(store.as_ref(), TARGET, timeout)))?
     };
     let rounds = args
         .level
@@ -126,7 +128,11 @@ fn run(args: &Args) -> Result<()> {
         corrupt: false,
         fence: nixl_examples::gpu::kernels::FenceScope::Auto,
     };
-    let out = initiator::run(&cfg, store.as_ref(), &mut |_| {});
+    let out = initiator::run(
+        &cfg,
+        &member(store.as_ref(), INITIATOR, timeout),
+        &mut |_| {},
+    );
     let target_result = target
         .join()
         .map_err(|_| anyhow::anyhow!("the target thread panicked"))?;
@@ -136,4 +142,14 @@ fn run(args: &Args) -> Result<()> {
     say!("\n{}", report::table(&rows));
     say!("[main] ✓ both roles succeeded");
     Ok(())
+}
+
+/// A role as a member of the pair; this process hosts the store.
+fn member(store: &dyn nixl_examples::store::Store, role: usize, timeout: Duration) -> Member<'_> {
+    Member::new(
+        store,
+        roster(Host::Elsewhere("this process".into())),
+        role,
+        timeout,
+    )
 }

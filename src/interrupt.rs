@@ -1,7 +1,7 @@
 //! Ctrl-C and SIGTERM: finish cleanly instead of dying mid-transfer.
 //!
 //! Once [`install`] has run, SIGINT/SIGTERM only set a flag. Every wait in
-//! the roles looks at it (`simple_write::session::Session::probe`, `ep::group`), raises the kernels'
+//! the roles looks at it ([`crate::group::Member::probe`]), raises the kernels'
 //! cancel flag, and unwinds: memory views are released, memory deregistered,
 //! store keys deleted, and the binary exits 130 (SIGINT) or 143 (SIGTERM). A
 //! second signal while that is under way exits at once with the same status.

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
 //! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report; `ep`'s ranks, kernels, routing and report |
-//! | example support | [`exchange`], [`slots`], [`launch`], [`cli`] | how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes |
+//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`cli`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
 //! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
 //!
@@ -19,6 +19,7 @@ pub mod deadline;
 pub mod ep;
 pub mod exchange;
 pub mod gpu;
+pub mod group;
 pub mod interrupt;
 pub mod launch;
 pub mod logging;

@@ -41,6 +41,23 @@ impl Rank {
         self.0.as_ref().unwrap().id()
     }
 
+    /// Reads stdout until a line starts with `prefix`, then drains the rest
+    /// in the background (so the pipe never fills).
+    fn wait_for_line(&mut self, prefix: &str) {
+        use std::io::BufRead;
+        let out = self.0.as_mut().unwrap().stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(out).lines();
+        let mut seen = Vec::new();
+        while let Some(Ok(line)) = lines.next() {
+            if line.starts_with(prefix) {
+                std::thread::spawn(move || lines.for_each(drop));
+                return;
+            }
+            seen.push(line);
+        }
+        panic!("never printed {prefix:?}:\n{}", seen.join("\n"));
+    }
+
     /// Waits at most `limit` (then kills it and panics), reading its output.
     fn output(mut self, limit: Duration) -> Output {
         let mut c = self.0.take().unwrap();
@@ -94,8 +111,20 @@ fn free_port() -> u16 {
 
 /// Starts rank `r` of `n` by hand, with torchrun's variables.
 fn spawn_rank(r: u32, n: u32, port: u16, agent_store: bool, extra: &[&str]) -> Rank {
+    spawn_rank_within(r, n, port, agent_store, extra, 20)
+}
+
+/// [`spawn_rank`] with `--timeout timeout_s`.
+fn spawn_rank_within(
+    r: u32,
+    n: u32,
+    port: u16,
+    agent_store: bool,
+    extra: &[&str],
+    timeout_s: u64,
+) -> Rank {
     let mut c = ep();
-    c.args(["--check-connection", "--timeout", "20"])
+    c.args(["--check-connection", "--timeout", &timeout_s.to_string()])
         .args(extra)
         .env("RANK", r.to_string())
         .env("WORLD_SIZE", n.to_string())
@@ -309,27 +338,71 @@ fn a_rank_that_dies_is_named_by_the_others() {
         .collect();
     // Rank 2 hangs after connecting, its heartbeat still going; the others
     // wait for it at the end. Then it dies.
-    std::thread::sleep(Duration::from_secs(3));
+    ranks[2].wait_for_line("[rank 2] hanging");
     let victim = ranks.pop().unwrap();
     // SAFETY: kill(2) on a child we started and still own.
     unsafe { kill(victim.pid() as i32, 9) };
-    let killed_at = Instant::now();
     drop(victim);
     for (r, rank) in ranks.into_iter().enumerate() {
         let o = rank.output(Duration::from_secs(40));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_ne!(o.status.code(), Some(0), "rank {r}: {}", text(&o));
+        assert_eq!(o.status.code(), Some(1), "rank {r}: {}", text(&o));
         assert!(
-            err.contains("rank 2"),
+            err.contains("rank 2 stopped responding"),
             "rank {r} does not name rank 2: {}",
             text(&o)
         );
     }
-    assert!(
-        killed_at.elapsed() < Duration::from_secs(20),
-        "took {:?}",
-        killed_at.elapsed()
-    );
+}
+
+/// A rank frozen (SIGSTOP) once connected keeps its sockets open; the
+/// others must name it from the silence, long before their --timeout.
+fn frozen_rank_is_named(victim: u32, cause: &str) {
+    const TIMEOUT_S: u64 = 60;
+    let port = free_port();
+    let hang = format!("hang-after-connect={victim}");
+    let mut ranks: Vec<Option<Rank>> = (0..3)
+        .map(|r| {
+            Some(spawn_rank_within(
+                r,
+                3,
+                port,
+                false,
+                &["--inject", &hang],
+                TIMEOUT_S,
+            ))
+        })
+        .collect();
+    let mut frozen = ranks[victim as usize].take().unwrap();
+    frozen.wait_for_line(&format!("[rank {victim}] hanging"));
+    // SAFETY: kill(2) on a child we started and still own.
+    unsafe { kill(frozen.pid() as i32, 19) }; // SIGSTOP
+    let frozen_at = Instant::now();
+    for (r, rank) in ranks.into_iter().enumerate() {
+        let Some(rank) = rank else { continue };
+        let o = rank.output(Duration::from_secs(2 * TIMEOUT_S));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "rank {r}: {}", text(&o));
+        assert!(
+            err.contains(cause),
+            "rank {r} does not say {cause:?}: {}",
+            text(&o)
+        );
+    }
+    let took = frozen_at.elapsed();
+    assert!(took < Duration::from_secs(TIMEOUT_S / 2), "took {took:?}");
+    drop(frozen); // SIGKILL reaches a stopped process
+}
+
+#[test]
+fn a_frozen_rank_is_named_by_the_others() {
+    frozen_rank_is_named(2, "rank 2 stopped responding");
+}
+
+/// Rank 0 hosts the store: freezing it freezes the store too.
+#[test]
+fn a_frozen_rank_0_which_hosts_the_store_is_named_by_the_others() {
+    frozen_rank_is_named(0, "lost the store, which rank 0 hosts");
 }
 
 unsafe extern "C" {

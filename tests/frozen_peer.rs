@@ -1,10 +1,11 @@
 //! A frozen peer must not freeze its partner. A process stopped with
 //! SIGSTOP (a debugger, a paused container, a stuck driver call) keeps its
 //! sockets open, so nothing ever fails by itself: the survivor has to
-//! notice the silence. Each test freezes one side of a real pair, during
-//! the exchange or mid-transfer, and asserts that the other exits non-zero
-//! within its `--timeout` + 5 s, naming the silent peer, and that no
-//! process is left behind (the frozen one is killed by `Reaped`'s drop).
+//! notice the silence. Each test freezes one side of a real pair at a point
+//! it knows the peer reached (a line the peer printed, a port that
+//! listens), and asserts that the other exits 1 naming the silent peer and
+//! the cause, and that no process is left behind (the frozen one is killed
+//! by `Reaped`'s drop). `ep`'s frozen ranks are in `ep_cli.rs`.
 
 mod common;
 
@@ -145,7 +146,51 @@ fn notifications_initiator_notices_a_target_frozen_during_the_exchange() {
     assert_notices(initiator, frozen_at, "target");
 }
 
-fn simple_write(args: &[&str]) -> Reaped {
+/// simple_write's arguments for a pair on `port`. The timeout is long on
+/// purpose: a frozen peer must be named by the probes, in seconds, not by
+/// the timeout.
+fn simple_write_args(mode: &'static str, port: &str, extra: &[&'static str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--mode",
+        mode,
+        "--check-connection",
+        "--port",
+        port,
+        "--timeout",
+    ]
+    .map(String::from)
+    .to_vec();
+    v.push(PROBED_TIMEOUT_S.to_string());
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// --timeout of the simple_write and ep runs below: the survivor must stop
+/// long before it (it names the frozen peer within a few seconds).
+const PROBED_TIMEOUT_S: u64 = 60;
+
+/// Waits for the survivor of a freeze: exit 1, a message that names
+/// `peer` and contains `cause`, and an end well before --timeout (the
+/// probes named the peer, not the timeout).
+fn assert_named(survivor: Reaped, frozen_at: Instant, peer: &str, cause: &str) {
+    let limit = Duration::from_secs(PROBED_TIMEOUT_S);
+    let o = survivor.wait_output(limit * 2);
+    assert_eq!(o.status.code(), Some(1), "{}", both(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(peer) && err.contains(cause),
+        "the message does not name {peer:?} with {cause:?}:\n{}",
+        both(&o)
+    );
+    let took = frozen_at.elapsed();
+    assert!(
+        took < limit / 2,
+        "took {took:?} of a {limit:?} timeout: {}",
+        both(&o)
+    );
+}
+
+fn simple_write(args: &[String]) -> Reaped {
     Reaped::new(
         std::process::Command::new(env!("CARGO_BIN_EXE_simple_write"))
             .args(args)
@@ -156,46 +201,69 @@ fn simple_write(args: &[&str]) -> Reaped {
     )
 }
 
+/// The target hangs once connected (`--inject hang-after-connect`), is
+/// frozen there, and the initiator names it by its silent heartbeat.
 #[test]
 fn simple_write_initiator_notices_a_target_frozen_during_the_exchange() {
     let port = free_port().to_string();
-    let t = TIMEOUT_S.to_string();
-    let common = [
-        "--check-connection",
-        "--port",
-        port.as_str(),
-        "--timeout",
-        t.as_str(),
-    ];
-    let initiator = simple_write(&[&["--mode", "initiator"][..], &common].concat());
-    let mut target =
-        simple_write(&[&["--mode", "target", "--store", "native"][..], &common].concat());
-    // Frozen as soon as it has joined: the initiator's store counts it in,
-    // then its heartbeat stands still.
-    std::thread::sleep(Duration::from_millis(300));
+    let initiator = simple_write(&simple_write_args("initiator", &port, &[]));
+    let mut target = simple_write(&simple_write_args(
+        "target",
+        &port,
+        &["--inject", "hang-after-connect"],
+    ));
+    wait_for_line(&mut target, "[target] Hanging");
     stop(&mut target);
     let frozen_at = Instant::now();
-    assert_notices(initiator, frozen_at, "target");
+    assert_named(initiator, frozen_at, "the target", "stopped responding");
 }
 
+/// The initiator, which hosts the store, hangs once connected and is
+/// frozen there: the store stops answering, and the target says who hosts it.
 #[test]
 fn simple_write_target_notices_an_initiator_frozen_during_the_exchange() {
     let port = free_port().to_string();
-    let t = TIMEOUT_S.to_string();
-    let common = [
-        "--check-connection",
-        "--port",
-        port.as_str(),
-        "--timeout",
-        t.as_str(),
-    ];
-    let mut initiator = simple_write(&[&["--mode", "initiator"][..], &common].concat());
-    std::thread::sleep(Duration::from_millis(300));
-    // The initiator hosts the store: freezing it freezes the store too.
+    let mut initiator = simple_write(&simple_write_args(
+        "initiator",
+        &port,
+        &["--inject", "hang-after-connect"],
+    ));
+    let target = simple_write(&simple_write_args("target", &port, &[]));
+    wait_for_line(&mut initiator, "[initiator] Hanging");
     stop(&mut initiator);
     let frozen_at = Instant::now();
-    let target = simple_write(&[&["--mode", "target"][..], &common].concat());
-    assert_notices(target, frozen_at, "initiator");
+    assert_named(target, frozen_at, "which the initiator hosts", "frozen");
+}
+
+/// The reproduction: the initiator listens, is frozen, and only
+/// then does the target start. The kernel still completes the target's
+/// connection, so only the unanswered handshake tells.
+#[test]
+fn simple_write_target_names_an_initiator_frozen_before_it_joined() {
+    let port = free_port();
+    let mut initiator = simple_write(&simple_write_args("initiator", &port.to_string(), &[]));
+    wait_until_listening(port);
+    stop(&mut initiator);
+    let frozen_at = Instant::now();
+    let target = simple_write(&simple_write_args("target", &port.to_string(), &[]));
+    assert_named(
+        target,
+        frozen_at,
+        "the initiator, which hosts the store",
+        "frozen",
+    );
+}
+
+/// Returns once something accepts connections on `port` (the store is bound).
+fn wait_until_listening(port: u16) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "nothing listened on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[path = "silent_server/mod.rs"]
@@ -210,15 +278,18 @@ fn simple_write_target_gives_up_on_a_store_that_goes_silent() {
         let store = silent_server::SilentStore::start(answered);
         let port = store.port().to_string();
         let start = Instant::now();
-        let target = simple_write(&[
-            "--mode",
-            "target",
-            "--check-connection",
-            "--port",
-            &port,
-            "--timeout",
-            "5",
-        ]);
+        let target = simple_write(
+            &[
+                "--mode",
+                "target",
+                "--check-connection",
+                "--port",
+                &port,
+                "--timeout",
+                "5",
+            ]
+            .map(String::from),
+        );
         let o = target.wait_output(Duration::from_secs(30));
         assert_eq!(o.status.code(), Some(1), "{}", both(&o));
         assert!(

@@ -22,10 +22,12 @@ use nixl_examples::cli::{
 use nixl_examples::gpu::Gpu;
 use nixl_examples::gpu::context::device_count;
 use nixl_examples::gpu::kernels::{self, FenceScope, Level, Path, WaitMode};
+use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
 use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
+use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target};
 use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
@@ -200,13 +202,15 @@ struct Args {
     #[arg(long, hide = true, default_value = "auto", value_parser = parse_fence)]
     fence_scope: FenceScope,
 
-    /// Fault injection for testing (initiator): `corrupt-data` flips one
-    /// source byte so the target must report a mismatch (exit 3).
-    #[arg(long, hide = true, value_parser = ["corrupt-data"])]
+    /// Fault injection for testing: `corrupt-data` (initiator) flips one
+    /// source byte so the target must report a mismatch (exit 3);
+    /// `hang-after-connect` (--check-connection) stops the role once
+    /// connected, heartbeat going, until it is stopped or killed.
+    #[arg(long, hide = true, value_parser = ["corrupt-data", "hang-after-connect"])]
     inject: Option<String>,
 
-    /// Connect to a store hosted elsewhere instead of hosting it (initiator;
-    /// --mode pair starts its roles this way).
+    /// Connect to a store hosted elsewhere instead of hosting it (--mode
+    /// pair starts its roles this way: the pair's process hosts it).
     #[arg(long, hide = true)]
     store_client: bool,
 
@@ -353,7 +357,8 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         row.set_floor(floor_ns);
         say!("[initiator] Round {}: {}", row.round, row.line());
     };
-    let out = initiator::run(&cfg, store.as_ref(), &mut print_round)?;
+    let member = member(args, store.as_ref(), Role::Initiator, timeout);
+    let out = initiator::run(&cfg, &member, &mut print_round)?;
     let mut rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
     report::apply_floor(&mut rows);
     say!("\n{}", report::table(&rows));
@@ -377,7 +382,25 @@ fn run_target(args: &Args, gpu: usize, timeout: Duration) -> Result<()> {
         timeout,
         wait: args.wait,
     };
-    target::run(&cfg, store.as_ref())
+    target::run(&cfg, &member(args, store.as_ref(), Role::Target, timeout))
+}
+
+/// This role as a member of the pair's group.
+fn member<'a>(
+    args: &Args,
+    store: &'a dyn store::Store,
+    role: Role,
+    timeout: Duration,
+) -> Member<'a> {
+    Member::new(store, roster(args), role.index(), timeout)
+}
+
+/// The pair: the initiator hosts the store, or under `--mode pair` the parent does.
+fn roster(args: &Args) -> Roster {
+    protocol::roster(match args.store_client {
+        true => Host::Elsewhere("the `simple_write --mode pair` process".into()),
+        false => Host::Member(protocol::INITIATOR),
+    })
 }
 
 /// `--mode pair`: hosts the store on a free port, runs the initiator and
@@ -465,6 +488,7 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
 /// The target's command line in `--mode pair`.
 fn target_args(a: &Args, port: u16) -> Vec<String> {
     let mut v = common_args(a, "target", port);
+    v.push("--store-client".into());
     if let Some(g) = a.target_gpu {
         v.extend(["--gpu".into(), g.to_string()]);
     }
@@ -518,37 +542,51 @@ fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
     runtime::load()?;
     let store = open_store(args, timeout)?;
     interrupt::install()?;
+    let hang = args.inject.as_deref() == Some("hang-after-connect");
     match args.mode {
-        Mode::Initiator => connection::initiator(store.as_ref(), timeout),
-        _ => connection::target(store.as_ref(), timeout),
+        Mode::Initiator => connection::initiator(
+            &member(args, store.as_ref(), Role::Initiator, timeout),
+            hang,
+        ),
+        _ => connection::target(&member(args, store.as_ref(), Role::Target, timeout), hang),
     }
 }
 
 /// Opens (initiator: hosts) the store, turning its errors into the
-/// messages a user of this tool needs.
+/// messages a user of this tool needs. A role that joins gets the group's
+/// reply deadline for each answer, so an initiator that listens but is
+/// frozen is named within seconds, not after --timeout.
 fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
     let backend = match args.store {
         StoreKind::Native => StoreBackend::Native,
         StoreKind::Libtorch => StoreBackend::Libtorch,
     };
     let (host, port) = (&args.host, port(args));
-    store::open(backend, &store_options(args, timeout)).map_err(|e| match (args.mode, e) {
+    let opts = store_options(args, timeout);
+    let roster = roster(args);
+    let opened = match opts.is_server {
+        true => store::open(backend, &opts),
+        false => join_store(backend, &opts, roster.reply_deadline(timeout)),
+    };
+    opened.map_err(|e| match (args.mode, e) {
         (Mode::Initiator, e @ StoreError::Bind { .. }) => anyhow::Error::new(UsageError(e.to_string())),
         (Mode::Initiator, StoreError::WorkersTimeout { .. }) => anyhow::anyhow!(
             "the target did not join the store on port {port} within {timeout:?}: start `simple_write --mode \
              target` (same --host/--port), or raise --timeout"
         ),
-        (Mode::Target, StoreError::Unreachable { .. }) => anyhow::anyhow!(
-            "no initiator at {host}:{port} after {timeout:?}: start `simple_write --mode initiator` first (it hosts \
-             the store), or check --host/--port"
-        ),
         (_, StoreError::Unreachable { .. }) if args.store_client => anyhow::anyhow!(
-            "no store at {host}:{port} after {timeout:?}: in --mode pair the parent hosts it; run the pair again"
+            "nothing listens at {host}:{port} after {timeout:?}: the `--mode pair` process that hosts the store exited"
+        ),
+        (Mode::Target, StoreError::Unreachable { .. }) => anyhow::anyhow!(
+            "no initiator at {host}:{port} after {timeout:?}: nothing listens there. Start `simple_write --mode \
+             initiator` first (it hosts the store), check --host/--port, or, if one is running, it was stopped \
+             (SIGSTOP, a debugger) before it could listen"
         ),
         (_, StoreError::Unreachable { .. }) => anyhow::Error::new(UsageError(format!(
             "the initiator hosts the store, but cannot reach it at {host}:{port}: --host must be an address of \
              this machine (e.g. 127.0.0.1 or 0.0.0.0)"
         ))),
+        (_, e @ StoreError::NoReply { .. }) => anyhow::anyhow!("{}", roster.host_silent(&e)),
         (_, e) => anyhow::Error::new(e).context(format!("opening the store at {host}:{port}")),
     })
 }

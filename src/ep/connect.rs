@@ -13,7 +13,7 @@ use anyhow::Result;
 
 use super::env::RankEnv;
 use super::group::{Group, open_store};
-use super::keys::Keys;
+use crate::group::AgentMetadata;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;
 use crate::say;
@@ -36,46 +36,21 @@ pub fn check_connection(env: &RankEnv, timeout: Duration, inject: Inject) -> Res
     crate::nixl::runtime::load()?;
     let store = open_store(env, timeout)?;
     crate::interrupt::install()?;
-    let group = Group::new(
-        store.as_ref(),
-        Keys::new(env.key_prefix()),
-        env.rank,
-        env.world,
-        timeout,
-    );
-    let result =
-        group.with_heartbeat(|| wire_up(&group, timeout, inject).and_then(|()| group.leave()));
-    conclude(&group, env, result)
-}
-
-/// Ends a rank's run: on success the teardown, on failure the abort key
-/// (so the others stop at once) and this rank's keys removed.
-pub fn conclude(group: &Group, env: &RankEnv, result: Result<()>) -> Result<()> {
-    match result {
-        Ok(()) => group.finish(),
-        Err(e) => {
-            group.abort(&format!("{e:#}"));
-            group.delete_written();
-            if env.rank == 0 && !env.agent_store {
-                // We host the store: give the others a moment to read why.
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            Err(e)
-        }
-    }
+    let group = Group::new(store.as_ref(), env, timeout);
+    group.run(|| wire_up(&group, timeout, inject).and_then(|()| group.leave()))
 }
 
 fn wire_up(group: &Group, timeout: Duration, inject: Inject) -> Result<()> {
     let (me, n) = (group.rank, group.world);
     let nixl = create_ucx_agent(&agent_name(me))?;
-    group.set(
-        &group.keys.rank(me, "metadata"),
-        &nixl.agent.get_local_md()?,
+    group.put(
+        &group.keys.metadata(me),
+        &AgentMetadata(nixl.agent.get_local_md()?),
     )?;
     let peers: Vec<u32> = (0..n).filter(|&r| r != me).collect();
     for &r in &peers {
-        let md = group.get(&group.keys.rank(r, "metadata"), r, "agent metadata")?;
-        load_peer(&nixl.agent, &md, &agent_name(r), timeout)?;
+        let md = group.get(&group.keys.metadata(r), r, "agent metadata")?;
+        load_peer(&nixl.agent, &md.0, &agent_name(r), timeout)?;
         nixl.agent
             .make_connection(&agent_name(r), None)
             .map_err(|e| anyhow::anyhow!("connecting to rank {r} ({}): {e}", agent_name(r)))?;
@@ -87,7 +62,7 @@ fn wire_up(group: &Group, timeout: Duration, inject: Inject) -> Result<()> {
     );
     group.barrier("connected")?;
     if inject.hang_rank == Some(me) {
-        tracing::warn!("injected fault (rank {me}): hanging until killed");
+        say!("[rank {me}] hanging (injected fault) until stopped or killed");
         loop {
             if let Some(sig) = crate::interrupt::received() {
                 anyhow::bail!("{sig}");

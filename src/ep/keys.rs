@@ -8,21 +8,35 @@
 //! what a torch worker's `PrefixStore("/worker/attempt_0", TCPStore)` sends
 //! for `nixl_ep/rank/1/metadata`.
 //!
-//! | key | set by | value |
-//! |---|---|---|
-//! | `config` | rank 0 | the [`super::config::RunConfig`] (JSON); others must match it |
-//! | `rank/<r>/info` | rank r | host, pid, agent name, GPU (JSON) |
-//! | `rank/<r>/metadata` | rank r | NIXL agent metadata (`getLocalMD`) |
-//! | `rank/<r>/window` | rank r | its window's descriptor list (nixlSerDes) |
-//! | `plan` | rank 0 | decisions every rank follows: grid, baseline (JSON) |
-//! | `rank/<r>/ptr` | rank r | whether `nixlGetPtr` reached every peer |
-//! | `rank/<r>/nccl` | rank r | whether NCCL loaded here |
-//! | `nccl_id` | rank 0 | the NCCL unique id (128 bytes) |
-//! | `rank/<r>/result` | rank r | its timings, byte counts, verdicts (JSON) |
-//! | `barrier/<name>/<r>` | rank r | arrival at a named barrier |
-//! | `alive/<r>` | rank r | heartbeat counter |
-//! | `abort` | first rank to fail | `rank r: why` |
-//! | `left`, `gone` | every rank | counters of the teardown |
+//! | key | value | written by | read by | when |
+//! |---|---|---|---|---|
+//! | `config` | [`RunConfig`] (JSON) | rank 0 | every rank, which must match it | first |
+//! | `rank/<r>/info` | [`RankInfo`] (JSON): host, pid, GPU, NCCL | rank r | every rank | then; rank 0 plans from them |
+//! | `plan` | [`Plan`] (JSON): grid, baseline | rank 0 | every rank | after every info |
+//! | `rank/<r>/metadata` | NIXL agent metadata (`getLocalMD`) | rank r | every rank | after registering its window |
+//! | `rank/<r>/window` | its window's descriptor list (nixlSerDes) | rank r | every rank | then |
+//! | `rank/<r>/ptr` | the ranks whose window `nixlGetPtr` did not map (JSON list) | rank r | every rank | store path only, before the first iteration |
+//! | `nccl_id` | the NCCL unique id (128 bytes) | rank 0 | every rank | before the baseline |
+//! | `rank/<r>/result` | [`RankResult`] (JSON): timings, byte counts | rank r | rank 0 | after its last iteration |
+//!
+//! The membership keys under the same prefix (heartbeats `alive/<r>`,
+//! `abort`, barriers `barrier/<name>/<r>` for `connected`, `ready`,
+//! `released` and `finished`, and the teardown counters `left`,
+//! `left/all`, `out`) are [`crate::group`]'s. Every rank deletes the keys it
+//! wrote when it ends, on every path.
+
+use super::config::RunConfig;
+use super::plan::Plan;
+use super::report::{RankInfo, RankResult};
+use crate::group::{AgentMetadata, Bytes, Entry};
+use crate::nixl::serdes::DescList;
+
+crate::json_value!(
+    RunConfig => "run configuration",
+    Plan => "run plan",
+    RankInfo => "rank description",
+    RankResult => "rank result",
+);
 
 /// The keys of one run.
 #[derive(Clone, Debug)]
@@ -37,37 +51,39 @@ impl Keys {
         }
     }
 
-    fn key(&self, rest: &str) -> String {
-        format!("{}{rest}", self.prefix)
+    /// The run's prefix, e.g. `nixl_ep/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
-    pub fn config(&self) -> String {
-        self.key("config")
+    fn entry<T>(&self, rest: impl std::fmt::Display) -> Entry<T> {
+        Entry::new(format!("{}{rest}", self.prefix))
     }
-    pub fn plan(&self) -> String {
-        self.key("plan")
+
+    pub fn config(&self) -> Entry<RunConfig> {
+        self.entry("config")
     }
-    pub fn nccl_id(&self) -> String {
-        self.key("nccl_id")
+    pub fn plan(&self) -> Entry<Plan> {
+        self.entry("plan")
     }
-    pub fn abort(&self) -> String {
-        self.key("abort")
+    pub fn nccl_id(&self) -> Entry<Bytes> {
+        self.entry("nccl_id")
     }
-    pub fn left(&self) -> String {
-        self.key("left")
+    pub fn info(&self, r: u32) -> Entry<RankInfo> {
+        self.entry(format_args!("rank/{r}/info"))
     }
-    pub fn gone(&self) -> String {
-        self.key("gone")
+    pub fn metadata(&self, r: u32) -> Entry<AgentMetadata> {
+        self.entry(format_args!("rank/{r}/metadata"))
     }
-    /// `rank/<r>/<what>`: info, metadata, window, store, nccl, result.
-    pub fn rank(&self, r: u32, what: &str) -> String {
-        self.key(&format!("rank/{r}/{what}"))
+    pub fn window(&self, r: u32) -> Entry<DescList> {
+        self.entry(format_args!("rank/{r}/window"))
     }
-    pub fn alive(&self, r: u32) -> String {
-        self.key(&format!("alive/{r}"))
+    /// The ranks whose window rank `r` could not map (store path).
+    pub fn unmapped(&self, r: u32) -> Entry<Vec<usize>> {
+        self.entry(format_args!("rank/{r}/ptr"))
     }
-    pub fn barrier(&self, name: &str, r: u32) -> String {
-        self.key(&format!("barrier/{name}/{r}"))
+    pub fn result(&self, r: u32) -> Entry<RankResult> {
+        self.entry(format_args!("rank/{r}/result"))
     }
 }
 
@@ -79,13 +95,10 @@ mod tests {
     fn keys_live_under_the_prefix() {
         let k = Keys::new("/worker/attempt_0/nixl_ep/");
         assert_eq!(
-            k.rank(1, "metadata"),
+            k.metadata(1).key(),
             "/worker/attempt_0/nixl_ep/rank/1/metadata"
         );
-        assert_eq!(
-            k.barrier("ready", 2),
-            "/worker/attempt_0/nixl_ep/barrier/ready/2"
-        );
-        assert_eq!(Keys::new("nixl_ep/").abort(), "nixl_ep/abort");
+        assert_eq!(k.unmapped(2).key(), "/worker/attempt_0/nixl_ep/rank/2/ptr");
+        assert_eq!(Keys::new("nixl_ep/").plan().key(), "nixl_ep/plan");
     }
 }

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::group::Group;
 use super::layout::PairBytes;
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::Bytes;
 
 /// Set (to the library's path) in the re-executed process.
 const REEXEC_MARK: &str = "NIXL_EP_NCCL_REEXEC";
@@ -183,10 +184,10 @@ fn exchange_id(group: &Group) -> Result<sys::ncclUniqueId> {
         let id =
             result::get_uniqueid().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
         let b: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-        group.set(&key, &b)?;
+        group.put(&key, &Bytes(b.clone()))?;
         b
     } else {
-        group.get(&key, 0, "NCCL unique id")?
+        group.get(&key, 0, "NCCL unique id")?.0
     };
     let mut id = sys::ncclUniqueId { internal: [0; 128] };
     anyhow::ensure!(
@@ -244,7 +245,7 @@ pub fn baseline(
         let _ = tx.send(job.run());
     });
     let start = Instant::now();
-    let limit = group.timeout + Duration::from_secs(10);
+    let limit = group.timeout() + Duration::from_secs(10);
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(r) => {

@@ -9,11 +9,9 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use super::config::RunConfig;
-use super::connect::conclude;
 use super::env::RankEnv;
 use super::group::{Group, open_store};
 use super::kernels::{self, EpKernels};
-use super::keys::Keys;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
 use super::plan::RunOptions;
@@ -54,14 +52,8 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     let timeout = Duration::from_nanos(cfg.timeout_ns);
     let store = open_store(env, timeout)?;
     crate::interrupt::install()?;
-    let group = Group::new(
-        store.as_ref(),
-        Keys::new(env.key_prefix()),
-        env.rank,
-        env.world,
-        timeout,
-    );
-    let result = group.with_heartbeat(|| {
+    let group = Group::new(store.as_ref(), env, timeout);
+    group.run(|| {
         let ctx = session::Context {
             group: &group,
             cfg,
@@ -71,8 +63,7 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
             model: &model,
         };
         session::run(&ctx, &info).and_then(|()| group.leave())
-    });
-    conclude(&group, env, result)
+    })
 }
 
 /// Everything local that must hold, reported together (with, when the

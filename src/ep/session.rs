@@ -28,6 +28,7 @@ use crate::cli::DataMismatch;
 use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::run::run_watched;
+use crate::group::AgentMetadata;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
@@ -59,16 +60,14 @@ struct Session {
 pub fn run(ctx: &Context, info: &RankInfo) -> Result<()> {
     let g = ctx.group;
     agree_config(ctx)?;
-    g.set_json(&g.keys.rank(g.rank, "info"), info)?;
-    let infos: Vec<RankInfo> = (0..g.world)
-        .map(|r| g.get_json(&g.keys.rank(r, "info"), r, "GPU and NIXL info"))
-        .collect::<Result<_>>()?;
+    g.put(&g.keys.info(g.rank), info)?;
+    let infos = g.gather(|r| g.keys.info(r), "GPU and NIXL info")?;
     let plan = if g.rank == 0 {
         let p = make_plan(ctx.cfg, &infos)?;
-        g.set_json(&g.keys.plan(), &p)?;
+        g.put(&g.keys.plan(), &p)?;
         p
     } else {
-        g.get_json(&g.keys.plan(), 0, "run plan")?
+        g.get(&g.keys.plan(), 0, "run plan")?
     };
     let mut s = Session::open(ctx, &plan, info.ranks_on_gpu)?;
     let measured = s.measure(ctx, &plan, info);
@@ -78,7 +77,7 @@ pub fn run(ctx: &Context, info: &RankInfo) -> Result<()> {
         std::thread::sleep(Duration::from_millis(300));
     }
     let result = measured?;
-    g.set_json(&g.keys.rank(g.rank, "result"), &result)?;
+    g.put(&g.keys.result(g.rank), &result)?;
     let window_bytes = s.rig.window.len() as u64;
     s.close(ctx)?;
     if g.rank == 0 {
@@ -91,9 +90,9 @@ pub fn run(ctx: &Context, info: &RankInfo) -> Result<()> {
 fn agree_config(ctx: &Context) -> Result<()> {
     let g = ctx.group;
     if g.rank == 0 {
-        return g.set_json(&g.keys.config(), ctx.cfg);
+        return g.put(&g.keys.config(), ctx.cfg);
     }
-    let theirs: RunConfig = g.get_json(&g.keys.config(), 0, "run configuration")?;
+    let theirs = g.get(&g.keys.config(), 0, "run configuration")?;
     if &theirs != ctx.cfg {
         return Err(UsageError(format!(
             "rank {} was started with other arguments than rank 0 (ours: {:?}; rank 0's: {theirs:?}): give every rank the \
@@ -115,19 +114,17 @@ impl Session {
             .agent
             .register_memory(&rig.window, None)
             .context("registering the window (VRAM)")?;
-        g.set(
-            &g.keys.rank(g.rank, "metadata"),
-            &nixl.agent.get_local_md()?,
+        g.put(
+            &g.keys.metadata(g.rank),
+            &AgentMetadata(nixl.agent.get_local_md()?),
         )?;
         let own = DescList::new(MemType::Vram, vec![rig.window_desc()]);
-        g.set(&g.keys.rank(g.rank, "window"), &own.encode())?;
+        g.put(&g.keys.window(g.rank), &own)?;
         let mut peers = vec![None; g.world as usize];
         for r in (0..g.world).filter(|&r| r != g.rank) {
-            let md = g.get(&g.keys.rank(r, "metadata"), r, "agent metadata")?;
-            load_peer(&nixl.agent, &md, &agent_name(r), g.timeout)?;
-            let raw = g.get(&g.keys.rank(r, "window"), r, "window descriptor")?;
-            let list = DescList::decode(&raw)
-                .with_context(|| format!("decoding rank {r}'s window descriptor"))?;
+            let md = g.get(&g.keys.metadata(r), r, "agent metadata")?;
+            load_peer(&nixl.agent, &md.0, &agent_name(r), g.timeout())?;
+            let list = g.get(&g.keys.window(r), r, "window descriptor")?;
             match list.descs.as_slice() {
                 [d] if d.len == rig.window.len() as u64 => {
                     peers[r as usize] = Some((*d, agent_name(r)))
@@ -239,9 +236,9 @@ impl Session {
                 .map(|(r, _)| r)
                 .collect();
         }
-        g.set_json(&g.keys.rank(g.rank, "store"), &unreachable)?;
+        g.put(&g.keys.unmapped(g.rank), &unreachable)?;
         for r in 0..g.world {
-            let theirs: Vec<usize> = g.get_json(&g.keys.rank(r, "store"), r, "pointer check")?;
+            let theirs = g.get(&g.keys.unmapped(r), r, "pointer check")?;
             if let Some(p) = theirs.first() {
                 bail!(
                     "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got no \
@@ -519,9 +516,7 @@ pub fn calibrate(slots: &[EpTiming]) -> Result<(f64, Vec<f64>, Vec<f64>)> {
 /// writes JSON/CSV.
 fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) -> Result<()> {
     let g = ctx.group;
-    let results: Vec<RankResult> = (0..g.world)
-        .map(|r| g.get_json(&g.keys.rank(r, "result"), r, "results"))
-        .collect::<Result<_>>()?;
+    let results = g.gather(|r| g.keys.result(r), "results")?;
     let rows = report::rows(ctx.cfg, &results);
     let goals = report::goals(ctx.cfg, &rows, ctx.opts.ref_put_gbps);
     let (c, s) = (ctx.cfg, &ctx.cfg.shape);

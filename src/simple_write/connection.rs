@@ -11,57 +11,67 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::protocol::{self as p, AgentMetadata, Role};
-use super::session::Session;
+use super::protocol::{self as p, AgentMetadata, Marker};
 use super::target::claim_pair;
+use crate::group::Member;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;
 use crate::say;
-use crate::store::Store;
 
-/// The initiator's side. Returns once the target confirmed.
-pub fn initiator(store: &dyn Store, timeout: Duration) -> Result<()> {
-    let session = Session::new(store, Role::Initiator, timeout);
-    session.with_heartbeat(|| {
+/// The initiator's side. Returns once the target confirmed. With `hang`
+/// (a test hook) it stops once connected, heartbeat still going, until
+/// interrupted or killed.
+pub fn initiator(member: &Member, hang: bool) -> Result<()> {
+    member.run(|| {
         let nixl = create_ucx_agent(p::INITIATOR_NAME)?;
-        session.put(
+        member.put(
             &p::initiator_meta(),
             &AgentMetadata(nixl.agent.get_local_md()?),
         )?;
-        let md = session.get(&p::target_meta(), "agent metadata")?;
-        load_peer(&nixl.agent, &md.0, p::TARGET_NAME, timeout)?;
+        let md = member.get(&p::target_meta(), p::TARGET, "agent metadata")?;
+        load_peer(&nixl.agent, &md.0, p::TARGET_NAME, member.timeout())?;
         nixl.agent.make_connection(p::TARGET_NAME, None)?;
         say!("[initiator] Connected to target (agents wired up through the store; no GPU used)");
-        session.mark(&p::initiator_done())?;
-        session.get(&p::target_done(), "completion")?;
+        hang_if(hang, "initiator")?;
+        member.mark(&p::initiator_done())?;
+        let done = member.get(&p::target_done(), p::TARGET, "completion");
+        member.delete([p::target_done().key()]);
         let _ = nixl.agent.invalidate_remote_md(p::TARGET_NAME);
-        session.delete([
-            p::initiator_meta().key(),
-            p::initiator_done().key(),
-            p::target_done().key(),
-            p::target_claim().key(),
-        ]);
-        Ok(())
+        done.map(drop)
     })
 }
 
-/// The target's side.
-pub fn target(store: &dyn Store, timeout: Duration) -> Result<()> {
-    let session = Session::new(store, Role::Target, timeout);
-    claim_pair(&session, true)?;
-    session.with_heartbeat(|| {
+/// The target's side (`hang` as for the initiator).
+pub fn target(member: &Member, hang: bool) -> Result<()> {
+    claim_pair(member, true)?;
+    member.run(|| {
         let nixl = create_ucx_agent(p::TARGET_NAME)?;
-        session.put(
+        member.put(
             &p::target_meta(),
             &AgentMetadata(nixl.agent.get_local_md()?),
         )?;
-        let md = session.get(&p::initiator_meta(), "agent metadata")?;
-        load_peer(&nixl.agent, &md.0, p::INITIATOR_NAME, timeout)?;
+        let md = member.get(&p::initiator_meta(), p::INITIATOR, "agent metadata")?;
+        load_peer(&nixl.agent, &md.0, p::INITIATOR_NAME, member.timeout())?;
         say!("[target] Connected to initiator (agents wired up through the store; no GPU used)");
-        session.get(&p::initiator_done(), "release")?;
+        hang_if(hang, "target")?;
+        member.get(&p::initiator_done(), p::INITIATOR, "release")?;
         let _ = nixl.agent.invalidate_remote_md(p::INITIATOR_NAME);
-        session.delete([p::target_meta().key()]);
-        session.mark(&p::target_done())?;
-        Ok(())
+        member.delete_written();
+        member.put_final(&p::target_done(), &Marker)
     })
+}
+
+/// `--inject hang-after-connect`: waits until interrupted (or killed), so
+/// a test can freeze or kill this role at a known point.
+fn hang_if(hang: bool, role: &str) -> Result<()> {
+    if !hang {
+        return Ok(());
+    }
+    say!("[{role}] Hanging (injected fault) until stopped or killed");
+    loop {
+        if let Some(sig) = crate::interrupt::received() {
+            anyhow::bail!("{sig}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

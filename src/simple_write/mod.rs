@@ -4,8 +4,8 @@
 //!
 //! - [`protocol`]: every key the two roles exchange through the store, its
 //!   type, and who writes and reads it when;
-//! - [`session`]: the store as one role sees it, with waits that notice a
-//!   peer that gave up, died or froze;
+//! - the roles meet as the two members of a [`crate::group`]: its waits
+//!   notice a peer that gave up, died or froze;
 //! - [`plan`]: the rounds (sizes, levels, grids, iterations) the initiator
 //!   decides and the target follows;
 //! - [`initiator`] (and its rounds); [`target`] (and its receiving): the roles,
@@ -23,5 +23,4 @@ pub mod initiator;
 pub mod plan;
 pub mod protocol;
 pub mod report;
-pub mod session;
 pub mod target;

@@ -4,7 +4,6 @@
 //! | key (under `NIXL_2PROC/`) | value | written by | read by | when |
 //! |---|---|---|---|---|
 //! | `target_claim` | [`Claim`] | target (compare-and-set) | a second target | first thing a target does; a second one finds it taken and leaves |
-//! | `alive/initiator`, `alive/target` | counter (`ADD`) | that role | the other | every 250 ms while the role runs ([`super::session`]) |
 //! | `run_plan` | [`RunPlan`] | initiator | target | before anything else: sizes, levels, iterations, seed |
 //! | `target_meta` ¹ | [`AgentMetadata`] | target | initiator | after registering its memory |
 //! | `target_data_descs` ¹ | [`DescList`] | target | initiator | then: the data buffer |
@@ -15,26 +14,55 @@
 //! | `go/<round>` | [`Marker`] | initiator | target | before each round, after the round's baselines |
 //! | `verdict/<round>` | [`Verdict`] | target | initiator | after checking each round's data |
 //! | `initiator_done` | [`Marker`] | initiator | target | its memory views of the target are released |
-//! | `target_done` | [`Marker`] | target | initiator | the target's last store operation |
-//! | `abort` | [`Abort`] | either | the other | a role failed: the other stops waiting at once |
+//! | `target_done` | [`Marker`] | target | initiator | the target's last message; the initiator deletes it |
 //!
 //! ¹ Upstream's keys (NIXL PR #1259), written in upstream's order with
 //! upstream's bytes (raw `getLocalMD()` output, NIXL's `nixlSerDes`
 //! descriptor lists), so our roles and the C++ original read each other's
 //! metadata. Our own values are JSON.
 //!
-//! The initiator hosts the store, so a target that outlives it loses the
-//! store: the target's last write is `target_done`, and the initiator
-//! deletes every key only after reading it.
+//! The two roles are the members of a [`crate::group`] ([`roster`]), whose
+//! own keys sit under the same prefix: `alive/initiator`, `alive/target`
+//! (heartbeats), `abort` (a role failed: the other stops waiting at once),
+//! `out` (teardown). Each role deletes the keys it wrote when its work ends,
+//! on every path; `target_done`, which the target writes last, is deleted
+//! by the initiator after reading it. The initiator hosts the store, so it
+//! leaves last: it waits until the target counted itself out.
 
-use std::marker::PhantomData;
-
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize};
 
 pub use super::plan::RunPlan;
 pub use crate::gpu::GpuInfo;
+pub use crate::group::{AgentMetadata, Entry, Marker, ProtocolError, Value};
+use crate::group::{Host, Roster};
 pub use crate::nixl::serdes::DescList;
 use crate::stats::Summary;
+
+/// Where every key lives.
+pub const PREFIX: &str = "NIXL_2PROC/";
+
+fn entry<T>(path: impl std::fmt::Display) -> Entry<T> {
+    Entry::new(format!("{PREFIX}{path}"))
+}
+
+/// The two members: the initiator ([`INITIATOR`]) and the target
+/// ([`TARGET`]). `host` is usually `Host::Member(INITIATOR)`; under
+/// `--mode pair` the parent process hosts the store.
+pub fn roster(host: Host) -> Roster {
+    Roster {
+        prefix: PREFIX.into(),
+        names: vec![INITIATOR_NAME.into(), TARGET_NAME.into()],
+        labels: vec!["the initiator".into(), "the target".into()],
+        host,
+        place: "--host/--port".into(),
+        // The target publishes its verdict on the data; both then tear down.
+        mismatch_is_published: true,
+    }
+}
+
+/// The initiator's and the target's index in the [`roster`].
+pub const INITIATOR: usize = 0;
+pub const TARGET: usize = 1;
 
 /// Agent names, as upstream.
 pub const INITIATOR_NAME: &str = "initiator";
@@ -59,6 +87,11 @@ impl Role {
         }
     }
 
+    /// Our index in the [`roster`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The other side.
     pub fn peer(self) -> Role {
         match self {
@@ -74,75 +107,6 @@ impl std::fmt::Display for Role {
     }
 }
 
-/// A value that cannot be decoded: the other side speaks another version
-/// of this protocol, or something else wrote the key.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the value of {key} is not a {what}: {why} (another simple_write version, or another program on this port?)"
-)]
-pub struct ProtocolError {
-    pub key: String,
-    pub what: &'static str,
-    pub why: String,
-}
-
-/// How a value is written to and read from the store.
-pub trait Value: Sized {
-    /// What it is, for messages.
-    const WHAT: &'static str;
-    fn encode(&self) -> Vec<u8>;
-    fn decode(bytes: &[u8]) -> Result<Self, String>;
-}
-
-/// A key whose value has type `T`: the only way to read or write the store.
-#[derive(Debug)]
-pub struct Entry<T> {
-    key: String,
-    _value: PhantomData<fn() -> T>,
-}
-
-impl<T> Entry<T> {
-    fn new(path: impl std::fmt::Display) -> Self {
-        Self {
-            key: format!("NIXL_2PROC/{path}"),
-            _value: PhantomData,
-        }
-    }
-
-    /// The key as stored (without the `/` the TCP client adds on the wire).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl<T: Value> Entry<T> {
-    /// The value's bytes.
-    pub fn encode(&self, v: &T) -> Vec<u8> {
-        v.encode()
-    }
-
-    /// The value, or why the bytes are not one.
-    pub fn decode(&self, bytes: &[u8]) -> Result<T, ProtocolError> {
-        T::decode(bytes).map_err(|why| ProtocolError {
-            key: self.key.clone(),
-            what: T::WHAT,
-            why,
-        })
-    }
-}
-
-/// A heartbeat counter, bumped with the store's `ADD`; it has no other value.
-#[derive(Debug)]
-pub struct Counter;
-
-/// A key whose presence is the message (an empty value).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Marker;
-
-/// `getLocalMD()` bytes: opaque, passed to the peer's `loadRemoteMD`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AgentMetadata(pub Vec<u8>);
-
 /// The first target to join: who holds the pair.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
@@ -150,13 +114,6 @@ pub struct Claim {
     pub host: String,
     /// `--check-connection` targets say so.
     pub check_only: bool,
-}
-
-/// A role's failure, so the other stops waiting with the reason.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Abort {
-    pub role: Role,
-    pub message: String,
 }
 
 /// The target's verdict on one round's data.
@@ -187,125 +144,60 @@ impl Verdict {
     }
 }
 
-impl Value for Marker {
-    const WHAT: &'static str = "marker";
-    fn encode(&self) -> Vec<u8> {
-        Vec::new()
-    }
-    fn decode(_: &[u8]) -> Result<Self, String> {
-        Ok(Marker)
-    }
-}
-
-impl Value for AgentMetadata {
-    const WHAT: &'static str = "NIXL agent metadata blob";
-    fn encode(&self) -> Vec<u8> {
-        self.0.clone()
-    }
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
-        if bytes.is_empty() {
-            return Err("empty".into());
-        }
-        Ok(Self(bytes.to_vec()))
-    }
-}
-
-impl Value for DescList {
-    const WHAT: &'static str = "nixlSerDes descriptor list";
-    fn encode(&self) -> Vec<u8> {
-        DescList::encode(self)
-    }
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
-        DescList::decode(bytes).map_err(|e| e.to_string())
-    }
-}
-
-/// Our own values: JSON, so a person can read them with any store client.
-macro_rules! json_value {
-    ($($t:ty => $what:literal),* $(,)?) => {$(
-        impl Value for $t {
-            const WHAT: &'static str = $what;
-            fn encode(&self) -> Vec<u8> {
-                json_encode(self)
-            }
-            fn decode(bytes: &[u8]) -> Result<Self, String> {
-                json_decode(bytes)
-            }
-        }
-    )*};
-}
-
-json_value!(
+crate::json_value!(
     RunPlan => "run plan",
     GpuInfo => "GPU identity",
     Claim => "target claim",
-    Abort => "abort message",
     Verdict => "verdict",
 );
 
-fn json_encode(v: &impl Serialize) -> Vec<u8> {
-    serde_json::to_vec(v).expect("protocol values always serialize")
-}
-
-fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
-}
-
 /// The first target's claim on the pair.
 pub fn target_claim() -> Entry<Claim> {
-    Entry::new("target_claim")
-}
-/// A role's heartbeat.
-pub fn alive(role: Role) -> Entry<Counter> {
-    Entry::new(format_args!("alive/{role}"))
+    entry("target_claim")
 }
 /// The run plan.
 pub fn run_plan() -> Entry<RunPlan> {
-    Entry::new("run_plan")
+    entry("run_plan")
 }
 /// Upstream's: the target's agent metadata.
 pub fn target_meta() -> Entry<AgentMetadata> {
-    Entry::new("target_meta")
+    entry("target_meta")
 }
 /// Upstream's: the target's data buffer.
 pub fn target_data_descs() -> Entry<DescList> {
-    Entry::new("target_data_descs")
+    entry("target_data_descs")
 }
 /// Upstream's: the target's signal.
 pub fn target_signal_descs() -> Entry<DescList> {
-    Entry::new("target_signal_descs")
+    entry("target_signal_descs")
 }
 /// The target's GPU.
 pub fn target_gpu() -> Entry<GpuInfo> {
-    Entry::new("target_gpu")
+    entry("target_gpu")
 }
 /// Upstream's: the initiator's agent metadata.
 pub fn initiator_meta() -> Entry<AgentMetadata> {
-    Entry::new("initiator_meta")
+    entry("initiator_meta")
 }
 /// The initiator's acknowledgement word.
 pub fn initiator_ack_descs() -> Entry<DescList> {
-    Entry::new("initiator_ack_descs")
+    entry("initiator_ack_descs")
 }
 /// Round `round` may start.
 pub fn go(round: usize) -> Entry<Marker> {
-    Entry::new(format_args!("go/{round}"))
+    entry(format_args!("go/{round}"))
 }
 /// The target's verdict on round `round`.
 pub fn verdict(round: usize) -> Entry<Verdict> {
-    Entry::new(format_args!("verdict/{round}"))
+    entry(format_args!("verdict/{round}"))
 }
 /// The initiator released its views of the target.
 pub fn initiator_done() -> Entry<Marker> {
-    Entry::new("initiator_done")
+    entry("initiator_done")
 }
 /// The target is done with the store.
 pub fn target_done() -> Entry<Marker> {
-    Entry::new("target_done")
-}
-/// A role failed.
-pub fn abort() -> Entry<Abort> {
-    Entry::new("abort")
+    entry("target_done")
 }
 
 #[cfg(test)]

@@ -25,12 +25,12 @@ use self::held::{Held, Memory, Views};
 use self::rounds::RoundResult;
 use super::baseline::BaselineRig;
 use super::plan::{RoundSpec, RunPlan};
-use super::protocol::{self as p, AgentMetadata, GpuInfo, Role};
-use super::session::Session;
+use super::protocol::{self as p, AgentMetadata, GpuInfo};
 use crate::cli::DataMismatch;
 use crate::gpu::context::find_gpu;
 use crate::gpu::kernels::{FenceScope, Kernels, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::Member;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{Desc, DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote};
@@ -80,37 +80,31 @@ pub fn memory_needed(max_size: u64, baselines: bool) -> u64 {
         .saturating_add(64 << 20)
 }
 
-/// Runs the initiator against an open store. `on_round` sees each round as
-/// it finishes. A data mismatch reported by the target is an error
-/// ([`DataMismatch`]), raised after the teardown handshake; any other error
-/// is published to the target first ([`p::abort`]).
+/// Runs the initiator as `member` ([`p::INITIATOR`] of [`p::roster`]).
+/// `on_round` sees each round as it finishes. A data mismatch reported by
+/// the target is an error ([`DataMismatch`]), raised after the teardown
+/// handshake; any other error is published to the target first (the
+/// group's abort).
 pub fn run(
     cfg: &InitiatorConfig,
-    store: &dyn crate::store::Store,
+    member: &Member,
     on_round: &mut dyn FnMut(&RoundResult),
 ) -> Result<RunResult> {
-    let session = Session::new(store, Role::Initiator, cfg.timeout);
-    let result: Result<_> = session.with_heartbeat(|| {
-        let local = set_up(cfg, &session)?;
-        let mut held = connect(local, cfg, &session)?;
+    member.run(|| {
+        let local = set_up(cfg, member)?;
+        let mut held = connect(local, cfg, member)?;
         say!("[initiator] Transferring data via GPU kernel...");
-        // A failed round skips the handshake: the caller publishes the
-        // abort at once, and the target, which may still be waiting on its
-        // GPU, stops on it rather than on its timeout. Wrong data is not a
-        // failed round: the target judged it, and both sides tear down.
-        let rounds = rounds::run_all(&held, &session, on_round)?;
+        // A failed round skips the handshake: the abort goes out at once,
+        // and the target, which may still be waiting on its GPU, stops on
+        // it rather than on its timeout. Wrong data is not a failed round:
+        // the target judged it, and both sides tear down.
+        let rounds = rounds::run_all(&held, member, on_round)?;
         say!("[initiator] Transfer complete!");
-        tear_down(&mut held, &session)?;
+        tear_down(&mut held, member)?;
         check_verdicts(&rounds)?;
         say!("[initiator] Complete!");
         Ok(held.result(rounds))
-    });
-    if let Err(e) = &result {
-        if e.downcast_ref::<DataMismatch>().is_none() {
-            session.abort(&format!("{e:#}"));
-        }
-    }
-    result
+    })
 }
 
 /// Set-up, before the peer is involved: the GPU (before the agent: UCX
@@ -125,7 +119,7 @@ struct Local {
     registrations: Vec<RegistrationHandle>,
 }
 
-fn set_up(cfg: &InitiatorConfig, session: &Session) -> Result<Local> {
+fn set_up(cfg: &InitiatorConfig, member: &Member) -> Result<Local> {
     let gpu = Gpu::open(cfg.gpu)?;
     let kernels = Kernels::load(&gpu.ctx)?;
     let me = gpu.info()?;
@@ -143,7 +137,7 @@ fn set_up(cfg: &InitiatorConfig, session: &Session) -> Result<Local> {
             })
             .collect(),
     };
-    session.put(&p::run_plan(), &plan)?;
+    member.put(&p::run_plan(), &plan)?;
     gpu.ensure_free(
         memory_needed(plan.max_size(), cfg.baselines),
         "the initiator (two sources, and with baselines a scratch buffer and a copy destination)",
@@ -213,20 +207,20 @@ fn first_data_round(plan: &RunPlan) -> (&super::plan::Round, u32) {
 
 /// Publishes our metadata and acknowledgement word, takes the target's
 /// metadata, descriptors and GPU, and prepares the three memory views.
-fn connect(local: Local, cfg: &InitiatorConfig, session: &Session) -> Result<Held> {
+fn connect(local: Local, cfg: &InitiatorConfig, member: &Member) -> Result<Held> {
     let agent = &local.nixl.agent;
-    session.put(&p::initiator_meta(), &AgentMetadata(agent.get_local_md()?))?;
+    member.put(&p::initiator_meta(), &AgentMetadata(agent.get_local_md()?))?;
     let ack_descs = DescList::new(MemType::Vram, vec![Desc::of(&local.mem.ack)]);
-    session.put(&p::initiator_ack_descs(), &ack_descs)?;
+    member.put(&p::initiator_ack_descs(), &ack_descs)?;
     say!("[initiator] Published metadata, waiting for target...");
 
-    let target_md = session.get(&p::target_meta(), "agent metadata")?;
+    let target_md = member.get(&p::target_meta(), p::TARGET, "agent metadata")?;
     load_peer(agent, &target_md.0, p::TARGET_NAME, cfg.timeout)?;
-    let data = session.get(&p::target_data_descs(), "data descriptors")?;
-    let signal = session.get(&p::target_signal_descs(), "signal descriptors")?;
+    let data = member.get(&p::target_data_descs(), p::TARGET, "data descriptors")?;
+    let signal = member.get(&p::target_signal_descs(), p::TARGET, "signal descriptors")?;
     check_remote(&data, local.plan.max_wire_size(), "data")?;
     check_remote(&signal, 8, "signal")?;
-    let target = session.get(&p::target_gpu(), "GPU identity")?;
+    let target = member.get(&p::target_gpu(), p::TARGET, "GPU identity")?;
     say!("[initiator] Connected to target");
 
     let same_gpu = target.uuid == local.me.uuid;
@@ -317,28 +311,16 @@ fn prepare_views(local: &Local, data: &DescList, signal: &DescList) -> Result<Vi
 
 /// Ordered so neither side frees memory the other still maps: our views
 /// of the target go first, then we say so and wait until the target is
-/// done with the store (it connects to ours), then delete every key.
-fn tear_down(held: &mut Held, session: &Session) -> Result<()> {
+/// done.
+fn tear_down(held: &mut Held, member: &Member) -> Result<()> {
     drop(held.views.take());
     let _ = held.nixl.agent.invalidate_remote_md(p::TARGET_NAME);
-    session.mark(&p::initiator_done())?;
-    let done = session.get(&p::target_done(), "completion");
-    let mut keys: Vec<String> = [
-        p::initiator_meta().key(),
-        p::initiator_ack_descs().key(),
-        p::run_plan().key(),
-        p::initiator_done().key(),
-        p::target_done().key(),
-        p::target_gpu().key(),
-    ]
-    .map(str::to_string)
-    .to_vec();
-    for i in 0..held.plan.rounds.len() {
-        keys.push(p::verdict(i).key().to_string());
-        keys.push(p::go(i).key().to_string());
-    }
-    session.delete(keys);
-    done.map(|_| ())
+    member.mark(&p::initiator_done())?;
+    let done = member.get(&p::target_done(), p::TARGET, "completion");
+    // The target's last message is ours to delete; our own keys go when
+    // the run ends.
+    member.delete([p::target_done().key()]);
+    done.map(drop)
 }
 
 fn check_verdicts(rounds: &[RoundResult]) -> Result<()> {

@@ -14,10 +14,10 @@ use crate::gpu::kernels::{
     WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
 };
 use crate::gpu::run::{Finished, run_watched};
+use crate::group::Member;
 use crate::simple_write::baseline::Baselines;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
-use crate::simple_write::session::Session;
 use crate::stats::Summary;
 
 /// One round as measured by the initiator and judged by the target.
@@ -57,7 +57,7 @@ impl RoundResult {
 /// did not verify (the caller turns that into a mismatch error).
 pub(super) fn run_all(
     held: &Held,
-    session: &Session,
+    member: &Member,
     on_round: &mut dyn FnMut(&RoundResult),
 ) -> Result<Vec<RoundResult>> {
     let mut out: Vec<RoundResult> = Vec::new();
@@ -70,7 +70,7 @@ pub(super) fn run_all(
             None => measure_baselines(held, round.size)?,
         };
         check_grid(held, round)?;
-        session.mark(&p::go(index))?;
+        member.mark(&p::go(index))?;
         let launch = Launch {
             held,
             round,
@@ -78,11 +78,11 @@ pub(super) fn run_all(
             first_iter,
             signal_base,
         };
-        let (report, event_us, rtt) = launch.run(session)?;
+        let (report, event_us, rtt) = launch.run(member)?;
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
         signal_base += round.signals_per_iter() * (round.warmup + round.iters) as u64;
-        let verdict = session.get(&p::verdict(index), "verdict on the data")?;
+        let verdict = member.get(&p::verdict(index), p::TARGET, "verdict on the data")?;
         let result = RoundResult {
             index,
             round: round.clone(),
@@ -162,7 +162,7 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// Launches the round and waits for it; returns the report, the event
     /// time (µs) and, for ping-pong, the round trips.
-    fn run(&self, session: &Session) -> Result<(KernelReport, f64, Option<Summary>)> {
+    fn run(&self, member: &Member) -> Result<(KernelReport, f64, Option<Summary>)> {
         let (held, round) = (self.held, self.round);
         let stream_mode = held.wait == WaitMode::Stream;
         let stamps = match self.stamp_slots(stream_mode) {
@@ -190,7 +190,7 @@ impl Launch<'_> {
                     )?)
                 }
             },
-            || session.probe(),
+            || member.probe(),
         )?;
         let mut report = self.check(&finished)?;
         let rtt = match &stamps {

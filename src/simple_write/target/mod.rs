@@ -22,16 +22,15 @@ use tracing::info;
 
 use self::held::Held;
 use super::plan::RunPlan;
-use super::protocol::{self as p, AgentMetadata, Claim, Role};
-use super::session::Session;
+use super::protocol::{self as p, AgentMetadata, Claim, Marker};
 use crate::cli::DataMismatch;
 use crate::gpu::kernels::{Kernels, Path, WaitMode, check_view};
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::Member;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::serdes::{Desc, DescList, MemType};
 use crate::nixl::view::{load_peer, prep_remote};
 use crate::say;
-use crate::store::Store;
 
 /// What the target needs; everything else comes from the initiator's plan.
 pub struct TargetConfig {
@@ -46,49 +45,41 @@ pub struct TargetConfig {
     pub wait: WaitMode,
 }
 
-/// Runs the target against an open store. A data mismatch is an error
-/// ([`DataMismatch`]) after the verdict has been published.
-pub fn run(cfg: &TargetConfig, store: &dyn Store) -> Result<()> {
-    let session = Session::new(store, Role::Target, cfg.timeout);
-    claim_pair(&session, false)?;
-    let result: Result<_> = session.with_heartbeat(|| {
-        let plan = session.get(&p::run_plan(), "run plan")?;
-        let session = Session::new(store, Role::Target, plan.timeout());
-        let mut held = set_up(cfg, plan, &session)?;
-        connect(&mut held, &session)?;
+/// Runs the target as `member` ([`p::TARGET`] of [`p::roster`]). A data
+/// mismatch is an error ([`DataMismatch`]) after the verdict has been
+/// published.
+pub fn run(cfg: &TargetConfig, member: &Member) -> Result<()> {
+    claim_pair(member, false)?;
+    member.run(|| {
+        let plan = member.get(&p::run_plan(), p::INITIATOR, "run plan")?;
+        member.set_timeout(plan.timeout());
+        let mut held = set_up(cfg, plan, member)?;
+        connect(&mut held, member)?;
         say!("[target] Waiting for data...");
         // Only wrong data (judged, verdict published) goes on to the
         // handshake; any other failure returns now and aborts the pair.
-        let rounds = receive::run_all(&held, &session);
+        let rounds = receive::run_all(&held, member);
         if let Err(e) = &rounds {
             if e.downcast_ref::<DataMismatch>().is_none() {
                 return rounds;
             }
         }
-        tear_down(&mut held, &session)?;
+        tear_down(&mut held, member)?;
         rounds?;
         say!("[target] Complete!");
         Ok(())
-    });
-    if let Err(e) = &result {
-        if e.downcast_ref::<DataMismatch>().is_none() {
-            session.abort(&format!("{e:#}"));
-        }
-        // Our keys go with us, on every path.
-        session.delete(own_keys());
-    }
-    result
+    })
 }
 
 /// One target per initiator: a second one must leave without touching
 /// the first pair's keys (no abort, no heartbeat, no cleanup).
-pub(super) fn claim_pair(session: &Session, check_only: bool) -> Result<()> {
+pub(super) fn claim_pair(member: &Member, check_only: bool) -> Result<()> {
     let me = Claim {
         pid: std::process::id(),
         host: hostname(),
         check_only,
     };
-    if let Some(holder) = session.claim(&p::target_claim(), &me)? {
+    if let Some(holder) = member.claim(&p::target_claim(), &me)? {
         bail!(
             "another target (pid {} on {}) already joined this initiator's store: one target per initiator; \
              start another initiator on another --port for a second pair",
@@ -105,19 +96,7 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// The keys the target writes and deletes itself.
-fn own_keys() -> Vec<String> {
-    [
-        p::target_meta().key(),
-        p::target_data_descs().key(),
-        p::target_signal_descs().key(),
-        p::target_gpu().key(),
-    ]
-    .map(str::to_string)
-    .to_vec()
-}
-
-fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> {
+fn set_up(cfg: &TargetConfig, plan: RunPlan, member: &Member) -> Result<Held> {
     if let Some(want) = cfg.expected_size {
         // The floor round (a bare flag) carries no data and no size.
         let data = || plan.rounds.iter().filter(|r| r.path != Path::Flag);
@@ -150,19 +129,19 @@ fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> 
         .collect::<Result<Vec<_>, _>>()
         .context("registering the data buffer and the signal (VRAM)")?;
     // Upstream's keys in upstream's order, then ours.
-    session.put(
+    member.put(
         &p::target_meta(),
         &AgentMetadata(nixl.agent.get_local_md()?),
     )?;
-    session.put(
+    member.put(
         &p::target_data_descs(),
         &DescList::new(MemType::Vram, vec![Desc::of(&data)]),
     )?;
-    session.put(
+    member.put(
         &p::target_signal_descs(),
         &DescList::new(MemType::Vram, vec![Desc::of(&signal)]),
     )?;
-    session.put(&p::target_gpu(), &me)?;
+    member.put(&p::target_gpu(), &me)?;
     say!("[target] Published metadata and descriptors");
     let wait = cfg
         .wait
@@ -183,11 +162,15 @@ fn set_up(cfg: &TargetConfig, plan: RunPlan, session: &Session) -> Result<Held> 
 
 /// Loads the initiator's metadata and prepares the view of its
 /// acknowledgement word.
-fn connect(held: &mut Held, session: &Session) -> Result<()> {
+fn connect(held: &mut Held, member: &Member) -> Result<()> {
     let agent = &held.nixl.agent;
-    let md = session.get(&p::initiator_meta(), "agent metadata")?;
+    let md = member.get(&p::initiator_meta(), p::INITIATOR, "agent metadata")?;
     load_peer(agent, &md.0, p::INITIATOR_NAME, held.plan.timeout())?;
-    let ack = session.get(&p::initiator_ack_descs(), "acknowledgement descriptors")?;
+    let ack = member.get(
+        &p::initiator_ack_descs(),
+        p::INITIATOR,
+        "acknowledgement descriptors",
+    )?;
     say!("[target] Connected to initiator");
     // SAFETY: the initiator keeps its ack word until we set `target_done`,
     // which `tear_down` does after dropping this view.
@@ -199,14 +182,18 @@ fn connect(held: &mut Held, session: &Session) -> Result<()> {
 }
 
 /// Waits until the initiator has released its views of our memory, then
-/// releases ours of its ack word, deletes our keys and says done as the
-/// very last store operation (the initiator hosts the store and exits
-/// once it sees it). Deregistration follows when `held` drops.
-fn tear_down(held: &mut Held, session: &Session) -> Result<()> {
-    let released = session.get(&p::initiator_done(), "release of its memory views");
+/// releases ours of its ack word, deletes our keys and says done as our
+/// last message (the initiator deletes it). Deregistration follows when
+/// `held` drops.
+fn tear_down(held: &mut Held, member: &Member) -> Result<()> {
+    let released = member.get(
+        &p::initiator_done(),
+        p::INITIATOR,
+        "release of its memory views",
+    );
     drop(held.ack_view.take());
     let _ = held.nixl.agent.invalidate_remote_md(p::INITIATOR_NAME);
-    session.delete(own_keys());
+    member.delete_written();
     released?;
-    session.mark(&p::target_done())
+    member.put_final(&p::target_done(), &Marker)
 }

@@ -12,15 +12,15 @@ use crate::gpu::kernels::{
 };
 use crate::gpu::ll;
 use crate::gpu::run::run_watched;
+use crate::group::Member;
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
-use crate::simple_write::session::Session;
 use crate::stats::Summary;
 use crate::{pattern, say};
 
 /// Receives every round of the plan; after a round whose data did not
 /// verify it publishes the verdict and fails with [`DataMismatch`].
-pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
+pub(super) fn run_all(held: &Held, member: &Member) -> Result<()> {
     if held.wait == WaitMode::Stream && held.plan.rounds.iter().any(|r| r.path == Path::Ll) {
         tracing::info!(
             "note: LL rounds poll their lines with a spinning kernel, and this GPU time-slices between the two \
@@ -32,7 +32,7 @@ pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
     let (mut signal_base, mut first_iter, mut ack_base) = (0u64, 0u32, 0u64);
     for (i, round) in held.plan.rounds.iter().enumerate() {
         // Not before the initiator says so: its baselines must run alone.
-        session.get(&p::go(i), "start of the round")?;
+        member.get(&p::go(i), p::INITIATOR, "start of the round")?;
         let wait = Wait {
             held,
             round,
@@ -41,7 +41,7 @@ pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
             first_iter,
             ack_base,
         };
-        let (report, stamps) = wait.run(session)?;
+        let (report, stamps) = wait.run(member)?;
         if i == 0 {
             say!("[target] Signal received!");
         }
@@ -66,7 +66,7 @@ pub(super) fn run_all(held: &Held, session: &Session) -> Result<()> {
             Ok(data) => judge(&data, held.plan.seed, variant, arrivals, i, round),
             Err(e) => line_mismatch(&host[..n], round, e),
         };
-        session.put(&p::verdict(i), &verdict)?;
+        member.put(&p::verdict(i), &verdict)?;
         if let Verdict::Mismatch { first, .. } = verdict {
             return Err(DataMismatch(format!("round {i}: {first}")).into());
         }
@@ -177,7 +177,7 @@ impl Wait<'_> {
 
     /// Waits for the round; returns the report and, with a spinning wait,
     /// the per-iteration arrival stamps.
-    fn run(&self, session: &Session) -> Result<(KernelReport, Option<DeviceBuffer>)> {
+    fn run(&self, member: &Member) -> Result<(KernelReport, Option<DeviceBuffer>)> {
         let held = self.held;
         let lines = self.polls_lines();
         let stream_mode = held.wait == WaitMode::Stream && !lines;
@@ -206,7 +206,7 @@ impl Wait<'_> {
                     Ok(held.kernels.launch_wait(s, &params)?)
                 }
             },
-            || session.probe(),
+            || member.probe(),
         )?;
         if finished.released {
             bail!("{}", self.silent(None));
