@@ -6,7 +6,7 @@
 Left: high-throughput runs, wire bandwidth (GB/s, bytes crossing into a
 rank per p50 iteration) of dispatch and combine per method (put, store, and
 the NCCL all-to-all of the same bytes). Right: low-latency runs, p50 and p99
-GPU time per phase (µs) with the 25 µs goal.
+GPU time per phase (µs).
 """
 import glob
 import json
@@ -68,7 +68,6 @@ def main():
         bars(axes[0], ht, lambda r: r["wire_gbps"], "wire GB/s (p50)", "high-throughput: wire bandwidth")
     if ll:
         bars(axes[1], ll, lambda r: r["time"]["p50_ns"] / 1e3, "µs (p50)", "low-latency: GPU time per phase")
-        axes[1].axhline(25, color="r", linestyle="--", linewidth=1)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 

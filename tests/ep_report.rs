@@ -1,7 +1,7 @@
 //! What rank 0 decides and reports, from the ranks' published numbers: the
 //! plan (one grid for all ranks, whether the NCCL baseline runs), the rows
 //! (slowest rank per iteration, bandwidth two ways, ratio to NCCL), the
-//! goals, the files, and the words for a wrong value.
+//! ratios, the files, and the words for a wrong value.
 
 use nixl_examples::ep::config::{Grid, Mode, Path, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::kernels::{BAD_COMBINED, BAD_CONTRIBUTION, BAD_COUNT, BAD_X, EpVerify};
@@ -144,20 +144,14 @@ fn rows_take_the_slowest_rank_and_count_bandwidth_two_ways() {
     assert!(table.contains("nccl") && table.contains("4.00"), "{table}");
     assert!(report::line(d, 2).contains("slowest of 2 ranks"));
 
-    let goals = report::goals(&c, &rows, Some(100.0));
-    assert!(goals.iter().any(|g| g.what.contains("1.3× NCCL") && g.met));
-    assert!(
-        goals
-            .iter()
-            .any(|g| g.what.contains("0.9× simple_write") && !g.met)
-    );
-    let ll = report::goals(
-        &cfg(Mode::Ll, 2),
-        &report::rows(&cfg(Mode::Ll, 2), &results),
-        None,
-    );
-    assert_eq!(ll.len(), 4);
-    assert!(ll.iter().all(|g| g.what.contains("25 µs")));
+    // Given simple_write's put at 100 GB/s, every device-API row shows its
+    // wire bandwidth over it; NCCL's rows show none.
+    let mut rows = rows;
+    report::set_vs_put(&mut rows, Some(100.0));
+    assert!((rows[0].vs_put.unwrap() - rows[0].wire_gbps / 100.0).abs() < 1e-12);
+    assert!(rows.iter().filter(|r| r.method == "nccl").all(|r| r.vs_put.is_none()));
+    assert!(report::table(&rows).contains("×put"));
+    assert!(!report::table(&rows).contains("goal"));
     // Without NCCL on every rank there are no NCCL rows and no ratio.
     let rows = report::rows(&c, &[result(0, 1.0, true), result(1, 1.0, false)]);
     assert!(
@@ -171,11 +165,10 @@ fn json_and_csv_carry_the_configuration_and_every_row() {
     let c = cfg(Mode::Ht, 2);
     let results = [result(0, 1.0, true), result(1, 1.0, true)];
     let rows = report::rows(&c, &results);
-    let goals = report::goals(&c, &rows, None);
     let info = report::RunInfo::collect(&c, vec![info(0, "a", true), info(1, "b", true)], 1 << 20);
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let (json, csv) = (dir.join("ep_report.json"), dir.join("ep_report.csv"));
-    report::write_json(&json, &info, &rows, &goals, &results).unwrap();
+    report::write_json(&json, &info, &rows, &results).unwrap();
     report::write_csv(&csv, &info, &rows).unwrap();
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

@@ -125,8 +125,8 @@ struct Args {
     #[arg(long)]
     no_baseline: bool,
 
-    /// simple_write's best put bandwidth at the same message size, GB/s, to
-    /// check the goal (wire bandwidth ≥ 0.9× of it).
+    /// simple_write's best put bandwidth at the same message size, GB/s:
+    /// every row then shows its wire bandwidth over it (column ×put).
     #[arg(long, value_name = "GB/S")]
     ref_put_gbps: Option<f64>,
 

@@ -26,7 +26,7 @@
 //!   others (iterations and checks), and the entry that decides GPU, memory
 //!   and plan;
 //! - [`nccl`]: the same-run NCCL all-to-all baseline;
-//! - [`report`]: results as lines, a table, goals, JSON and CSV;
+//! - [`report`]: results as lines, a table (ratios to NCCL and to simple_write's put), JSON and CSV;
 //! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
 
 pub mod config;

@@ -27,7 +27,7 @@ pub struct RunOptions {
     pub gpus: Option<u32>,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
-    /// simple_write's best put bandwidth at the same size, GB/s (goal check).
+    /// simple_write's best put bandwidth at the same size, GB/s (the ×put column).
     pub ref_put_gbps: Option<f64>,
     pub corrupt: Option<Corrupt>,
 }

@@ -1,7 +1,8 @@
 //! What an `ep` run measured: each rank's raw results, gathered by rank 0
 //! into one row per (method, phase) — method `put`, `store` or `nccl` — with
-//! p50/p99 GPU time, bandwidth counted two ways, the ratio to NCCL, and the
-//! goals; printed as lines and a table, written as JSON and CSV.
+//! p50/p99 GPU time, bandwidth counted two ways, and the ratios to the same
+//! run's NCCL and to simple_write's put bandwidth when given; printed as
+//! lines and a table, written as JSON and CSV.
 //!
 //! Time per iteration is the slowest rank's (the phase is done when every
 //! rank has everything); bytes are the mean over ranks of what each
@@ -82,16 +83,10 @@ pub struct Row {
     pub wire_gbps: f64,
     /// `wire_gbps` over NCCL's for the same phase (same bytes).
     pub vs_nccl: Option<f64>,
+    /// `wire_gbps` over simple_write's put bandwidth at the same message
+    /// size (`ep --ref-put-gbps`), the device API's own point-to-point rate.
+    pub vs_put: Option<f64>,
     pub verified: bool,
-}
-
-/// A goal of the issue, checked on this run's numbers.
-#[derive(Clone, Debug, Serialize)]
-pub struct Goal {
-    pub what: String,
-    pub value: f64,
-    pub target: f64,
-    pub met: bool,
 }
 
 fn mean_bytes(results: &[RankResult], phase: &str) -> PhaseBytes {
@@ -150,6 +145,7 @@ fn row(
         wire_gbps: gbps(bytes.wire),
         time,
         vs_nccl: None,
+        vs_put: None,
         verified: method != "nccl",
     }
 }
@@ -214,43 +210,12 @@ pub fn rows(cfg: &RunConfig, results: &[RankResult]) -> Vec<Row> {
     out
 }
 
-/// The issue's goals for this mode: low-latency p50 ≤ 25 µs per phase;
-/// high-throughput wire bandwidth ≥ 1.3× NCCL's and, given simple_write's
-/// best put bandwidth at the same size, ≥ 0.9× of it.
-pub fn goals(cfg: &RunConfig, rows: &[Row], ref_put_gbps: Option<f64>) -> Vec<Goal> {
-    let mut out = Vec::new();
-    for r in rows.iter().filter(|r| r.method != "nccl") {
-        let name = format!("{} {} {}", r.mode.name(), r.method, r.phase);
-        match cfg.mode {
-            Mode::Ll => out.push(Goal {
-                what: format!("{name}: p50 ≤ 25 µs"),
-                value: r.time.p50_ns / 1e3,
-                target: 25.0,
-                met: r.time.p50_ns / 1e3 <= 25.0,
-            }),
-            Mode::Ht => {
-                if let Some(x) = r.vs_nccl {
-                    out.push(Goal {
-                        what: format!("{name}: wire bandwidth ≥ 1.3× NCCL all-to-all"),
-                        value: x,
-                        target: 1.3,
-                        met: x >= 1.3,
-                    });
-                }
-                if let Some(p) = ref_put_gbps {
-                    out.push(Goal {
-                        what: format!(
-                            "{name}: wire bandwidth ≥ 0.9× simple_write's put ({p} GB/s)"
-                        ),
-                        value: r.wire_gbps / p,
-                        target: 0.9,
-                        met: r.wire_gbps >= 0.9 * p,
-                    });
-                }
-            }
-        }
+/// Sets every device-API row's ratio to simple_write's put bandwidth
+/// (`ref_put_gbps`, GB/s, at the same message size); NCCL's rows keep none.
+pub fn set_vs_put(rows: &mut [Row], ref_put_gbps: Option<f64>) {
+    for r in rows.iter_mut().filter(|r| r.method != "nccl") {
+        r.vs_put = ref_put_gbps.filter(|&p| p > 0.0).map(|p| r.wire_gbps / p);
     }
-    out
 }
 
 /// One line per row, as the run prints them.
@@ -270,6 +235,9 @@ pub fn line(r: &Row, ranks: usize) -> String {
     if let Some(x) = r.vs_nccl {
         let _ = write!(s, "; {x:.2}× NCCL");
     }
+    if let Some(x) = r.vs_put {
+        let _ = write!(s, "; {x:.2}× simple_write's put");
+    }
     if r.method != "nccl" {
         s += if r.verified { " ✓" } else { " ✗" };
     }
@@ -279,7 +247,7 @@ pub fn line(r: &Row, ranks: usize) -> String {
 /// The results table.
 pub fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:>4} {:>6} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10} {:>12} {:>6} {:>3}\n",
+        "{:>4} {:>6} {:>9} {:>9} {:>9} {:>11} {:>10} {:>10} {:>12} {:>6} {:>6} {:>3}\n",
         "mode",
         "method",
         "phase",
@@ -290,12 +258,13 @@ pub fn table(rows: &[Row]) -> String {
         "wire MB",
         "per-expert MB",
         "×NCCL",
+        "×put",
         "ok"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:>4} {:>6} {:>9} {:>9.2} {:>9.2} {:>11.1} {:>10.1} {:>10.2} {:>12.2} {:>6} {:>3}",
+            "{:>4} {:>6} {:>9} {:>9.2} {:>9.2} {:>11.1} {:>10.1} {:>10.2} {:>12.2} {:>6} {:>6} {:>3}",
             r.mode.name(),
             r.method,
             r.phase,
@@ -305,9 +274,8 @@ pub fn table(rows: &[Row]) -> String {
             r.wire_gbps,
             r.bytes.wire as f64 / 1e6,
             r.bytes.per_expert as f64 / 1e6,
-            r.vs_nccl
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "-".into()),
+            ratio(r.vs_nccl),
+            ratio(r.vs_put),
             if r.method == "nccl" {
                 ""
             } else if r.verified {
@@ -318,6 +286,10 @@ pub fn table(rows: &[Row]) -> String {
         );
     }
     out
+}
+
+fn ratio(x: Option<f64>) -> String {
+    x.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into())
 }
 
 /// The run's configuration, recorded with every figure.
@@ -370,15 +342,9 @@ impl RunInfo {
     }
 }
 
-/// Writes `{"run", "rows", "goals", "ranks"}` to `path`.
-pub fn write_json(
-    path: &FsPath,
-    info: &RunInfo,
-    rows: &[Row],
-    goals: &[Goal],
-    results: &[RankResult],
-) -> Result<()> {
-    let doc = serde_json::json!({ "run": info, "rows": rows, "goals": goals, "ranks": results });
+/// Writes `{"run", "rows", "ranks"}` to `path`.
+pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row], results: &[RankResult]) -> Result<()> {
+    let doc = serde_json::json!({ "run": info, "rows": rows, "ranks": results });
     let text = serde_json::to_string_pretty(&doc)?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
@@ -392,12 +358,12 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
         }
     }
     out += "mode,method,phase,ranks,tokens,hidden,topk,experts,routing,iters,p50_ns,p99_ns,min_ns,avg_ns,max_ns,\
-            deepep_bytes,wire_bytes,meta_bytes,per_expert_bytes,deepep_gbps,wire_gbps,vs_nccl,verified\n";
+            deepep_bytes,wire_bytes,meta_bytes,per_expert_bytes,deepep_gbps,wire_gbps,vs_nccl,vs_put,verified\n";
     let c = &info.config;
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{:?},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{:.3},{:.3},{},{}",
+            "{},{},{},{},{},{},{},{},{:?},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{:.3},{:.3},{},{},{}",
             r.mode.name(),
             r.method,
             r.phase,
@@ -420,6 +386,7 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
             r.deepep_gbps,
             r.wire_gbps,
             r.vs_nccl.map(|x| format!("{x:.4}")).unwrap_or_default(),
+            r.vs_put.map(|x| format!("{x:.4}")).unwrap_or_default(),
             r.verified
         );
     }

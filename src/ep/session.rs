@@ -512,13 +512,13 @@ pub fn calibrate(slots: &[EpTiming]) -> Result<(f64, Vec<f64>, Vec<f64>)> {
     Ok((k, each(0), each(1)))
 }
 
-/// Rank 0: gathers every rank's results, prints lines, table and goals,
+/// Rank 0: gathers every rank's results, prints lines and the table,
 /// writes JSON/CSV.
 fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) -> Result<()> {
     let g = ctx.group;
     let results = g.gather(|r| g.keys.result(r), "results")?;
-    let rows = report::rows(ctx.cfg, &results);
-    let goals = report::goals(ctx.cfg, &rows, ctx.opts.ref_put_gbps);
+    let mut rows = report::rows(ctx.cfg, &results);
+    report::set_vs_put(&mut rows, ctx.opts.ref_put_gbps);
     let (c, s) = (ctx.cfg, &ctx.cfg.shape);
     let gpus: std::collections::BTreeSet<(&str, &str)> = infos
         .iter()
@@ -548,18 +548,9 @@ fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) 
         say!("[ep] NCCL baseline skipped: {why}");
     }
     say!("\n{}", report::table(&rows));
-    for goal in &goals {
-        say!(
-            "[ep] goal {}: {:.2} (target {}) {}",
-            goal.what,
-            goal.value,
-            goal.target,
-            if goal.met { "met" } else { "NOT met" }
-        );
-    }
     let info = report::RunInfo::collect(ctx.cfg, infos, window_bytes);
     if let Some(p) = &ctx.opts.json {
-        report::write_json(p, &info, &rows, &goals, &results)?;
+        report::write_json(p, &info, &rows, &results)?;
     }
     if let Some(p) = &ctx.opts.csv {
         report::write_csv(p, &info, &rows)?;
