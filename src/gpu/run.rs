@@ -16,8 +16,8 @@ use super::DeviceBuffer;
 use super::Gpu;
 use super::kernels::KernelReport;
 
-/// Byte offset of `KernelReport::cancel`.
-const CANCEL_OFFSET: u64 = 36;
+/// Byte offset of `KernelReport::cancel`, the word the host raises.
+const CANCEL_OFFSET: u64 = std::mem::offset_of!(KernelReport, cancel) as u64;
 
 /// Finished work: the kernel report and the CUDA-event time around it (which
 /// includes launch overhead; the report's globaltimer stamps do not).
@@ -46,6 +46,12 @@ pub fn run_watched(
     launch: impl FnOnce(&CudaStream) -> Result<()>,
     mut probe: impl FnMut() -> Option<String>,
 ) -> Result<Finished> {
+    anyhow::ensure!(
+        report.len() >= std::mem::size_of::<KernelReport>(),
+        "a kernel report buffer of {} bytes cannot hold a KernelReport ({} bytes)",
+        report.len(),
+        std::mem::size_of::<KernelReport>()
+    );
     gpu.bind()?;
     report.zero(&gpu.stream)?;
     let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -88,7 +94,7 @@ pub fn run_watched(
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-    // The first 40 bytes: the whole KernelReport, or the start of an EpReport.
+    // The whole KernelReport, or the one an EpReport begins with.
     let mut kernel_report = KernelReport::default();
     report.download(&gpu.stream, bytemuck::bytes_of_mut(&mut kernel_report))?;
     if let Some(reason) = cancelled {
@@ -106,8 +112,9 @@ pub fn run_watched(
 /// from a separate stream (the work's own stream is blocked).
 fn cancel(gpu: &Gpu, report: &DeviceBuffer, word: Option<u64>) -> Result<()> {
     let side = gpu.ctx.new_stream()?;
-    // SAFETY: the report buffer is 40 bytes with the u32 flag at offset 36;
-    // `word` is the caller's live u64.
+    // SAFETY: the report buffer holds at least a `KernelReport` (run_watched
+    // reads one from it), whose u32 `cancel` is at CANCEL_OFFSET; `word` is
+    // the caller's live u64.
     unsafe {
         sys::cuMemsetD32Async(report.addr() + CANCEL_OFFSET, 1, 1, side.cu_stream()).result()?;
         if let Some(w) = word {
