@@ -301,7 +301,8 @@ template <> struct Vec<float> {
     __device__ static int4 pack(const float (&a)[4]) {
         return make_int4(__float_as_int(a[0]), __float_as_int(a[1]), __float_as_int(a[2]), __float_as_int(a[3]));
     }
-    __device__ static float load(const uint8_t *p, uint64_t i) { return reinterpret_cast<const float *>(p)[i]; }
+    // Through L2 (.cg): peers wrote this memory during the kernel.
+    __device__ static float load(const uint8_t *p, uint64_t i) { return __ldcg(reinterpret_cast<const float *>(p) + i); }
     __device__ static void store(uint8_t *p, uint64_t i, float v) { reinterpret_cast<float *>(p)[i] = v; }
 };
 template <> struct Vec<__nv_bfloat16> {
@@ -323,7 +324,7 @@ template <> struct Vec<__nv_bfloat16> {
         return out;
     }
     __device__ static float load(const uint8_t *p, uint64_t i) {
-        return __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(p)[i]);
+        return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short *>(p) + i)));
     }
     __device__ static void store(uint8_t *p, uint64_t i, float v) {
         reinterpret_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
@@ -341,7 +342,7 @@ template <typename T> __device__ void reduce_into(const CollParams &p, const Pee
     const uint64_t nv = (bits & 15) == 0 ? (hi - lo) / V::N : 0;
     for (uint64_t v = threadIdx.x; v < nv; v += blockDim.x) {
         float a[V::N] = {};
-        for (uint32_t s = 0; s < p.ranks; ++s) V::add(a, reinterpret_cast<const int4 *>(b.src[s] + lo * E)[v]);
+        for (uint32_t s = 0; s < p.ranks; ++s) V::add(a, __ldcg(reinterpret_cast<const int4 *>(b.src[s] + lo * E) + v));
         reinterpret_cast<int4 *>(out + lo * E)[v] = V::pack(a);
     }
     for (uint64_t i = lo + nv * V::N + threadIdx.x; i < hi; i += blockDim.x) {
