@@ -31,7 +31,9 @@ use nixl_examples::collectives::run::{self, Outputs};
 /// excluded, GPU time per call (CUDA events; p50 and p99 over the calls of
 /// the slowest rank), algbw and busbw with nccl-tests' factors, and NCCL's
 /// same call in the same run. Inputs are small integers, so every sum is
-/// exact: every output element of every call is checked.
+/// exact: every output element is checked, of every warm-up call (each
+/// with fresh inputs) and, out of place, of the last two timed calls (the
+/// timed calls run back to back, as nccl-tests runs them).
 ///
 /// Without RANK in the environment, `collectives` starts --ranks rank
 /// processes itself; under torchrun each process is one rank.
@@ -85,8 +87,8 @@ struct Args {
     #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     iters: u32,
 
-    /// Untimed warm-up calls per case.
-    #[arg(short = 'w', long, default_value_t = 5)]
+    /// Untimed warm-up calls per case, each checked element by element.
+    #[arg(short = 'w', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     warmup: u32,
 
     /// Seconds any wait may take: ranks joining, store keys, and every GPU

@@ -235,8 +235,8 @@ fn publish(
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
         .collect();
     say!(
-        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls per case after {} warm-up, every output element \
-         checked; {nccl}",
+        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls back to back per case after {} checked \
+         warm-up calls (every output element compared); {nccl}",
         g.world,
         gpus.len(),
         infos[0].gpu_name,

@@ -3,8 +3,9 @@
 //! sweep with its checks, NCCL's same calls, and a teardown in which nobody
 //! frees memory a peer still maps.
 //!
-//! A case is `warmup + iters` calls queued back to back on the rank's
-//! stream, each `fill → event → coll_run → event → check`, watched as one by
+//! A case is `warmup` checked calls (`fill → coll_run → check`) then
+//! `iters` timed ones back to back (`event → coll_run → event`), queued on
+//! the rank's stream and watched as one by
 //! [`crate::gpu::run::run_watched`] (the host polls, asks the store whether
 //! a rank gave up, and cancels the kernels if one did). The run-wide call
 //! number gives every call its epoch (number + 1) and its buffer parity.
@@ -286,33 +287,54 @@ impl Session {
 impl Session {
     /// One case: its calls queued and watched, then the report and the
     /// checks read; returns the timed calls' GPU times, ns.
+    ///
+    /// The warm-up calls are the checked ones: each gets fresh inputs and
+    /// every output element is compared. The timed calls then run back to
+    /// back, as nccl-tests times them (a fill or check kernel between them
+    /// would hold up the peers waiting on this rank and be counted in
+    /// their time), on one fill of inputs; out of place, the last two
+    /// outputs (both parities) are checked after them.
     fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<Vec<f64>> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
+        let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
+        let data = |c: u64, id: u64| {
+            let p = self.params(ctx, case, c);
+            (
+                p,
+                self.data(ctx, case, p.window + p.off_in, p.window + p.off_out, id),
+            )
+        };
         let mut events = Vec::new();
+        let mut checks = 0u64;
         self.verify.zero(&ctx.gpu.stream)?;
         let queue = |s: &CudaStream| -> Result<()> {
-            for k in 0..u64::from(cfg.calls()) {
-                let p = self.params(ctx, case, first + k);
-                let d = self.data(
-                    ctx,
-                    case,
-                    p.window + p.off_in,
-                    p.window + p.off_out,
-                    first + k,
-                );
-                // SAFETY: every address belongs to this session, which
-                // outlives the work (run_watched waits for it).
-                unsafe {
+            // SAFETY: every address belongs to this session, which outlives
+            // the work (run_watched waits for it).
+            unsafe {
+                for c in first..first + warm {
+                    let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
                     ctx.kernels.launch_run(s, blocks, &p)?;
+                    self.maybe_corrupt(ctx, s, d.output, c - first)?;
+                    ctx.kernels.launch_data(s, true, &d)?;
+                    checks += 1;
+                }
+                let id = first + warm;
+                ctx.kernels.launch_data(s, false, &data(id, id).1)?;
+                for c in id..id + iters {
+                    let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                    ctx.kernels.launch_run(s, blocks, &data(c, id).0)?;
                     events.push((
                         e0,
                         s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
                     ));
-                    self.maybe_corrupt(ctx, s, d.output, k)?;
-                    ctx.kernels.launch_data(s, true, &d)?;
+                }
+                for c in (id + iters).saturating_sub(2).max(id)..id + iters {
+                    if !case.in_place {
+                        ctx.kernels.launch_data(s, true, &data(c, id).1)?;
+                        checks += 1;
+                    }
                 }
             }
             Ok(())
@@ -328,16 +350,13 @@ impl Session {
         )
         .with_context(|| format!("rank {}: {what}", g.rank))?;
         self.check_report(ctx, &what)?;
-        self.check_verify(ctx, &what, case.elems(g.world).1 * u64::from(cfg.calls()))?;
-        elapsed(&events[cfg.warmup as usize..])
+        self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
+        elapsed(&events)
     }
 
-    /// The test hook: garbles output element 0 of the first timed call.
+    /// The test hook: garbles output element 0 of the first checked call.
     fn maybe_corrupt(&self, ctx: &Context, s: &CudaStream, out: u64, k: u64) -> Result<()> {
-        if ctx.cfg.corrupt_rank == Some(ctx.group.rank)
-            && k == u64::from(ctx.cfg.warmup)
-            && !self.corrupted.get()
-        {
+        if ctx.cfg.corrupt_rank == Some(ctx.group.rank) && k == 0 && !self.corrupted.get() {
             self.corrupted.set(true);
             tracing::warn!("injected fault: corrupting output element 0");
             // SAFETY: two bytes inside the live output.
@@ -346,7 +365,7 @@ impl Session {
         Ok(())
     }
 
-    /// NCCL's call of the same size: the same fill, events and check.
+    /// NCCL's call of the same size, queued, timed and checked as ours.
     fn run_nccl(
         &self,
         ctx: &Context,
@@ -355,20 +374,31 @@ impl Session {
         bufs: &(DeviceBuffer, DeviceBuffer),
     ) -> Result<Vec<f64>> {
         let (g, cfg) = (ctx.group, ctx.cfg);
+        let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
         let mut events = Vec::new();
         self.verify.zero(&ctx.gpu.stream)?;
+        let call = |s: &CudaStream, d: &CollData| {
+            // SAFETY: both buffers hold the largest call; they outlive the work.
+            unsafe { nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output) }
+        };
         let queue = |s: &CudaStream| -> Result<()> {
-            for k in 0..u64::from(cfg.calls()) {
-                let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), k);
-                // SAFETY: both buffers hold the largest call; they outlive the work.
-                unsafe {
+            // SAFETY: as in run_case.
+            unsafe {
+                for c in 0..warm + 1 {
+                    let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                    nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output)?;
-                    events.push((
-                        e0,
-                        s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-                    ));
+                    if c == warm {
+                        for _ in 0..iters {
+                            let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                            call(s, &d)?;
+                            events.push((
+                                e0,
+                                s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
+                            ));
+                        }
+                    } else {
+                        call(s, &d)?;
+                    }
                     ctx.kernels.launch_data(s, true, &d)?;
                 }
             }
@@ -384,8 +414,8 @@ impl Session {
             || g.probe(),
         )
         .with_context(|| format!("rank {}: {what}", g.rank))?;
-        self.check_verify(ctx, &what, case.elems(g.world).1 * u64::from(cfg.calls()))?;
-        elapsed(&events[cfg.warmup as usize..])
+        self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
+        elapsed(&events)
     }
 
     /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
