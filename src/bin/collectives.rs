@@ -83,8 +83,9 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Place::Out)]
     place: Place,
 
-    /// Timed calls per case.
-    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Timed calls per case (at most 200: they are all queued before the
+    /// GPU starts them).
+    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200))]
     iters: u32,
 
     /// Untimed warm-up calls per case, each checked element by element.

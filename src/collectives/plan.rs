@@ -59,9 +59,10 @@ pub struct Group {
 }
 
 impl RunConfig {
-    /// Calls per case, warm-up included.
+    /// Calls per case: the checked warm-up calls, two untimed calls after
+    /// the gate of the timed ones, the timed ones.
     pub fn calls(&self) -> u32 {
-        self.warmup + self.iters
+        self.warmup + 2 + self.iters
     }
 
     /// Every (operation, type, size) in run order with its cases; sizes

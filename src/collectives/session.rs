@@ -26,6 +26,7 @@ use super::plan::{Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
 use crate::ep::nccl::NcclStatus;
+use crate::gpu::kernels::wait_value_geq;
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
@@ -64,6 +65,11 @@ pub struct Session {
     report: DeviceBuffer,
     verify: DeviceBuffer,
     sent: DeviceBuffer,
+    /// The gate the timed calls wait behind (see `run_case`).
+    gate: DeviceBuffer,
+    side: std::sync::Arc<CudaStream>,
+    /// The gate's last value (it only grows).
+    gates: Cell<u64>,
     nixl: UcxAgent,
     corrupted: Cell<bool>,
 }
@@ -128,6 +134,9 @@ impl Session {
             report: alloc(size_of::<CollReport>() as u64, "the report")?,
             verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
             sent: alloc(2 * u64::from(MAX_BLOCKS) * 8, "the epochs sent")?,
+            gate: alloc(8, "the gate")?,
+            side: ctx.gpu.ctx.new_stream()?,
+            gates: Cell::new(0),
             window,
             nixl,
             corrupted: Cell::new(false),
@@ -293,7 +302,11 @@ impl Session {
     /// back, as nccl-tests times them (a fill or check kernel between them
     /// would hold up the peers waiting on this rank and be counted in
     /// their time), on one fill of inputs; out of place, the last two
-    /// outputs (both parities) are checked after them.
+    /// outputs (both parities) are checked after them. They wait behind a
+    /// gate (a stream wait on a word this rank's side stream writes once
+    /// everything is queued), so the GPU runs them at its own pace, not at
+    /// the rate the host launches them; two untimed calls after the gate
+    /// absorb the ranks' different release times.
     fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<Vec<f64>> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
@@ -322,20 +335,23 @@ impl Session {
                 }
                 let id = first + warm;
                 ctx.kernels.launch_data(s, false, &data(id, id).1)?;
-                for c in id..id + iters {
+                let gate = self.close_gate(s)?;
+                let end = id + iters + 2;
+                for c in id..end {
                     let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
                     ctx.kernels.launch_run(s, blocks, &data(c, id).0)?;
-                    events.push((
-                        e0,
-                        s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-                    ));
+                    let e1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                    if c >= id + 2 {
+                        events.push((e0, e1));
+                    }
                 }
-                for c in (id + iters).saturating_sub(2).max(id)..id + iters {
+                for c in end - 2..end {
                     if !case.in_place {
                         ctx.kernels.launch_data(s, true, &data(c, id).1)?;
                         checks += 1;
                     }
                 }
+                self.open_gate(gate)?;
             }
             Ok(())
         };
@@ -344,14 +360,39 @@ impl Session {
             ctx.gpu,
             &self.report,
             Duration::from_nanos(cfg.timeout_ns),
-            None,
+            Some(self.gate.addr()),
             queue,
             || g.probe(),
         )
-        .with_context(|| format!("rank {}: {what}", g.rank))?;
+        .with_context(|| format!("rank {}: {what}", g.rank))
+        .and_then(|f| match f.released {
+            true => bail!(
+                "rank {}: {what}: not done within the timeout (gate released)",
+                g.rank
+            ),
+            false => Ok(()),
+        })?;
         self.check_report(ctx, &what)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
         elapsed(&events)
+    }
+
+    /// Queues a wait behind the next gate; returns its value.
+    fn close_gate(&self, s: &CudaStream) -> Result<u64> {
+        let v = self.gates.get() + 1;
+        self.gates.set(v);
+        // SAFETY: the gate lives as long as the session.
+        unsafe { wait_value_geq(s, self.gate.addr(), v)? };
+        Ok(v)
+    }
+
+    /// Everything is queued: opens gate `v` from the side stream.
+    fn open_gate(&self, v: u64) -> Result<()> {
+        // SAFETY: an 8-byte write into the live gate.
+        unsafe {
+            sys::cuStreamWriteValue64_v2(self.side.cu_stream(), self.gate.addr(), v, 0).result()?
+        };
+        Ok(())
     }
 
     /// The test hook: garbles output element 0 of the first checked call.
@@ -387,19 +428,22 @@ impl Session {
                 for c in 0..warm + 1 {
                     let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    if c == warm {
-                        for _ in 0..iters {
-                            let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                            call(s, &d)?;
-                            events.push((
-                                e0,
-                                s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-                            ));
-                        }
-                    } else {
+                    if c < warm {
                         call(s, &d)?;
+                        ctx.kernels.launch_data(s, true, &d)?;
+                        continue;
+                    }
+                    let gate = self.close_gate(s)?;
+                    for k in 0..iters + 2 {
+                        let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                        call(s, &d)?;
+                        let e1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                        if k >= 2 {
+                            events.push((e0, e1));
+                        }
                     }
                     ctx.kernels.launch_data(s, true, &d)?;
+                    self.open_gate(gate)?;
                 }
             }
             Ok(())
@@ -409,7 +453,7 @@ impl Session {
             ctx.gpu,
             &self.report,
             Duration::from_nanos(cfg.timeout_ns),
-            None,
+            Some(self.gate.addr()),
             queue,
             || g.probe(),
         )
