@@ -47,6 +47,7 @@ struct CollParams {
     uint8_t *window;
     struct CollReport *report;
     uint64_t *sent;  // [2][COLL_MAX_BLOCKS]: last epoch this rank signalled
+    struct CollTiming *timing;  // this call's stamps
     uint64_t off_flags;
     uint64_t off_in;
     uint64_t off_out;
@@ -80,6 +81,15 @@ struct CollReport {
     uint64_t wait_target;
 };
 
+// Block 0's clock at the call's first instruction and after its last wait
+// and its share of the work (cycles, calibrated against %globaltimer on the host).
+struct CollTiming {
+    uint64_t clock_start;
+    uint64_t clock_end;
+    uint64_t gt_start;
+    uint64_t gt_end;
+};
+
 // What the fill and check kernels work on (src/collectives/kernels.rs CollData).
 struct CollData {
     uint8_t *in;
@@ -104,7 +114,9 @@ struct CollVerify {
     uint64_t checked;  // elements compared
 };
 
-static_assert(sizeof(CollParams) == 128, "CollParams layout is shared with the host");
+static_assert(sizeof(CollParams) == 136, "CollParams layout is shared with the host");
+static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
+static_assert(sizeof(CollTiming) == 32, "CollTiming layout is shared with the host");
 static_assert(sizeof(CollReport) == 64, "CollReport layout is shared with the host");
 static_assert(offsetof(CollReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
 static_assert(sizeof(CollData) == 56, "CollData layout is shared with the host");
@@ -443,12 +455,22 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
 // One call of one collective. Every rank launches the same grid.
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p) {
     __shared__ Peers b;
+    const bool stamp = blockIdx.x == 0 && threadIdx.x == 0;
+    if (stamp) {
+        p.timing->gt_start = globaltimer_ns();
+        p.timing->clock_start = clock64();
+    }
     if (given_up(p.report)) return;
     peers_setup(p, b);
     if (p.op == COLL_ALLREDUCE && p.algo == COLL_ONE_SHOT) allreduce_one_shot(p, b);
     else if (p.op == COLL_ALLREDUCE) allreduce_two_shot(p, b);
     else if (p.op == COLL_ALLGATHER) allgather(p, b);
     else reduce_scatter(p, b);
+    __syncthreads();
+    if (stamp) {
+        p.timing->clock_end = clock64();
+        p.timing->gt_end = globaltimer_ns();
+    }
 }
 
 // ------------------------------------------------------ fill and check

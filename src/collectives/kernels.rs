@@ -27,6 +27,8 @@ pub struct CollParams {
     /// `[2][MAX_BLOCKS]` u64: the last epoch this rank signalled per
     /// (phase, block); local memory, zeroed once.
     pub sent: u64,
+    /// This call's [`CollTiming`].
+    pub timing: u64,
     pub off_flags: u64,
     pub off_in: u64,
     pub off_out: u64,
@@ -70,6 +72,42 @@ pub struct CollReport {
     pub wait_target: u64,
 }
 
+/// `CollTiming`: block 0's clock at a call's first instruction and after
+/// its last wait and its share of the work.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CollTiming {
+    /// `clock64` (cycles of block 0's SM).
+    pub clock_start: u64,
+    pub clock_end: u64,
+    /// `%globaltimer` (ns), to calibrate the cycles.
+    pub gt_start: u64,
+    pub gt_end: u64,
+}
+
+/// Per-call times from the stamps, ns: cycle counts (their resolution)
+/// scaled by the `%globaltimer` nanoseconds per cycle over all of them (the
+/// timer's long-run accuracy).
+pub fn calibrate(slots: &[CollTiming]) -> Vec<f64> {
+    let cycles: u64 = slots
+        .iter()
+        .map(|s| s.clock_end.wrapping_sub(s.clock_start))
+        .sum();
+    let ns: u64 = slots
+        .iter()
+        .map(|s| s.gt_end.saturating_sub(s.gt_start))
+        .sum();
+    let k = if cycles == 0 {
+        0.0
+    } else {
+        ns as f64 / cycles as f64
+    };
+    slots
+        .iter()
+        .map(|s| s.clock_end.wrapping_sub(s.clock_start) as f64 * k)
+        .collect()
+}
+
 /// `CollData`: what the fill and check kernels work on (device addresses).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -101,8 +139,9 @@ pub struct CollVerify {
 }
 
 const _: () = {
-    assert!(size_of::<CollParams>() == 128);
-    assert!(std::mem::offset_of!(CollParams, rank) == 104);
+    assert!(size_of::<CollParams>() == 136);
+    assert!(std::mem::offset_of!(CollParams, rank) == 112);
+    assert!(size_of::<CollTiming>() == 32);
     assert!(size_of::<CollReport>() == 64);
     assert!(std::mem::offset_of!(CollReport, cancel) == 36);
     assert!(size_of::<CollData>() == 56);

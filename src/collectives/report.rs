@@ -20,6 +20,8 @@ use crate::stats::Summary;
 pub struct RankTimes {
     pub rank: u32,
     pub cases: Vec<Vec<f64>>,
+    /// In-kernel time of the same calls (block 0's clock), ns.
+    pub kernel: Vec<Vec<f64>>,
     pub nccl: Vec<Option<Vec<f64>>>,
 }
 
@@ -38,6 +40,9 @@ pub struct Row {
     pub blocks: u32,
     pub time_p50_us: f64,
     pub time_p99_us: f64,
+    /// Block 0's first instruction to its end, p50 of the slowest rank:
+    /// what the call costs inside the kernel, launch gaps excluded.
+    pub kernel_p50_us: f64,
     pub algbw_gbps: f64,
     pub busbw_gbps: f64,
     pub nccl_p50_us: Option<f64>,
@@ -57,7 +62,14 @@ pub fn slowest(per_rank: &[&Vec<f64>]) -> Summary {
 }
 
 /// The row of `case` from its times and NCCL's (ns summaries).
-pub fn row(case: &Case, ranks: u32, blocks: u32, ours: &Summary, nccl: Option<&Summary>) -> Row {
+pub fn row(
+    case: &Case,
+    ranks: u32,
+    blocks: u32,
+    ours: &Summary,
+    kernel: &Summary,
+    nccl: Option<&Summary>,
+) -> Row {
     let bytes = case.bytes(ranks);
     let gbps = |ns: f64| if ns > 0.0 { bytes as f64 / ns } else { 0.0 };
     let factor = case.op.bus_factor(ranks);
@@ -76,6 +88,7 @@ pub fn row(case: &Case, ranks: u32, blocks: u32, ours: &Summary, nccl: Option<&S
         blocks,
         time_p50_us: ours.p50_ns / 1e3,
         time_p99_us: ours.p99_ns / 1e3,
+        kernel_p50_us: kernel.p50_ns / 1e3,
         algbw_gbps: gbps(ours.p50_ns),
         busbw_gbps: gbps(ours.p50_ns) * factor,
         nccl_p50_us: nccl.map(|s| s.p50_ns / 1e3),
@@ -94,7 +107,7 @@ fn opt(v: Option<f64>, prec: usize) -> String {
 /// The table, nccl-tests' columns first.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7} {:>6}\n",
+        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>6}\n",
         "size(B)",
         "count",
         "type",
@@ -106,6 +119,7 @@ pub fn table(rows: &[Row]) -> String {
         "blks",
         "time(us)",
         "p99(us)",
+        "kern(us)",
         "algbw",
         "busbw",
         "nccl(us)",
@@ -114,7 +128,7 @@ pub fn table(rows: &[Row]) -> String {
     );
     for r in rows {
         s += &format!(
-            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>7.2} {:>7.2} {:>9} {:>7} {:>6}\n",
+            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>7.2} {:>7.2} {:>9} {:>7} {:>6}\n",
             r.size_bytes,
             r.count,
             r.dtype,
@@ -126,6 +140,7 @@ pub fn table(rows: &[Row]) -> String {
             r.blocks,
             r.time_p50_us,
             r.time_p99_us,
+            r.kernel_p50_us,
             r.algbw_gbps,
             r.busbw_gbps,
             opt(r.nccl_p50_us, 2),
@@ -161,14 +176,14 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
     writeln!(f, "# {}", serde_json::to_string(info)?)?;
     writeln!(
         f,
-        "size_bytes,count,type,redop,op,algo,path,in_place,blocks,time_p50_us,time_p99_us,algbw_gbps,busbw_gbps,\
+        "size_bytes,count,type,redop,op,algo,path,in_place,blocks,time_p50_us,time_p99_us,kernel_p50_us,algbw_gbps,busbw_gbps,\
          nccl_p50_us,nccl_p99_us,nccl_busbw_gbps,time_vs_nccl"
     )?;
     let o = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.4}"));
     for r in rows {
         writeln!(
             f,
-            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{}",
             r.size_bytes,
             r.count,
             r.dtype,
@@ -180,6 +195,7 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
             r.blocks,
             r.time_p50_us,
             r.time_p99_us,
+            r.kernel_p50_us,
             r.algbw_gbps,
             r.busbw_gbps,
             o(r.nccl_p50_us),
@@ -208,7 +224,7 @@ mod tests {
         };
         let ours = Summary::of(&[1e6]); // 4 MiB in 1 ms
         let nccl = Summary::of(&[2e6]);
-        let r = row(&case, 4, 8, &ours, Some(&nccl));
+        let r = row(&case, 4, 8, &ours, &ours, Some(&nccl));
         assert!((r.algbw_gbps - 4.194304).abs() < 1e-9);
         assert!((r.busbw_gbps - 4.194304 * 1.5).abs() < 1e-9);
         assert_eq!(r.time_vs_nccl, Some(0.5));

@@ -277,11 +277,13 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
         let nccl = nccl.map(|v| report::slowest(&v));
         for case in &grp.cases {
             let ours = report::slowest(&all.iter().map(|t| &t.cases[i]).collect::<Vec<_>>());
+            let kernel = report::slowest(&all.iter().map(|t| &t.kernel[i]).collect::<Vec<_>>());
             rows.push(report::row(
                 case,
                 n,
                 case.blocks(n, ctx.plan.max_blocks),
                 &ours,
+                &kernel,
                 nccl.as_ref(),
             ));
             i += 1;

@@ -18,7 +18,9 @@ use cudarc::driver::{CudaEvent, CudaStream, sys};
 use nixl_sys::{MemView, RegistrationHandle};
 use serde::{Deserialize, Serialize};
 
-use super::kernels::{CollData, CollKernels, CollParams, CollReport, CollVerify};
+use super::kernels::{
+    CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate,
+};
 use super::layout::{Case, MAX_BLOCKS, WindowLayout};
 use super::member::{Group, agent_name};
 use super::nccl::{self, Comm};
@@ -65,6 +67,8 @@ pub struct Session {
     report: DeviceBuffer,
     verify: DeviceBuffer,
     sent: DeviceBuffer,
+    /// A case's calls' [`CollTiming`] stamps.
+    timing: DeviceBuffer,
     /// The gate the timed calls wait behind (see `run_case`).
     gate: DeviceBuffer,
     side: std::sync::Arc<CudaStream>,
@@ -135,6 +139,7 @@ impl Session {
             verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
             sent: alloc(2 * u64::from(MAX_BLOCKS) * 8, "the epochs sent")?,
             gate: alloc(8, "the gate")?,
+            timing: alloc(32 * u64::from(ctx.cfg.calls()), "the timing stamps")?,
             side: ctx.gpu.ctx.new_stream()?,
             gates: Cell::new(0),
             window,
@@ -236,7 +241,9 @@ impl Session {
         let groups = ctx.cfg.groups();
         for (n, grp) in groups.iter().enumerate() {
             for case in &grp.cases {
-                times.cases.push(self.run_case(ctx, case, call)?);
+                let (events, kernel) = self.run_case(ctx, case, call)?;
+                times.cases.push(events);
+                times.kernel.push(kernel);
                 call += u64::from(ctx.cfg.calls());
             }
             times.nccl.push(match (comm, &nccl_bufs) {
@@ -260,6 +267,7 @@ impl Session {
             window: self.window.addr(),
             report: self.report.addr(),
             sent: self.sent.addr(),
+            timing: self.timing.addr() + (call % u64::from(ctx.cfg.calls())) * 32,
             off_flags: self.layout.flags,
             off_in,
             off_out,
@@ -307,7 +315,7 @@ impl Session {
     /// everything is queued), so the GPU runs them at its own pace, not at
     /// the rate the host launches them; two untimed calls after the gate
     /// absorb the ranks' different release times.
-    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<Vec<f64>> {
+    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<(Vec<f64>, Vec<f64>)> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
@@ -374,7 +382,10 @@ impl Session {
         })?;
         self.check_report(ctx, &what)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
-        elapsed(&events)
+        let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
+        self.timing
+            .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
+        Ok((elapsed(&events)?, calibrate(&raw[(warm + 2) as usize..])))
     }
 
     /// Queues a wait behind the next gate; returns its value.
@@ -542,7 +553,11 @@ pub fn connect_nccl(ctx: &Context, infos: &[RankInfo]) -> Result<Result<Comm, St
     }) {
         return Ok(Err(format!("rank {r}: {why}")));
     }
-    let mine = nccl::connect(g, ctx.gpu);
+    let shared = match ctx.plan.max_ranks_on_gpu {
+        1 => String::new(),
+        n => format!(" ({n} ranks share a GPU, which NCCL refuses: \"Duplicate GPU detected\")"),
+    };
+    let mine = nccl::connect(g, ctx.gpu).map_err(|e| anyhow::anyhow!("{e:#}{shared}"));
     let status: Result<(), String> = mine.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
     g.set_json(&g.keys.rank(g.rank, "nccl"), &status)?;
     for r in 0..g.world {
