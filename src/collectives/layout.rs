@@ -20,8 +20,11 @@ pub const THREADS: u32 = 512;
 pub const ALIGN_ELEMS: u64 = 8;
 /// Bytes of work per block before another block is added.
 pub const BLOCK_BYTES: u64 = 32 << 10;
-/// `auto` runs one-shot allreduce up to this size, two-shot above.
-pub const AUTO_ONE_SHOT_MAX: u64 = 256 << 10;
+/// `auto` runs one-shot allreduce up to this size, two-shot above: the
+/// crossover measured on one H100 shared by 2–4 ranks under MPS lay between
+/// 1 and 8 MiB (docs/results/2026-11-24-h100-collectives); across NVLink it
+/// is still to be measured.
+pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
 
 /// A collective operation (sum for the reductions).
 #[derive(
@@ -98,7 +101,7 @@ impl Algo {
 pub enum AlgoChoice {
     OneShot,
     TwoShot,
-    /// One-shot up to 256 KiB, two-shot above.
+    /// One-shot up to 1 MiB, two-shot above.
     Auto,
     /// One-shot and two-shot, each at every size.
     All,
