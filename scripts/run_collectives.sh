@@ -15,6 +15,8 @@
 # (must exit 3). Needs no cargo (scripts/gpu-bundle.sh packs the binaries).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives; RANKS="3 4"; MAX=64M; MPS=1
 TORCHRUN=1
 while (($#)); do
@@ -27,8 +29,8 @@ while (($#)); do
     --max) MAX=$2; shift 2 ;;
     --no-mps) MPS=0; shift ;;
     --no-torchrun) TORCHRUN=0; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run_collectives: unknown option $1 (try --help)" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
   esac
 done
 NAME=run_collectives
@@ -36,8 +38,6 @@ NAME=run_collectives
 source "$ROOT/scripts/lib/gpu-env.sh"
 C="$BIN/collectives"
 [[ -x "$C" ]] || { echo "run_collectives: no collectives binary in $BIN" >&2; exit 1; }
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-((NGPU >= 1)) || { echo "run_collectives: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }
 fail=0
 # shellcheck source=lib/ports.sh
 source "$ROOT/scripts/lib/ports.sh"

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes};
+use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
 use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
 use nixl_examples::collectives::plan::{Place, RunConfig};
@@ -94,8 +94,8 @@ struct Args {
 
     /// Seconds any wait may take: ranks joining, store keys, and every GPU
     /// spin-wait (a dead or silent rank is named within it).
-    #[arg(short, long, default_value_t = 30.0, value_parser = parse_timeout)]
-    timeout: f64,
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 
     /// Rank processes to start on this machine (ignored under torchrun) [default: 2].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
@@ -135,16 +135,6 @@ struct Args {
     inject: Option<String>,
 }
 
-fn parse_timeout(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err("timeout must be between 0 and 86400 seconds".into());
-    }
-    Ok(v)
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let tag = match std::env::var("RANK") {
@@ -156,7 +146,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main(args: Args) -> Result<ExitCode> {
-    let timeout = Duration::from_secs_f64(args.timeout);
+    let timeout = args.timeout;
     let env = RankEnv::from_env()?;
     let world = match (&env, args.ranks) {
         (Some(e), Some(n)) if n != e.world => {
@@ -199,15 +189,13 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
         check_port_free(args.port)?;
         args.port
     };
+    if !args.check_connection {
+        // Once here, rather than the same message from every rank.
+        run::check_machine()?;
+    }
     tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
     let exits = member::launch_ranks(world, port, timeout + Duration::from_secs(10))?;
-    if exits.iter().any(|e| e.code != 0) {
-        tracing::warn!(
-            "exit status by rank: {}",
-            nixl_examples::launch::summary(&exits)
-        );
-    }
-    Ok(nixl_examples::launch::overall(&exits))
+    Ok(nixl_examples::launch::finish("collectives", &exits))
 }
 
 /// The run's configuration; what cannot work is a usage error.
@@ -237,7 +225,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         sizes: sizes(args.minbytes, args.maxbytes, args.stepfactor)?,
         iters: args.iters,
         warmup: args.warmup,
-        timeout_ns: (args.timeout * 1e9) as u64,
+        timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         baseline: !args.no_baseline,
         corrupt_rank,

@@ -40,7 +40,7 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
         // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
         unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
     }
-    preflight()?;
+    check_machine()?;
     let visible = device_count()? as u32;
     let gpus = out.gpus.unwrap_or(visible);
     if gpus > visible {
@@ -77,8 +77,9 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
     })
 }
 
-/// Everything local that must hold, reported together.
-fn preflight() -> Result<()> {
+/// Everything local that must hold, reported together (the launcher runs
+/// it once before starting the ranks; each rank again).
+pub fn check_machine() -> Result<()> {
     let mut problems = Vec::new();
     if let Err(why) = crate::gpu::module::availability() {
         problems.push(format!(
