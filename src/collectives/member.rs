@@ -1,25 +1,72 @@
-//! How the ranks of a `collectives` run find each other: the small
-//! interface this program needs, over `ep`'s rank machinery (torchrun's
-//! environment, the store, heartbeats, aborts, barriers, teardown, the
-//! `--ranks N` launcher, the connection check) rather than a copy of it.
+//! One rank as a member of the run's [`crate::group`]: the ranks meet over
+//! the store (heartbeats, probes, aborts, barriers, a teardown after which
+//! no key is left), with `ep`'s rank environment, store and launcher.
+//! Rank 0 hosts the store (so it leaves last), unless torchrun's agent does.
 //!
-//! When the project's shared membership module lands, only this file
-//! changes: [`run_member`], [`launch_ranks`] and [`check_connection`] keep
-//! their signatures.
+//! Keys, under `nixl_coll/` (in torchrun's worker namespace when its agent
+//! hosts the store):
+//!
+//! | key | set by | value |
+//! |---|---|---|
+//! | `config` | rank 0 | the [`super::plan::RunConfig`]; others must match it |
+//! | `rank/<r>/info` | rank r | host, GPU, NCCL ([`super::session::RankInfo`]) |
+//! | `rank/<r>/metadata` | rank r | NIXL agent metadata |
+//! | `rank/<r>/window` | rank r | its window's descriptor list (nixlSerDes) |
+//! | `rank/<r>/store` | rank r | peers `nixlGetPtr` did not reach |
+//! | `nccl_id`, `rank/<r>/nccl` | rank 0, rank r | NCCL's unique id; whether NCCL connected |
+//! | `rank/<r>/result` | rank r | its times ([`super::report::RankTimes`]) |
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::ep::connect::{Inject, conclude};
+use crate::ep::connect::Inject;
 pub use crate::ep::env::RankEnv;
-pub use crate::ep::group::Group;
-use crate::ep::group::open_store;
-use crate::ep::keys::Keys;
+use crate::group::{Entry, Host, Member, Roster, Value};
 use crate::launch::RoleExit;
 
-/// This program's keys live under `nixl_coll/` (not `ep`'s `nixl_ep/`), in
-/// torchrun's worker namespace when torchrun hosts the store.
+/// One rank's handle on the run: its [`Member`] (every membership call,
+/// through `Deref`) and where its keys live.
+pub struct Group<'a> {
+    member: Member<'a>,
+    prefix: String,
+    pub rank: u32,
+    pub world: u32,
+}
+
+impl<'a> Deref for Group<'a> {
+    type Target = Member<'a>;
+    fn deref(&self) -> &Member<'a> {
+        &self.member
+    }
+}
+
+impl Group<'_> {
+    /// The run-wide entry `rest` (e.g. `config`).
+    pub fn entry<T>(&self, rest: &str) -> Entry<T> {
+        Entry::new(format!("{}{rest}", self.prefix))
+    }
+
+    /// Rank `r`'s entry `what` (`rank/<r>/<what>`).
+    pub fn rank_entry<T>(&self, r: u32, what: &str) -> Entry<T> {
+        self.entry(&format!("rank/{r}/{what}"))
+    }
+
+    /// Waits for `entry`, which rank `from` writes (see [`Member::get`]).
+    pub fn get<T: Value>(&self, entry: &Entry<T>, from: u32, what: &str) -> Result<T> {
+        self.member.get(entry, from as usize, what)
+    }
+
+    /// Every rank's `rank/<r>/<what>`, in rank order.
+    pub fn gather<T: Value>(&self, what: &str, describe: &str) -> Result<Vec<T>> {
+        (0..self.world)
+            .map(|r| self.get(&self.rank_entry(r, what), r, describe))
+            .collect()
+    }
+}
+
+/// This program's keys live under `nixl_coll/` (not `ep`'s `nixl_ep/`).
 pub fn key_prefix(env: &RankEnv) -> String {
     env.key_prefix().replace("nixl_ep/", "nixl_coll/")
 }
@@ -29,25 +76,28 @@ pub fn agent_name(r: u32) -> String {
     format!("coll-rank-{r}")
 }
 
-/// Joins the run's store as `env` says, runs `work` while this rank's
-/// heartbeat beats, then leaves with the others (every key deleted). On
-/// failure the others are told why (the abort key) and stop at once.
+/// Joins the run's store as `env` says and runs `work` as this rank
+/// ([`Member::run`]: heartbeat, abort on failure, cleanup on every path),
+/// then leaves with the others.
 pub fn run_member(
     env: &RankEnv,
     timeout: Duration,
     work: impl FnOnce(&Group) -> Result<()>,
 ) -> Result<()> {
-    let store = open_store(env, timeout)?;
+    let store = crate::ep::group::open_store(env, timeout)?;
     crate::interrupt::install()?;
-    let group = Group::new(
-        store.as_ref(),
-        Keys::new(key_prefix(env)),
-        env.rank,
-        env.world,
-        timeout,
-    );
-    let result = group.with_heartbeat(|| work(&group).and_then(|()| group.leave()));
-    conclude(&group, env, result)
+    let host = match env.agent_store {
+        true => Host::Elsewhere("torchrun's agent".into()),
+        false => Host::Member(0),
+    };
+    let roster = Roster::ranks(&key_prefix(env), env.world, host, "MASTER_ADDR:MASTER_PORT");
+    let group = Group {
+        member: Member::new(store.as_ref(), roster, env.rank as usize, timeout),
+        prefix: key_prefix(env),
+        rank: env.rank,
+        world: env.world,
+    };
+    group.run(|| work(&group).and_then(|()| group.leave()))
 }
 
 /// `collectives --ranks N`: starts the N ranks here, as torchrun would,
@@ -57,7 +107,7 @@ pub fn launch_ranks(world: u32, port: u16, grace: Duration) -> Result<Vec<RoleEx
 }
 
 /// `--check-connection`: the ranks meet and wire up their NIXL agents,
-/// no GPU used.
+/// no GPU used (`ep`'s check, the same wiring).
 pub fn check_connection(env: &RankEnv, timeout: Duration) -> Result<()> {
     crate::ep::connect::check_connection(env, timeout, Inject::default())
 }

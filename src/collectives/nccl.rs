@@ -17,6 +17,7 @@ use cudarc::nccl::{result, sys};
 use super::layout::{Dtype, Op};
 use super::member::Group;
 use crate::gpu::Gpu;
+use crate::group::Bytes;
 
 /// A live NCCL communicator of this rank.
 pub struct Comm(sys::ncclComm_t);
@@ -46,7 +47,7 @@ fn nccl<T>(what: &str, r: Result<T, result::NcclError>) -> Result<T> {
 /// a thread this one watches with the run's timeout and the group's probes;
 /// a thread stuck in NCCL is left behind. Errors: NCCL's own message.
 pub fn connect(group: &Group, gpu: &Gpu) -> Result<Comm> {
-    let id = crate::ep::nccl::exchange_id(group)?;
+    let id = exchange_id(group)?;
     let (ctx, world, rank) = (gpu.ctx.clone(), group.world as i32, group.rank as i32);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -76,13 +77,38 @@ pub fn connect(group: &Group, gpu: &Gpu) -> Result<Comm> {
         if let Some(why) = group.probe() {
             bail!("{why} (during NCCL setup)");
         }
-        if start.elapsed() > group.timeout {
+        if start.elapsed() > group.timeout() {
             bail!(
                 "ncclCommInitRank did not return within {:?} (NCCL_DEBUG=INFO says why)",
-                group.timeout
+                group.timeout()
             );
         }
     }
+}
+
+/// NCCL's unique id, through the store: rank 0 makes it, the others read it.
+fn exchange_id(group: &Group) -> Result<sys::ncclUniqueId> {
+    let entry = group.entry::<Bytes>("nccl_id");
+    let bytes = match group.rank {
+        0 => {
+            let id =
+                result::get_uniqueid().map_err(|e| anyhow!("ncclGetUniqueId failed: {e:?}"))?;
+            let b: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            group.put(&entry, &Bytes(b.clone()))?;
+            b
+        }
+        _ => group.get(&entry, 0, "NCCL unique id")?.0,
+    };
+    anyhow::ensure!(
+        bytes.len() == 128,
+        "the NCCL unique id in the store has {} bytes, not 128",
+        bytes.len()
+    );
+    let mut id = sys::ncclUniqueId { internal: [0; 128] };
+    for (d, s) in id.internal.iter_mut().zip(&bytes) {
+        *d = *s as _;
+    }
+    Ok(id)
 }
 
 fn data_type(d: Dtype) -> sys::ncclDataType_t {

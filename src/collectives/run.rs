@@ -137,10 +137,8 @@ fn session(
     info: &RankInfo,
 ) -> Result<()> {
     agree_config(g, cfg)?;
-    g.set_json(&g.keys.rank(g.rank, "info"), info)?;
-    let infos: Vec<RankInfo> = (0..g.world)
-        .map(|r| g.get_json(&g.keys.rank(r, "info"), r, "GPU info"))
-        .collect::<Result<_>>()?;
+    g.put(&g.rank_entry(g.rank, "info"), info)?;
+    let infos: Vec<RankInfo> = g.gather("info", "GPU info")?;
     let plan = make_plan(cfg, &infos);
     let ctx = Context {
         group: g,
@@ -170,7 +168,7 @@ fn session(
     }
     let times = measured?;
     drop(comm);
-    g.set_json(&g.keys.rank(g.rank, "result"), &times)?;
+    g.put(&g.rank_entry(g.rank, "result"), &times)?;
     let window = s.layout.bytes;
     s.close(&ctx)?;
     if g.rank == 0 {
@@ -182,9 +180,9 @@ fn session(
 /// Every rank must run rank 0's configuration.
 fn agree_config(g: &Group, cfg: &RunConfig) -> Result<()> {
     if g.rank == 0 {
-        return g.set_json(&g.keys.config(), cfg);
+        return g.put(&g.entry("config"), cfg);
     }
-    let theirs: RunConfig = g.get_json(&g.keys.config(), 0, "run configuration")?;
+    let theirs: RunConfig = g.get(&g.entry("config"), 0, "run configuration")?;
     if &theirs != cfg {
         return Err(UsageError(format!(
             "rank {} was started with other arguments than rank 0: give every rank the same arguments",
@@ -227,9 +225,7 @@ fn publish(
     out: &Outputs,
 ) -> Result<()> {
     let g = ctx.group;
-    let all: Vec<RankTimes> = (0..g.world)
-        .map(|r| g.get_json(&g.keys.rank(r, "result"), r, "results"))
-        .collect::<Result<_>>()?;
+    let all: Vec<RankTimes> = g.gather("result", "results")?;
     let rows = rows(ctx, &all);
     let gpus: std::collections::BTreeSet<(&str, &str)> = infos
         .iter()

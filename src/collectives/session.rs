@@ -31,6 +31,7 @@ use crate::ep::nccl::NcclStatus;
 use crate::gpu::kernels::wait_value_geq;
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::AgentMetadata;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
@@ -46,6 +47,17 @@ pub struct RankInfo {
     pub mps: bool,
     pub nccl: NcclStatus,
 }
+
+/// A rank's NCCL setup: `Some(why)` when it failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NcclOutcome(pub Option<String>);
+
+crate::json_value!(
+    RankInfo => "rank description",
+    NcclOutcome => "NCCL setup outcome",
+    super::plan::RunConfig => "run configuration",
+    super::report::RankTimes => "rank result",
+);
 
 /// What a session works with.
 pub struct Context<'a> {
@@ -95,9 +107,9 @@ impl Session {
             .agent
             .register_memory(&window, None)
             .context("registering the window (VRAM)")?;
-        g.set(
-            &g.keys.rank(g.rank, "metadata"),
-            &nixl.agent.get_local_md()?,
+        g.put(
+            &g.rank_entry(g.rank, "metadata"),
+            &AgentMetadata(nixl.agent.get_local_md()?),
         )?;
         let own = DescList::new(
             MemType::Vram,
@@ -107,14 +119,12 @@ impl Session {
                 dev_id: window.ordinal() as u64,
             }],
         );
-        g.set(&g.keys.rank(g.rank, "window"), &own.encode())?;
+        g.put(&g.rank_entry(g.rank, "window"), &own)?;
         let mut peers = vec![None; g.world as usize];
         for r in (0..g.world).filter(|&r| r != g.rank) {
-            let md = g.get(&g.keys.rank(r, "metadata"), r, "agent metadata")?;
-            load_peer(&nixl.agent, &md, &agent_name(r), g.timeout)?;
-            let raw = g.get(&g.keys.rank(r, "window"), r, "window descriptor")?;
-            let list = DescList::decode(&raw)
-                .with_context(|| format!("decoding rank {r}'s window descriptor"))?;
+            let md: AgentMetadata = g.get(&g.rank_entry(r, "metadata"), r, "agent metadata")?;
+            load_peer(&nixl.agent, &md.0, &agent_name(r), g.timeout())?;
+            let list: DescList = g.get(&g.rank_entry(r, "window"), r, "window descriptor")?;
             match list.descs.as_slice() {
                 [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, agent_name(r))),
                 other => bail!(
@@ -179,9 +189,9 @@ impl Session {
                 .map(|(r, _)| r)
                 .collect();
         }
-        g.set_json(&g.keys.rank(g.rank, "store"), &unreachable)?;
+        g.put(&g.rank_entry(g.rank, "store"), &unreachable)?;
         for r in 0..g.world {
-            let theirs: Vec<usize> = g.get_json(&g.keys.rank(r, "store"), r, "pointer check")?;
+            let theirs: Vec<usize> = g.get(&g.rank_entry(r, "store"), r, "pointer check")?;
             if let Some(p) = theirs.first() {
                 bail!(
                     "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got \
@@ -558,14 +568,15 @@ pub fn connect_nccl(ctx: &Context, infos: &[RankInfo]) -> Result<Result<Comm, St
         n => format!(" ({n} ranks share a GPU, which NCCL refuses: \"Duplicate GPU detected\")"),
     };
     let mine = nccl::connect(g, ctx.gpu).map_err(|e| anyhow::anyhow!("{e:#}{shared}"));
-    let status: Result<(), String> = mine.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
-    g.set_json(&g.keys.rank(g.rank, "nccl"), &status)?;
-    for r in 0..g.world {
-        let theirs: Result<(), String> =
-            g.get_json(&g.keys.rank(r, "nccl"), r, "NCCL setup outcome")?;
-        if let Err(why) = theirs {
-            return Ok(Err(format!("rank {r}: {why}")));
-        }
+    let status = NcclOutcome(mine.as_ref().err().map(|e| format!("{e:#}")));
+    g.put(&g.rank_entry(g.rank, "nccl"), &status)?;
+    let all: Vec<NcclOutcome> = g.gather("nccl", "NCCL setup outcome")?;
+    if let Some((r, why)) = all
+        .iter()
+        .enumerate()
+        .find_map(|(r, o)| o.0.as_ref().map(|w| (r, w)))
+    {
+        return Ok(Err(format!("rank {r}: {why}")));
     }
     Ok(mine.map_err(|e| format!("{e:#}")))
 }

@@ -177,9 +177,8 @@ pub struct NcclTimes {
     pub combine_ns: Vec<f64>,
 }
 
-/// The NCCL unique id, through the store: rank 0 makes it, the others read
-/// it (also used by the collectives program's baseline).
-pub fn exchange_id(group: &Group) -> Result<sys::ncclUniqueId> {
+/// The NCCL unique id, through the store: rank 0 makes it, the others read it.
+fn exchange_id(group: &Group) -> Result<sys::ncclUniqueId> {
     let key = group.keys.nccl_id();
     let bytes: Vec<u8> = if group.rank == 0 {
         let id =
