@@ -13,7 +13,8 @@
 //!   CPU model of each algorithm over the same offsets (tests the index
 //!   arithmetic without a GPU);
 //! - [`plan`]: the run every rank agrees on, case by case;
-//! - [`member`]: how ranks meet (a small interface over `ep`'s);
+//! - [`member`]: how ranks meet (a [`crate::group`] member, with `ep`'s rank
+//!   environment, store and launcher);
 //! - [`kernels`], [`session`], [`nccl`], [`run`]: the GPU run — the kernels
 //!   of `cuda/collectives.cu`, the rank's registered window and views, the
 //!   cases and their checks, NCCL's same calls, the entry;
