@@ -44,7 +44,7 @@ if [[ -z $out ]] || ! grep -q '^cargo:rustc-cfg=nixl_kernels$' "$out"; then
 fi
 
 rm -rf "$OUT"; mkdir -p "$OUT/stage/bin" "$OUT/stage/nixl"
-for b in target/release/simple_write target/release/ep target/release/examples/*; do
+for b in target/release/simple_write target/release/ep target/release/collectives target/release/examples/*; do
   [[ -f "$b" && -x "$b" && "$b" != *.d && "$(basename "$b")" != *-* ]] && cp "$b" "$OUT/stage/bin/"
 done
 

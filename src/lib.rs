@@ -15,6 +15,7 @@
 //! `cuda/put_and_signal.cu`, and KERNEL_GUIDE.md walks through it.
 
 pub mod cli;
+pub mod collectives;
 pub mod deadline;
 pub mod ep;
 pub mod exchange;

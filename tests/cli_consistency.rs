@@ -20,6 +20,7 @@ fn programs() -> Vec<(&'static str, Command)> {
             Command::new(env!("CARGO_BIN_EXE_simple_write")),
         ),
         ("ep", ep()),
+        ("collectives", collectives()),
     ];
     for name in [
         "two_proc",
@@ -44,6 +45,14 @@ fn ep() -> Command {
         "MASTER_ADDR",
         "MASTER_PORT",
     ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+fn collectives() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_collectives"));
+    for v in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"] {
         c.env_remove(v);
     }
     c
@@ -101,6 +110,7 @@ fn every_byte_size_has_one_parser() {
         (Command::new(example("send_recv")), "--buffer-size"),
         (Command::new(example("put_and_signal")), "--size"),
         (Command::new(example("simple_write_unified")), "--size"),
+        (collectives(), "-e"),
     ];
     for (c, flag) in &sized {
         for (bad, says) in [

@@ -14,6 +14,8 @@ pub enum Fatbin {
     PutAndSignal,
     /// `cuda/ep.cu`: expert-parallel dispatch and combine.
     Ep,
+    /// `cuda/collectives.cu`: allreduce, allgather and reduce-scatter.
+    Collectives,
 }
 
 /// Why the kernels are not available in this binary, or not on this GPU.
@@ -35,6 +37,7 @@ fn image(which: Fatbin) -> Result<&'static [u8], &'static str> {
         Fatbin::Kernels => include_bytes!(env!("NIXL_FATBIN_KERNELS")),
         Fatbin::PutAndSignal => include_bytes!(env!("NIXL_FATBIN_PUT_AND_SIGNAL")),
         Fatbin::Ep => include_bytes!(env!("NIXL_FATBIN_EP")),
+        Fatbin::Collectives => include_bytes!(env!("NIXL_FATBIN_COLLECTIVES")),
     })
 }
 

@@ -1,0 +1,526 @@
+// Collectives the GPU drives itself: allreduce (one-shot and two-shot),
+// allgather and reduce-scatter between N ranks through NIXL's device API.
+// KERNEL_GUIDE.md ("Collectives") walks through the design; in one paragraph:
+//
+// Every rank registers one window (src/collectives/layout.rs): flag slots,
+// the input, two output buffers and two receive areas. Every algorithm is
+// push-only: a block copies its slice of the data into the peers' windows —
+// plain 16-byte stores through nixlGetPtr (path store) or nixlPut (path put)
+// — then signals each peer in the slot [phase][block][this rank], and waits
+// for the peers' signals in its own slots. A signal carries the call's
+// sequence number (the epoch): the store path stores it with release
+// semantics; the put path adds (epoch - last epoch this rank sent) with
+// nixlAtomicAdd, so the slot ends equal to the epoch either way. A wait ends
+// when its slot reaches the epoch, so nothing is ever cleared between calls.
+// Buffers a peer writes into alternate by call parity: a peer can start call
+// k+1 while this rank still reads call k's data, but cannot reach call k+2
+// before this rank has sent its call k+1 signals, after reading call k.
+//
+// Every spin goes through coll_wait: a %globaltimer deadline, the host's
+// cancel flag, and a record of which rank, phase and block it waited for.
+
+#include <gpu/ucx/nixl_device.cuh>
+
+#include <cuda/atomic>
+#include <cuda_bf16.h>
+
+#include "device_common.cuh"
+
+// Limits the kernels are written for (src/collectives/layout.rs checks them).
+constexpr uint32_t COLL_MAX_RANKS = 16;
+constexpr uint32_t COLL_MAX_BLOCKS = 128;
+constexpr uint32_t COLL_THREADS = 512;
+// Slices and chunks start at multiples of this many elements (16-byte
+// vectors for bf16 and f32 alike); src/collectives/layout.rs split().
+constexpr uint64_t COLL_ALIGN_ELEMS = 8;
+
+enum : uint32_t { COLL_ALLREDUCE = 0, COLL_ALLGATHER = 1, COLL_REDUCE_SCATTER = 2 };
+enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1 };
+enum : uint32_t { COLL_PATH_PUT = 0, COLL_PATH_STORE = 1 };
+enum : uint32_t { COLL_F32 = 0, COLL_BF16 = 1 };
+
+// Mirrored in src/collectives/kernels.rs (CollParams); offsets are bytes
+// into the window.
+struct CollParams {
+    void *local_mvh;
+    void *remote_mvh;
+    uint8_t *window;
+    struct CollReport *report;
+    uint64_t *sent;  // [2][COLL_MAX_BLOCKS]: last epoch this rank signalled
+    struct CollTiming *timing;  // this call's stamps
+    uint64_t off_flags;
+    uint64_t off_in;
+    uint64_t off_out;
+    uint64_t off_recv;
+    uint64_t recv_stride;  // bytes per source in the receive area
+    uint64_t count;        // allreduce: all elements; allgather/reduce-scatter: per rank
+    uint64_t epoch;
+    uint64_t timeout_ns;
+    uint32_t rank;
+    uint32_t ranks;
+    uint32_t op;
+    uint32_t algo;
+    uint32_t path;
+    uint32_t dtype;
+};
+
+// The first 40 bytes are the project's KernelReport (src/gpu/kernels.rs),
+// so gpu::run::run_watched zeroes it, reads it and cancels through it.
+struct CollReport {
+    uint64_t t_start_ns;
+    uint64_t t_end_ns;
+    uint64_t observed;
+    uint32_t errors;
+    int32_t first_status;
+    uint32_t timed_out;
+    uint32_t cancel;
+    uint32_t wait_phase;
+    uint32_t wait_rank;
+    uint32_t wait_block;
+    uint32_t null_ptr_rank;  // 1 + the rank nixlGetPtr gave no pointer for
+    uint64_t wait_target;
+};
+
+// Block 0's clock at the call's first instruction and after its last wait
+// and its share of the work (cycles, calibrated against %globaltimer on the host).
+struct CollTiming {
+    uint64_t clock_start;
+    uint64_t clock_end;
+    uint64_t gt_start;
+    uint64_t gt_end;
+};
+
+// What the fill and check kernels work on (src/collectives/kernels.rs CollData).
+struct CollData {
+    uint8_t *in;
+    uint8_t *out;
+    struct CollVerify *verify;
+    uint64_t count;
+    uint32_t rank;
+    uint32_t ranks;
+    uint32_t op;
+    uint32_t dtype;
+    uint32_t call;
+    uint32_t reserved;
+};
+
+// The first wrong output element of any call checked since it was zeroed.
+struct CollVerify {
+    uint32_t mismatches;
+    uint32_t call;
+    uint64_t element;
+    float expected;
+    float got;
+    uint64_t checked;  // elements compared
+};
+
+static_assert(sizeof(CollParams) == 136, "CollParams layout is shared with the host");
+static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
+static_assert(sizeof(CollTiming) == 32, "CollTiming layout is shared with the host");
+static_assert(sizeof(CollReport) == 64, "CollReport layout is shared with the host");
+static_assert(offsetof(CollReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
+static_assert(sizeof(CollData) == 56, "CollData layout is shared with the host");
+static_assert(sizeof(CollVerify) == 32, "CollVerify layout is shared with the host");
+
+// ------------------------------------------------------------- the data
+
+// Input element i of `rank` in call `call`: a small integer in [-4, 4], so
+// every sum of up to 64 ranks is exact in bf16 and f32, in any order
+// (src/collectives/reference.rs input()).
+__host__ __device__ __forceinline__ float coll_input(uint32_t rank, uint64_t i, uint32_t call) {
+    return float(int((i * 7 + uint64_t(rank) * 13 + uint64_t(call) * 5) % 9) - 4);
+}
+
+// Slice `i` of `parts` over `total` elements: [lo, hi), starting at a
+// multiple of COLL_ALIGN_ELEMS (src/collectives/layout.rs split()).
+__device__ __forceinline__ void split(uint64_t total, uint64_t parts, uint64_t i, uint64_t &lo, uint64_t &hi) {
+    uint64_t per = (total + parts - 1) / parts;
+    per = (per + COLL_ALIGN_ELEMS - 1) / COLL_ALIGN_ELEMS * COLL_ALIGN_ELEMS;
+    lo = min(i * per, total);
+    hi = min(lo + per, total);
+}
+
+// ------------------------------------------------------------ primitives
+
+__device__ __forceinline__ uint32_t elem_bytes(const CollParams &p) { return p.dtype == COLL_BF16 ? 2 : 4; }
+
+__device__ __forceinline__ void record_status(CollReport *r, nixl_status_t s) {
+    if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
+    if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
+}
+
+__device__ __forceinline__ bool given_up(const CollReport *r) {
+    return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0;
+}
+
+// Wrap-safe "reached": the slot's epoch is at or past the target.
+__device__ __forceinline__ bool reached(uint64_t v, uint64_t target) { return int64_t(v - target) >= 0; }
+
+// Spins (one thread) until *slot reaches `target`. Gives up at the deadline,
+// when the host raises the cancel flag, or when another block gave up; then
+// records what it waited for. Every spin in this file goes through here.
+__device__ bool coll_wait(const uint64_t *slot, uint64_t target, uint64_t deadline, CollReport *r, uint32_t phase,
+                          uint32_t rank) {
+    uint64_t v = load_relaxed_system(slot);
+    for (uint32_t n = 1; !reached(v, target); ++n) {
+        if ((n & 63) == 0) {
+            uint32_t why = 0;
+            if (globaltimer_ns() > deadline) why = 1;
+            else if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
+            else if (given_up(r)) return false;
+            if (why != 0) {
+                if (atomicCAS(&r->timed_out, 0u, why) == 0) {
+                    r->observed = v;
+                    r->wait_phase = phase;
+                    r->wait_rank = rank;
+                    r->wait_block = blockIdx.x;
+                    r->wait_target = target;
+                }
+                return false;
+            }
+        }
+        v = load_relaxed_system(slot);
+    }
+    return true;
+}
+
+// --------------------------------------------------------------- copying
+
+// The block copies `bytes` (a multiple of 2): 16-byte vectors, four in
+// flight per thread, when both ends are aligned; 2-byte words otherwise.
+__device__ void block_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+    if (dst == src || bytes == 0) return;
+    uint64_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+        const int4 *s = reinterpret_cast<const int4 *>(src);
+        int4 *d = reinterpret_cast<int4 *>(dst);
+        const uint64_t n16 = bytes / 16;
+        constexpr uint32_t U = 4;
+        for (uint64_t i = threadIdx.x; i < n16; i += uint64_t(blockDim.x) * U) {
+            int4 v[U];
+#pragma unroll
+            for (uint32_t u = 0; u < U; ++u)
+                if (i + blockDim.x * u < n16) v[u] = s[i + blockDim.x * u];
+#pragma unroll
+            for (uint32_t u = 0; u < U; ++u)
+                if (i + blockDim.x * u < n16) d[i + blockDim.x * u] = v[u];
+        }
+        done = n16 * 16;
+    }
+    const uint16_t *s2 = reinterpret_cast<const uint16_t *>(src + done);
+    uint16_t *d2 = reinterpret_cast<uint16_t *>(dst + done);
+    for (uint64_t i = threadIdx.x; i < (bytes - done) / 2; i += blockDim.x) d2[i] = s2[i];
+}
+
+// Where each rank's window is, as this block reaches it: our own for
+// ourselves, the mapped peer window on the store path, nothing on the put
+// path (peers are addressed through the remote view there).
+struct Peers {
+    uint8_t *ptr[COLL_MAX_RANKS];
+    const uint8_t *src[COLL_MAX_RANKS];  // the reduction's sources, rank order
+    bool ok;
+};
+
+__device__ void peers_setup(const CollParams &p, Peers &b) {
+    for (uint32_t d = threadIdx.x; d < p.ranks; d += blockDim.x) {
+        uint8_t *ptr = nullptr;
+        if (d == p.rank) {
+            ptr = p.window;
+        } else if (p.path == COLL_PATH_STORE) {
+            ptr = static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
+        }
+        b.ptr[d] = ptr;
+    }
+    if (threadIdx.x == 0) b.ok = true;
+    __syncthreads();
+}
+
+// The block copies `bytes` from our window at src_off to rank `dest`'s
+// window at dst_off, by the call's path. Every thread of the block calls.
+__device__ void send_to(const CollParams &p, const Peers &b, uint32_t dest, uint64_t src_off, uint64_t dst_off,
+                        uint64_t bytes) {
+    if (bytes == 0) return;
+    if (dest == p.rank || p.path == COLL_PATH_STORE) {
+        // Our own share (cuda_ipc refuses a peer in its own process), or a
+        // mapped peer.
+        if (b.ptr[dest] != nullptr) block_copy(b.ptr[dest] + dst_off, p.window + src_off, bytes);
+        return;
+    }
+    const nixlMemViewElem src{p.local_mvh, 0, src_off};
+    const nixlMemViewElem dst{p.remote_mvh, dest, dst_off};
+    record_status(p.report, nixlPut<nixl_gpu_level_t::BLOCK>(src, dst, bytes, blockIdx.x));
+}
+
+// ------------------------------------------------------- signal and wait
+
+__device__ __forceinline__ uint64_t flag_offset(const CollParams &p, uint32_t phase, uint32_t src) {
+    return p.off_flags + 8ull * ((uint64_t(phase) * COLL_MAX_BLOCKS + blockIdx.x) * COLL_MAX_RANKS + src);
+}
+
+// After this block's copies: tells every peer this block's data of `phase`
+// is there. Each thread fences its own stores (system scope) before the
+// barrier, so the flag cannot overtake any of them.
+__device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase) {
+    __threadfence_system();
+    __syncthreads();
+    const uint32_t d = threadIdx.x;
+    uint64_t *sent = &p.sent[phase * COLL_MAX_BLOCKS + blockIdx.x];
+    const uint64_t last = *sent;
+    if (d < p.ranks && d != p.rank) {
+        const uint64_t slot = flag_offset(p, phase, p.rank);
+        if (p.path == COLL_PATH_STORE) {
+            if (b.ptr[d] != nullptr) {
+                cuda::atomic_ref<uint64_t, cuda::thread_scope_system> f(*reinterpret_cast<uint64_t *>(b.ptr[d] + slot));
+                f.store(p.epoch, cuda::memory_order_release);
+            }
+        } else {
+            // The slot holds `last` (only this rank writes it): add the difference.
+            const nixlMemViewElem counter{p.remote_mvh, d, slot};
+            record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.epoch - last, counter, blockIdx.x));
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *sent = p.epoch;
+}
+
+// Waits until every peer's block of the same index signalled `phase` of
+// this call; then the block may read what they wrote.
+__device__ bool wait_peers(const CollParams &p, Peers &b, uint32_t phase) {
+    const uint32_t s = threadIdx.x;
+    if (s < p.ranks && s != p.rank) {
+        const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+        const uint64_t *slot = reinterpret_cast<const uint64_t *>(p.window + flag_offset(p, phase, s));
+        if (!coll_wait(slot, p.epoch, deadline, p.report, phase, s)) b.ok = false;
+        cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+    }
+    __syncthreads();
+    return b.ok;
+}
+
+// ------------------------------------------------------------- reduction
+
+// Sums 16-byte vectors of bf16 or f32 in f32.
+template <typename T> struct Vec;
+template <> struct Vec<float> {
+    static constexpr uint32_t N = 4;
+    __device__ static void add(float (&a)[4], int4 x) {
+        a[0] += __int_as_float(x.x);
+        a[1] += __int_as_float(x.y);
+        a[2] += __int_as_float(x.z);
+        a[3] += __int_as_float(x.w);
+    }
+    __device__ static int4 pack(const float (&a)[4]) {
+        return make_int4(__float_as_int(a[0]), __float_as_int(a[1]), __float_as_int(a[2]), __float_as_int(a[3]));
+    }
+    // Through L2 (.cg): peers wrote this memory during the kernel.
+    __device__ static float load(const uint8_t *p, uint64_t i) { return __ldcg(reinterpret_cast<const float *>(p) + i); }
+    __device__ static void store(uint8_t *p, uint64_t i, float v) { reinterpret_cast<float *>(p)[i] = v; }
+};
+template <> struct Vec<__nv_bfloat16> {
+    static constexpr uint32_t N = 8;
+    __device__ static void add(float (&a)[8], int4 x) {
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&x);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float2 f = __bfloat1622float2(h[k]);
+            a[2 * k] += f.x;
+            a[2 * k + 1] += f.y;
+        }
+    }
+    __device__ static int4 pack(const float (&a)[8]) {
+        int4 out;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&out);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(a[2 * k], a[2 * k + 1]);
+        return out;
+    }
+    __device__ static float load(const uint8_t *p, uint64_t i) {
+        return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short *>(p) + i)));
+    }
+    __device__ static void store(uint8_t *p, uint64_t i, float v) {
+        reinterpret_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
+    }
+};
+
+// out[i] = sum over ranks s, in rank order, of b.src[s][i], for i in
+// [lo, hi). Vectors where every pointer allows, single elements otherwise:
+// every rank adds in the same order, so all get bit-identical results.
+template <typename T> __device__ void reduce_into(const CollParams &p, const Peers &b, uint8_t *out, uint64_t lo, uint64_t hi) {
+    using V = Vec<T>;
+    constexpr uint64_t E = sizeof(T);
+    uintptr_t bits = reinterpret_cast<uintptr_t>(out + lo * E);
+    for (uint32_t s = 0; s < p.ranks; ++s) bits |= reinterpret_cast<uintptr_t>(b.src[s] + lo * E);
+    const uint64_t nv = (bits & 15) == 0 ? (hi - lo) / V::N : 0;
+    for (uint64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+        float a[V::N] = {};
+        for (uint32_t s = 0; s < p.ranks; ++s) V::add(a, __ldcg(reinterpret_cast<const int4 *>(b.src[s] + lo * E) + v));
+        reinterpret_cast<int4 *>(out + lo * E)[v] = V::pack(a);
+    }
+    for (uint64_t i = lo + nv * V::N + threadIdx.x; i < hi; i += blockDim.x) {
+        float a = 0.0f;
+        for (uint32_t s = 0; s < p.ranks; ++s) a += V::load(b.src[s], i);
+        V::store(out, i, a);
+    }
+}
+
+// Sets the reduction's sources: our input at `own` for ourselves, the
+// receive area's row of each peer.
+__device__ void set_sources(const CollParams &p, Peers &b, uint64_t own_off) {
+    __syncthreads();
+    for (uint32_t s = threadIdx.x; s < p.ranks; s += blockDim.x)
+        b.src[s] = s == p.rank ? p.window + own_off : p.window + p.off_recv + s * p.recv_stride;
+    __syncthreads();
+}
+
+__device__ void reduce(const CollParams &p, const Peers &b, uint8_t *out, uint64_t lo, uint64_t hi) {
+    if (p.dtype == COLL_BF16) reduce_into<__nv_bfloat16>(p, b, out, lo, hi);
+    else reduce_into<float>(p, b, out, lo, hi);
+}
+
+// ------------------------------------------------------------ algorithms
+
+// One-shot allreduce: push this block's slice of the input to every peer's
+// receive row for us, wait for theirs, sum all N in rank order.
+__device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p);
+    uint64_t lo, hi;
+    split(p.count, gridDim.x, blockIdx.x, lo, hi);
+    for (uint32_t d = 0; d < p.ranks; ++d)
+        if (d != p.rank) send_to(p, b, d, p.off_in + lo * E, p.off_recv + p.rank * p.recv_stride + lo * E, (hi - lo) * E);
+    signal_peers(p, b, 0);
+    if (!wait_peers(p, b, 0)) return;
+    set_sources(p, b, p.off_in);
+    reduce(p, b, p.window + p.off_out, lo, hi);
+}
+
+// Two-shot allreduce: reduce-scatter (rank c sums chunk c), then allgather
+// of the sums. Block b moves slice b of every chunk in both phases, so it
+// pairs with block b of every peer.
+__device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p);
+    for (uint32_t d = 0; d < p.ranks; ++d) {
+        if (d == p.rank) continue;
+        uint64_t c0, c1, lo, hi;
+        split(p.count, p.ranks, d, c0, c1);
+        split(c1 - c0, gridDim.x, blockIdx.x, lo, hi);
+        send_to(p, b, d, p.off_in + (c0 + lo) * E, p.off_recv + p.rank * p.recv_stride + lo * E, (hi - lo) * E);
+    }
+    signal_peers(p, b, 0);
+    if (!wait_peers(p, b, 0)) return;
+    uint64_t c0, c1, lo, hi;
+    split(p.count, p.ranks, p.rank, c0, c1);
+    split(c1 - c0, gridDim.x, blockIdx.x, lo, hi);
+    // Element c0 + j comes from our input there and from the peers' rows at
+    // j: shift the rows back by c0 so one index serves all.
+    set_sources(p, b, p.off_in);
+    if (threadIdx.x < p.ranks && threadIdx.x != p.rank) b.src[threadIdx.x] -= c0 * E;
+    __syncthreads();
+    reduce(p, b, p.window + p.off_out, c0 + lo, c0 + hi);
+    __syncthreads();
+    for (uint32_t d = 0; d < p.ranks; ++d)
+        if (d != p.rank) send_to(p, b, d, p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
+    signal_peers(p, b, 1);
+    wait_peers(p, b, 1);
+}
+
+// Allgather: push this block's slice of our input into slot `rank` of
+// every rank's output (ours included), wait for every peer's.
+__device__ void allgather(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p);
+    uint64_t lo, hi;
+    split(p.count, gridDim.x, blockIdx.x, lo, hi);
+    const uint64_t at = (p.rank * p.count + lo) * E;
+    for (uint32_t d = 0; d < p.ranks; ++d) send_to(p, b, d, p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
+    signal_peers(p, b, 0);
+    wait_peers(p, b, 0);
+}
+
+// Reduce-scatter: push slice b of chunk d of our input to rank d's receive
+// row for us, wait, sum our chunk from all N.
+__device__ void reduce_scatter(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p);
+    uint64_t lo, hi;
+    split(p.count, gridDim.x, blockIdx.x, lo, hi);
+    for (uint32_t d = 0; d < p.ranks; ++d)
+        if (d != p.rank)
+            send_to(p, b, d, p.off_in + (d * p.count + lo) * E, p.off_recv + p.rank * p.recv_stride + lo * E,
+                    (hi - lo) * E);
+    signal_peers(p, b, 0);
+    if (!wait_peers(p, b, 0)) return;
+    set_sources(p, b, p.off_in + p.rank * p.count * E);
+    reduce(p, b, p.window + p.off_out, lo, hi);
+}
+
+// One call of one collective. Every rank launches the same grid.
+extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p) {
+    __shared__ Peers b;
+    const bool stamp = blockIdx.x == 0 && threadIdx.x == 0;
+    if (stamp) {
+        p.timing->gt_start = globaltimer_ns();
+        p.timing->clock_start = clock64();
+    }
+    if (given_up(p.report)) return;
+    peers_setup(p, b);
+    if (p.op == COLL_ALLREDUCE && p.algo == COLL_ONE_SHOT) allreduce_one_shot(p, b);
+    else if (p.op == COLL_ALLREDUCE) allreduce_two_shot(p, b);
+    else if (p.op == COLL_ALLGATHER) allgather(p, b);
+    else reduce_scatter(p, b);
+    __syncthreads();
+    if (stamp) {
+        p.timing->clock_end = clock64();
+        p.timing->gt_end = globaltimer_ns();
+    }
+}
+
+// ------------------------------------------------------ fill and check
+
+__device__ __forceinline__ float load_elem(const CollData &d, const uint8_t *p, uint64_t i) {
+    return d.dtype == COLL_BF16 ? Vec<__nv_bfloat16>::load(p, i) : Vec<float>::load(p, i);
+}
+
+// Writes this rank's input of call `call`: count elements (allgather),
+// count (allreduce) or ranks × count (reduce-scatter).
+extern "C" __global__ void coll_fill(CollData d) {
+    const uint64_t n = d.op == COLL_REDUCE_SCATTER ? d.count * d.ranks : d.count;
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const float v = coll_input(d.rank, i, d.call);
+        if (d.dtype == COLL_BF16) Vec<__nv_bfloat16>::store(d.in, i, v);
+        else Vec<float>::store(d.in, i, v);
+    }
+}
+
+// The expected output element i (src/collectives/reference.rs expected()).
+__device__ float expected(const CollData &d, uint64_t i) {
+    if (d.op == COLL_ALLGATHER) return coll_input(uint32_t(i / d.count), i % d.count, d.call);
+    const uint64_t at = d.op == COLL_REDUCE_SCATTER ? d.rank * d.count + i : i;
+    float sum = 0.0f;
+    for (uint32_t r = 0; r < d.ranks; ++r) sum += coll_input(r, at, d.call);
+    return sum;
+}
+
+// Compares every output element with the expected value; records the first
+// mismatch and counts the elements compared.
+extern "C" __global__ void coll_check(CollData d) {
+    const uint64_t n = d.op == COLL_ALLGATHER ? d.count * d.ranks : d.count;
+    uint64_t mine = 0;
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const float want = expected(d, i);
+        const float got = load_elem(d, d.out, i);
+        ++mine;
+        if (got != want && atomicAdd(&d.verify->mismatches, 1u) == 0) {
+            d.verify->call = d.call;
+            d.verify->element = i;
+            d.verify->expected = want;
+            d.verify->got = got;
+        }
+    }
+    atomicAdd(reinterpret_cast<unsigned long long *>(&d.verify->checked), (unsigned long long)mine);
+}
+
+// out[d] = nixlGetPtr(remote, d) (1 for `rank` itself): whether the store
+// path can reach every peer.
+extern "C" __global__ void coll_probe_ptrs(void *remote_mvh, uint32_t ranks, uint32_t rank, uint64_t *out) {
+    for (uint32_t d = threadIdx.x; d < ranks; d += blockDim.x)
+        out[d] = d == rank ? 1 : reinterpret_cast<uint64_t>(nixlGetPtr(remote_mvh, d));
+}

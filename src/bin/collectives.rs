@@ -1,0 +1,235 @@
+//! `collectives`: allreduce, allgather and reduce-scatter between N ranks,
+//! one process each, driven by the GPU through NIXL's device API; every
+//! output element verified, timed the way nccl-tests does, beside NCCL.
+//!
+//! ```text
+//! collectives --ranks 2                               # starts 2 ranks on this machine
+//! torchrun --no-python --nproc-per-node=2 collectives -b 8 -e 64M
+//! collectives --ranks 3 --check-connection            # no GPU: the ranks meet and connect
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Parser;
+use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
+use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
+use nixl_examples::collectives::member::{self, RankEnv};
+use nixl_examples::collectives::plan::{Place, RunConfig};
+use nixl_examples::collectives::run::{self, Outputs};
+
+/// Collectives the GPU drives itself, over NIXL's device API.
+///
+/// Allreduce (sum; one-shot: every rank pushes its input to every peer and
+/// sums all; two-shot: reduce-scatter then allgather), allgather and
+/// reduce-scatter, in f32 and bf16, over nixlGetPtr stores (--path store,
+/// NVLink) or nixlPut + nixlAtomicAdd signals (--path put, any UCX device
+/// transport). Sizes sweep like nccl-tests (-b, -e, -f; the size is the
+/// whole buffer, rounded down to whole elements per rank), warm-up
+/// excluded, GPU time per call (CUDA events; p50 and p99 over the calls of
+/// the slowest rank), algbw and busbw with nccl-tests' factors, and NCCL's
+/// same call in the same run. Inputs are small integers, so every sum is
+/// exact: every output element is checked, of every warm-up call (each
+/// with fresh inputs) and, out of place, of the last two timed calls (the
+/// timed calls run back to back, as nccl-tests runs them).
+///
+/// Without RANK in the environment, `collectives` starts --ranks rank
+/// processes itself; under torchrun each process is one rank.
+///
+/// Results go to stdout (rank 0), progress to stderr. Exit status: 0
+/// success, 1 failure, 2 bad arguments, 3 wrong data.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    after_help = "Examples:\n  \
+    collectives --ranks 2 -b 8 -e 64M --json ar.json --op allreduce\n  \
+    collectives --ranks 3 --gpus 1 --path store --dtype bf16   # 3 ranks on one GPU (under MPS)\n  \
+    torchrun --no-python --nproc-per-node=2 $(which collectives)\n  \
+    collectives --ranks 3 --check-connection                   # no GPU needed\n\n\
+    scripts/run_collectives.sh runs the usual matrix."
+)]
+struct Args {
+    /// Smallest buffer, bytes (K, M, G suffixes: powers of 1024).
+    #[arg(short = 'b', long, default_value = "8", value_parser = parse_bytes)]
+    minbytes: u64,
+
+    /// Largest buffer, bytes.
+    #[arg(short = 'e', long, default_value = "64M", value_parser = parse_bytes)]
+    maxbytes: u64,
+
+    /// Size factor between steps.
+    #[arg(short = 'f', long, default_value_t = 2)]
+    stepfactor: u64,
+
+    /// Operations to run (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::ALL.to_vec())]
+    op: Vec<Op>,
+
+    /// Allreduce algorithm: one-shot, two-shot, auto (by size), or all.
+    #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
+    algo: AlgoChoice,
+
+    /// Data path: store (nixlGetPtr + stores), put (nixlPut + signals), or both.
+    #[arg(long, value_enum, default_value_t = PathChoice::Both)]
+    path: PathChoice,
+
+    /// Element types (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Dtype::F32, Dtype::Bf16])]
+    dtype: Vec<Dtype>,
+
+    /// Out of place, in place, or both.
+    #[arg(long, value_enum, default_value_t = Place::Out)]
+    place: Place,
+
+    /// Timed calls per case (at most 200: they are all queued before the
+    /// GPU starts them).
+    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200))]
+    iters: u32,
+
+    /// Untimed warm-up calls per case, each checked element by element.
+    #[arg(short = 'w', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    warmup: u32,
+
+    /// Seconds any wait may take: ranks joining, store keys, and every GPU
+    /// spin-wait (a dead or silent rank is named within it).
+    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
+
+    /// Rank processes to start on this machine (ignored under torchrun) [default: 2].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    ranks: Option<u32>,
+
+    /// GPUs to use; rank r runs on GPU LOCAL_RANK mod gpus [default: all visible].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    gpus: Option<u32>,
+
+    /// Blocks per call at most [default: the GPU's SMs divided by the ranks sharing it].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
+    blocks: Option<u32>,
+
+    /// Store port when starting the ranks here (0: a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+
+    /// Only check that the ranks meet through the store and wire up their
+    /// NIXL agents; no GPU used.
+    #[arg(long)]
+    check_connection: bool,
+
+    /// Skip NCCL's same-run calls.
+    #[arg(long)]
+    no_baseline: bool,
+
+    /// Also write the rows and the run's configuration as JSON (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// Also write the rows as CSV, the configuration as a `#` line (rank 0).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+
+    /// Fault injection for tests: `corrupt=R` (rank R garbles one output element).
+    #[arg(long, hide = true)]
+    inject: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let tag = match std::env::var("RANK") {
+        Ok(r) => format!("rank {r}"),
+        Err(_) => "collectives".into(),
+    };
+    nixl_examples::logging::init(&tag);
+    real_main(args).unwrap_or_else(|e| exit_status(&tag, &e))
+}
+
+fn real_main(args: Args) -> Result<ExitCode> {
+    let timeout = args.timeout;
+    let env = RankEnv::from_env()?;
+    let world = match (&env, args.ranks) {
+        (Some(e), Some(n)) if n != e.world => {
+            return Err(UsageError(format!(
+                "--ranks {n} but WORLD_SIZE={}: drop --ranks under torchrun",
+                e.world
+            ))
+            .into());
+        }
+        (Some(e), _) => e.world,
+        (None, n) => n.unwrap_or(2),
+    };
+    // Arguments that cannot work are refused before any network or GPU work.
+    let cfg = match args.check_connection {
+        true => None,
+        false => Some(run_config(&args, world)?),
+    };
+    let Some(env) = env else {
+        return launch_ranks(&args, world, timeout);
+    };
+    match cfg {
+        Some(cfg) => {
+            let out = Outputs {
+                gpus: args.gpus,
+                json: args.json.clone(),
+                csv: args.csv.clone(),
+            };
+            run::run(&env, &cfg, &out)?
+        }
+        None => member::check_connection(&env, timeout)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Without RANK: start the ranks here and wait for them.
+fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> {
+    let port = if args.port == 0 {
+        nixl_examples::ep::launch::free_port()?
+    } else {
+        check_port_free(args.port)?;
+        args.port
+    };
+    if !args.check_connection {
+        // Once here, rather than the same message from every rank.
+        run::check_machine()?;
+    }
+    tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
+    let exits = member::launch_ranks(world, port, timeout + Duration::from_secs(10))?;
+    Ok(nixl_examples::launch::finish("collectives", &exits))
+}
+
+/// The run's configuration; what cannot work is a usage error.
+fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
+    let corrupt_rank = match args.inject.as_deref() {
+        None => None,
+        Some(spec) => match spec.split_once('=') {
+            Some(("corrupt", r)) => Some(r.parse::<u32>().ok().filter(|&r| r < ranks).ok_or_else(
+                || {
+                    UsageError(format!(
+                        "--inject {spec}: expected corrupt=R with R below {ranks}"
+                    ))
+                },
+            )?),
+            _ => return Err(UsageError(format!("--inject {spec}: expected corrupt=R")).into()),
+        },
+    };
+    let mut ops = args.op.clone();
+    ops.dedup();
+    let cfg = RunConfig {
+        ranks,
+        ops,
+        algo: args.algo,
+        paths: args.path.paths(),
+        dtypes: args.dtype.clone(),
+        place: args.place,
+        sizes: sizes(args.minbytes, args.maxbytes, args.stepfactor)?,
+        iters: args.iters,
+        warmup: args.warmup,
+        timeout_ns: args.timeout.as_nanos() as u64,
+        blocks: args.blocks,
+        baseline: !args.no_baseline,
+        corrupt_rank,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}

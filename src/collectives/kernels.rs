@@ -1,0 +1,250 @@
+//! The kernels of `cuda/collectives.cu`, host side: their structs (mirrored
+//! field for field; the sizes and key offsets are asserted on both sides)
+//! and typed launchers.
+
+use std::mem::size_of;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+
+use super::layout::THREADS;
+
+/// `CollParams`: one call of one collective. Offsets are bytes into the
+/// rank's window ([`super::layout::WindowLayout`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CollParams {
+    /// `nixlMemViewH` of the local view of the window (one buffer, index 0).
+    pub local_mvh: u64,
+    /// `nixlMemViewH` of the remote view: element `r` is rank `r`'s window.
+    pub remote_mvh: u64,
+    pub window: u64,
+    /// [`CollReport`].
+    pub report: u64,
+    /// `[2][MAX_BLOCKS]` u64: the last epoch this rank signalled per
+    /// (phase, block); local memory, zeroed once.
+    pub sent: u64,
+    /// This call's [`CollTiming`].
+    pub timing: u64,
+    pub off_flags: u64,
+    pub off_in: u64,
+    pub off_out: u64,
+    /// This call's receive area (by call parity).
+    pub off_recv: u64,
+    pub recv_stride: u64,
+    /// nccl-tests' count ([`super::layout::count_for`]).
+    pub count: u64,
+    /// The call's sequence number, from 1: what every signal carries.
+    pub epoch: u64,
+    /// GPU-side limit of every wait, ns.
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub ranks: u32,
+    pub op: u32,
+    pub algo: u32,
+    pub path: u32,
+    pub dtype: u32,
+}
+
+/// `CollReport`: what went wrong in a call. Its first 40 bytes are
+/// [`crate::gpu::kernels::KernelReport`], so
+/// [`crate::gpu::run::run_watched`] zeroes it, reads it and cancels through it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CollReport {
+    pub t_start_ns: u64,
+    pub t_end_ns: u64,
+    /// The value the wait that gave up saw last.
+    pub observed: u64,
+    pub errors: u32,
+    pub first_status: i32,
+    /// 1: a wait reached its deadline; 2: the host cancelled.
+    pub timed_out: u32,
+    pub cancel: u32,
+    pub wait_phase: u32,
+    pub wait_rank: u32,
+    pub wait_block: u32,
+    /// 1 + the rank `nixlGetPtr` returned no pointer for.
+    pub null_ptr_rank: u32,
+    pub wait_target: u64,
+}
+
+/// `CollTiming`: block 0's clock at a call's first instruction and after
+/// its last wait and its share of the work.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CollTiming {
+    /// `clock64` (cycles of block 0's SM).
+    pub clock_start: u64,
+    pub clock_end: u64,
+    /// `%globaltimer` (ns), to calibrate the cycles.
+    pub gt_start: u64,
+    pub gt_end: u64,
+}
+
+/// Per-call times from the stamps, ns: cycle counts (their resolution)
+/// scaled by the `%globaltimer` nanoseconds per cycle over all of them (the
+/// timer's long-run accuracy).
+pub fn calibrate(slots: &[CollTiming]) -> Vec<f64> {
+    let cycles: u64 = slots
+        .iter()
+        .map(|s| s.clock_end.wrapping_sub(s.clock_start))
+        .sum();
+    let ns: u64 = slots
+        .iter()
+        .map(|s| s.gt_end.saturating_sub(s.gt_start))
+        .sum();
+    let k = if cycles == 0 {
+        0.0
+    } else {
+        ns as f64 / cycles as f64
+    };
+    slots
+        .iter()
+        .map(|s| s.clock_end.wrapping_sub(s.clock_start) as f64 * k)
+        .collect()
+}
+
+/// `CollData`: what the fill and check kernels work on (device addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CollData {
+    pub input: u64,
+    pub output: u64,
+    /// [`CollVerify`].
+    pub verify: u64,
+    pub count: u64,
+    pub rank: u32,
+    pub ranks: u32,
+    pub op: u32,
+    pub dtype: u32,
+    pub call: u32,
+    pub reserved: u32,
+}
+
+/// `CollVerify`: the first wrong output element since it was zeroed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CollVerify {
+    pub mismatches: u32,
+    pub call: u32,
+    pub element: u64,
+    pub expected: f32,
+    pub got: f32,
+    /// Output elements compared.
+    pub checked: u64,
+}
+
+const _: () = {
+    assert!(size_of::<CollParams>() == 136);
+    assert!(std::mem::offset_of!(CollParams, rank) == 112);
+    assert!(size_of::<CollTiming>() == 32);
+    assert!(size_of::<CollReport>() == 64);
+    assert!(std::mem::offset_of!(CollReport, cancel) == 36);
+    assert!(size_of::<CollData>() == 56);
+    assert!(size_of::<CollVerify>() == 32);
+};
+
+// SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.
+unsafe impl DeviceRepr for CollParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for CollData {}
+
+/// The collective kernels loaded into one GPU's context.
+pub struct CollKernels {
+    _module: Arc<CudaModule>,
+    run: CudaFunction,
+    fill: CudaFunction,
+    check: CudaFunction,
+    probe: CudaFunction,
+}
+
+impl CollKernels {
+    /// Loads the embedded fatbin into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+        let module = crate::gpu::module::load(ctx, crate::gpu::module::Fatbin::Collectives)?;
+        let f = |name: &str| {
+            module.load_function(name).map_err(|e| {
+                anyhow::anyhow!("kernel {name} missing from the collectives fatbin: {e}")
+            })
+        };
+        Ok(Self {
+            run: f("coll_run")?,
+            fill: f("coll_fill")?,
+            check: f("coll_check")?,
+            probe: f("coll_probe_ptrs")?,
+            _module: module,
+        })
+    }
+
+    /// Most blocks of [`THREADS`] threads of `coll_run` resident on one SM.
+    pub fn blocks_per_sm(&self) -> Result<u32, DriverError> {
+        self.run
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+    }
+
+    /// Queues one call with `blocks` blocks.
+    ///
+    /// # Safety
+    /// Every address in `p` must stay valid until the kernel completes.
+    pub unsafe fn launch_run(
+        &self,
+        s: &CudaStream,
+        blocks: u32,
+        p: &CollParams,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&self.run);
+        b.arg(p);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    /// Queues the fill (`check == false`) or the check of `d`.
+    ///
+    /// # Safety
+    /// The buffers in `d` must hold its elements until the kernel completes.
+    pub unsafe fn launch_data(
+        &self,
+        s: &CudaStream,
+        check: bool,
+        d: &CollData,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (128, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(if check { &self.check } else { &self.fill });
+        b.arg(d);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    /// Queues `coll_probe_ptrs`: `out[d]` = `nixlGetPtr(remote, d)`.
+    ///
+    /// # Safety
+    /// `remote_mvh` must be a live view and `out` hold `ranks` u64.
+    pub unsafe fn launch_probe(
+        &self,
+        s: &CudaStream,
+        remote_mvh: u64,
+        ranks: u32,
+        rank: u32,
+        out: u64,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&self.probe);
+        b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+}

@@ -1,0 +1,439 @@
+//! What a collective call is and where its bytes go: the operations,
+//! algorithms, data paths and types; how elements are cut into chunks and
+//! slices (the index arithmetic the kernels of `cuda/collectives.cu` share);
+//! the registered window; the nccl-tests accounting (sizes, counts, bus
+//! bandwidth).
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{UsageError, fmt_bytes};
+
+/// Ranks the kernels are written for (`COLL_MAX_RANKS`).
+pub const MAX_RANKS: u32 = 16;
+/// Blocks per call at most (`COLL_MAX_BLOCKS`): the flag slots per phase.
+pub const MAX_BLOCKS: u32 = 128;
+/// Threads per block (`COLL_THREADS`).
+pub const THREADS: u32 = 512;
+/// Slices and chunks start at multiples of this many elements: 16-byte
+/// vectors for bf16 and f32 alike (`COLL_ALIGN_ELEMS`).
+pub const ALIGN_ELEMS: u64 = 8;
+/// Bytes of work per block before another block is added.
+pub const BLOCK_BYTES: u64 = 32 << 10;
+/// `auto` runs one-shot allreduce up to this size, two-shot above: the
+/// crossover measured on one H100 shared by 2–4 ranks under MPS lay between
+/// 1 and 8 MiB (docs/results/2026-11-24-h100-collectives); across NVLink it
+/// is still to be measured.
+pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
+
+/// A collective operation (sum for the reductions).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    Allreduce,
+    Allgather,
+    ReduceScatter,
+}
+
+impl Op {
+    pub const ALL: [Op; 3] = [Op::Allreduce, Op::Allgather, Op::ReduceScatter];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Allreduce => "allreduce",
+            Op::Allgather => "allgather",
+            Op::ReduceScatter => "reduce-scatter",
+        }
+    }
+
+    /// `COLL_ALLREDUCE` …
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// nccl-tests' bus bandwidth factor: busbw = algbw × this
+    /// (allreduce 2(n−1)/n; allgather and reduce-scatter (n−1)/n).
+    pub fn bus_factor(self, ranks: u32) -> f64 {
+        let n = f64::from(ranks);
+        match self {
+            Op::Allreduce => 2.0 * (n - 1.0) / n,
+            _ => (n - 1.0) / n,
+        }
+    }
+
+    /// nccl-tests' redop column: `sum`, or `none` for allgather.
+    pub fn redop(self) -> &'static str {
+        match self {
+            Op::Allgather => "none",
+            _ => "sum",
+        }
+    }
+}
+
+/// How an operation is carried out. Allgather and reduce-scatter have one
+/// algorithm (one shot: every rank pushes to every rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algo {
+    /// Every rank pushes its whole input to every peer and sums all N.
+    OneShot,
+    /// Reduce-scatter (rank c sums chunk c), then allgather of the sums.
+    TwoShot,
+}
+
+impl Algo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::OneShot => "one-shot",
+            Algo::TwoShot => "two-shot",
+        }
+    }
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// `--algo`: which allreduce algorithms to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AlgoChoice {
+    OneShot,
+    TwoShot,
+    /// One-shot up to 1 MiB, two-shot above.
+    Auto,
+    /// One-shot and two-shot, each at every size.
+    All,
+}
+
+impl AlgoChoice {
+    /// The algorithms to run for `op` at `bytes`.
+    pub fn algos(self, op: Op, bytes: u64) -> Vec<Algo> {
+        match (op, self) {
+            (Op::Allgather | Op::ReduceScatter, _) => vec![Algo::OneShot],
+            (_, AlgoChoice::OneShot) => vec![Algo::OneShot],
+            (_, AlgoChoice::TwoShot) => vec![Algo::TwoShot],
+            (_, AlgoChoice::Auto) => vec![auto_algo(bytes)],
+            (_, AlgoChoice::All) => vec![Algo::OneShot, Algo::TwoShot],
+        }
+    }
+}
+
+/// `auto`'s choice for an allreduce of `bytes`.
+pub fn auto_algo(bytes: u64) -> Algo {
+    if bytes <= AUTO_ONE_SHOT_MAX {
+        Algo::OneShot
+    } else {
+        Algo::TwoShot
+    }
+}
+
+/// How the data reaches a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Path {
+    /// `nixlPut` + `nixlAtomicAdd`: any UCX device transport.
+    Put,
+    /// `nixlGetPtr` + plain stores: peers mapped over NVLink (cuda_ipc).
+    Store,
+}
+
+impl Path {
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Put => "put",
+            Path::Store => "store",
+        }
+    }
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// `--path`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathChoice {
+    Put,
+    Store,
+    Both,
+}
+
+impl PathChoice {
+    pub fn paths(self) -> Vec<Path> {
+        match self {
+            PathChoice::Put => vec![Path::Put],
+            PathChoice::Store => vec![Path::Store],
+            PathChoice::Both => vec![Path::Store, Path::Put],
+        }
+    }
+}
+
+/// Element type.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+        }
+    }
+    /// nccl-tests' type column.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "float",
+            Dtype::Bf16 => "bfloat16",
+        }
+    }
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// Slice `i` of `parts` over `total` elements, `[lo, hi)`: slices of
+/// ⌈total/parts⌉ rounded up to [`ALIGN_ELEMS`], the last ones shorter or
+/// empty. Mirrors `split()` in `cuda/collectives.cu`.
+pub fn split(total: u64, parts: u64, i: u64) -> (u64, u64) {
+    let per = total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
+    let lo = (i * per).min(total);
+    (lo, (lo + per).min(total))
+}
+
+/// The element count nccl-tests reports for a buffer of `bytes`: all
+/// elements for allreduce, elements per rank for allgather and
+/// reduce-scatter (rounded down). 0 when the size holds less than that.
+pub fn count_for(op: Op, dtype: Dtype, ranks: u32, bytes: u64) -> u64 {
+    let per = match op {
+        Op::Allreduce => dtype.bytes(),
+        _ => dtype.bytes() * u64::from(ranks),
+    };
+    bytes / per
+}
+
+/// One collective call, as every rank makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Case {
+    pub op: Op,
+    pub algo: Algo,
+    pub path: Path,
+    pub dtype: Dtype,
+    pub in_place: bool,
+    /// nccl-tests' count ([`count_for`]).
+    pub count: u64,
+}
+
+impl Case {
+    /// Bytes of the whole buffer (nccl-tests' size): the output of
+    /// allgather, the input of reduce-scatter.
+    pub fn bytes(&self, ranks: u32) -> u64 {
+        match self.op {
+            Op::Allreduce => self.count * self.dtype.bytes(),
+            _ => self.count * self.dtype.bytes() * u64::from(ranks),
+        }
+    }
+
+    /// Elements of one rank's input and of its output.
+    pub fn elems(&self, ranks: u32) -> (u64, u64) {
+        let n = u64::from(ranks);
+        match self.op {
+            Op::Allreduce => (self.count, self.count),
+            Op::Allgather => (self.count, self.count * n),
+            Op::ReduceScatter => (self.count * n, self.count),
+        }
+    }
+
+    /// Thread blocks of the call: one per [`BLOCK_BYTES`] of the longest
+    /// slice basis, within `1..=max_blocks`. Every rank computes the same.
+    pub fn blocks(&self, ranks: u32, max_blocks: u32) -> u32 {
+        let basis = match (self.op, self.algo) {
+            (Op::Allreduce, Algo::TwoShot) => split(self.count, u64::from(ranks), 0).1,
+            _ => self.count,
+        };
+        let want = (basis * self.dtype.bytes()).div_ceil(BLOCK_BYTES);
+        want.clamp(1, u64::from(max_blocks.clamp(1, MAX_BLOCKS))) as u32
+    }
+}
+
+/// Round `v` up to a multiple of 256 bytes.
+fn align256(v: u64) -> u64 {
+    v.div_ceil(256) * 256
+}
+
+/// One rank's registered window, offsets in bytes; sized once for the
+/// largest call of the run.
+///
+/// | region | size | written by |
+/// |---|---|---|
+/// | flags | 2 phases × [`MAX_BLOCKS`] × [`MAX_RANKS`] u64 | peers' signals |
+/// | in | the largest input | this rank |
+/// | out\[2\] | the largest output, ×2 (call parity) | this rank; peers (allgather, two-shot) |
+/// | recv\[2\] | ranks × `recv_stride`, ×2 (call parity) | peers |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowLayout {
+    pub flags: u64,
+    pub input: u64,
+    pub out: [u64; 2],
+    pub recv: [u64; 2],
+    /// Bytes per source row in a receive area.
+    pub recv_stride: u64,
+    pub bytes: u64,
+}
+
+impl WindowLayout {
+    /// The window for calls whose buffers hold at most `max_bytes` (the
+    /// whole buffer of nccl-tests' size) on `ranks` ranks.
+    pub fn new(max_bytes: u64, ranks: u32) -> Self {
+        let flags = 0;
+        let flag_bytes = 2 * u64::from(MAX_BLOCKS) * u64::from(MAX_RANKS) * 8;
+        let data = align256(max_bytes.max(16));
+        let input = align256(flag_bytes);
+        let out0 = input + data;
+        let out1 = out0 + data;
+        let recv_stride = data;
+        let recv_bytes = u64::from(ranks) * recv_stride;
+        let recv0 = out1 + data;
+        let recv1 = recv0 + recv_bytes;
+        Self {
+            flags,
+            input,
+            out: [out0, out1],
+            recv: [recv0, recv1],
+            recv_stride,
+            bytes: recv1 + recv_bytes,
+        }
+    }
+
+    /// Window offsets of `case`'s input and output in call number `call`
+    /// of `rank`: outputs alternate by parity; in place, the input sits
+    /// where nccl-tests puts it (the output itself, or for allgather this
+    /// rank's slot of it, for reduce-scatter the whole buffer whose slot
+    /// `rank` becomes the output).
+    pub fn in_out(&self, case: &Case, rank: u32, call: u64) -> (u64, u64) {
+        let out = self.out[(call % 2) as usize];
+        let slot = u64::from(rank) * case.count * case.dtype.bytes();
+        match (case.in_place, case.op) {
+            (false, _) => (self.input, out),
+            (true, Op::Allreduce) => (out, out),
+            (true, Op::Allgather) => (out + slot, out),
+            (true, Op::ReduceScatter) => (out, out + slot),
+        }
+    }
+}
+
+/// The sweep's buffer sizes, nccl-tests' `-b/-e/-f`: `begin`, ×`factor`,
+/// up to `end` inclusive.
+pub fn sizes(begin: u64, end: u64, factor: u64) -> Result<Vec<u64>, UsageError> {
+    if begin > end {
+        return Err(UsageError(format!(
+            "-b {} is larger than -e {}",
+            fmt_bytes(begin),
+            fmt_bytes(end)
+        )));
+    }
+    if factor < 2 {
+        return Err(UsageError("-f must be at least 2".into()));
+    }
+    let mut v = vec![begin];
+    while let Some(next) = v.last().unwrap().checked_mul(factor).filter(|&n| n <= end) {
+        v.push(next);
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_everything_once_and_start_aligned() {
+        for total in [0u64, 1, 2, 7, 8, 9, 100, 1000, 4097] {
+            for parts in [1u64, 2, 3, 5, 44, 128] {
+                let mut next = 0;
+                for i in 0..parts {
+                    let (lo, hi) = split(total, parts, i);
+                    assert_eq!(lo, next.min(total), "total {total} parts {parts} i {i}");
+                    assert!(lo <= hi && hi <= total);
+                    assert!(lo == total || lo % ALIGN_ELEMS == 0);
+                    next = hi;
+                }
+                assert_eq!(next, total, "total {total} parts {parts}");
+            }
+        }
+        assert_eq!(split(10, 3, 0), (0, 8));
+        assert_eq!(split(10, 3, 1), (8, 10));
+        assert_eq!(split(10, 3, 2), (10, 10));
+    }
+
+    #[test]
+    fn nccl_tests_accounting() {
+        assert_eq!(count_for(Op::Allreduce, Dtype::F32, 3, 1 << 20), 1 << 18);
+        assert_eq!(count_for(Op::Allgather, Dtype::F32, 8, 1 << 20), 32768);
+        assert_eq!(count_for(Op::ReduceScatter, Dtype::Bf16, 3, 8), 1);
+        assert_eq!(count_for(Op::Allgather, Dtype::F32, 3, 8), 0);
+        assert_eq!(Op::Allreduce.bus_factor(2), 1.0);
+        assert_eq!(Op::Allreduce.bus_factor(4), 1.5);
+        assert_eq!(Op::Allgather.bus_factor(4), 0.75);
+        let c = Case {
+            op: Op::Allgather,
+            algo: Algo::OneShot,
+            path: Path::Put,
+            dtype: Dtype::Bf16,
+            in_place: false,
+            count: 100,
+        };
+        assert_eq!(c.bytes(3), 600);
+        assert_eq!(c.elems(3), (100, 300));
+        assert_eq!(sizes(8, 64, 2).unwrap(), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(8, 100, 4).unwrap(), vec![8, 32]);
+        assert!(sizes(64, 8, 2).is_err() && sizes(8, 64, 1).is_err());
+    }
+
+    #[test]
+    fn blocks_grow_with_size_and_stay_within_the_limit() {
+        let mut c = Case {
+            op: Op::Allreduce,
+            algo: Algo::OneShot,
+            path: Path::Store,
+            dtype: Dtype::F32,
+            in_place: false,
+            count: 2,
+        };
+        assert_eq!(c.blocks(3, 44), 1);
+        c.count = 64 << 20;
+        assert_eq!(c.blocks(3, 44), 44);
+        assert_eq!(c.blocks(3, 1000), MAX_BLOCKS);
+        c.count = BLOCK_BYTES; // 4× BLOCK_BYTES of f32
+        assert_eq!(c.blocks(3, 44), 4);
+    }
+
+    #[test]
+    fn window_regions_do_not_overlap_and_in_place_sits_in_the_output() {
+        let w = WindowLayout::new(1000, 3);
+        assert!(w.input >= 2 * 128 * 16 * 8);
+        assert_eq!(w.out[0], w.input + 1024);
+        assert_eq!(w.recv[1], w.recv[0] + 3 * 1024);
+        assert_eq!(w.bytes, w.recv[1] + 3 * 1024);
+        let mut c = Case {
+            op: Op::ReduceScatter,
+            algo: Algo::OneShot,
+            path: Path::Put,
+            dtype: Dtype::F32,
+            in_place: true,
+            count: 10,
+        };
+        assert_eq!(w.in_out(&c, 2, 1), (w.out[1], w.out[1] + 80));
+        c.op = Op::Allgather;
+        assert_eq!(w.in_out(&c, 2, 0), (w.out[0] + 80, w.out[0]));
+        c.in_place = false;
+        assert_eq!(w.in_out(&c, 2, 3), (w.input, w.out[1]));
+    }
+}

@@ -1,0 +1,31 @@
+//! Collectives the GPU drives itself — allreduce (one-shot and two-shot),
+//! allgather and reduce-scatter between N ranks over NIXL's device API —
+//! verified element by element and timed beside NCCL's own: the
+//! `collectives` program's library. KERNEL_GUIDE.md ("Collectives") explains
+//! the algorithms and why every signal carries a sequence number.
+//!
+//! The modules, bottom up:
+//!
+//! - [`layout`]: operations, algorithms, paths, types; the index arithmetic
+//!   (chunks and slices) the kernels share; the window; nccl-tests' sizes,
+//!   counts and bus bandwidth;
+//! - [`reference`](mod@reference): every input and expected output, and a
+//!   CPU model of each algorithm over the same offsets (tests the index
+//!   arithmetic without a GPU);
+//! - [`plan`]: the run every rank agrees on, case by case;
+//! - [`member`]: how ranks meet (a [`crate::group`] member, with `ep`'s rank
+//!   environment, store and launcher);
+//! - [`kernels`], [`session`], [`nccl`], [`run`]: the GPU run — the kernels
+//!   of `cuda/collectives.cu`, the rank's registered window and views, the
+//!   cases and their checks, NCCL's same calls, the entry;
+//! - [`report`]: rows, the table, JSON and CSV.
+
+pub mod kernels;
+pub mod layout;
+pub mod member;
+pub mod nccl;
+pub mod plan;
+pub mod reference;
+pub mod report;
+pub mod run;
+pub mod session;

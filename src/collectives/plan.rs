@@ -1,0 +1,201 @@
+//! The run every rank agrees on: which operations, algorithms, paths,
+//! types and sizes, in which order (the cases), and rank 0's decisions from
+//! every rank's GPU (the block limit, the baseline).
+
+use serde::{Deserialize, Serialize};
+
+use super::layout::{AlgoChoice, Case, Dtype, Op, Path, count_for};
+use crate::cli::{UsageError, fmt_bytes};
+
+/// In place, out of place, or both (`--place`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Place {
+    Out,
+    In,
+    Both,
+}
+
+impl Place {
+    pub fn in_place(self) -> Vec<bool> {
+        match self {
+            Place::Out => vec![false],
+            Place::In => vec![true],
+            Place::Both => vec![false, true],
+        }
+    }
+}
+
+/// What every rank must run the same way (rank 0's is checked against
+/// every other rank's).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub ranks: u32,
+    pub ops: Vec<Op>,
+    pub algo: AlgoChoice,
+    pub paths: Vec<Path>,
+    pub dtypes: Vec<Dtype>,
+    pub place: Place,
+    /// Buffer sizes, bytes (nccl-tests' size: the whole buffer).
+    pub sizes: Vec<u64>,
+    pub iters: u32,
+    pub warmup: u32,
+    /// GPU-side limit of every wait, ns.
+    pub timeout_ns: u64,
+    /// `--blocks`: the block limit per call, instead of the GPU's share.
+    pub blocks: Option<u32>,
+    pub baseline: bool,
+    /// Test hook: this rank corrupts one output element of its first timed call.
+    pub corrupt_rank: Option<u32>,
+}
+
+/// One size of one operation and type: our cases there, and NCCL's call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub op: Op,
+    pub dtype: Dtype,
+    pub bytes: u64,
+    pub cases: Vec<Case>,
+}
+
+impl RunConfig {
+    /// Calls per case: the checked warm-up calls, two untimed calls after
+    /// the gate of the timed ones, the timed ones.
+    pub fn calls(&self) -> u32 {
+        self.warmup + 2 + self.iters
+    }
+
+    /// Every (operation, type, size) in run order with its cases; sizes
+    /// are rounded down to whole elements (per rank for allgather and
+    /// reduce-scatter), as nccl-tests does, and skipped when none remains.
+    pub fn groups(&self) -> Vec<Group> {
+        let mut out = Vec::new();
+        for &op in &self.ops {
+            for &dtype in &self.dtypes {
+                for &size in &self.sizes {
+                    let count = count_for(op, dtype, self.ranks, size);
+                    if count == 0 {
+                        continue;
+                    }
+                    let mut cases = Vec::new();
+                    let probe = Case {
+                        op,
+                        algo: super::layout::Algo::OneShot,
+                        path: Path::Store,
+                        dtype,
+                        in_place: false,
+                        count,
+                    };
+                    for algo in self.algo.algos(op, probe.bytes(self.ranks)) {
+                        for &path in &self.paths {
+                            for in_place in self.place.in_place() {
+                                cases.push(Case {
+                                    op,
+                                    algo,
+                                    path,
+                                    dtype,
+                                    in_place,
+                                    count,
+                                });
+                            }
+                        }
+                    }
+                    out.push(Group {
+                        op,
+                        dtype,
+                        bytes: probe.bytes(self.ranks),
+                        cases,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Refuses a run in which some operation has no size at all.
+    pub fn validate(&self) -> Result<(), UsageError> {
+        if self.ranks > super::layout::MAX_RANKS {
+            return Err(UsageError(format!(
+                "{} ranks: the kernels are written for at most {}",
+                self.ranks,
+                super::layout::MAX_RANKS
+            )));
+        }
+        let largest = *self.sizes.last().unwrap_or(&0);
+        for &op in &self.ops {
+            for &dtype in &self.dtypes {
+                if count_for(op, dtype, self.ranks, largest) == 0 {
+                    let need = dtype.bytes() * u64::from(self.ranks);
+                    return Err(UsageError(format!(
+                        "{} of {} on {} ranks needs a multiple of {need} bytes ({} per rank); -e {} holds none: \
+                         raise -e to at least {need}",
+                        op.name(),
+                        dtype.name(),
+                        self.ranks,
+                        dtype.bytes(),
+                        fmt_bytes(largest),
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The largest buffer of the run, bytes (sizes the window).
+    pub fn max_bytes(&self) -> u64 {
+        self.groups().iter().map(|g| g.bytes).max().unwrap_or(16)
+    }
+}
+
+/// Rank 0's decisions, from every rank's GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Blocks per call at most: the smallest share of a GPU's resident
+    /// blocks among the ranks (ranks sharing a GPU split it).
+    pub max_blocks: u32,
+    /// Ranks on the busiest GPU.
+    pub max_ranks_on_gpu: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> RunConfig {
+        RunConfig {
+            ranks: 3,
+            ops: Op::ALL.to_vec(),
+            algo: AlgoChoice::All,
+            paths: vec![Path::Store, Path::Put],
+            dtypes: vec![Dtype::F32],
+            place: Place::Both,
+            sizes: vec![8, 1 << 20],
+            iters: 2,
+            warmup: 1,
+            timeout_ns: 1,
+            blocks: None,
+            baseline: true,
+            corrupt_rank: None,
+        }
+    }
+
+    #[test]
+    fn groups_round_sizes_like_nccl_tests_and_list_every_case() {
+        let c = cfg();
+        let g = c.groups();
+        // allreduce: both sizes; allgather/reduce-scatter: 8 B holds no f32 per rank on 3 ranks.
+        assert_eq!(g.iter().filter(|g| g.op == Op::Allreduce).count(), 2);
+        assert_eq!(g.iter().filter(|g| g.op == Op::Allgather).count(), 1);
+        let ag = g.iter().find(|g| g.op == Op::Allgather).unwrap();
+        assert_eq!(ag.bytes, (1 << 20) / 12 * 12);
+        assert_eq!(ag.cases.len(), 4); // one algorithm × 2 paths × 2 places
+        assert_eq!(g[0].cases.len(), 8); // allreduce: 2 algorithms × 2 × 2
+        assert!(c.validate().is_ok());
+        let small = RunConfig {
+            sizes: vec![8],
+            ..cfg()
+        };
+        assert!(small.validate().unwrap_err().0.contains("at least 12"));
+        assert_eq!(c.max_bytes(), 1 << 20);
+    }
+}

@@ -1,0 +1,237 @@
+//! Results the way nccl-tests prints them: one row per case with size,
+//! count, type, redop, GPU time per call (p50/p99 over the timed calls of
+//! the slowest rank in each call), algbw = size / time, busbw = algbw ×
+//! the operation's factor, and NCCL's same call from the same run beside
+//! it. A table on stdout, JSON and CSV.
+
+use std::io::Write;
+use std::path::Path as FsPath;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::layout::{Case, Op};
+use super::plan::RunConfig;
+use crate::stats::Summary;
+
+/// One rank's timings: ns per timed call of every case (run order), and
+/// of NCCL's call of every group (`None`: the baseline did not run).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RankTimes {
+    pub rank: u32,
+    pub cases: Vec<Vec<f64>>,
+    /// In-kernel time of the same calls (block 0's clock), ns.
+    pub kernel: Vec<Vec<f64>>,
+    pub nccl: Vec<Option<Vec<f64>>>,
+}
+
+/// One line of the table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub size_bytes: u64,
+    pub count: u64,
+    #[serde(rename = "type")]
+    pub dtype: String,
+    pub redop: String,
+    pub op: String,
+    pub algo: String,
+    pub path: String,
+    pub in_place: bool,
+    pub blocks: u32,
+    pub time_p50_us: f64,
+    pub time_p99_us: f64,
+    /// Block 0's first instruction to its end, p50 of the slowest rank:
+    /// what the call costs inside the kernel, launch gaps excluded.
+    pub kernel_p50_us: f64,
+    pub algbw_gbps: f64,
+    pub busbw_gbps: f64,
+    pub nccl_p50_us: Option<f64>,
+    pub nccl_p99_us: Option<f64>,
+    pub nccl_busbw_gbps: Option<f64>,
+    /// Our p50 over NCCL's p50 (below 1: faster).
+    pub time_vs_nccl: Option<f64>,
+}
+
+/// Per call, the slowest rank's time; summarised over the calls.
+pub fn slowest(per_rank: &[&Vec<f64>]) -> Summary {
+    let calls = per_rank.iter().map(|v| v.len()).min().unwrap_or(0);
+    let worst: Vec<f64> = (0..calls)
+        .map(|i| per_rank.iter().map(|v| v[i]).fold(0.0, f64::max))
+        .collect();
+    Summary::of(&worst)
+}
+
+/// The row of `case` from its times and NCCL's (ns summaries).
+pub fn row(
+    case: &Case,
+    ranks: u32,
+    blocks: u32,
+    ours: &Summary,
+    kernel: &Summary,
+    nccl: Option<&Summary>,
+) -> Row {
+    let bytes = case.bytes(ranks);
+    let gbps = |ns: f64| if ns > 0.0 { bytes as f64 / ns } else { 0.0 };
+    let factor = case.op.bus_factor(ranks);
+    Row {
+        size_bytes: bytes,
+        count: case.count,
+        dtype: case.dtype.name().into(),
+        redop: case.op.redop().into(),
+        op: case.op.name().into(),
+        algo: match case.op {
+            Op::Allreduce => case.algo.name().into(),
+            _ => "-".into(),
+        },
+        path: case.path.name().into(),
+        in_place: case.in_place,
+        blocks,
+        time_p50_us: ours.p50_ns / 1e3,
+        time_p99_us: ours.p99_ns / 1e3,
+        kernel_p50_us: kernel.p50_ns / 1e3,
+        algbw_gbps: gbps(ours.p50_ns),
+        busbw_gbps: gbps(ours.p50_ns) * factor,
+        nccl_p50_us: nccl.map(|s| s.p50_ns / 1e3),
+        nccl_p99_us: nccl.map(|s| s.p99_ns / 1e3),
+        nccl_busbw_gbps: nccl.map(|s| gbps(s.p50_ns) * factor),
+        time_vs_nccl: nccl
+            .filter(|s| s.p50_ns > 0.0)
+            .map(|s| ours.p50_ns / s.p50_ns),
+    }
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.prec$}"))
+}
+
+/// The table, nccl-tests' columns first.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>6}\n",
+        "size(B)",
+        "count",
+        "type",
+        "redop",
+        "op",
+        "algo",
+        "path",
+        "place",
+        "blks",
+        "time(us)",
+        "p99(us)",
+        "kern(us)",
+        "algbw",
+        "busbw",
+        "nccl(us)",
+        "n.busbw",
+        "ours/n"
+    );
+    for r in rows {
+        s += &format!(
+            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>7.2} {:>7.2} {:>9} {:>7} {:>6}\n",
+            r.size_bytes,
+            r.count,
+            r.dtype,
+            r.redop,
+            r.op,
+            r.algo,
+            r.path,
+            if r.in_place { "in" } else { "out" },
+            r.blocks,
+            r.time_p50_us,
+            r.time_p99_us,
+            r.kernel_p50_us,
+            r.algbw_gbps,
+            r.busbw_gbps,
+            opt(r.nccl_p50_us, 2),
+            opt(r.nccl_busbw_gbps, 2),
+            opt(r.time_vs_nccl, 2),
+        );
+    }
+    s
+}
+
+/// What the JSON holds besides the rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo<'a> {
+    pub config: &'a RunConfig,
+    pub gpus: Vec<String>,
+    pub mps: bool,
+    pub max_blocks: u32,
+    pub window_bytes: u64,
+    /// NCCL's version, or why the baseline did not run.
+    pub nccl: String,
+}
+
+pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
+    let v = serde_json::json!({ "run": info, "rows": rows });
+    std::fs::write(path, serde_json::to_vec_pretty(&v)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// CSV: the configuration as `#` lines, then a header and one line per row.
+pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "# {}", serde_json::to_string(info)?)?;
+    writeln!(
+        f,
+        "size_bytes,count,type,redop,op,algo,path,in_place,blocks,time_p50_us,time_p99_us,kernel_p50_us,algbw_gbps,busbw_gbps,\
+         nccl_p50_us,nccl_p99_us,nccl_busbw_gbps,time_vs_nccl"
+    )?;
+    let o = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.4}"));
+    for r in rows {
+        writeln!(
+            f,
+            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{}",
+            r.size_bytes,
+            r.count,
+            r.dtype,
+            r.redop,
+            r.op,
+            r.algo,
+            r.path,
+            r.in_place,
+            r.blocks,
+            r.time_p50_us,
+            r.time_p99_us,
+            r.kernel_p50_us,
+            r.algbw_gbps,
+            r.busbw_gbps,
+            o(r.nccl_p50_us),
+            o(r.nccl_p99_us),
+            o(r.nccl_busbw_gbps),
+            o(r.time_vs_nccl)
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::{Algo, Dtype, Path};
+    use super::*;
+
+    #[test]
+    fn bandwidths_follow_nccl_tests() {
+        let case = Case {
+            op: Op::Allreduce,
+            algo: Algo::TwoShot,
+            path: Path::Store,
+            dtype: Dtype::F32,
+            in_place: false,
+            count: 1 << 20,
+        };
+        let ours = Summary::of(&[1e6]); // 4 MiB in 1 ms
+        let nccl = Summary::of(&[2e6]);
+        let r = row(&case, 4, 8, &ours, &ours, Some(&nccl));
+        assert!((r.algbw_gbps - 4.194304).abs() < 1e-9);
+        assert!((r.busbw_gbps - 4.194304 * 1.5).abs() < 1e-9);
+        assert_eq!(r.time_vs_nccl, Some(0.5));
+        assert!(table(&[r]).contains("two-shot"));
+        let a = vec![1.0, 5.0, 3.0];
+        let b = vec![2.0, 4.0, 3.0];
+        let s = slowest(&[&a, &b]);
+        assert_eq!((s.min_ns, s.max_ns, s.n), (2.0, 5.0, 3));
+    }
+}

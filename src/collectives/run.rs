@@ -1,0 +1,290 @@
+//! One rank's GPU run, from its arguments to its exit: local checks first
+//! (every problem at once), the GPU and whether its memory suffices (usage
+//! errors, exit 2), then the group: agreement on the configuration, rank
+//! 0's plan, the session, and on rank 0 the report.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use super::kernels::CollKernels;
+use super::layout::{MAX_BLOCKS, Path, WindowLayout};
+use super::member::{Group, RankEnv, run_member};
+use super::plan::{Plan, RunConfig};
+use super::report::{self, RankTimes, Row};
+use super::session::{Context, RankInfo, Session, connect_nccl};
+use crate::cli::{UsageError, fmt_bytes};
+use crate::ep::nccl::{self as ep_nccl, NcclStatus};
+use crate::gpu::Gpu;
+use crate::gpu::context::device_count;
+use crate::say;
+
+/// Where results go besides stdout, and the GPUs to use.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    pub gpus: Option<u32>,
+    pub json: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+}
+
+/// Runs this rank. Errors: usage errors (exit 2), data mismatches (exit 3),
+/// anything else (exit 1), each naming the cause.
+pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
+    // May re-execute this process to load NCCL: before anything else.
+    let nccl = match cfg.baseline {
+        true => ep_nccl::prepare(),
+        false => NcclStatus::Unavailable("--no-baseline".into()),
+    };
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
+    check_machine()?;
+    let visible = device_count()? as u32;
+    let gpus = out.gpus.unwrap_or(visible);
+    if gpus > visible {
+        return Err(UsageError(format!("--gpus {gpus}: this machine has {visible} GPU(s)")).into());
+    }
+    let ordinal = env.local_rank % gpus;
+    let sharing = (0..env.local_world)
+        .filter(|l| l % gpus == ordinal)
+        .count()
+        .max(1) as u32;
+    let gpu = Gpu::open(ordinal as usize)?;
+    check_memory(&gpu, cfg, sharing)?;
+    let kernels = CollKernels::load(&gpu.ctx)?;
+    let g = gpu.info()?;
+    let info = RankInfo {
+        rank: env.rank,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        gpu_name: g.name,
+        gpu_uuid: g.uuid,
+        sm_count: gpu.sm_count,
+        mps: g.mps,
+        nccl,
+    };
+    tracing::info!(
+        "GPU {ordinal} ({}), {sharing} rank(s) on it, MPS {}; NCCL: {:?}",
+        info.gpu_name,
+        info.mps,
+        info.nccl
+    );
+    run_member(env, Duration::from_nanos(cfg.timeout_ns), |group| {
+        session(group, cfg, out, &gpu, &kernels, &info)
+    })
+}
+
+/// Everything local that must hold, reported together (the launcher runs
+/// it once before starting the ranks; each rank again).
+pub fn check_machine() -> Result<()> {
+    let mut problems = Vec::new();
+    if let Err(why) = crate::gpu::module::availability() {
+        problems.push(format!(
+            "this binary was built without the device kernels: {why}"
+        ));
+    }
+    if let Err(e) = device_count() {
+        problems.push(e.to_string());
+    }
+    if let Err(e) = crate::nixl::runtime::load() {
+        problems.push(e.to_string());
+    }
+    problems.extend(crate::nixl::runtime::ucx_tls_problem());
+    if !problems.is_empty() {
+        bail!(
+            "this machine cannot run collectives:\n  - {}",
+            problems.join("\n  - ")
+        );
+    }
+    Ok(())
+}
+
+/// Usage error when this rank's buffers cannot fit, named with the numbers.
+fn check_memory(gpu: &Gpu, cfg: &RunConfig, sharing: u32) -> Result<()> {
+    let max = cfg.max_bytes();
+    let mut need = WindowLayout::new(max, cfg.ranks).bytes + (1 << 20);
+    if cfg.baseline {
+        need += 2 * max;
+    }
+    let (free, total) = gpu.ctx.mem_get_info()?;
+    let (free, total) = (free as u64, total as u64);
+    if need > free || need * u64::from(sharing) > total {
+        return Err(UsageError(format!(
+            "-e {} on {} ranks needs about {} MiB per rank on GPU {} ({sharing} rank(s) share it), which has {} MiB free \
+             of {} MiB: lower -e, use more GPUs or --no-baseline",
+            fmt_bytes(max),
+            cfg.ranks,
+            need >> 20,
+            gpu.ordinal,
+            free >> 20,
+            total >> 20
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The rank's part of the run, inside the group.
+fn session(
+    g: &Group,
+    cfg: &RunConfig,
+    out: &Outputs,
+    gpu: &Gpu,
+    k: &CollKernels,
+    info: &RankInfo,
+) -> Result<()> {
+    agree_config(g, cfg)?;
+    g.put(&g.rank_entry(g.rank, "info"), info)?;
+    let infos: Vec<RankInfo> = g.gather("info", "GPU info")?;
+    let plan = make_plan(cfg, &infos);
+    let ctx = Context {
+        group: g,
+        cfg,
+        plan: &plan,
+        gpu,
+        kernels: k,
+    };
+    let comm = connect_nccl(&ctx, &infos)?;
+    let nccl_note = match &comm {
+        Ok(_) => match &info.nccl {
+            NcclStatus::Ready(v) => format!("NCCL {v}"),
+            NcclStatus::Unavailable(w) => w.clone(),
+        },
+        Err(why) => format!("NCCL baseline skipped: {why}"),
+    };
+    let s = Session::open(&ctx)?;
+    if cfg.paths.contains(&Path::Store) {
+        s.check_pointers(&ctx)?;
+    }
+    g.barrier("ready")?;
+    let measured = s.measure(&ctx, comm.as_ref().ok());
+    if let Err(e) = &measured {
+        // Before our memory goes: the others stop writing into it first.
+        g.abort(&format!("{e:#}"));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let times = measured?;
+    drop(comm);
+    g.put(&g.rank_entry(g.rank, "result"), &times)?;
+    let window = s.layout.bytes;
+    s.close(&ctx)?;
+    if g.rank == 0 {
+        publish(&ctx, &infos, window, &nccl_note, out)?;
+    }
+    Ok(())
+}
+
+/// Every rank must run rank 0's configuration.
+fn agree_config(g: &Group, cfg: &RunConfig) -> Result<()> {
+    if g.rank == 0 {
+        return g.put(&g.entry("config"), cfg);
+    }
+    let theirs: RunConfig = g.get(&g.entry("config"), 0, "run configuration")?;
+    if &theirs != cfg {
+        return Err(UsageError(format!(
+            "rank {} was started with other arguments than rank 0: give every rank the same arguments",
+            g.rank
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The block limit: each rank's share of its GPU's SMs (one block per SM
+/// per rank leaves room for the other ranks' blocks and their fill and
+/// check kernels under MPS), the smallest share wins; `--blocks` overrides.
+pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Plan {
+    let sharing = |i: &RankInfo| {
+        infos
+            .iter()
+            .filter(|j| j.host == i.host && j.gpu_uuid == i.gpu_uuid)
+            .count() as u32
+    };
+    let max_ranks_on_gpu = infos.iter().map(sharing).max().unwrap_or(1);
+    let share = infos
+        .iter()
+        .map(|i| i.sm_count / sharing(i))
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    Plan {
+        max_blocks: cfg.blocks.unwrap_or(share).clamp(1, MAX_BLOCKS),
+        max_ranks_on_gpu,
+    }
+}
+
+/// Rank 0: gathers every rank's times, prints the table, writes JSON/CSV.
+fn publish(
+    ctx: &Context,
+    infos: &[RankInfo],
+    window: u64,
+    nccl: &str,
+    out: &Outputs,
+) -> Result<()> {
+    let g = ctx.group;
+    let all: Vec<RankTimes> = g.gather("result", "results")?;
+    let rows = rows(ctx, &all);
+    let gpus: std::collections::BTreeSet<(&str, &str)> = infos
+        .iter()
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
+        .collect();
+    say!(
+        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls back to back per case after {} checked \
+         warm-up calls (every output element compared); {nccl}",
+        g.world,
+        gpus.len(),
+        infos[0].gpu_name,
+        if infos[0].mps { "on" } else { "off" },
+        ctx.cfg.iters,
+        ctx.cfg.warmup
+    );
+    say!("\n{}", report::table(&rows));
+    let info = report::RunInfo {
+        config: ctx.cfg,
+        gpus: infos
+            .iter()
+            .map(|i| format!("{} {} {}", i.host, i.gpu_name, i.gpu_uuid))
+            .collect(),
+        mps: infos[0].mps,
+        max_blocks: ctx.plan.max_blocks,
+        window_bytes: window,
+        nccl: nccl.into(),
+    };
+    if let Some(p) = &out.json {
+        report::write_json(p, &info, &rows)?;
+    }
+    if let Some(p) = &out.csv {
+        report::write_csv(p, &info, &rows)?;
+    }
+    Ok(())
+}
+
+fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
+    let n = ctx.group.world;
+    let mut rows = Vec::new();
+    let mut i = 0;
+    for (gi, grp) in ctx.cfg.groups().iter().enumerate() {
+        let nccl: Option<Vec<&Vec<f64>>> = all
+            .iter()
+            .map(|t| t.nccl.get(gi).and_then(|o| o.as_ref()))
+            .collect();
+        let nccl = nccl.map(|v| report::slowest(&v));
+        for case in &grp.cases {
+            let ours = report::slowest(&all.iter().map(|t| &t.cases[i]).collect::<Vec<_>>());
+            let kernel = report::slowest(&all.iter().map(|t| &t.kernel[i]).collect::<Vec<_>>());
+            rows.push(report::row(
+                case,
+                n,
+                case.blocks(n, ctx.plan.max_blocks),
+                &ours,
+                &kernel,
+                nccl.as_ref(),
+            ));
+            i += 1;
+        }
+    }
+    rows
+}

@@ -1,0 +1,582 @@
+//! One rank's session with its peers: the NIXL agent and its window (one
+//! registration for the whole run), the memory views, every case of the
+//! sweep with its checks, NCCL's same calls, and a teardown in which nobody
+//! frees memory a peer still maps.
+//!
+//! A case is `warmup` checked calls (`fill → coll_run → check`) then
+//! `iters` timed ones back to back (`event → coll_run → event`), queued on
+//! the rank's stream and watched as one by
+//! [`crate::gpu::run::run_watched`] (the host polls, asks the store whether
+//! a rank gave up, and cancels the kernels if one did). The run-wide call
+//! number gives every call its epoch (number + 1) and its buffer parity.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use cudarc::driver::{CudaEvent, CudaStream, sys};
+use nixl_sys::{MemView, RegistrationHandle};
+use serde::{Deserialize, Serialize};
+
+use super::kernels::{
+    CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate,
+};
+use super::layout::{Case, MAX_BLOCKS, WindowLayout};
+use super::member::{Group, agent_name};
+use super::nccl::{self, Comm};
+use super::plan::{Plan, RunConfig};
+use super::report::RankTimes;
+use crate::cli::DataMismatch;
+use crate::ep::nccl::NcclStatus;
+use crate::gpu::kernels::wait_value_geq;
+use crate::gpu::run::run_watched;
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::group::AgentMetadata;
+use crate::nixl::agent::{UcxAgent, create_ucx_agent};
+use crate::nixl::serdes::{DescList, MemType};
+use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
+
+/// What each rank tells the others about itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub host: String,
+    pub gpu_name: String,
+    pub gpu_uuid: String,
+    pub sm_count: u32,
+    pub mps: bool,
+    pub nccl: NcclStatus,
+}
+
+/// A rank's NCCL setup: `Some(why)` when it failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NcclOutcome(pub Option<String>);
+
+crate::json_value!(
+    RankInfo => "rank description",
+    NcclOutcome => "NCCL setup outcome",
+    super::plan::RunConfig => "run configuration",
+    super::report::RankTimes => "rank result",
+);
+
+/// What a session works with.
+pub struct Context<'a> {
+    pub group: &'a Group<'a>,
+    pub cfg: &'a RunConfig,
+    pub plan: &'a Plan,
+    pub gpu: &'a Gpu,
+    pub kernels: &'a CollKernels,
+}
+
+/// The session's resources. Fields drop in declaration order: views, then
+/// the registration, then the memory, then the agent.
+pub struct Session {
+    remote: Option<MemView>,
+    local: Option<MemView>,
+    reg: Option<RegistrationHandle>,
+    pub layout: WindowLayout,
+    window: DeviceBuffer,
+    report: DeviceBuffer,
+    verify: DeviceBuffer,
+    sent: DeviceBuffer,
+    /// A case's calls' [`CollTiming`] stamps.
+    timing: DeviceBuffer,
+    /// The gate the timed calls wait behind (see `run_case`).
+    gate: DeviceBuffer,
+    side: std::sync::Arc<CudaStream>,
+    /// The gate's last value (it only grows).
+    gates: Cell<u64>,
+    nixl: UcxAgent,
+    corrupted: Cell<bool>,
+}
+
+impl Session {
+    /// Agent, window (zeroed: the flags start at epoch 0), registration,
+    /// every peer's metadata and window, the views.
+    pub fn open(ctx: &Context) -> Result<Self> {
+        let g = ctx.group;
+        let nixl = create_ucx_agent(&agent_name(g.rank))?;
+        let layout = WindowLayout::new(ctx.cfg.max_bytes(), g.world);
+        let alloc = |len: u64, what: &str| {
+            DeviceBuffer::zeroed(&ctx.gpu.ctx, len as usize).with_context(|| {
+                format!("allocating {what} ({len} bytes) on GPU {}", ctx.gpu.ordinal)
+            })
+        };
+        let window = alloc(layout.bytes, "the window")?;
+        let reg = nixl
+            .agent
+            .register_memory(&window, None)
+            .context("registering the window (VRAM)")?;
+        g.put(
+            &g.rank_entry(g.rank, "metadata"),
+            &AgentMetadata(nixl.agent.get_local_md()?),
+        )?;
+        let own = DescList::new(
+            MemType::Vram,
+            vec![crate::nixl::serdes::Desc {
+                addr: window.addr(),
+                len: layout.bytes,
+                dev_id: window.ordinal() as u64,
+            }],
+        );
+        g.put(&g.rank_entry(g.rank, "window"), &own)?;
+        let mut peers = vec![None; g.world as usize];
+        for r in (0..g.world).filter(|&r| r != g.rank) {
+            let md: AgentMetadata = g.get(&g.rank_entry(r, "metadata"), r, "agent metadata")?;
+            load_peer(&nixl.agent, &md.0, &agent_name(r), g.timeout())?;
+            let list: DescList = g.get(&g.rank_entry(r, "window"), r, "window descriptor")?;
+            match list.descs.as_slice() {
+                [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, agent_name(r))),
+                other => bail!(
+                    "rank {r} published a window of {other:?}, expected one buffer of {} bytes",
+                    layout.bytes
+                ),
+            }
+        }
+        // SAFETY: our window stays registered until these views drop (close).
+        let local = unsafe { prep_local(&nixl.agent, &nixl.backend, &own)? };
+        // SAFETY: peers keep their windows until every rank passed "released".
+        let remote = match g.world {
+            1 => None,
+            _ => Some(unsafe { prep_remote_ranks(&nixl.agent, &nixl.backend, &peers)? }),
+        };
+        Ok(Self {
+            remote,
+            local: Some(local),
+            reg: Some(reg),
+            layout,
+            report: alloc(size_of::<CollReport>() as u64, "the report")?,
+            verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
+            sent: alloc(2 * u64::from(MAX_BLOCKS) * 8, "the epochs sent")?,
+            gate: alloc(8, "the gate")?,
+            timing: alloc(32 * u64::from(ctx.cfg.calls()), "the timing stamps")?,
+            side: ctx.gpu.ctx.new_stream()?,
+            gates: Cell::new(0),
+            window,
+            nixl,
+            corrupted: Cell::new(false),
+        })
+    }
+
+    fn views(&self) -> (u64, u64) {
+        let local = self.local.as_ref().map_or(0, |v| v.as_ptr() as u64);
+        (local, self.remote.as_ref().map_or(0, |v| v.as_ptr() as u64))
+    }
+
+    /// The store path needs every peer's window mapped into ours; every rank
+    /// learns whether all can, so all stop together with the same message.
+    pub fn check_pointers(&self, ctx: &Context) -> Result<()> {
+        let g = ctx.group;
+        let mut unreachable = Vec::new();
+        if let Some(remote) = &self.remote {
+            let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
+            // SAFETY: the view is live; the probe buffer holds `world` u64.
+            unsafe {
+                ctx.kernels.launch_probe(
+                    &ctx.gpu.stream,
+                    remote.as_ptr() as u64,
+                    g.world,
+                    g.rank,
+                    probe.addr(),
+                )?
+            };
+            let mut raw = vec![0u8; 8 * g.world as usize];
+            probe.download(&ctx.gpu.stream, &mut raw)?;
+            unreachable = raw
+                .chunks(8)
+                .enumerate()
+                .filter(|(_, c)| c.iter().all(|&b| b == 0))
+                .map(|(r, _)| r)
+                .collect();
+        }
+        g.put(&g.rank_entry(g.rank, "store"), &unreachable)?;
+        for r in 0..g.world {
+            let theirs: Vec<usize> = g.get(&g.rank_entry(r, "store"), r, "pointer check")?;
+            if let Some(p) = theirs.first() {
+                bail!(
+                    "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got \
+                     no pointer to rank {p}'s window from nixlGetPtr (an RDMA-only transport?): use --path put"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the views, waits until every rank has, then deregisters.
+    pub fn close(mut self, ctx: &Context) -> Result<()> {
+        self.remote = None;
+        self.local = None;
+        ctx.group.barrier("released")?;
+        self.reg = None;
+        for r in (0..ctx.group.world).filter(|&r| r != ctx.group.rank) {
+            let _ = self.nixl.agent.invalidate_remote_md(&agent_name(r));
+        }
+        Ok(())
+    }
+}
+
+/// A case in words, for messages.
+pub fn describe(case: &Case, ranks: u32) -> String {
+    format!(
+        "{} {} {} path, {}, {}-place, {} B (count {})",
+        case.op.name(),
+        case.algo.name(),
+        case.path.name(),
+        case.dtype.name(),
+        if case.in_place { "in" } else { "out-of" },
+        case.bytes(ranks),
+        case.count
+    )
+}
+
+impl Session {
+    /// Every case and, where NCCL runs, its calls; returns this rank's times.
+    pub fn measure(&self, ctx: &Context, comm: Option<&Comm>) -> Result<RankTimes> {
+        let g = ctx.group;
+        let mut times = RankTimes {
+            rank: g.rank,
+            ..Default::default()
+        };
+        let nccl_bufs = match comm {
+            Some(_) => {
+                let b = ctx.cfg.max_bytes() as usize;
+                Some((
+                    DeviceBuffer::zeroed(&ctx.gpu.ctx, b)?,
+                    DeviceBuffer::zeroed(&ctx.gpu.ctx, b)?,
+                ))
+            }
+            None => None,
+        };
+        let mut call = 0u64;
+        let groups = ctx.cfg.groups();
+        for (n, grp) in groups.iter().enumerate() {
+            for case in &grp.cases {
+                let (events, kernel) = self.run_case(ctx, case, call)?;
+                times.cases.push(events);
+                times.kernel.push(kernel);
+                call += u64::from(ctx.cfg.calls());
+            }
+            times.nccl.push(match (comm, &nccl_bufs) {
+                (Some(c), Some(b)) => Some(self.run_nccl(ctx, c, &grp.cases[0], b)?),
+                _ => None,
+            });
+            if g.rank == 0 && (n + 1) % 8 == 0 {
+                tracing::info!("{}/{} sizes verified", n + 1, groups.len());
+            }
+        }
+        Ok(times)
+    }
+
+    /// The call's kernel parameters.
+    fn params(&self, ctx: &Context, case: &Case, call: u64) -> CollParams {
+        let (local, remote) = self.views();
+        let (off_in, off_out) = self.layout.in_out(case, ctx.group.rank, call);
+        CollParams {
+            local_mvh: local,
+            remote_mvh: remote,
+            window: self.window.addr(),
+            report: self.report.addr(),
+            sent: self.sent.addr(),
+            timing: self.timing.addr() + (call % u64::from(ctx.cfg.calls())) * 32,
+            off_flags: self.layout.flags,
+            off_in,
+            off_out,
+            off_recv: self.layout.recv[(call % 2) as usize],
+            recv_stride: self.layout.recv_stride,
+            count: case.count,
+            epoch: call + 1,
+            timeout_ns: ctx.cfg.timeout_ns,
+            rank: ctx.group.rank,
+            ranks: ctx.group.world,
+            op: case.op.code(),
+            algo: case.algo.code(),
+            path: case.path.code(),
+            dtype: case.dtype.code(),
+        }
+    }
+
+    fn data(&self, ctx: &Context, case: &Case, input: u64, output: u64, call: u64) -> CollData {
+        CollData {
+            input,
+            output,
+            verify: self.verify.addr(),
+            count: case.count,
+            rank: ctx.group.rank,
+            ranks: ctx.group.world,
+            op: case.op.code(),
+            dtype: case.dtype.code(),
+            call: call as u32,
+            reserved: 0,
+        }
+    }
+}
+
+impl Session {
+    /// One case: its calls queued and watched, then the report and the
+    /// checks read; returns the timed calls' GPU times, ns.
+    ///
+    /// The warm-up calls are the checked ones: each gets fresh inputs and
+    /// every output element is compared. The timed calls then run back to
+    /// back, as nccl-tests times them (a fill or check kernel between them
+    /// would hold up the peers waiting on this rank and be counted in
+    /// their time), on one fill of inputs; out of place, the last two
+    /// outputs (both parities) are checked after them. They wait behind a
+    /// gate (a stream wait on a word this rank's side stream writes once
+    /// everything is queued), so the GPU runs them at its own pace, not at
+    /// the rate the host launches them; two untimed calls after the gate
+    /// absorb the ranks' different release times.
+    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<(Vec<f64>, Vec<f64>)> {
+        let (g, cfg) = (ctx.group, ctx.cfg);
+        let blocks = case.blocks(g.world, ctx.plan.max_blocks);
+        let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
+        let data = |c: u64, id: u64| {
+            let p = self.params(ctx, case, c);
+            (
+                p,
+                self.data(ctx, case, p.window + p.off_in, p.window + p.off_out, id),
+            )
+        };
+        let mut events = Vec::new();
+        let mut checks = 0u64;
+        self.verify.zero(&ctx.gpu.stream)?;
+        let queue = |s: &CudaStream| -> Result<()> {
+            // SAFETY: every address belongs to this session, which outlives
+            // the work (run_watched waits for it).
+            unsafe {
+                for c in first..first + warm {
+                    let (p, d) = data(c, c);
+                    ctx.kernels.launch_data(s, false, &d)?;
+                    ctx.kernels.launch_run(s, blocks, &p)?;
+                    self.maybe_corrupt(ctx, s, d.output, c - first)?;
+                    ctx.kernels.launch_data(s, true, &d)?;
+                    checks += 1;
+                }
+                let id = first + warm;
+                ctx.kernels.launch_data(s, false, &data(id, id).1)?;
+                let gate = self.close_gate(s)?;
+                let end = id + iters + 2;
+                for c in id..end {
+                    let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                    ctx.kernels.launch_run(s, blocks, &data(c, id).0)?;
+                    let e1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                    if c >= id + 2 {
+                        events.push((e0, e1));
+                    }
+                }
+                for c in end - 2..end {
+                    if !case.in_place {
+                        ctx.kernels.launch_data(s, true, &data(c, id).1)?;
+                        checks += 1;
+                    }
+                }
+                self.open_gate(gate)?;
+            }
+            Ok(())
+        };
+        let what = describe(case, g.world);
+        run_watched(
+            ctx.gpu,
+            &self.report,
+            Duration::from_nanos(cfg.timeout_ns),
+            Some(self.gate.addr()),
+            queue,
+            || g.probe(),
+        )
+        .with_context(|| format!("rank {}: {what}", g.rank))
+        .and_then(|f| match f.released {
+            true => bail!(
+                "rank {}: {what}: not done within the timeout (gate released)",
+                g.rank
+            ),
+            false => Ok(()),
+        })?;
+        self.check_report(ctx, &what)?;
+        self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
+        let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
+        self.timing
+            .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
+        Ok((elapsed(&events)?, calibrate(&raw[(warm + 2) as usize..])))
+    }
+
+    /// Queues a wait behind the next gate; returns its value.
+    fn close_gate(&self, s: &CudaStream) -> Result<u64> {
+        let v = self.gates.get() + 1;
+        self.gates.set(v);
+        // SAFETY: the gate lives as long as the session.
+        unsafe { wait_value_geq(s, self.gate.addr(), v)? };
+        Ok(v)
+    }
+
+    /// Everything is queued: opens gate `v` from the side stream.
+    fn open_gate(&self, v: u64) -> Result<()> {
+        // SAFETY: an 8-byte write into the live gate.
+        unsafe {
+            sys::cuStreamWriteValue64_v2(self.side.cu_stream(), self.gate.addr(), v, 0).result()?
+        };
+        Ok(())
+    }
+
+    /// The test hook: garbles output element 0 of the first checked call.
+    fn maybe_corrupt(&self, ctx: &Context, s: &CudaStream, out: u64, k: u64) -> Result<()> {
+        if ctx.cfg.corrupt_rank == Some(ctx.group.rank) && k == 0 && !self.corrupted.get() {
+            self.corrupted.set(true);
+            tracing::warn!("injected fault: corrupting output element 0");
+            // SAFETY: two bytes inside the live output.
+            unsafe { sys::cuMemsetD8Async(out, 0x7f, 2, s.cu_stream()).result()? };
+        }
+        Ok(())
+    }
+
+    /// NCCL's call of the same size, queued, timed and checked as ours.
+    fn run_nccl(
+        &self,
+        ctx: &Context,
+        comm: &Comm,
+        case: &Case,
+        bufs: &(DeviceBuffer, DeviceBuffer),
+    ) -> Result<Vec<f64>> {
+        let (g, cfg) = (ctx.group, ctx.cfg);
+        let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
+        let mut events = Vec::new();
+        self.verify.zero(&ctx.gpu.stream)?;
+        let call = |s: &CudaStream, d: &CollData| {
+            // SAFETY: both buffers hold the largest call; they outlive the work.
+            unsafe { nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output) }
+        };
+        let queue = |s: &CudaStream| -> Result<()> {
+            // SAFETY: as in run_case.
+            unsafe {
+                for c in 0..warm + 1 {
+                    let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), c);
+                    ctx.kernels.launch_data(s, false, &d)?;
+                    if c < warm {
+                        call(s, &d)?;
+                        ctx.kernels.launch_data(s, true, &d)?;
+                        continue;
+                    }
+                    let gate = self.close_gate(s)?;
+                    for k in 0..iters + 2 {
+                        let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                        call(s, &d)?;
+                        let e1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                        if k >= 2 {
+                            events.push((e0, e1));
+                        }
+                    }
+                    ctx.kernels.launch_data(s, true, &d)?;
+                    self.open_gate(gate)?;
+                }
+            }
+            Ok(())
+        };
+        let what = format!("NCCL {} {} B", case.op.name(), case.bytes(g.world));
+        run_watched(
+            ctx.gpu,
+            &self.report,
+            Duration::from_nanos(cfg.timeout_ns),
+            Some(self.gate.addr()),
+            queue,
+            || g.probe(),
+        )
+        .with_context(|| format!("rank {}: {what}", g.rank))?;
+        self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
+        elapsed(&events)
+    }
+
+    /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
+    fn check_report(&self, ctx: &Context, what: &str) -> Result<()> {
+        let mut r = CollReport::default();
+        self.report
+            .download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
+        let me = ctx.group.rank;
+        if r.null_ptr_rank != 0 {
+            bail!(
+                "rank {me}, {what}: nixlGetPtr returned no pointer to rank {}'s window: use --path put",
+                r.null_ptr_rank - 1
+            );
+        }
+        if r.timed_out != 0 {
+            bail!(
+                "rank {me}, {what}: phase {} of block {} waited {} s for rank {}'s signal (epoch {}, saw {}): rank {} \
+                 stopped, is stuck, or runs other arguments",
+                r.wait_phase,
+                r.wait_block,
+                ctx.cfg.timeout_ns as f64 / 1e9,
+                r.wait_rank,
+                r.wait_target,
+                r.observed,
+                r.wait_rank
+            );
+        }
+        if r.errors != 0 {
+            bail!(
+                "rank {me}, {what}: {} NIXL device call(s) failed, the first with status {}",
+                r.errors,
+                r.first_status
+            );
+        }
+        Ok(())
+    }
+
+    /// Exit 3 naming rank, call, element, expected and got; also fails when
+    /// not every output element was compared.
+    fn check_verify(&self, ctx: &Context, what: &str, want_checked: u64) -> Result<()> {
+        let mut v = CollVerify::default();
+        self.verify
+            .download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut v))?;
+        let me = ctx.group.rank;
+        if v.mismatches != 0 {
+            return Err(DataMismatch(format!(
+                "rank {me}, {what}, call {}: output element {} is {}, expected {} ({} wrong element(s) in this case)",
+                v.call, v.element, v.got, v.expected, v.mismatches
+            ))
+            .into());
+        }
+        if v.checked != want_checked {
+            bail!(
+                "rank {me}, {what}: the check compared {} elements, expected {want_checked}",
+                v.checked
+            );
+        }
+        Ok(())
+    }
+}
+
+/// GPU time between each pair of events, ns.
+fn elapsed(events: &[(CudaEvent, CudaEvent)]) -> Result<Vec<f64>> {
+    events
+        .iter()
+        .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
+        .collect()
+}
+
+/// Connects NCCL when every rank has it; otherwise, or when NCCL refuses,
+/// returns why (every rank learns every rank's outcome, so all agree).
+pub fn connect_nccl(ctx: &Context, infos: &[RankInfo]) -> Result<Result<Comm, String>> {
+    let g = ctx.group;
+    if !ctx.cfg.baseline {
+        return Ok(Err("--no-baseline".into()));
+    }
+    if let Some((r, why)) = infos.iter().find_map(|i| match &i.nccl {
+        NcclStatus::Unavailable(why) => Some((i.rank, why.clone())),
+        NcclStatus::Ready(_) => None,
+    }) {
+        return Ok(Err(format!("rank {r}: {why}")));
+    }
+    let shared = match ctx.plan.max_ranks_on_gpu {
+        1 => String::new(),
+        n => format!(" ({n} ranks share a GPU, which NCCL refuses: \"Duplicate GPU detected\")"),
+    };
+    let mine = nccl::connect(g, ctx.gpu).map_err(|e| anyhow::anyhow!("{e:#}{shared}"));
+    let status = NcclOutcome(mine.as_ref().err().map(|e| format!("{e:#}")));
+    g.put(&g.rank_entry(g.rank, "nccl"), &status)?;
+    let all: Vec<NcclOutcome> = g.gather("nccl", "NCCL setup outcome")?;
+    if let Some((r, why)) = all
+        .iter()
+        .enumerate()
+        .find_map(|(r, o)| o.0.as_ref().map(|w| (r, w)))
+    {
+        return Ok(Err(format!("rank {r}: {why}")));
+    }
+    Ok(mine.map_err(|e| format!("{e:#}")))
+}
