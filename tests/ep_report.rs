@@ -30,6 +30,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
         timeout_ns: 1_000_000_000,
         blocks: None,
         baseline: true,
+        combine_senders: None,
     }
 }
 

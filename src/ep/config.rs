@@ -275,7 +275,17 @@ pub struct RunConfig {
     pub blocks: Option<u32>,
     /// Run the NCCL all-to-all baseline (unless ranks share GPUs).
     pub baseline: bool,
+    /// High-throughput combine: warps per block that send while the others
+    /// reduce (`--combine-senders`, hidden, for measuring; default
+    /// [`COMBINE_SENDERS`]).
+    #[serde(default)]
+    pub combine_senders: Option<u32>,
 }
+
+/// Warps of a high-throughput combine block that send batches; the other
+/// 4 of 16 reduce tokens from the start, and the senders join them once
+/// their batches are out (cuda/ep.cu, `ep_combine`).
+pub const COMBINE_SENDERS: u32 = 12;
 
 impl RunConfig {
     /// Iterations of every path together, warm-up included: how far the
@@ -364,6 +374,11 @@ pub struct Grid {
     pub chunks: u32,
     /// Bytes per piece (a multiple of 16; the last piece may be shorter).
     pub chunk_bytes: u32,
+    /// Every rank runs on this rank's GPU: a GPU-scope release orders the
+    /// data before a signal for every observer (they all use this GPU's
+    /// memory system). Otherwise a peer observes through the link, and only
+    /// a system-scope release does.
+    pub gpu_scope: bool,
 }
 
 /// Threads per block of the phase kernels: 16 warps.
@@ -376,8 +391,12 @@ impl Grid {
     /// that takes every SM can starve the peer's), and all blocks are
     /// resident at once (the combine kernel's blocks wait for each other).
     /// `sends` is how many (token, destination) copies one phase makes;
-    /// tokens are cut into pieces until every warp has about one, but never
-    /// below 512 bytes (one 16-byte vector per lane).
+    /// tokens are cut into as many pieces as keeps every warp at one piece
+    /// at most (two pieces on some warps made the slowest warp copy twice
+    /// as long), but never below 512 bytes (one 16-byte vector per lane).
+    /// `ranks_per_gpu` equal to the shape's ranks means all ranks share this
+    /// GPU (`make_plan` checked that the ranks' own counts agree with their
+    /// GPUs' UUIDs), and the releases may be GPU-scope.
     pub fn new(
         shape: &Shape,
         sm_count: u32,
@@ -389,13 +408,14 @@ impl Grid {
         let warps = u64::from(blocks) * u64::from(THREADS / 32);
         let row = shape.token_bytes();
         let max_chunks = (row / 512).max(1);
-        let chunks = warps.div_ceil(sends.max(1)).clamp(1, max_chunks);
+        let chunks = (warps / sends.max(1)).clamp(1, max_chunks);
         let chunk_bytes = row.div_ceil(chunks).div_ceil(16) * 16;
         Self {
             blocks,
             threads: THREADS,
             chunks: row.div_ceil(chunk_bytes) as u32,
             chunk_bytes: chunk_bytes as u32,
+            gpu_scope: ranks_per_gpu >= shape.ranks,
         }
     }
 }
