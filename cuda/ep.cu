@@ -381,26 +381,30 @@ __device__ __forceinline__ void sync_senders(uint32_t warps) {
     asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
 }
 
-// Batches of slots owed to each origin: b.base[s], and their most in b.base[ranks].
+// Batches of slots owed to each origin: b.base[s], and the most owed to
+// one peer in b.base[ranks].
 __device__ void count_batches(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
         uint32_t most = 0;
         for (uint32_t s = 0; s < p.ranks; ++s) {
             b.base[s] = (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
-            most = max(most, b.base[s]);
+            if (s != p.rank) most = max(most, b.base[s]);
         }
         b.base[p.ranks] = most;
     }
     __syncthreads();
 }
 
-// The sender warps of a block (warp < senders): this block's batches,
-// origins interleaved, each flagged once its data is out.
+// The sender warps of a block (warp < senders): this block's batches for
+// the peers, origins interleaved, each flagged once its data is out. Our
+// own share is not sent: the reducers read it from y (reduce_token).
 __device__ void send_batches(const EpParams &p, const Block &b, uint32_t senders) {
     const uint32_t warp = threadIdx.x / 32;
-    const uint32_t deal = b.base[p.ranks] * p.ranks;
+    const uint32_t peers = p.ranks - 1;
+    const uint32_t deal = b.base[p.ranks] * peers;
     for (uint32_t k = blockIdx.x; k < deal; k += gridDim.x) {
-        const uint32_t s = k % p.ranks, g = k / p.ranks;
+        const uint32_t q = k % peers, g = k / peers;
+        const uint32_t s = q < p.rank ? q : q + 1;
         if (g >= b.base[s]) continue;
         const uint32_t j0 = g * p.combine_batch;
         const uint32_t j1 = min(j0 + p.combine_batch, min(p.recv_count[s], p.tokens));
@@ -413,8 +417,9 @@ __device__ void send_batches(const EpParams &p, const Block &b, uint32_t senders
 }
 
 // Few tokens (one batch per expert rank): every block copies a share of
-// every origin's slots, pieces dealt over all the grid's warps as dispatch
-// deals them, then signals each rank once (+1 on its flag for us). A release
+// every peer's slots (our own share the reducers read from y), pieces
+// dealt over all the grid's warps as dispatch deals them, then signals each
+// peer once (+1 on its flag for us). A release
 // per block and rank instead of one per slot, and every SM busy: with one
 // slot per batch, 128 tokens kept a few blocks fencing one after another
 // (34-40 µs on one H100 under MPS, against 10-12 µs for the dispatch of the
@@ -422,7 +427,8 @@ __device__ void send_batches(const EpParams &p, const Block &b, uint32_t senders
 __device__ void send_outputs_all(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
         b.base[0] = 0;
-        for (uint32_t s = 0; s < p.ranks; ++s) b.base[s + 1] = b.base[s] + min(p.recv_count[s], p.tokens);
+        for (uint32_t s = 0; s < p.ranks; ++s)
+            b.base[s + 1] = b.base[s] + (s == p.rank ? 0 : min(p.recv_count[s], p.tokens));
     }
     __syncthreads();
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -436,7 +442,7 @@ __device__ void send_outputs_all(const EpParams &p, Block &b) {
     }
     // As signal_sent: every warp's stores, then a cumulative release.
     __syncthreads();
-    if (threadIdx.x < p.ranks) signal_add(p, b, threadIdx.x, flag_offset(p, p.rank, 0), 1);
+    if (threadIdx.x < p.ranks && threadIdx.x != p.rank) signal_add(p, b, threadIdx.x, flag_offset(p, p.rank, 0), 1);
 }
 
 // One lane waits until the batches holding token t's contributions are
@@ -447,7 +453,7 @@ __device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
     if (threadIdx.x % 32 == 0) {
         for (uint32_t r = 0; r < p.ranks && ok; ++r) {
             const int32_t slot = p.send_slot[r * p.tokens + t];
-            if (slot < 0) continue;
+            if (slot < 0 || r == p.rank) continue;
             const uint64_t *flag = word_at(p.window, flag_offset(p, r, uint32_t(slot) / p.combine_batch));
             ok = ep_wait(flag, flag_target(p), deadline, p.report, EP_WAIT_COMBINE, r, 64);
         }
@@ -457,17 +463,29 @@ __device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
     return __shfl_sync(0xffffffff, ok, 0);
 }
 
-// The next contribution to token t from rank r on (r advances past it), or
-// null when no rank is left.
-__device__ __forceinline__ const int4 *next_contribution(const EpParams &p, uint32_t t, uint32_t &r) {
+// One contribution to a token: where to read it, and for our own share
+// where to keep a copy (combine_recv[rank][slot], as a peer's lands).
+struct Contribution {
+    const int4 *src;
+    int4 *keep;
+};
+
+// The next contribution to token t from rank r on (r advances past it);
+// src null when no rank is left. A peer's is in combine_recv; ours is read
+// straight from y, the expert output we would otherwise first copy there:
+// one read of it fewer, and no flag to wait for.
+__device__ __forceinline__ Contribution next_contribution(const EpParams &p, uint32_t t, uint32_t &r) {
     for (; r < p.ranks; ++r) {
         const int32_t slot = p.send_slot[r * p.tokens + t];
         if (slot < 0) continue;
-        const uint64_t at = p.off_combine_recv + (uint64_t(r) * p.tokens + slot) * 2ull * p.hidden;
+        const uint64_t row_at = (uint64_t(r) * p.tokens + slot) * 2ull * p.hidden;
+        int4 *recv = reinterpret_cast<int4 *>(p.window + p.off_combine_recv + row_at);
+        const bool own = r == p.rank;
         ++r;
-        return reinterpret_cast<const int4 *>(p.window + at);
+        if (own) return {reinterpret_cast<const int4 *>(p.window + p.off_y + row_at), recv};
+        return {recv, nullptr};
     }
-    return nullptr;
+    return {nullptr, nullptr};
 }
 
 __device__ __forceinline__ void add_vec(float *acc, const int4 &v) {
@@ -491,23 +509,26 @@ __device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_
         float acc[R][8] = {};
         uint32_t r = 0;
         for (;;) {
-            const int4 *a = next_contribution(p, t, r);
-            if (a == nullptr) break;
-            const int4 *c = next_contribution(p, t, r);
+            const Contribution a = next_contribution(p, t, r);
+            if (a.src == nullptr) break;
+            const Contribution c = next_contribution(p, t, r);
             int4 va[R], vc[R];
 #pragma unroll
             for (uint32_t u = 0; u < R; ++u) {
                 if (i0 + 32 * u >= v1) continue;
-                va[u] = load_cg(a + i0 + 32 * u);
-                if (c != nullptr) vc[u] = load_cg(c + i0 + 32 * u);
+                va[u] = load_cg(a.src + i0 + 32 * u);
+                if (c.src != nullptr) vc[u] = load_cg(c.src + i0 + 32 * u);
             }
 #pragma unroll
             for (uint32_t u = 0; u < R; ++u) {
                 if (i0 + 32 * u >= v1) continue;
                 add_vec(acc[u], va[u]);
-                if (c != nullptr) add_vec(acc[u], vc[u]);
+                if (a.keep != nullptr) a.keep[i0 + 32 * u] = va[u];
+                if (c.src == nullptr) continue;
+                add_vec(acc[u], vc[u]);
+                if (c.keep != nullptr) c.keep[i0 + 32 * u] = vc[u];
             }
-            if (c == nullptr) break;
+            if (c.src == nullptr) break;
         }
 #pragma unroll
         for (uint32_t u = 0; u < R; ++u) {
@@ -555,8 +576,9 @@ __device__ bool reduce_all(const EpParams &p, Block &b) {
         const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
         bool ok = true;
         for (uint32_t r = 0; r < p.ranks && ok; ++r)
-            ok = ep_wait(word_at(p.window, flag_offset(p, r, 0)), flag_target(p), deadline, p.report,
-                         EP_WAIT_COMBINE, r);
+            if (r != p.rank)
+                ok = ep_wait(word_at(p.window, flag_offset(p, r, 0)), flag_target(p), deadline, p.report,
+                             EP_WAIT_COMBINE, r);
         if (ok) fence_acquire(p.gpu_scope);
         b.ok = ok;
     }
