@@ -2,22 +2,24 @@
 // API (NIXL 1.x). docs/EP.md walks through the design; in one paragraph:
 //
 // Every rank exposes one registered window (src/ep/config.rs WindowLayout).
-// A phase kernel starts with a barrier among the ranks (block 0), then every
+// A phase kernel starts with a barrier among the ranks (block 0 raises a
+// bare flag in every rank's window, every block waits for all), then every
 // warp copies token pieces into the destination ranks' windows — nixlPut
-// (path put) or plain 16-byte stores through nixlGetPtr (path ptr), local
+// (path put) or plain 16-byte stores through nixlGetPtr (path store), local
 // copies for this rank's own share — and every block, once its copies are
-// done, fences and adds (1 << 32) | tokens_it_sent to each destination's
-// counter for this source. The receiver knows the data is complete when the
-// high half of that counter reaches the number of blocks, and reads the
-// token count from the low half: counts are signalled after the data.
-// Counters only grow (the targets grow with the run-wide iteration index),
-// so nothing is ever reset under a peer's atomic.
+// done, adds (1 << 32) | tokens_it_sent to each destination's counter for
+// this source with one release reduction (GPU scope when every rank shares
+// this GPU, system scope otherwise). The receiver knows the data is
+// complete when the high half of that counter reaches the number of
+// blocks, and reads the token count from the low half: counts are signalled
+// after the data. Counters only grow (the targets grow with the run-wide
+// iteration index), so nothing is ever reset under a peer's atomic.
 //
-// Waits happen after the sends and in block 0 only (the other blocks wait
-// for block 0 on this GPU): a rank never holds SMs spinning on a peer while
-// it still has data to send, and its grid is sized to its share of the GPU
-// when ranks share one. Every spin goes through ep_wait: a %globaltimer
-// deadline, the host's cancel flag, and a record of which rank it waited for.
+// Waits happen after the sends: a rank never holds SMs spinning on a peer
+// while it still has data to send, and its grid is sized to its share of
+// the GPU when ranks share one. Every spin goes through ep_wait: a
+// %globaltimer deadline, the host's cancel flag, and a record of which rank
+// it waited for.
 
 #include <gpu/ucx/nixl_device.cuh>
 
@@ -463,29 +465,24 @@ __device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
     return __shfl_sync(0xffffffff, ok, 0);
 }
 
-// One contribution to a token: where to read it, and for our own share
-// where to keep a copy (combine_recv[rank][slot], as a peer's lands).
-struct Contribution {
-    const int4 *src;
-    int4 *keep;
-};
+// Where rank r's contribution to our slot `slot` lies: a peer's in
+// combine_recv[r][slot]; ours stays where our experts wrote it, y[rank][slot]
+// (our share never travels: no copy, no flag to wait for, and combine_recv's
+// own row stays unused).
+__device__ __forceinline__ const uint8_t *contribution(const EpParams &p, uint32_t r, uint32_t slot) {
+    const uint64_t off = r == p.rank ? p.off_y : p.off_combine_recv;
+    return p.window + off + (uint64_t(r) * p.tokens + slot) * 2ull * p.hidden;
+}
 
-// The next contribution to token t from rank r on (r advances past it);
-// src null when no rank is left. A peer's is in combine_recv; ours is read
-// straight from y, the expert output we would otherwise first copy there:
-// one read of it fewer, and no flag to wait for.
-__device__ __forceinline__ Contribution next_contribution(const EpParams &p, uint32_t t, uint32_t &r) {
+// The next contribution to token t from rank r on (r advances past it), or
+// null when no rank is left.
+__device__ __forceinline__ const int4 *next_contribution(const EpParams &p, uint32_t t, uint32_t &r) {
     for (; r < p.ranks; ++r) {
         const int32_t slot = p.send_slot[r * p.tokens + t];
         if (slot < 0) continue;
-        const uint64_t row_at = (uint64_t(r) * p.tokens + slot) * 2ull * p.hidden;
-        int4 *recv = reinterpret_cast<int4 *>(p.window + p.off_combine_recv + row_at);
-        const bool own = r == p.rank;
-        ++r;
-        if (own) return {reinterpret_cast<const int4 *>(p.window + p.off_y + row_at), recv};
-        return {recv, nullptr};
+        return reinterpret_cast<const int4 *>(contribution(p, r++, uint32_t(slot)));
     }
-    return {nullptr, nullptr};
+    return nullptr;
 }
 
 __device__ __forceinline__ void add_vec(float *acc, const int4 &v) {
@@ -494,8 +491,9 @@ __device__ __forceinline__ void add_vec(float *acc, const int4 &v) {
     for (int k = 0; k < 8; ++k) acc[k] += __bfloat162float(h[k]);
 }
 
-// out[t] = sum over ranks r (in rank order) of combine_recv[r][slot(t, r)],
-// added in f32, stored as bf16; here 16-byte vectors v0..v1 of it. A lane
+// out[t] = sum over ranks r (in rank order) of r's contribution (our own
+// from y, a peer's from combine_recv), added in f32, stored as bf16; here
+// 16-byte vectors v0..v1 of it. A lane
 // keeps R = 4 vectors of two contributions in flight (8 loads) before it
 // adds them: with one load at a time a warp waits a full memory latency per
 // vector, and the reduction, not the transfer, set the low-latency
@@ -509,26 +507,23 @@ __device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_
         float acc[R][8] = {};
         uint32_t r = 0;
         for (;;) {
-            const Contribution a = next_contribution(p, t, r);
-            if (a.src == nullptr) break;
-            const Contribution c = next_contribution(p, t, r);
+            const int4 *a = next_contribution(p, t, r);
+            if (a == nullptr) break;
+            const int4 *c = next_contribution(p, t, r);
             int4 va[R], vc[R];
 #pragma unroll
             for (uint32_t u = 0; u < R; ++u) {
                 if (i0 + 32 * u >= v1) continue;
-                va[u] = load_cg(a.src + i0 + 32 * u);
-                if (c.src != nullptr) vc[u] = load_cg(c.src + i0 + 32 * u);
+                va[u] = load_cg(a + i0 + 32 * u);
+                if (c != nullptr) vc[u] = load_cg(c + i0 + 32 * u);
             }
 #pragma unroll
             for (uint32_t u = 0; u < R; ++u) {
                 if (i0 + 32 * u >= v1) continue;
                 add_vec(acc[u], va[u]);
-                if (a.keep != nullptr) a.keep[i0 + 32 * u] = va[u];
-                if (c.src == nullptr) continue;
-                add_vec(acc[u], vc[u]);
-                if (c.keep != nullptr) c.keep[i0 + 32 * u] = vc[u];
+                if (c != nullptr) add_vec(acc[u], vc[u]);
             }
-            if (c.src == nullptr) break;
+            if (c == nullptr) break;
         }
 #pragma unroll
         for (uint32_t u = 0; u < R; ++u) {
@@ -796,7 +791,6 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_dispatch(EpPa
 __device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, uint32_t t) {
     const uint32_t lane = threadIdx.x % 32;
     const uint64_t key = ep_token_key(p.seed, p.rank, p.iteration, t);
-    const uint16_t *recv = reinterpret_cast<const uint16_t *>(p.window + p.off_combine_recv);
     for (uint32_t h = lane; h < p.hidden; h += 32) {
         const uint16_t xb = ep_x_bits(key, h);
         const float x = __uint_as_float(uint32_t(xb) << 16);
@@ -805,7 +799,7 @@ __device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, ui
             if (slot < 0) continue;
             float abs_sum;
             const float ref = weighted(p, r, x, q, false, abs_sum);
-            const uint16_t gb = recv[(uint64_t(q) * p.tokens + slot) * p.hidden + h];
+            const uint16_t gb = reinterpret_cast<const uint16_t *>(contribution(p, q, uint32_t(slot)))[h];
             const float got = __uint_as_float(uint32_t(gb) << 16);
             const float bound = ep_partial_bound(abs_sum, p.topk);
             if (!(fabsf(got - ref) <= bound))

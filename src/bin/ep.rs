@@ -113,7 +113,7 @@ struct Args {
     blocks: Option<u32>,
 
     /// High-throughput combine: warps of each 16-warp block that send while
-    /// the others reduce (for measuring the split) [default: 12].
+    /// the others reduce from the start (for measuring the split) [default: 16].
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=16))]
     combine_senders: Option<u32>,
 

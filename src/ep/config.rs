@@ -282,10 +282,14 @@ pub struct RunConfig {
     pub combine_senders: Option<u32>,
 }
 
-/// Warps of a high-throughput combine block that send batches; the other
-/// 4 of 16 reduce tokens from the start, and the senders join them once
-/// their batches are out (cuda/ep.cu, `ep_combine`).
-pub const COMBINE_SENDERS: u32 = 12;
+/// Warps of a high-throughput combine block that send batches before they
+/// reduce (cuda/ep.cu, `ep_combine`): all 16. Fewer senders let the other
+/// warps reduce from the start, but on one H100 under MPS every split
+/// measured slower (store path 245 µs with 16, 247-251 with 8-14; put
+/// path 268 against 280-292, its sends being bound by warps issuing
+/// nixlPut): sends and reduction share the same HBM there. Across GPUs,
+/// where sends are bound by the link, `--combine-senders` measures it.
+pub const COMBINE_SENDERS: u32 = 16;
 
 impl RunConfig {
     /// Iterations of every path together, warm-up included: how far the
