@@ -486,8 +486,16 @@ mod tests {
         assert_eq!(g.blocks, 132);
         assert!(g.chunks > 1 && g.chunk_bytes % 16 == 0);
         assert!(u64::from(g.chunks) * u64::from(g.chunk_bytes) >= ll.token_bytes());
+        assert!(
+            !g.gpu_scope,
+            "one rank of two on this GPU: the peer is elsewhere"
+        );
         let shared = Grid::new(&ll, 132, 2, None, 256);
         assert_eq!(shared.blocks, 66);
+        assert!(shared.gpu_scope, "both ranks on this GPU");
+        // At most one piece per warp: 66 × 16 warps over 256 copies is 4
+        // pieces (1024 units), not 5 (1280, two on some warps).
+        assert_eq!((shared.chunks, shared.chunk_bytes), (4, 3584));
         let ht = shape(4096, 7168, 8, 256, 2);
         assert_eq!(Grid::new(&ht, 132, 1, None, 8192).chunks, 1);
         let tiny = shape(1, 8, 1, 2, 2);
