@@ -2,22 +2,24 @@
 // API (NIXL 1.x). docs/EP.md walks through the design; in one paragraph:
 //
 // Every rank exposes one registered window (src/ep/config.rs WindowLayout).
-// A phase kernel starts with a barrier among the ranks (block 0), then every
+// A phase kernel starts with a barrier among the ranks (block 0 raises a
+// bare flag in every rank's window, every block waits for all), then every
 // warp copies token pieces into the destination ranks' windows — nixlPut
-// (path put) or plain 16-byte stores through nixlGetPtr (path ptr), local
+// (path put) or plain 16-byte stores through nixlGetPtr (path store), local
 // copies for this rank's own share — and every block, once its copies are
-// done, fences and adds (1 << 32) | tokens_it_sent to each destination's
-// counter for this source. The receiver knows the data is complete when the
-// high half of that counter reaches the number of blocks, and reads the
-// token count from the low half: counts are signalled after the data.
-// Counters only grow (the targets grow with the run-wide iteration index),
-// so nothing is ever reset under a peer's atomic.
+// done, adds (1 << 32) | tokens_it_sent to each destination's counter for
+// this source with one release reduction (GPU scope when every rank shares
+// this GPU, system scope otherwise). The receiver knows the data is
+// complete when the high half of that counter reaches the number of
+// blocks, and reads the token count from the low half: counts are signalled
+// after the data. Counters only grow (the targets grow with the run-wide
+// iteration index), so nothing is ever reset under a peer's atomic.
 //
-// Waits happen after the sends and in block 0 only (the other blocks wait
-// for block 0 on this GPU): a rank never holds SMs spinning on a peer while
-// it still has data to send, and its grid is sized to its share of the GPU
-// when ranks share one. Every spin goes through ep_wait: a %globaltimer
-// deadline, the host's cancel flag, and a record of which rank it waited for.
+// Waits happen after the sends: a rank never holds SMs spinning on a peer
+// while it still has data to send, and its grid is sized to its share of
+// the GPU when ranks share one. Every spin goes through ep_wait: a
+// %globaltimer deadline, the host's cancel flag, and a record of which rank
+// it waited for.
 
 #include <gpu/ucx/nixl_device.cuh>
 
@@ -32,23 +34,39 @@ static_assert(sizeof(EpReport) == 64, "EpReport layout is shared with the host")
 static_assert(offsetof(EpReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
 static_assert(sizeof(EpVerify) == 48, "EpVerify layout is shared with the host");
 static_assert(sizeof(EpTiming) == 32, "EpTiming layout is shared with the host");
-static_assert(sizeof(EpParams) == 272, "EpParams layout is shared with the host");
+static_assert(sizeof(EpParams) == 280, "EpParams layout is shared with the host");
 static_assert(offsetof(EpParams, off_dispatch_count) == 128, "EpParams layout is shared with the host");
 static_assert(offsetof(EpParams, rank) == 216, "EpParams layout is shared with the host");
 
 // ------------------------------------------------------------ primitives
 
-__device__ __forceinline__ void add_relaxed_system(uint64_t *p, uint64_t v) {
+// A signal that follows data: one release reduction. It is posted like a
+// store (an atom would wait for the old value it returns), and its release
+// orders every store this thread made, or saw made before a __syncthreads,
+// ahead of the add. GPU scope when every rank shares this GPU (they all
+// observe through its memory system); system scope when a peer observes
+// through the link (EpParams::gpu_scope).
+__device__ __forceinline__ void release_add(uint64_t *p, uint64_t v, uint32_t gpu_scope) {
+    if (gpu_scope) asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// A bare flag: a relaxed store that orders nothing, for a message that
+// carries no data (a barrier arrival).
+__device__ __forceinline__ void store_relaxed_system(uint64_t *p, uint64_t v) {
     cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*p);
-    ref.fetch_add(v, cuda::memory_order_relaxed);
+    ref.store(v, cuda::memory_order_relaxed);
 }
 
-__device__ __forceinline__ void fence_release_system() {
-    cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+__device__ __forceinline__ void fence_release(uint32_t gpu_scope) {
+    if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+    else cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
 }
 
-__device__ __forceinline__ void fence_acquire_system() {
-    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+// Paid once after a wait, before the data the signal guards is read.
+__device__ __forceinline__ void fence_acquire(uint32_t gpu_scope) {
+    if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+    else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
 }
 
 __device__ __forceinline__ uint64_t *word_at(uint8_t *base, uint64_t offset) {
@@ -64,13 +82,15 @@ __device__ __forceinline__ bool given_up(const EpReport *r) {
     return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0;
 }
 
-// Spins (one thread) until *word >= threshold. Gives up at the deadline, when
+// Spins (one thread) until *word >= threshold, napping nap_ns between polls
+// where other warps of the SM have work. Gives up at the deadline, when
 // the host raises the cancel flag, or when another block of this rank gave up;
 // then records what it waited for. Every spin in this file goes through here.
 __device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadline, EpReport *r,
-                        uint32_t kind, uint32_t rank) {
+                        uint32_t kind, uint32_t rank, uint32_t nap_ns = 0) {
     uint64_t v = load_relaxed_system(word);
     for (uint32_t n = 1; v < threshold; ++n) {
+        if (nap_ns != 0) __nanosleep(nap_ns);
         if ((n & 63) == 0) {
             uint32_t why = 0;
             if (globaltimer_ns() > deadline) why = 1;
@@ -118,17 +138,34 @@ __device__ void block_setup(const EpParams &p, Block &b) {
     __syncthreads();
 }
 
-// Adds `value` to the u64 at `offset` in rank `dest`'s window. The caller
-// has fenced: this is the signal that follows the data.
+// Adds `value` to the u64 at `offset` in rank `dest`'s window: the signal
+// that follows the data. Stores through a mapped pointer: one release
+// reduction (our own window is observed on this GPU only, so GPU scope).
+// The put path: a release fence, then nixlAtomicAdd on the block's own
+// channel (RDMA transports keep a channel's operations in order, so the
+// count cannot overtake the data).
 __device__ void signal_add(const EpParams &p, const Block &b, uint32_t dest, uint64_t offset, uint64_t value) {
     if (dest == p.rank || p.path == EP_PATH_STORE) {
-        if (b.peer[dest] != nullptr) add_relaxed_system(word_at(b.peer[dest], offset), value);
+        if (b.peer[dest] != nullptr) release_add(word_at(b.peer[dest], offset), value, p.gpu_scope | (dest == p.rank));
         return;
     }
+    fence_release(p.gpu_scope);
     const nixlMemViewElem counter{p.remote_mvh, dest, offset};
-    // Same channel as this block's puts: RDMA transports keep a channel's
-    // operations in order, so the count cannot overtake the data.
     record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(value, counter, blockIdx.x));
+}
+
+// Sets rank `dest`'s barrier word for us to `value`: a bare flag (one writer
+// per word, so a store, and it guards no data: the reads it protects ended
+// with our previous kernels, in stream order). The put path adds through
+// NIXL, where nothing may be mapped.
+__device__ void barrier_arrive(const EpParams &p, const Block &b, uint32_t dest, uint64_t value) {
+    const uint64_t offset = p.off_barrier + 8ull * p.rank;
+    if (dest == p.rank || p.path == EP_PATH_STORE) {
+        if (b.peer[dest] != nullptr) store_relaxed_system(word_at(b.peer[dest], offset), value);
+        return;
+    }
+    const nixlMemViewElem word{p.remote_mvh, dest, offset};
+    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, word, blockIdx.x));
 }
 
 // ----------------------------------------------------------------- copying
@@ -145,13 +182,19 @@ __device__ __forceinline__ int4 load_cg(const int4 *p) {
     return v;
 }
 
-// One warp copies n16 16-byte vectors; four loads in flight per lane before
-// their stores, so a lane keeps the link busy while it waits on memory.
-__device__ void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n16) {
+// One warp copies n16 16-byte vectors, and m16 (at most 32) more from a
+// second place: a token's metadata record beside its first piece, loaded
+// with the piece instead of after it. Eight loads in flight per lane
+// before their stores, so a low-latency piece (up to 4 KiB) costs one
+// memory latency, and a lane keeps the link busy while it waits.
+__device__ void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n16, uint8_t *mdst = nullptr,
+                          const uint8_t *msrc = nullptr, uint32_t m16 = 0) {
     const uint32_t lane = threadIdx.x % 32;
     const int4 *s = reinterpret_cast<const int4 *>(src);
     int4 *d = reinterpret_cast<int4 *>(dst);
-    constexpr uint32_t U = 4;
+    int4 m;
+    if (lane < m16) m = load_nc(reinterpret_cast<const int4 *>(msrc) + lane);
+    constexpr uint32_t U = 8;
     for (uint32_t i = lane; i < n16; i += 32 * U) {
         int4 v[U];
 #pragma unroll
@@ -161,21 +204,29 @@ __device__ void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n16) {
         for (uint32_t u = 0; u < U; ++u)
             if (i + 32 * u < n16) d[i + 32 * u] = v[u];
     }
+    if (lane < m16) reinterpret_cast<int4 *>(mdst)[lane] = m;
 }
 
 // One warp copies `len` bytes (a multiple of 16) from our window at src_off
-// to rank `dest`'s window at dst_off, by the run's data path. Every lane calls.
+// to rank `dest`'s window at dst_off, by the run's data path, and `mlen`
+// more (at most 512) from msrc_off to mdst_off. Every lane calls.
 __device__ void copy_to(const EpParams &p, const Block &b, uint32_t dest, uint64_t src_off, uint64_t dst_off,
-                        uint32_t len) {
+                        uint32_t len, uint64_t msrc_off = 0, uint64_t mdst_off = 0, uint32_t mlen = 0) {
     if (dest == p.rank || p.path == EP_PATH_STORE) {
         // Our own share (cuda_ipc refuses a peer in its own process, so the
         // remote view has no usable entry for ourselves), or a mapped peer.
-        if (b.peer[dest] != nullptr) warp_copy(b.peer[dest] + dst_off, p.window + src_off, len / 16);
+        uint8_t *peer = b.peer[dest];
+        if (peer != nullptr)
+            warp_copy(peer + dst_off, p.window + src_off, len / 16, peer + mdst_off, p.window + msrc_off, mlen / 16);
         return;
     }
     const nixlMemViewElem src{p.local_mvh, 0, src_off};
     const nixlMemViewElem dst{p.remote_mvh, dest, dst_off};
     record_status(p.report, nixlPut<nixl_gpu_level_t::WARP>(src, dst, len, blockIdx.x));
+    if (mlen == 0) return;
+    const nixlMemViewElem msrc{p.local_mvh, 0, msrc_off};
+    const nixlMemViewElem mdst{p.remote_mvh, dest, mdst_off};
+    record_status(p.report, nixlPut<nixl_gpu_level_t::WARP>(msrc, mdst, mlen, blockIdx.x));
 }
 
 // ----------------------------------------------------- phase start and end
@@ -183,31 +234,28 @@ __device__ void copy_to(const EpParams &p, const Block &b, uint32_t dest, uint64
 __device__ __forceinline__ bool leader() { return blockIdx.x == 0 && threadIdx.x == 0; }
 
 // The barrier of phase `phase` (0 dispatch, 1 combine) of this iteration:
-// block 0 tells every rank it arrived and waits for all; the other blocks
-// wait for block 0. Nobody writes into a peer's buffers before the peer has
-// finished reading the last iteration's (it arrives only after its previous
-// kernels, in stream order). Then block 0 starts the clock.
+// block 0 tells every rank it arrived; every block waits for all ranks'
+// arrivals itself (a relay through block 0 cost one more hop). Nobody
+// writes into a peer's buffers before the peer has finished reading the
+// last iteration's (it arrives only after its previous kernels, in stream
+// order). Block 0 starts the clock when it sees the last arrival.
 __device__ bool phase_start(const EpParams &p, Block &b, uint32_t phase) {
     const uint64_t target = 2ull * p.iteration + phase + 1;
     if (threadIdx.x == 0) {
         const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
         bool ok = true;
-        if (blockIdx.x == 0) {
-            fence_release_system();
-            for (uint32_t d = 0; d < p.ranks; ++d) signal_add(p, b, d, p.off_barrier + 8ull * p.rank, 1);
-            for (uint32_t s = 0; s < p.ranks && ok; ++s)
-                ok = ep_wait(word_at(p.window, p.off_barrier + 8ull * s), target, deadline, p.report,
-                             EP_WAIT_BARRIER, s);
-            if (ok) {
-                fence_acquire_system();
-                EpTiming &t = p.timing[2 * p.iteration + phase];
-                t.gt_start = globaltimer_ns();
-                t.clock_start = clock64();
-                cuda::atomic_ref<uint64_t, cuda::thread_scope_device> go(p.grid_flags[0]);
-                go.store(target, cuda::memory_order_release);
-            }
-        } else {
-            ok = ep_wait(&p.grid_flags[0], target, deadline, p.report, EP_WAIT_GRID, p.rank);
+        if (blockIdx.x == 0)
+            for (uint32_t d = 0; d < p.ranks; ++d) barrier_arrive(p, b, d, target);
+        for (uint32_t s = 0; s < p.ranks && ok; ++s)
+            ok = ep_wait(word_at(p.window, p.off_barrier + 8ull * s), target, deadline, p.report, EP_WAIT_BARRIER,
+                         s);
+        // Our stores into peers' buffers must not be performed before the
+        // arrivals were seen (the peers' reads of them have ended).
+        if (ok) fence_acquire(p.gpu_scope);
+        if (ok && blockIdx.x == 0) {
+            EpTiming &t = p.timing[2 * p.iteration + phase];
+            t.gt_start = globaltimer_ns();
+            t.clock_start = clock64();
         }
         b.ok = ok;
     }
@@ -217,15 +265,12 @@ __device__ bool phase_start(const EpParams &p, Block &b, uint32_t phase) {
 
 // After this block's copies: count them into every rank's counter for us,
 // (1 << 32) | tokens. __syncthreads orders every warp's stores before the
-// signalling threads' fences, which are cumulative (system scope), so the
-// data is visible to the peer before its counter moves.
+// signalling threads' releases, which are cumulative, so the data is
+// visible to the peer before its counter moves.
 __device__ void signal_sent(const EpParams &p, const Block &b, uint64_t counter_offset) {
     __syncthreads();
     const uint32_t d = threadIdx.x;
-    if (d < p.ranks) {
-        fence_release_system();
-        signal_add(p, b, d, counter_offset + 8ull * p.rank, (1ull << 32) | b.sent[d]);
-    }
+    if (d < p.ranks) signal_add(p, b, d, counter_offset + 8ull * p.rank, (1ull << 32) | b.sent[d]);
 }
 
 // Block 0, one thread: waits until every source's dispatch counter shows all
@@ -237,7 +282,7 @@ __device__ bool gather_counts(const EpParams &p) {
         const uint64_t *counter = word_at(p.window, p.off_dispatch_count + 8ull * s);
         if (!ep_wait(counter, target, deadline, p.report, EP_WAIT_DISPATCH, s)) return false;
     }
-    fence_acquire_system();
+    fence_acquire(p.gpu_scope);
     for (uint32_t s = 0; s < p.ranks; ++s) {
         const uint64_t v = load_relaxed_system(word_at(p.window, p.off_dispatch_count + 8ull * s));
         p.recv_count[s] = uint32_t(v) - uint32_t(p.prev_low[s]);
@@ -255,8 +300,8 @@ __device__ void stamp_end(const EpParams &p, uint32_t phase) {
 // ---------------------------------------------------------------- dispatch
 
 // Every (token, destination) copy, cut into `chunks` pieces, one warp per
-// piece; the warp holding piece 0 also copies the metadata record and
-// counts the token.
+// piece; the warp holding piece 0 also copies the metadata record (with
+// its piece) and counts the token.
 __device__ void send_tokens(const EpParams &p, Block &b) {
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -268,12 +313,10 @@ __device__ void send_tokens(const EpParams &p, Block &b) {
         const uint64_t piece = (u % p.chunks) * p.chunk_bytes;
         const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
         const uint64_t dst_row = uint64_t(p.rank) * p.tokens + e.slot;
-        copy_to(p, b, e.dest, p.off_x + e.token * row + piece, p.off_recv_x + dst_row * row + piece, len);
-        if (piece == 0) {
-            copy_to(p, b, e.dest, p.off_meta + uint64_t(e.token) * p.meta_bytes,
-                    p.off_recv_meta + dst_row * p.meta_bytes, p.meta_bytes);
-            if (lane == 0) atomicAdd(&b.sent[e.dest], 1u);
-        }
+        const uint32_t mlen = piece == 0 ? p.meta_bytes : 0;
+        copy_to(p, b, e.dest, p.off_x + e.token * row + piece, p.off_recv_x + dst_row * row + piece, len,
+                p.off_meta + uint64_t(e.token) * p.meta_bytes, p.off_recv_meta + dst_row * p.meta_bytes, mlen);
+        if (piece == 0 && lane == 0) atomicAdd(&b.sent[e.dest], 1u);
     }
 }
 
@@ -291,87 +334,29 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_dispatch(EpParams p)
 
 // ----------------------------------------------------------------- combine
 //
-// Combine is pipelined: an expert rank sends its contributions to an origin
-// in batches of combine_batch slots, one block per batch, and flags each
-// batch (fence, then +1 on the origin's flag for this rank and batch); the
-// origin's warps add up a token as soon as the batches holding its slots are
-// flagged, while the rest is still arriving. Slots follow token order, and
-// batches go out lowest first, so the early tokens' data comes first.
+// Combine returns every received token's expert output to its origin, which
+// adds up the contributions of all ranks. Two shapes:
+//
+// Many tokens (combine_batches > 1, the high-throughput shape): an expert
+// rank sends its contributions in batches of combine_batch slots, dealt
+// over the blocks with the origins interleaved (batch k of the deal goes to
+// origin k mod ranks), so every origin's data arrives from the start. In
+// each block the first combine_senders warps send the block's batches and
+// flag each one (the senders sync among themselves, then one release add on
+// the origin's flag for this rank and batch); the block's other warps add up
+// tokens from the start, each as soon as the batches holding its slots are
+// flagged, and a sender joins them once its batches are out. Reduction and
+// transfer overlap inside every block: no SM stops sending (giving half the
+// grid to the reduction left too few senders to keep NVLink busy), and a
+// contribution is read back while it is still in L2.
+//
+// Few tokens (one batch per expert rank, the low-latency shape): every
+// block copies a share of every origin's slots, as dispatch does, then adds
+// 1 to each origin's flag; every block waits once for all flags, then the
+// grid's warps each reduce a piece of a token.
 
 __device__ __forceinline__ uint64_t flag_offset(const EpParams &p, uint32_t expert_rank, uint32_t batch) {
     return p.off_combine_flags + 8ull * (uint64_t(expert_rank) * p.combine_batches + batch);
-}
-
-// Sends every received token's expert output back to its source: slot j of
-// source s goes to s's combine_recv[rank][j]. Block-sized batches of slots,
-// each flagged once its data is out.
-__device__ void send_outputs(const EpParams &p, Block &b) {
-    if (threadIdx.x == 0) {
-        b.base[0] = 0;
-        for (uint32_t s = 0; s < p.ranks; ++s)
-            b.base[s + 1] = b.base[s] + (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
-    }
-    __syncthreads();
-    const uint32_t warp = threadIdx.x / 32;
-    const uint32_t warps = blockDim.x / 32;
-    const uint64_t row = 2ull * p.hidden;
-    for (uint32_t batch = blockIdx.x; batch < b.base[p.ranks]; batch += gridDim.x) {
-        uint32_t s = 0;
-        while (batch >= b.base[s + 1]) ++s;
-        const uint32_t g = batch - b.base[s];
-        const uint32_t j0 = g * p.combine_batch;
-        const uint32_t j1 = min(j0 + p.combine_batch, min(p.recv_count[s], p.tokens));
-        for (uint32_t u = warp; u < (j1 - j0) * p.chunks; u += warps) {
-            const uint32_t j = j0 + u / p.chunks;
-            const uint64_t piece = uint64_t(u % p.chunks) * p.chunk_bytes;
-            const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
-            const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + piece;
-            const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + piece;
-            copy_to(p, b, s, src, dst, len);
-        }
-        // As signal_sent: every warp's stores, then a cumulative fence, then the flag.
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            fence_release_system();
-            signal_add(p, b, s, flag_offset(p, p.rank, g), 1);
-        }
-    }
-}
-
-// Few tokens (one batch per expert rank): every block copies a share of
-// every source's slots, pieces dealt over all the grid's warps as dispatch
-// deals them, then signals each rank once (+1 on its flag for us). A fence
-// per block and rank instead of one per slot, and every SM busy: with one
-// slot per batch, 128 tokens kept a few blocks fencing one after another
-// (34-40 µs on one H100 under MPS, against 10-12 µs for the dispatch of the
-// same bytes). The origin waits for gridDim.x adds from every rank.
-__device__ void send_outputs_all(const EpParams &p, Block &b) {
-    if (threadIdx.x == 0) {
-        b.base[0] = 0;
-        for (uint32_t s = 0; s < p.ranks; ++s) b.base[s + 1] = b.base[s] + min(p.recv_count[s], p.tokens);
-    }
-    __syncthreads();
-    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const uint32_t warps = gridDim.x * blockDim.x / 32;
-    const uint64_t row = 2ull * p.hidden;
-    const uint64_t units = uint64_t(b.base[p.ranks]) * p.chunks;
-    for (uint64_t u = warp; u < units; u += warps) {
-        const uint32_t k = uint32_t(u / p.chunks);
-        uint32_t s = 0;
-        while (k >= b.base[s + 1]) ++s;
-        const uint32_t j = k - b.base[s];
-        const uint64_t piece = (u % p.chunks) * p.chunk_bytes;
-        const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
-        const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + piece;
-        const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + piece;
-        copy_to(p, b, s, src, dst, len);
-    }
-    // As signal_sent: every warp's stores, then a cumulative fence, then the flag.
-    __syncthreads();
-    if (threadIdx.x < p.ranks) {
-        fence_release_system();
-        signal_add(p, b, threadIdx.x, flag_offset(p, p.rank, 0), 1);
-    }
 }
 
 // The value a combine flag reaches once its batch is complete this
@@ -381,58 +366,168 @@ __device__ __forceinline__ uint64_t flag_target(const EpParams &p) {
     return (uint64_t(p.iteration) + 1) * adds;
 }
 
+// One warp copies piece `piece` of slot j of origin s from our y to s's
+// combine_recv[rank][j].
+__device__ __forceinline__ void send_slot(const EpParams &p, const Block &b, uint32_t s, uint32_t j, uint32_t piece) {
+    const uint64_t row = 2ull * p.hidden;
+    const uint64_t at = uint64_t(piece) * p.chunk_bytes;
+    const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - at));
+    const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + at;
+    const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + at;
+    copy_to(p, b, s, src, dst, len);
+}
+
+// Named barrier 1 among the block's first `warps` warps (the senders): the
+// reducing warps never wait on the senders' syncs.
+__device__ __forceinline__ void sync_senders(uint32_t warps) {
+    asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
+}
+
+// Batches of slots owed to each origin: b.base[s], and the most owed to
+// one peer in b.base[ranks].
+__device__ void count_batches(const EpParams &p, Block &b) {
+    if (threadIdx.x == 0) {
+        uint32_t most = 0;
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            b.base[s] = (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
+            if (s != p.rank) most = max(most, b.base[s]);
+        }
+        b.base[p.ranks] = most;
+    }
+    __syncthreads();
+}
+
+// The sender warps of a block (warp < senders): this block's batches for
+// the peers, origins interleaved, each flagged once its data is out. Our
+// own share is not sent: the reducers read it from y (reduce_token).
+__device__ void send_batches(const EpParams &p, const Block &b, uint32_t senders) {
+    const uint32_t warp = threadIdx.x / 32;
+    const uint32_t peers = p.ranks - 1;
+    const uint32_t deal = b.base[p.ranks] * peers;
+    for (uint32_t k = blockIdx.x; k < deal; k += gridDim.x) {
+        const uint32_t q = k % peers, g = k / peers;
+        const uint32_t s = q < p.rank ? q : q + 1;
+        if (g >= b.base[s]) continue;
+        const uint32_t j0 = g * p.combine_batch;
+        const uint32_t j1 = min(j0 + p.combine_batch, min(p.recv_count[s], p.tokens));
+        for (uint32_t u = warp; u < (j1 - j0) * p.chunks; u += senders)
+            send_slot(p, b, s, j0 + u / p.chunks, u % p.chunks);
+        // As signal_sent: the senders' stores, then a cumulative release.
+        sync_senders(senders);
+        if (threadIdx.x == 0) signal_add(p, b, s, flag_offset(p, p.rank, g), 1);
+    }
+}
+
+// Few tokens (one batch per expert rank): every block copies a share of
+// every peer's slots (our own share the reducers read from y), pieces
+// dealt over all the grid's warps as dispatch deals them, then signals each
+// peer once (+1 on its flag for us). A release
+// per block and rank instead of one per slot, and every SM busy: with one
+// slot per batch, 128 tokens kept a few blocks fencing one after another
+// (34-40 µs on one H100 under MPS, against 10-12 µs for the dispatch of the
+// same bytes). The origin waits for gridDim.x adds from every rank.
+__device__ void send_outputs_all(const EpParams &p, Block &b) {
+    if (threadIdx.x == 0) {
+        b.base[0] = 0;
+        for (uint32_t s = 0; s < p.ranks; ++s)
+            b.base[s + 1] = b.base[s] + (s == p.rank ? 0 : min(p.recv_count[s], p.tokens));
+    }
+    __syncthreads();
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const uint32_t warps = gridDim.x * blockDim.x / 32;
+    const uint64_t units = uint64_t(b.base[p.ranks]) * p.chunks;
+    for (uint64_t u = warp; u < units; u += warps) {
+        const uint32_t k = uint32_t(u / p.chunks);
+        uint32_t s = 0;
+        while (k >= b.base[s + 1]) ++s;
+        send_slot(p, b, s, k - b.base[s], uint32_t(u % p.chunks));
+    }
+    // As signal_sent: every warp's stores, then a cumulative release.
+    __syncthreads();
+    if (threadIdx.x < p.ranks && threadIdx.x != p.rank) signal_add(p, b, threadIdx.x, flag_offset(p, p.rank, 0), 1);
+}
+
 // One lane waits until the batches holding token t's contributions are
 // flagged (every rank with one of its experts); the warp then reads them.
+// The lane naps between polls: its block's sender warps share the SM.
 __device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
     int ok = 1;
     if (threadIdx.x % 32 == 0) {
         for (uint32_t r = 0; r < p.ranks && ok; ++r) {
             const int32_t slot = p.send_slot[r * p.tokens + t];
-            if (slot < 0) continue;
+            if (slot < 0 || r == p.rank) continue;
             const uint64_t *flag = word_at(p.window, flag_offset(p, r, uint32_t(slot) / p.combine_batch));
-            ok = ep_wait(flag, flag_target(p), deadline, p.report, EP_WAIT_COMBINE, r);
+            ok = ep_wait(flag, flag_target(p), deadline, p.report, EP_WAIT_COMBINE, r, 64);
         }
-        if (ok) fence_acquire_system();
+        if (ok) fence_acquire(p.gpu_scope);
     }
     // __syncwarp orders lane 0's acquire before every lane's loads.
     return __shfl_sync(0xffffffff, ok, 0);
 }
 
-// out[t] = sum over ranks r (in rank order) of combine_recv[r][slot(t, r)],
-// added in f32, stored as bf16. One warp per token, each token as soon as
-// its contributions are in. A lane keeps R = 4 vectors (8 values each) of a
-// contribution in flight before it adds them: with one load at a time a
-// warp waits a full memory latency per vector, and the reduction, not the
-// transfer, set the low-latency combine's time (31-34 µs on two H200s
-// against 11 µs for the dispatch of the same bytes).
+// Where rank r's contribution to our slot `slot` lies: a peer's in
+// combine_recv[r][slot]; ours stays where our experts wrote it, y[rank][slot]
+// (our share never travels: no copy, no flag to wait for, and combine_recv's
+// own row stays unused).
+__device__ __forceinline__ const uint8_t *contribution(const EpParams &p, uint32_t r, uint32_t slot) {
+    const uint64_t off = r == p.rank ? p.off_y : p.off_combine_recv;
+    return p.window + off + (uint64_t(r) * p.tokens + slot) * 2ull * p.hidden;
+}
+
+// The next contribution to token t from rank r on (r advances past it), or
+// null when no rank is left.
+__device__ __forceinline__ const int4 *next_contribution(const EpParams &p, uint32_t t, uint32_t &r) {
+    for (; r < p.ranks; ++r) {
+        const int32_t slot = p.send_slot[r * p.tokens + t];
+        if (slot < 0) continue;
+        return reinterpret_cast<const int4 *>(contribution(p, r++, uint32_t(slot)));
+    }
+    return nullptr;
+}
+
+__device__ __forceinline__ void add_vec(float *acc, const int4 &v) {
+    const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] += __bfloat162float(h[k]);
+}
+
+// out[t] = sum over ranks r (in rank order) of r's contribution (our own
+// from y, a peer's from combine_recv), added in f32, stored as bf16; here
+// 16-byte vectors v0..v1 of it. A lane
+// keeps R = 4 vectors of two contributions in flight (8 loads) before it
+// adds them: with one load at a time a warp waits a full memory latency per
+// vector, and the reduction, not the transfer, set the low-latency
+// combine's time (31-34 µs on two H200s against 11 µs for the dispatch of
+// the same bytes).
 constexpr uint32_t R = 4;
 
-__device__ void reduce_token(const EpParams &p, uint32_t t) {
+__device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_t v1) {
     const uint32_t lane = threadIdx.x % 32;
-    const uint64_t row = 2ull * p.hidden;
-    const uint32_t n16 = p.hidden / 8;
-    for (uint32_t i0 = lane; i0 < n16; i0 += 32 * R) {
+    for (uint32_t i0 = v0 + lane; i0 < v1; i0 += 32 * R) {
         float acc[R][8] = {};
-        for (uint32_t r = 0; r < p.ranks; ++r) {
-            const int32_t slot = p.send_slot[r * p.tokens + t];
-            if (slot < 0) continue;
-            const int4 *src = reinterpret_cast<const int4 *>(
-                p.window + p.off_combine_recv + (uint64_t(r) * p.tokens + slot) * row);
-            int4 v[R];
-#pragma unroll
-            for (uint32_t u = 0; u < R; ++u)
-                if (i0 + 32 * u < n16) v[u] = load_cg(src + i0 + 32 * u);
+        uint32_t r = 0;
+        for (;;) {
+            const int4 *a = next_contribution(p, t, r);
+            if (a == nullptr) break;
+            const int4 *c = next_contribution(p, t, r);
+            int4 va[R], vc[R];
 #pragma unroll
             for (uint32_t u = 0; u < R; ++u) {
-                const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&v[u]);
-                if (i0 + 32 * u < n16)
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) acc[u][k] += __bfloat162float(h[k]);
+                if (i0 + 32 * u >= v1) continue;
+                va[u] = load_cg(a + i0 + 32 * u);
+                if (c != nullptr) vc[u] = load_cg(c + i0 + 32 * u);
             }
+#pragma unroll
+            for (uint32_t u = 0; u < R; ++u) {
+                if (i0 + 32 * u >= v1) continue;
+                add_vec(acc[u], va[u]);
+                if (c != nullptr) add_vec(acc[u], vc[u]);
+            }
+            if (c == nullptr) break;
         }
 #pragma unroll
         for (uint32_t u = 0; u < R; ++u) {
-            if (i0 + 32 * u >= n16) continue;
+            if (i0 + 32 * u >= v1) continue;
             int4 o;
             __nv_bfloat16 *oh = reinterpret_cast<__nv_bfloat16 *>(&o);
 #pragma unroll
@@ -442,33 +537,79 @@ __device__ void reduce_token(const EpParams &p, uint32_t t) {
     }
 }
 
-__device__ bool reduce_outputs(const EpParams &p) {
+// Claims the calling warp's next token of this iteration's reduction. The
+// claims count up from iteration × (tokens + the grid's warps): every warp
+// of the grid makes exactly one claim past the last token (the one that
+// ends its loop), so each iteration advances the counter by that much.
+__device__ __forceinline__ uint32_t claim_token(const EpParams &p) {
+    unsigned long long c = 0;
+    if (threadIdx.x % 32 == 0) c = atomicAdd(reinterpret_cast<unsigned long long *>(&p.grid_flags[3]), 1ull);
+    const uint64_t claim = __shfl_sync(0xffffffff, c, 0);
+    const uint64_t first = uint64_t(p.iteration) * (p.tokens + gridDim.x * (blockDim.x / 32));
+    if (claim < first || claim - first >= UINT32_MAX) return UINT32_MAX;
+    return uint32_t(claim - first);
+}
+
+// Many tokens: the warp adds up tokens, claimed lowest first, each once its
+// batches are flagged.
+__device__ bool reduce_claimed(const EpParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    for (;;) {
+        const uint32_t t = claim_token(p);
+        if (t >= p.tokens) return true;
+        if (!wait_token(p, t, deadline)) return false;
+        reduce_token(p, t, 0, p.hidden / 8);
+    }
+}
+
+// Few tokens: one thread per block waits for every rank's flag, then the
+// grid's warps take a piece of a token each (as many pieces as leave every
+// warp about one, at least a vector per lane), so all the grid reduces at
+// once instead of one warp per token.
+__device__ bool reduce_all(const EpParams &p, Block &b) {
+    if (threadIdx.x == 0) {
+        const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+        bool ok = true;
+        for (uint32_t r = 0; r < p.ranks && ok; ++r)
+            if (r != p.rank)
+                ok = ep_wait(word_at(p.window, flag_offset(p, r, 0)), flag_target(p), deadline, p.report,
+                             EP_WAIT_COMBINE, r);
+        if (ok) fence_acquire(p.gpu_scope);
+        b.ok = ok;
+    }
+    __syncthreads();
+    if (!b.ok) return false;
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const uint32_t warps = gridDim.x * blockDim.x / 32;
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    for (uint32_t t = warp; t < p.tokens; t += warps) {
-        if (!wait_token(p, t, deadline)) return false;
-        reduce_token(p, t);
+    const uint32_t n16 = p.hidden / 8;
+    const uint32_t pieces = max(1u, min(warps / max(p.tokens, 1u), n16 / 32));
+    const uint32_t per = (n16 + pieces - 1) / pieces;
+    for (uint32_t u = warp; u < p.tokens * pieces; u += warps) {
+        const uint32_t v0 = (u % pieces) * per;
+        reduce_token(p, u / pieces, v0, min(n16, v0 + per));
     }
     return true;
 }
 
-// Combine: barrier, send outputs back batch by batch, then add up our tokens
-// as their contributions arrive; the phase ends when the last block finished
-// its share of the reduction (block 0 counts them in).
+// Combine: barrier, send the outputs back, add up our tokens as their
+// contributions arrive; the phase ends when the last block finished its
+// share of the reduction (block 0 counts them in).
 extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_combine(EpParams p) {
     __shared__ Block b;
     if (given_up(p.report)) return;
     block_setup(p, b);
     if (!phase_start(p, b, 1)) return;
+    bool reduced;
     if (p.combine_batches == 1) {
         send_outputs_all(p, b);
+        reduced = reduce_all(p, b);
     } else {
-        send_outputs(p, b);
+        count_batches(p, b);
+        const uint32_t senders = max(1u, min(p.combine_senders, blockDim.x / 32));
+        if (threadIdx.x / 32 < senders) send_batches(p, b, senders);
+        reduced = reduce_claimed(p);
     }
-    const bool reduced = reduce_outputs(p);
-    __syncthreads();
-    if (threadIdx.x != 0 || !reduced) return;
+    if (!__syncthreads_and(reduced) || threadIdx.x != 0) return;
     cuda::atomic_ref<uint64_t, cuda::thread_scope_device> done(p.grid_flags[2]);
     done.fetch_add(1, cuda::memory_order_release);
     if (blockIdx.x != 0) return;
@@ -650,7 +791,6 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_dispatch(EpPa
 __device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, uint32_t t) {
     const uint32_t lane = threadIdx.x % 32;
     const uint64_t key = ep_token_key(p.seed, p.rank, p.iteration, t);
-    const uint16_t *recv = reinterpret_cast<const uint16_t *>(p.window + p.off_combine_recv);
     for (uint32_t h = lane; h < p.hidden; h += 32) {
         const uint16_t xb = ep_x_bits(key, h);
         const float x = __uint_as_float(uint32_t(xb) << 16);
@@ -659,7 +799,7 @@ __device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, ui
             if (slot < 0) continue;
             float abs_sum;
             const float ref = weighted(p, r, x, q, false, abs_sum);
-            const uint16_t gb = recv[(uint64_t(q) * p.tokens + slot) * p.hidden + h];
+            const uint16_t gb = reinterpret_cast<const uint16_t *>(contribution(p, q, uint32_t(slot)))[h];
             const float got = __uint_as_float(uint32_t(gb) << 16);
             const float bound = ep_partial_bound(abs_sum, p.topk);
             if (!(fabsf(got - ref) <= bound))

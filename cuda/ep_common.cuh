@@ -130,7 +130,7 @@ struct EpTiming {
 };
 
 constexpr uint32_t EP_PATH_PUT = 0;  // nixlPut + nixlAtomicAdd
-constexpr uint32_t EP_PATH_STORE = 1;  // nixlGetPtr + stores + release atomics
+constexpr uint32_t EP_PATH_STORE = 1;  // nixlGetPtr + stores + release reductions
 
 // The parameters of every EP kernel, passed by value.
 struct EpParams {
@@ -175,4 +175,6 @@ struct EpParams {
     uint32_t iteration;              // run-wide index: drives the data and every counter
     uint32_t combine_batch;          // slots per combine flag (src/ep/config.rs Shape::combine_batch)
     uint32_t combine_batches;        // flags per expert rank: ceil(tokens / combine_batch)
+    uint32_t gpu_scope;              // 1: every rank shares this GPU, releases are GPU-scope; 0: system scope
+    uint32_t combine_senders;        // high-throughput combine: warps per block that send (the rest reduce)
 };

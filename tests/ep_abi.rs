@@ -30,7 +30,8 @@ fn rust_side() -> Vec<(String, String)> {
         expect_count, all_experts, all_weights, recv_count, prev_low, grid_flags, out,
         off_dispatch_count, off_combine_flags, off_barrier, off_recv_x, off_recv_meta, off_combine_recv,
         off_x, off_meta, off_y, seed, timeout_ns, rank, ranks, tokens, hidden, topk, local_experts,
-        meta_bytes, n_entries, chunks, chunk_bytes, path, iteration, combine_batch, combine_batches);
+        meta_bytes, n_entries, chunks, chunk_bytes, path, iteration, combine_batch, combine_batches, gpu_scope,
+        combine_senders);
     v.extend(fields!(EpReport, "EpReport":
         t_start_ns, t_end_ns, observed, errors, first_status, timed_out, cancel, wait_kind, wait_rank,
         wait_target, null_ptr_rank, reserved));

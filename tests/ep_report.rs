@@ -30,6 +30,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
         timeout_ns: 1_000_000_000,
         blocks: None,
         baseline: true,
+        combine_senders: None,
     }
 }
 
@@ -86,6 +87,26 @@ fn the_plan_gives_every_rank_its_share_of_the_sms_and_decides_the_baseline() {
     );
 }
 
+#[test]
+fn the_plan_refuses_ranks_that_count_a_shared_gpu_their_uuids_deny() {
+    // Both ranks count two ranks on their GPU (they would release at GPU
+    // scope), but their UUIDs differ: CUDA_VISIBLE_DEVICES differed.
+    let mut a = info(0, "a", true);
+    let mut b = info(1, "b", true);
+    a.ranks_on_gpu = 2;
+    b.ranks_on_gpu = 2;
+    let err = make_plan(&cfg(Mode::Ll, 2), &[a.clone(), b])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rank 0 counts 2 rank(s) on its GPU") && err.contains("CUDA_VISIBLE_DEVICES"),
+        "{err}"
+    );
+    let mut same = info(1, "a", true);
+    same.ranks_on_gpu = 2;
+    assert!(make_plan(&cfg(Mode::Ll, 2), &[a, same]).is_ok());
+}
+
 fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {
     let times = |base: f64| (1..=4).map(|i| base * scale * i as f64).collect::<Vec<_>>();
     RankResult {
@@ -95,6 +116,7 @@ fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {
             threads: 512,
             chunks: 1,
             chunk_bytes: 128,
+            gpu_scope: false,
         },
         dispatch_bytes: PhaseBytes {
             deepep: 2_000_000,

@@ -112,6 +112,11 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65535))]
     blocks: Option<u32>,
 
+    /// High-throughput combine: warps of each 16-warp block that send while
+    /// the others reduce from the start (for measuring the split) [default: 16].
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=16))]
+    combine_senders: Option<u32>,
+
     /// Store port when starting the ranks here (0: a free one).
     #[arg(long, default_value_t = 0)]
     port: u16,
@@ -269,6 +274,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         baseline: !args.no_baseline,
+        combine_senders: args.combine_senders,
     };
     shape.validate(cfg.total_iterations())?;
     Ok(cfg)

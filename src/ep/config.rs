@@ -275,7 +275,21 @@ pub struct RunConfig {
     pub blocks: Option<u32>,
     /// Run the NCCL all-to-all baseline (unless ranks share GPUs).
     pub baseline: bool,
+    /// High-throughput combine: warps per block that send while the others
+    /// reduce (`--combine-senders`, hidden, for measuring; default
+    /// [`COMBINE_SENDERS`]).
+    #[serde(default)]
+    pub combine_senders: Option<u32>,
 }
+
+/// Warps of a high-throughput combine block that send batches before they
+/// reduce (cuda/ep.cu, `ep_combine`): all 16. Fewer senders let the other
+/// warps reduce from the start, but on one H100 under MPS every split
+/// measured slower (store path 245 µs with 16, 247-251 with 8-14; put
+/// path 268 against 280-292, its sends being bound by warps issuing
+/// nixlPut): sends and reduction share the same HBM there. Across GPUs,
+/// where sends are bound by the link, `--combine-senders` measures it.
+pub const COMBINE_SENDERS: u32 = 16;
 
 impl RunConfig {
     /// Iterations of every path together, warm-up included: how far the
@@ -364,6 +378,11 @@ pub struct Grid {
     pub chunks: u32,
     /// Bytes per piece (a multiple of 16; the last piece may be shorter).
     pub chunk_bytes: u32,
+    /// Every rank runs on this rank's GPU: a GPU-scope release orders the
+    /// data before a signal for every observer (they all use this GPU's
+    /// memory system). Otherwise a peer observes through the link, and only
+    /// a system-scope release does.
+    pub gpu_scope: bool,
 }
 
 /// Threads per block of the phase kernels: 16 warps.
@@ -376,8 +395,12 @@ impl Grid {
     /// that takes every SM can starve the peer's), and all blocks are
     /// resident at once (the combine kernel's blocks wait for each other).
     /// `sends` is how many (token, destination) copies one phase makes;
-    /// tokens are cut into pieces until every warp has about one, but never
-    /// below 512 bytes (one 16-byte vector per lane).
+    /// tokens are cut into as many pieces as keeps every warp at one piece
+    /// at most (two pieces on some warps made the slowest warp copy twice
+    /// as long), but never below 512 bytes (one 16-byte vector per lane).
+    /// `ranks_per_gpu` equal to the shape's ranks means all ranks share this
+    /// GPU (`make_plan` checked that the ranks' own counts agree with their
+    /// GPUs' UUIDs), and the releases may be GPU-scope.
     pub fn new(
         shape: &Shape,
         sm_count: u32,
@@ -389,13 +412,14 @@ impl Grid {
         let warps = u64::from(blocks) * u64::from(THREADS / 32);
         let row = shape.token_bytes();
         let max_chunks = (row / 512).max(1);
-        let chunks = warps.div_ceil(sends.max(1)).clamp(1, max_chunks);
+        let chunks = (warps / sends.max(1)).clamp(1, max_chunks);
         let chunk_bytes = row.div_ceil(chunks).div_ceil(16) * 16;
         Self {
             blocks,
             threads: THREADS,
             chunks: row.div_ceil(chunk_bytes) as u32,
             chunk_bytes: chunk_bytes as u32,
+            gpu_scope: ranks_per_gpu >= shape.ranks,
         }
     }
 }
@@ -462,8 +486,16 @@ mod tests {
         assert_eq!(g.blocks, 132);
         assert!(g.chunks > 1 && g.chunk_bytes % 16 == 0);
         assert!(u64::from(g.chunks) * u64::from(g.chunk_bytes) >= ll.token_bytes());
+        assert!(
+            !g.gpu_scope,
+            "one rank of two on this GPU: the peer is elsewhere"
+        );
         let shared = Grid::new(&ll, 132, 2, None, 256);
         assert_eq!(shared.blocks, 66);
+        assert!(shared.gpu_scope, "both ranks on this GPU");
+        // At most one piece per warp: 66 × 16 warps over 256 copies is 4
+        // pieces (1024 units), not 5 (1280, two on some warps).
+        assert_eq!((shared.chunks, shared.chunk_bytes), (4, 3584));
         let ht = shape(4096, 7168, 8, 256, 2);
         assert_eq!(Grid::new(&ht, 132, 1, None, 8192).chunks, 1);
         let tiny = shape(1, 8, 1, 2, 2);

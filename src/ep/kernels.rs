@@ -78,6 +78,14 @@ pub struct EpParams {
     pub combine_batch: u32,
     /// Flags per expert rank: ⌈tokens / combine_batch⌉.
     pub combine_batches: u32,
+    /// 1 when every rank shares this GPU: the releases that order data
+    /// before a signal are GPU-scope; 0: system scope (ranks on other GPUs
+    /// observe through the link). [`super::config::Grid::gpu_scope`].
+    pub gpu_scope: u32,
+    /// High-throughput combine: warps of each block that send batches while
+    /// the others reduce tokens as they arrive (the senders join the
+    /// reduction once their batches are out). 1..=16.
+    pub combine_senders: u32,
 }
 
 /// `EpReport`: what went wrong in an iteration's launches. Its first 40
@@ -156,7 +164,7 @@ pub struct EpTiming {
 }
 
 const _: () = {
-    assert!(size_of::<EpParams>() == 272);
+    assert!(size_of::<EpParams>() == 280);
     assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 128);
     assert!(std::mem::offset_of!(EpParams, rank) == 216);
     assert!(size_of::<EpReport>() == 64);

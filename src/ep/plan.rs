@@ -63,6 +63,20 @@ pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
         .max(1);
     let blocks = cfg.blocks.unwrap_or(share);
     for i in infos {
+        // A rank that counts every rank on its GPU releases at GPU scope
+        // (config.rs Grid::gpu_scope): that must be true of the UUIDs.
+        if i.ranks_on_gpu > sharing(i) {
+            return Err(anyhow::anyhow!(
+                "rank {} counts {} rank(s) on its GPU, but only {} report its GPU {} on {}: the ranks see different GPUs                  under one ordinal (CUDA_VISIBLE_DEVICES differs between them); give every rank the same visible GPUs",
+                i.rank,
+                i.ranks_on_gpu,
+                sharing(i),
+                i.gpu_uuid,
+                i.host
+            ));
+        }
+    }
+    for i in infos {
         let room = i.blocks_per_sm * i.sm_count / sharing(i);
         if blocks > room {
             return Err(UsageError(format!(

@@ -149,6 +149,10 @@ impl Rig {
             iteration,
             combine_batch: s.combine_batch(),
             combine_batches: s.combine_batches(),
+            gpu_scope: u32::from(grid.gpu_scope),
+            combine_senders: cfg
+                .combine_senders
+                .unwrap_or(super::config::COMBINE_SENDERS),
         }
     }
 
