@@ -31,7 +31,7 @@
 
 static_assert(sizeof(EpSendEntry) == 12, "EpSendEntry layout is shared with the host");
 static_assert(sizeof(EpReport) == 64, "EpReport layout is shared with the host");
-static_assert(offsetof(EpReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
+static_assert(offsetof(EpReport, base) == 0, "run_watched reads and cancels an EpReport as its KernelReport");
 static_assert(sizeof(EpVerify) == 48, "EpVerify layout is shared with the host");
 static_assert(sizeof(EpTiming) == 32, "EpTiming layout is shared with the host");
 static_assert(sizeof(EpParams) == 280, "EpParams layout is shared with the host");
@@ -75,11 +75,11 @@ __device__ __forceinline__ uint64_t *word_at(uint8_t *base, uint64_t offset) {
 
 __device__ __forceinline__ void record_status(EpReport *r, nixl_status_t s) {
     if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
-    if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
+    if (atomicAdd(&r->base.errors, 1u) == 0) r->base.first_status = s;
 }
 
 __device__ __forceinline__ bool given_up(const EpReport *r) {
-    return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0;
+    return *static_cast<const volatile uint32_t *>(&r->base.timed_out) != 0;
 }
 
 // Spins (one thread) until *word >= threshold, napping nap_ns between polls
@@ -94,11 +94,11 @@ __device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadl
         if ((n & 63) == 0) {
             uint32_t why = 0;
             if (globaltimer_ns() > deadline) why = 1;
-            else if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
+            else if (*static_cast<volatile uint32_t *>(&r->base.cancel)) why = 2;
             else if (given_up(r)) return false;
             if (why != 0) {
-                if (atomicCAS(&r->timed_out, 0u, why) == 0) {
-                    r->observed = v;
+                if (atomicCAS(&r->base.timed_out, 0u, why) == 0) {
+                    r->base.observed = v;
                     r->wait_kind = kind;
                     r->wait_rank = rank;
                     r->wait_target = threshold;

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernel_report.h"
+
 #ifdef __CUDACC__
 #define EP_HD __host__ __device__ __forceinline__
 #else
@@ -78,13 +80,7 @@ struct EpSendEntry {
 // KernelReport (src/gpu/kernels.rs), so gpu::run::run_watched can zero it,
 // read it and raise `cancel` from the host.
 struct EpReport {
-    uint64_t t_start_ns;    // unused here
-    uint64_t t_end_ns;      // unused here
-    uint64_t observed;      // the value a wait saw when it gave up
-    uint32_t errors;        // NIXL device calls that failed
-    int32_t first_status;   // the first such status
-    uint32_t timed_out;     // 1: a wait reached its deadline; 2: the host cancelled
-    uint32_t cancel;        // raised by the host
+    KernelReport base;      // what every kernel reports: errors, the wait that gave up, cancel
     uint32_t wait_kind;     // EP_WAIT_* of the wait that gave up
     uint32_t wait_rank;     // the rank it waited for
     uint64_t wait_target;   // the value it waited for

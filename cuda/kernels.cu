@@ -27,18 +27,8 @@ static_assert(offsetof(nixlMemViewElem, mvh) == 0, "nixlMemViewElem.mvh moved");
 static_assert(offsetof(nixlMemViewElem, index) == 8, "nixlMemViewElem.index moved");
 static_assert(offsetof(nixlMemViewElem, offset) == 16, "nixlMemViewElem.offset moved");
 
-// What a kernel tells the host when it is done. One per launch, in device
-// memory, zeroed by the host before the launch.
-struct KernelReport {
-    uint64_t t_start_ns;   // %globaltimer when the timed iterations began
-    uint64_t t_end_ns;     // %globaltimer when the final acknowledgement / signal was seen
-    uint64_t observed;     // last value seen by the waiting thread (ack or signal)
-    uint32_t errors;       // NIXL device calls that did not return NIXL_IN_PROG / NIXL_SUCCESS
-    int32_t first_status;  // the first such status
-    uint32_t timed_out;    // 1: a wait reached its deadline; 2: the host cancelled it
-    uint32_t cancel;       // set by the host (from another stream) to stop a wait early
-};
-static_assert(sizeof(KernelReport) == 40, "KernelReport layout is shared with the host");
+// KernelReport: what a kernel tells the host when it is done.
+#include "kernel_report.h"
 
 // Parameters of the initiator's write + signal kernels.
 struct WriteParams {

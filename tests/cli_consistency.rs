@@ -52,7 +52,13 @@ fn ep() -> Command {
 
 fn collectives() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_collectives"));
-    for v in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"] {
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
         c.env_remove(v);
     }
     c
@@ -318,7 +324,11 @@ fn every_line_reaches_the_terminal_in_one_write() {
     }
     assert!(writes > 5, "too few writes seen:\n{trace}");
     assert!(stderr(&o).contains("[ep] error: "), "{}", both(&o));
-    assert!(stderr(&o).contains("processes failed: Rank "), "{}", both(&o));
+    assert!(
+        stderr(&o).contains("processes failed: Rank "),
+        "{}",
+        both(&o)
+    );
 }
 
 /// Starts `c` in its own process group (as a terminal's job), waits for

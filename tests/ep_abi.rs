@@ -33,8 +33,21 @@ fn rust_side() -> Vec<(String, String)> {
         meta_bytes, n_entries, chunks, chunk_bytes, path, iteration, combine_batch, combine_batches, gpu_scope,
         combine_senders);
     v.extend(fields!(EpReport, "EpReport":
-        t_start_ns, t_end_ns, observed, errors, first_status, timed_out, cancel, wait_kind, wait_rank,
-        wait_target, null_ptr_rank, reserved));
+        base, wait_kind, wait_rank, wait_target, null_ptr_rank, reserved));
+    // The KernelReport it begins with, field by field (run_watched cancels
+    // through `base.cancel`).
+    v.extend([
+        (
+            "EpReport.base.observed",
+            offset_of!(EpReport, base.observed),
+        ),
+        ("EpReport.base.errors", offset_of!(EpReport, base.errors)),
+        (
+            "EpReport.base.timed_out",
+            offset_of!(EpReport, base.timed_out),
+        ),
+        ("EpReport.base.cancel", offset_of!(EpReport, base.cancel)),
+    ]);
     v.extend(fields!(EpVerify, "EpVerify":
         mismatches, kind, src_rank, token, slot, h, expert, got_bits, want_bits, got, reference, bound));
     v.extend(fields!(EpTiming, "EpTiming": clock_start, clock_end, gt_start, gt_end));

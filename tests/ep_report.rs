@@ -171,7 +171,11 @@ fn rows_take_the_slowest_rank_and_count_bandwidth_two_ways() {
     let mut rows = rows;
     report::set_vs_put(&mut rows, Some(100.0));
     assert!((rows[0].vs_put.unwrap() - rows[0].wire_gbps / 100.0).abs() < 1e-12);
-    assert!(rows.iter().filter(|r| r.method == "nccl").all(|r| r.vs_put.is_none()));
+    assert!(
+        rows.iter()
+            .filter(|r| r.method == "nccl")
+            .all(|r| r.vs_put.is_none())
+    );
     assert!(report::table(&rows).contains("×put"));
     assert!(!report::table(&rows).contains("goal"));
     // Without NCCL on every rank there are no NCCL rows and no ratio.

@@ -5,6 +5,7 @@
 use std::mem::size_of;
 use std::sync::Arc;
 
+use crate::gpu::kernels::KernelReport;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
     PushKernelArg,
@@ -88,22 +89,15 @@ pub struct EpParams {
     pub combine_senders: u32,
 }
 
-/// `EpReport`: what went wrong in an iteration's launches. Its first 40
-/// bytes are [`crate::gpu::kernels::KernelReport`], so
-/// [`crate::gpu::run::run_watched`] zeroes it, reads it and cancels through it.
+/// `EpReport`: what went wrong in an iteration's launches: the
+/// [`KernelReport`] every kernel writes (which
+/// [`crate::gpu::run::run_watched`] zeroes, reads and cancels through), then
+/// which wait gave up. `cuda/ep_common.cuh`'s struct of the same name.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct EpReport {
-    pub t_start_ns: u64,
-    pub t_end_ns: u64,
-    /// The value the wait that gave up saw last.
-    pub observed: u64,
-    /// NIXL device calls that failed.
-    pub errors: u32,
-    pub first_status: i32,
-    /// 1: a wait reached its deadline; 2: the host cancelled.
-    pub timed_out: u32,
-    pub cancel: u32,
+    /// Errors, the last value a wait saw, timed out, the host's cancel word.
+    pub base: KernelReport,
     /// [`WAIT_BARRIER`] … [`WAIT_BLOCKS`].
     pub wait_kind: u32,
     /// The rank that wait was for.
@@ -168,7 +162,7 @@ const _: () = {
     assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 128);
     assert!(std::mem::offset_of!(EpParams, rank) == 216);
     assert!(size_of::<EpReport>() == 64);
-    assert!(std::mem::offset_of!(EpReport, cancel) == 36);
+    assert!(std::mem::offset_of!(EpReport, base) == 0);
     assert!(size_of::<EpVerify>() == 48);
     assert!(size_of::<EpTiming>() == 32);
     assert!(size_of::<super::layout::SendEntry>() == 12);

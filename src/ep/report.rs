@@ -343,7 +343,12 @@ impl RunInfo {
 }
 
 /// Writes `{"run", "rows", "ranks"}` to `path`.
-pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row], results: &[RankResult]) -> Result<()> {
+pub fn write_json(
+    path: &FsPath,
+    info: &RunInfo,
+    rows: &[Row],
+    results: &[RankResult],
+) -> Result<()> {
     let doc = serde_json::json!({ "run": info, "rows": rows, "ranks": results });
     let text = serde_json::to_string_pretty(&doc)?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))

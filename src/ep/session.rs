@@ -378,7 +378,7 @@ impl Session {
                 r.null_ptr_rank - 1
             );
         }
-        if r.timed_out != 0 {
+        if r.base.timed_out != 0 {
             let secs = ctx.cfg.timeout_ns as f64 / 1e9;
             let w = r.wait_rank;
             let what = match r.wait_kind {
@@ -397,15 +397,15 @@ impl Session {
             bail!(
                 "{at}: timed out after {secs} s waiting for {what} (counter {:#x}, expected ≥ {:#x}): rank {w} is dead, \
                  stuck, or far behind",
-                r.observed,
+                r.base.observed,
                 r.wait_target
             );
         }
-        if r.errors != 0 {
+        if r.base.errors != 0 {
             bail!(
                 "{at}: {} NIXL device call(s) failed, the first with status {} (−3 = NIXL_ERR_BACKEND; UCX printed why above)",
-                r.errors,
-                r.first_status
+                r.base.errors,
+                r.base.first_status
             );
         }
         Ok(())
