@@ -22,13 +22,21 @@ fn mem_view_elem_is_nixls_24_byte_struct() {
 
 #[test]
 fn rust_and_cuda_assert_the_same_layout() {
-    let cu =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/kernels.cu")).unwrap();
+    // kernels.cu and the KernelReport header it includes.
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{}/cuda/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    };
+    let cu = read("kernels.cu") + &read("kernel_report.h");
+    assert!(cu.contains("#include \"kernel_report.h\""));
     for needle in [
         "sizeof(nixlMemViewElem) == 24".to_string(),
         "offsetof(nixlMemViewElem, index) == 8".to_string(),
         "offsetof(nixlMemViewElem, offset) == 16".to_string(),
         format!("sizeof(KernelReport) == {}", size_of::<KernelReport>()),
+        format!(
+            "offsetof(KernelReport, cancel) == {}",
+            offset_of!(KernelReport, cancel)
+        ),
         format!("sizeof(WriteParams) == {}", size_of::<WriteParams>()),
         format!(
             "offsetof(WriteParams, ack) == {}",
@@ -54,7 +62,7 @@ fn rust_and_cuda_assert_the_same_layout() {
     ] {
         assert!(
             cu.contains(&format!("static_assert({needle}")),
-            "cuda/kernels.cu lacks static_assert({needle}, ...)"
+            "cuda/kernels.cu (with kernel_report.h) lacks static_assert({needle}, ...)"
         );
     }
 }
