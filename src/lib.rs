@@ -28,4 +28,6 @@ pub mod pattern;
 pub mod simple_write;
 pub mod slots;
 pub mod stats;
-pub mod store;
+/// The metadata store: the `tcpstore` crate (crates/tcpstore), under the
+/// name every call site uses.
+pub use tcpstore as store;

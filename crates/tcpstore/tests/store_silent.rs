@@ -17,8 +17,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nixl_examples::store::native::TcpStore;
-use nixl_examples::store::{Stalled, Store, StoreError, StoreOptions};
+use tcpstore::native::TcpStore;
+use tcpstore::{Stalled, Store, StoreError, StoreOptions};
 use silent_server::SilentStore;
 
 /// The store timeout (the binaries' `--timeout`) of most tests here.
@@ -57,7 +57,7 @@ fn native(o: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
 
 #[cfg(feature = "libtorch")]
 fn torch(o: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
-    Ok(Box::new(nixl_examples::store::libtorch::TorchStore::open(
+    Ok(Box::new(tcpstore::libtorch::TorchStore::open(
         o,
     )?))
 }

@@ -7,9 +7,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nixl_examples::store::native::wire::{self, Request};
-use nixl_examples::store::native::{TcpStore, TcpStoreServer};
-use nixl_examples::store::{self, Store, StoreBackend, StoreError, StoreOptions};
+use tcpstore::native::wire::{self, Request};
+use tcpstore::native::{TcpStore, TcpStoreServer};
+use tcpstore::{self as store, Store, StoreBackend, StoreError, StoreOptions};
 use suite::{Raw, f};
 
 fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
