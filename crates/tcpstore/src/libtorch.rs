@@ -121,13 +121,14 @@ impl ShimError {
     }
 
     /// Errors of requests on an open store.
-    fn into_store_error(self, keys: &[&str], after: Duration) -> StoreError {
+    fn into_store_error(self, addr: &str, keys: &[&str], after: Duration) -> StoreError {
         match self.kind {
             // doWait: "wait timeout after {}ms, keys: ..."; older: "Socket Timeout".
             Kind::TORCHSTORE_ERR_STORE
                 if self.message.contains("timeout") || self.message.contains("Timeout") =>
             {
                 StoreError::Timeout {
+                    addr: addr.to_owned(),
                     keys: keys.iter().map(|k| k.to_string()).collect(),
                     after,
                 }
@@ -341,7 +342,7 @@ impl TorchStore {
                     ))
                 })
             }
-            _ => e.into_store_error(keys, wait),
+            _ => e.into_store_error(&self.addr, keys, wait),
         })
     }
 }

@@ -101,7 +101,7 @@ pub fn get_times_out(a: &dyn Store, ns: &str) {
     );
     let t = Instant::now();
     match a.get(&k) {
-        Err(StoreError::Timeout { keys, after }) => {
+        Err(StoreError::Timeout { keys, after, .. }) => {
             assert_eq!(keys, vec![k.clone()]);
             assert_eq!(after, timeout);
         }
@@ -145,7 +145,7 @@ pub fn wait_times_out_and_connection_survives(a: &dyn Store, ns: &str) {
     let timeout = Duration::from_millis(200);
     let t = Instant::now();
     match a.wait(&[&k], timeout) {
-        Err(StoreError::Timeout { keys, after }) => {
+        Err(StoreError::Timeout { keys, after, .. }) => {
             assert_eq!(keys, vec![k.clone()]);
             assert_eq!(after, timeout);
         }
