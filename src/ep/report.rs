@@ -349,46 +349,9 @@ pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row], results: &[RankRe
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
-/// Writes one CSV line per row, the configuration as `# key: value` lines.
+/// Writes one CSV line per row, the columns [`Row`]'s fields as the JSON
+/// has them ([`crate::csv_rows`]: `time_p50_ns`, `bytes_wire`, ...), the
+/// configuration (shape, routing) as `# key: value` lines.
 pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    let mut out = String::new();
-    if let serde_json::Value::Object(m) = serde_json::to_value(info)? {
-        for (k, v) in m {
-            let _ = writeln!(out, "# {k}: {v}");
-        }
-    }
-    out += "mode,method,phase,ranks,tokens,hidden,topk,experts,routing,iters,p50_ns,p99_ns,min_ns,avg_ns,max_ns,\
-            deepep_bytes,wire_bytes,meta_bytes,per_expert_bytes,deepep_gbps,wire_gbps,vs_nccl,vs_put,verified\n";
-    let c = &info.config;
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{:?},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{:.3},{:.3},{},{},{}",
-            r.mode.name(),
-            r.method,
-            r.phase,
-            c.shape.ranks,
-            c.shape.tokens,
-            c.shape.hidden,
-            c.shape.topk,
-            c.shape.experts,
-            c.routing,
-            r.iters,
-            r.time.p50_ns,
-            r.time.p99_ns,
-            r.time.min_ns,
-            r.time.avg_ns,
-            r.time.max_ns,
-            r.bytes.deepep,
-            r.bytes.wire,
-            r.bytes.meta,
-            r.bytes.per_expert,
-            r.deepep_gbps,
-            r.wire_gbps,
-            r.vs_nccl.map(|x| format!("{x:.4}")).unwrap_or_default(),
-            r.vs_put.map(|x| format!("{x:.4}")).unwrap_or_default(),
-            r.verified
-        );
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+    crate::csv_rows::write_csv(path, info, rows)
 }

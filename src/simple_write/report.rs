@@ -255,7 +255,7 @@ impl RunInfo {
     }
 }
 
-/// A table or CSV column: its header and how a row fills it.
+/// A table column: its header and how a row fills it.
 type Column = (&'static str, fn(&Row) -> String);
 
 fn opt(v: Option<f64>, scale: f64, prec: usize) -> String {
@@ -352,60 +352,12 @@ pub fn write_json(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
-/// Writes one CSV line per row, the run's configuration as leading
+/// Writes one CSV line per row, the columns [`Row`]'s fields as the JSON
+/// has them ([`crate::csv_rows`]), the run's configuration as leading
 /// `# key: value` comment lines. Times in ns (µs where named), rates in GB/s.
 pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    let mut out = String::new();
-    if let serde_json::Value::Object(m) = serde_json::to_value(info)? {
-        for (k, v) in m {
-            let _ = writeln!(out, "# {k}: {v}");
-        }
-    }
-    let _ = writeln!(out, "{}", CSV.map(|c| c.0).join(","));
-    for r in rows {
-        let _ = writeln!(out, "{}", CSV.map(|c| (c.1)(r)).join(","));
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+    crate::csv_rows::write_csv(path, info, rows)
 }
-
-fn num(v: Option<f64>) -> String {
-    v.map(|x| format!("{x:.3}")).unwrap_or_default()
-}
-
-const CSV: [Column; 30] = [
-    ("round", |r| r.round.to_string()),
-    ("mode", |r| r.mode.to_string()),
-    ("size_bytes", |r| r.size_bytes.to_string()),
-    ("level", |r| r.level.to_string()),
-    ("path", |r| r.path.to_string()),
-    ("chunk", |r| r.chunk.to_string()),
-    ("blocks", |r| r.blocks.to_string()),
-    ("threads", |r| r.threads.to_string()),
-    ("warmup", |r| r.warmup.to_string()),
-    ("iters", |r| r.iters.to_string()),
-    ("gpu_ns", |r| r.gpu_ns.to_string()),
-    ("us_per_iter", |r| format!("{:.4}", r.us_per_iter)),
-    ("gb_per_s", |r| format!("{:.4}", r.gb_per_s)),
-    ("recv_p50_ns", |r| num(r.recv.map(|s| s.p50_ns))),
-    ("recv_p99_ns", |r| num(r.recv.map(|s| s.p99_ns))),
-    ("recv_min_ns", |r| num(r.recv.map(|s| s.min_ns))),
-    ("recv_avg_ns", |r| num(r.recv.map(|s| s.avg_ns))),
-    ("rtt_p50_ns", |r| num(r.rtt.map(|s| s.p50_ns))),
-    ("rtt_p99_ns", |r| num(r.rtt.map(|s| s.p99_ns))),
-    ("rtt_min_ns", |r| num(r.rtt.map(|s| s.min_ns))),
-    ("half_rtt_p50_ns", |r| num(r.half_rtt.map(|s| s.p50_ns))),
-    ("half_rtt_p99_ns", |r| num(r.half_rtt.map(|s| s.p99_ns))),
-    ("kernel_event_us", |r| format!("{:.2}", r.kernel_event_us)),
-    ("copy_engine_gb_per_s", |r| {
-        num(r.baselines.copy_engine_gbps)
-    }),
-    ("nixl_write_gb_per_s", |r| num(r.baselines.nixl_write_gbps)),
-    ("ratio", |r| num(r.ratio)),
-    ("verified", |r| r.verified.to_string()),
-    ("half_rtt_min_ns", |r| num(r.half_rtt.map(|s| s.min_ns))),
-    ("wire_gb_per_s", |r| format!("{:.4}", r.wire_gb_per_s)),
-    ("floor_ratio", |r| num(r.floor_ratio)),
-];
 
 #[cfg(test)]
 mod tests {
