@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
 //! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report; `ep`'s ranks, kernels, routing and report |
-//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`cli`], [`csv_rows`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes, results as CSV |
+//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`cli`], [`results`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes, the run environment and CSV beside every result |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
 //! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
 //!
@@ -15,7 +15,6 @@
 //! `cuda/put_and_signal.cu`, and KERNEL_GUIDE.md walks through it.
 
 pub mod cli;
-pub mod csv_rows;
 pub mod deadline;
 pub mod ep;
 pub mod exchange;
@@ -26,6 +25,7 @@ pub mod launch;
 pub mod logging;
 pub mod nixl;
 pub mod pattern;
+pub mod results;
 pub mod simple_write;
 pub mod slots;
 pub mod stats;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::config::{Grid, Mode, Path, RunConfig};
 use super::layout::PhaseBytes;
 use super::nccl::{NcclStatus, NcclTimes};
+use crate::results::RunEnv;
 use crate::stats::Summary;
 
 /// One rank as it introduced itself.
@@ -295,49 +296,21 @@ fn ratio(x: Option<f64>) -> String {
 /// The run's configuration, recorded with every figure.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunInfo {
-    pub tool: String,
-    pub command_line: Vec<String>,
-    pub unix_time: u64,
+    /// Tool, command line, time, host, versions, environment (rank 0's).
+    #[serde(flatten)]
+    pub run_env: RunEnv,
     pub config: RunConfig,
     pub ranks: Vec<RankInfo>,
     pub window_bytes: u64,
-    pub driver_version: Option<String>,
-    pub nixl_version: Option<String>,
-    pub nixl_lib_dir: Option<String>,
-    pub ucx_version: Option<String>,
-    /// `UCX_*`, `NIXL_*`, `CUDA_*`, `NCCL_*`, `TORCHELASTIC_*`, `MASTER_*` of rank 0.
-    pub env: BTreeMap<String, String>,
 }
 
 impl RunInfo {
     pub fn collect(config: &RunConfig, ranks: Vec<RankInfo>, window_bytes: u64) -> Self {
-        let keep = [
-            "UCX_",
-            "NIXL_",
-            "CUDA_",
-            "NCCL_",
-            "TORCHELASTIC_",
-            "MASTER_",
-            "LOCAL_WORLD",
-        ];
-        let rt = crate::nixl::runtime::load().ok();
         Self {
-            tool: format!("ep {}", env!("CARGO_PKG_VERSION")),
-            command_line: std::env::args().collect(),
-            unix_time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            run_env: RunEnv::capture("ep"),
             config: config.clone(),
             ranks,
             window_bytes,
-            driver_version: crate::gpu::context::driver_version(),
-            nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
-            nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
-            ucx_version: rt.as_ref().and_then(|r| r.ucx_version()),
-            env: std::env::vars()
-                .filter(|(k, _)| keep.iter().any(|p| k.starts_with(p)))
-                .collect(),
         }
     }
 }
@@ -350,8 +323,8 @@ pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row], results: &[RankRe
 }
 
 /// Writes one CSV line per row, the columns [`Row`]'s fields as the JSON
-/// has them ([`crate::csv_rows`]: `time_p50_ns`, `bytes_wire`, ...), the
+/// has them ([`crate::results`]: `time_p50_ns`, `bytes_wire`, ...), the
 /// configuration (shape, routing) as `# key: value` lines.
 pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    crate::csv_rows::write_csv(path, info, rows)
+    crate::results::write_csv(path, info, rows)
 }

@@ -2,7 +2,6 @@
 //! people and written as JSON or CSV for programs, with the run's
 //! configuration (GPUs, driver, NIXL and UCX versions, environment).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -15,6 +14,7 @@ use super::initiator::rounds::RoundResult;
 use super::protocol::Verdict;
 use crate::cli::fmt_bytes;
 use crate::gpu::GpuInfo;
+use crate::results::RunEnv;
 use crate::stats::Summary;
 
 /// One round as measured. Times in ns or µs as named, rates in GB/s (1e9 B/s).
@@ -187,9 +187,9 @@ pub fn apply_floor(rows: &mut [Row]) {
 /// The run's configuration, recorded with every figure.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunInfo {
-    pub tool: String,
-    pub command_line: Vec<String>,
-    pub unix_time: u64,
+    /// Tool, command line, time, host, versions, environment.
+    #[serde(flatten)]
+    pub run_env: RunEnv,
     pub seed: u64,
     pub initiator_gpu: Option<GpuInfo>,
     pub target_gpu: Option<GpuInfo>,
@@ -202,13 +202,6 @@ pub struct RunInfo {
     /// Scope of the release between data and signal on the put and store
     /// paths: `gpu` (both processes on one GPU) or `system`.
     pub fence_scope: Option<&'static str>,
-    pub driver_version: Option<String>,
-    pub nixl_version: Option<String>,
-    pub nixl_lib_dir: Option<String>,
-    pub ucx_version: Option<String>,
-    pub hostname: Option<String>,
-    /// `UCX_*`, `NIXL_*`, `CUDA_*` variables in effect.
-    pub env: BTreeMap<String, String>,
 }
 
 impl RunInfo {
@@ -223,34 +216,7 @@ impl RunInfo {
             mps: run.initiator_gpu.mps,
             initiator_wait: Some(run.wait.name()),
             fence_scope: Some(run.fence.name()),
-            ..Self::collect()
-        }
-    }
-
-    /// What the process can know about itself.
-    fn collect() -> Self {
-        let env = std::env::vars()
-            .filter(|(k, _)| {
-                k.starts_with("UCX_") || k.starts_with("NIXL_") || k.starts_with("CUDA_")
-            })
-            .collect();
-        let rt = crate::nixl::runtime::load().ok();
-        Self {
-            tool: format!("simple_write {}", env!("CARGO_PKG_VERSION")),
-            command_line: std::env::args().collect(),
-            unix_time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            driver_version: crate::gpu::context::driver_version(),
-            nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
-            nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
-            ucx_version: rt.as_ref().and_then(|r| r.ucx_version()),
-            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string()),
-            env,
-            ..Default::default()
+            run_env: RunEnv::capture("simple_write"),
         }
     }
 }
@@ -353,10 +319,10 @@ pub fn write_json(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
 }
 
 /// Writes one CSV line per row, the columns [`Row`]'s fields as the JSON
-/// has them ([`crate::csv_rows`]), the run's configuration as leading
+/// has them ([`crate::results`]), the run's configuration as leading
 /// `# key: value` comment lines. Times in ns (µs where named), rates in GB/s.
 pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    crate::csv_rows::write_csv(path, info, rows)
+    crate::results::write_csv(path, info, rows)
 }
 
 #[cfg(test)]
