@@ -1,14 +1,16 @@
-//! The metadata exchange: a key-value store both processes can reach.
+//! PyTorch's c10d TCPStore in Rust: a blocking key-value store that every
+//! process of a run can reach, with the semantics of `c10d::Store`.
 //!
-//! Every two-process example publishes agent metadata and descriptor lists
-//! through a [`Store`]. Three implementations share the trait:
+//! The examples of the nixl-device-examples crate (which re-exports this
+//! crate as `store`) publish agent metadata and descriptor lists through a
+//! [`Store`]. Three implementations share the trait:
 //!
 //! - [`native`]: a TCPStore server and client written in Rust that speak the
 //!   wire protocol of PyTorch's `c10d::TCPStore` (torch 2.11), so a Python
 //!   `torch.distributed.TCPStore` can sit on the other side. The default.
 //! - `libtorch` (cargo feature `libtorch`): `c10d::TCPStore` itself, through a
 //!   thin C++ shim.
-//! - [`memory`]: an in-process map for single-process examples.
+//! - [`memory`]: an in-process map, for one process.
 //!
 //! Keys are plain strings (`NIXL_2PROC/target_meta`); the TCP client puts the
 //! `/` prefix on the wire as torch's client does. Values are raw bytes.
