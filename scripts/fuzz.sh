@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the two decoders that read untrusted bytes, SECONDS each (default 60):
-#   store_frame    c10d TCPStore request frames (src/store/native/wire.rs),
+#   store_frame    c10d TCPStore request frames (crates/tcpstore/src/native/wire.rs),
 #                  what the store server decodes from every connection;
 #   serdes_decode  NIXL descriptor lists (src/nixl/serdes.rs), what peers
 #                  publish through the store.

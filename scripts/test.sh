@@ -52,7 +52,8 @@ run_profile() {
   cargo build --quiet "${flag[@]}" --features libtorch --examples
   # --show-output prints what passing tests wrote, so every SKIP is visible.
   set +e
-  cargo test "${flag[@]}" --no-fail-fast --features libtorch "$@" -- --show-output 2>&1 | tee "$log.$profile"
+  # --workspace: the store crate's tests (crates/tcpstore) with this crate's.
+  cargo test "${flag[@]}" --workspace --no-fail-fast --features libtorch "$@" -- --show-output 2>&1 | tee "$log.$profile"
   rc=${PIPESTATUS[0]}
   set -e
   return "$rc"

@@ -1,6 +1,9 @@
 //! What the programs share at their edges: byte counts on the command
 //! line, exit statuses and the errors that select them, clap's names for
-//! the library's enums, and checking a port before listening on it.
+//! the library's enums, the store backend switch, and checking a port
+//! before listening on it.
+
+use crate::store;
 
 /// Parses a byte count: a whole number, or one with a binary suffix
 /// (`K`/`KiB` = 1024, `M`/`MiB`, `G`/`GiB`, `T`/`TiB`) and then possibly a
@@ -148,6 +151,27 @@ pub fn fmt_bytes(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn open_through_the_backend_switch() {
+        use super::StoreBackend;
+        let opts = crate::store::StoreOptions {
+            host: "127.0.0.1".into(),
+            port: 0,
+            is_server: true,
+            num_workers: None,
+            wait_workers: false,
+            timeout: std::time::Duration::from_secs(2),
+        };
+        let host = StoreBackend::Native.open(&opts).unwrap();
+        host.set("k", b"v").unwrap();
+        assert_eq!(host.get("k").unwrap(), b"v");
+        #[cfg(not(feature = "libtorch"))]
+        assert!(matches!(
+            StoreBackend::Libtorch.open(&opts),
+            Err(crate::store::StoreError::Invalid(_))
+        ));
+    }
+
     use super::*;
 
     #[test]
@@ -228,6 +252,27 @@ mod tests {
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// A store error in the words of a program whose store is set by
+/// `--host`, `--port` and `--timeout`: the store's own message (host, port,
+/// operation, key, cause) and then the flag or step that fixes it. A taken
+/// port is a [`UsageError`] (exit 2); the rest exit 1. Programs with more
+/// to say (which of their processes hosts the store) match the error first.
+pub fn store_error(e: store::StoreError) -> anyhow::Error {
+    use store::StoreError as E;
+    let fix = match &e {
+        E::Bind { .. } => {
+            return anyhow::Error::new(UsageError(format!("{e}: stop it or pick another with --port")));
+        }
+        E::UnknownHost { source, .. } => return anyhow::anyhow!("{e} (check --host): {source}"),
+        E::Unreachable { .. } => "start the process that hosts the store first, or check --host/--port",
+        E::Timeout { .. } => "is the peer running, and on the same --host/--port?",
+        E::WorkersTimeout { .. } => "start the peer process, or raise --timeout",
+        E::NoReply { .. } => "raise --timeout if the store is only slow",
+        _ => return anyhow::Error::new(e),
+    };
+    anyhow::anyhow!("{e}; {fix}")
+}
+
 /// Exit status for bad arguments, as clap uses.
 pub const EXIT_USAGE: i32 = 2;
 
@@ -298,6 +343,48 @@ pub fn check_port_free(port: u16) -> Result<(), UsageError> {
             "port {port} is privileged (below 1024) and this process may not listen on it: pick one above 1023 with --port"
         ))),
         Err(e) => Err(UsageError(format!("cannot listen on port {port}: {e}"))),
+    }
+}
+
+/// Which TCPStore implementation a program hosts or joins (`--store`): the
+/// one backend switch of every program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreBackend {
+    /// The Rust TCPStore (torch's c10d wire protocol; the tcpstore crate).
+    #[default]
+    Native,
+    /// torch's own c10d::TCPStore (binary built with --features libtorch).
+    Libtorch,
+}
+
+impl StoreBackend {
+    /// The `--store` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Libtorch => "libtorch",
+        }
+    }
+
+    /// Opens this store, as server or client per `opts.is_server`.
+    ///
+    /// Errors: as [`store::native::TcpStore::open`] (port taken, no server,
+    /// a silent one, peers not joining); [`store::StoreError::Invalid`] if
+    /// the libtorch store was not compiled in.
+    pub fn open(
+        self,
+        opts: &store::StoreOptions,
+    ) -> Result<Box<dyn store::Store>, store::StoreError> {
+        match self {
+            Self::Native => Ok(Box::new(store::native::TcpStore::open(opts)?)),
+            #[cfg(feature = "libtorch")]
+            Self::Libtorch => Ok(Box::new(store::libtorch::TorchStore::open(opts)?)),
+            #[cfg(not(feature = "libtorch"))]
+            Self::Libtorch => Err(store::StoreError::Invalid(
+                "this binary was built without the libtorch store: rebuild with `--features libtorch`"
+                    .into(),
+            )),
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
 //! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report; `ep`'s ranks, kernels, routing and report |
-//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`cli`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes |
+//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`cli`], [`results`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes, the run environment and CSV beside every result |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
 //! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
 //!
@@ -26,7 +26,10 @@ pub mod launch;
 pub mod logging;
 pub mod nixl;
 pub mod pattern;
+pub mod results;
 pub mod simple_write;
 pub mod slots;
 pub mod stats;
-pub mod store;
+/// The metadata store: the `tcpstore` crate (crates/tcpstore), under the
+/// name every call site uses.
+pub use tcpstore as store;

@@ -266,7 +266,7 @@ fn wait_until_listening(port: u16) {
     }
 }
 
-#[path = "silent_server/mod.rs"]
+#[path = "../crates/tcpstore/tests/silent_server/mod.rs"]
 #[allow(dead_code)]
 mod silent_server;
 

@@ -12,7 +12,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nixl_examples::store::native::wire::{Limits, Request};
+use tcpstore::native::wire::{Limits, Request};
 
 /// Limits small enough for the fuzzer to cross with a few bytes.
 const TINY: Limits = Limits {

@@ -30,7 +30,8 @@ use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target};
-use nixl_examples::store::{self, StoreBackend, StoreError, StoreOptions};
+use nixl_examples::cli::{self, StoreBackend};
+use nixl_examples::store::{self, StoreError, StoreOptions};
 use nixl_examples::{interrupt, logging, say};
 use tracing::info;
 
@@ -43,14 +44,6 @@ enum Mode {
     /// Both roles as child processes of this one (it hosts the store on a
     /// free port): one command instead of two.
     Pair,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum StoreKind {
-    /// The Rust TCPStore (torch's c10d wire protocol).
-    Native,
-    /// torch's own c10d::TCPStore (binary built with --features libtorch).
-    Libtorch,
 }
 
 /// GPU-initiated write + signal between two processes through NIXL's device API.
@@ -180,8 +173,8 @@ struct Args {
     timeout: Duration,
 
     /// Store implementation.
-    #[arg(long, value_enum, default_value_t = StoreKind::Native)]
-    store: StoreKind,
+    #[arg(long, value_enum, default_value_t = StoreBackend::Native)]
+    store: StoreBackend,
 
     /// How this side waits for the other's signal: a spinning kernel, or a
     /// stream wait (cuStreamWaitValue64) that leaves the GPU free; auto picks
@@ -419,10 +412,7 @@ fn run_pair(args: &Args, timeout: Duration) -> Result<ExitCode> {
         wait_workers: false,
         timeout,
     };
-    let store = store::native::TcpStore::open(&host_opts).map_err(|e| match e {
-        e @ StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
-        e => e.into(),
-    })?;
+    let store = store::native::TcpStore::open(&host_opts).map_err(cli::store_error)?;
     info!(
         "hosting the store on port {}; starting initiator and target",
         store.port()
@@ -508,11 +498,7 @@ fn common_args(a: &Args, mode: &str, port: u16) -> Vec<String> {
         "--wait",
         a.wait.name(),
         "--store",
-        if a.store == StoreKind::Native {
-            "native"
-        } else {
-            "libtorch"
-        },
+        a.store.name(),
     ]
     .map(str::to_string)
     .to_vec();
@@ -557,19 +543,16 @@ fn check_connection(args: &Args, timeout: Duration) -> Result<()> {
 /// reply deadline for each answer, so an initiator that listens but is
 /// frozen is named within seconds, not after --timeout.
 fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
-    let backend = match args.store {
-        StoreKind::Native => StoreBackend::Native,
-        StoreKind::Libtorch => StoreBackend::Libtorch,
-    };
+    let backend = args.store;
     let (host, port) = (&args.host, port(args));
     let opts = store_options(args, timeout);
     let roster = roster(args);
     let opened = match opts.is_server {
-        true => store::open(backend, &opts),
+        true => backend.open(&opts),
         false => join_store(backend, &opts, roster.reply_deadline(timeout)),
     };
     opened.map_err(|e| match (args.mode, e) {
-        (Mode::Initiator, e @ StoreError::Bind { .. }) => anyhow::Error::new(UsageError(e.to_string())),
+        (Mode::Initiator, e @ StoreError::Bind { .. }) => cli::store_error(e),
         (Mode::Initiator, StoreError::WorkersTimeout { .. }) => anyhow::anyhow!(
             "the target did not join the store on port {port} within {timeout:?}: start `simple_write --mode \
              target` (same --host/--port), or raise --timeout"
@@ -587,7 +570,7 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
              this machine (e.g. 127.0.0.1 or 0.0.0.0)"
         ))),
         (_, e @ StoreError::NoReply { .. }) => anyhow::anyhow!("{}", roster.host_silent(&e)),
-        (_, e) => anyhow::Error::new(e).context(format!("opening the store at {host}:{port}")),
+        (_, e) => cli::store_error(e).context(format!("opening the store at {host}:{port}")),
     })
 }
 

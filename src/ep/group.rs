@@ -10,10 +10,10 @@ use anyhow::Result;
 
 use super::env::RankEnv;
 use super::keys::Keys;
-use crate::cli::UsageError;
 use crate::group::{Entry, Host, Member, Roster, Value, join_store};
 use crate::store::native::TcpStore;
-use crate::store::{Store, StoreBackend, StoreError, StoreOptions};
+use crate::cli::StoreBackend;
+use crate::store::{Store, StoreError, StoreOptions};
 
 /// One rank's handle on the run: its [`Member`] (every membership call,
 /// through `Deref`) and the run's keys.
@@ -108,7 +108,7 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
         ),
     };
     opened.map_err(|e| match e {
-        e @ StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
+        e @ StoreError::Bind { .. } => crate::cli::store_error(e),
         StoreError::Unreachable { .. } if env.agent_store => anyhow::anyhow!(
             "no store at {addr} after {timeout:?}: TORCHELASTIC_USE_AGENT_STORE=True says torchrun's agent hosts one \
              there; start the ranks with torchrun, or unset it so that rank 0 hosts the store"
@@ -124,6 +124,6 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
             env.master_port
         ),
         e @ StoreError::NoReply { .. } => anyhow::anyhow!("{}", roster(env).host_silent(&e)),
-        e => anyhow::Error::new(e).context(format!("opening the store at {addr}")),
+        e => crate::cli::store_error(e).context(format!("opening the store at {addr}")),
     })
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::config::{Grid, Mode, Path, RunConfig};
 use super::layout::PhaseBytes;
 use super::nccl::{NcclStatus, NcclTimes};
+use crate::results::RunEnv;
 use crate::stats::Summary;
 
 /// One rank as it introduced itself.
@@ -295,49 +296,21 @@ fn ratio(x: Option<f64>) -> String {
 /// The run's configuration, recorded with every figure.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunInfo {
-    pub tool: String,
-    pub command_line: Vec<String>,
-    pub unix_time: u64,
+    /// Tool, command line, time, host, versions, environment (rank 0's).
+    #[serde(flatten)]
+    pub run_env: RunEnv,
     pub config: RunConfig,
     pub ranks: Vec<RankInfo>,
     pub window_bytes: u64,
-    pub driver_version: Option<String>,
-    pub nixl_version: Option<String>,
-    pub nixl_lib_dir: Option<String>,
-    pub ucx_version: Option<String>,
-    /// `UCX_*`, `NIXL_*`, `CUDA_*`, `NCCL_*`, `TORCHELASTIC_*`, `MASTER_*` of rank 0.
-    pub env: BTreeMap<String, String>,
 }
 
 impl RunInfo {
     pub fn collect(config: &RunConfig, ranks: Vec<RankInfo>, window_bytes: u64) -> Self {
-        let keep = [
-            "UCX_",
-            "NIXL_",
-            "CUDA_",
-            "NCCL_",
-            "TORCHELASTIC_",
-            "MASTER_",
-            "LOCAL_WORLD",
-        ];
-        let rt = crate::nixl::runtime::load().ok();
         Self {
-            tool: format!("ep {}", env!("CARGO_PKG_VERSION")),
-            command_line: std::env::args().collect(),
-            unix_time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            run_env: RunEnv::capture("ep"),
             config: config.clone(),
             ranks,
             window_bytes,
-            driver_version: crate::gpu::context::driver_version(),
-            nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
-            nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
-            ucx_version: rt.as_ref().and_then(|r| r.ucx_version()),
-            env: std::env::vars()
-                .filter(|(k, _)| keep.iter().any(|p| k.starts_with(p)))
-                .collect(),
         }
     }
 }
@@ -354,46 +327,9 @@ pub fn write_json(
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
-/// Writes one CSV line per row, the configuration as `# key: value` lines.
+/// Writes one CSV line per row, the columns [`Row`]'s fields as the JSON
+/// has them ([`crate::results`]: `time_p50_ns`, `bytes_wire`, ...), the
+/// configuration (shape, routing) as `# key: value` lines.
 pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    let mut out = String::new();
-    if let serde_json::Value::Object(m) = serde_json::to_value(info)? {
-        for (k, v) in m {
-            let _ = writeln!(out, "# {k}: {v}");
-        }
-    }
-    out += "mode,method,phase,ranks,tokens,hidden,topk,experts,routing,iters,p50_ns,p99_ns,min_ns,avg_ns,max_ns,\
-            deepep_bytes,wire_bytes,meta_bytes,per_expert_bytes,deepep_gbps,wire_gbps,vs_nccl,vs_put,verified\n";
-    let c = &info.config;
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{:?},{},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{},{},{:.3},{:.3},{},{},{}",
-            r.mode.name(),
-            r.method,
-            r.phase,
-            c.shape.ranks,
-            c.shape.tokens,
-            c.shape.hidden,
-            c.shape.topk,
-            c.shape.experts,
-            c.routing,
-            r.iters,
-            r.time.p50_ns,
-            r.time.p99_ns,
-            r.time.min_ns,
-            r.time.avg_ns,
-            r.time.max_ns,
-            r.bytes.deepep,
-            r.bytes.wire,
-            r.bytes.meta,
-            r.bytes.per_expert,
-            r.deepep_gbps,
-            r.wire_gbps,
-            r.vs_nccl.map(|x| format!("{x:.4}")).unwrap_or_default(),
-            r.vs_put.map(|x| format!("{x:.4}")).unwrap_or_default(),
-            r.verified
-        );
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+    crate::results::write_csv(path, info, rows)
 }

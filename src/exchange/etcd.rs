@@ -1,6 +1,6 @@
-//! A minimal etcd v3 client over etcd's JSON gateway (HTTP/1.0 + JSON), for
-//! what the examples and tests do around NIXL's own etcd exchange: check
-//! that the server answers, list keys, delete stale keys under a prefix.
+//! A small etcd v3 client over etcd's JSON gateway, for what the examples
+//! and tests do around NIXL's own etcd exchange: check that the server
+//! answers, list keys, delete stale keys under a prefix.
 //!
 //! NIXL talks to etcd itself (gRPC, `etcd-cpp-apiv3`) once
 //! `NIXL_ETCD_ENDPOINTS` is set; this client never publishes agent metadata.
@@ -8,10 +8,19 @@
 //! logs and retries, and so that a run can clear what a crashed earlier run
 //! left behind (the seeds run `etcdctl del --prefix /nixl/`, which Debian
 //! ships in a separate package). Plain `http://` endpoints only.
+//!
+//! Why `ureq` against the gateway and not `etcd-client`: four requests
+//! (version, range, deleterange, put), each a blocking JSON POST with a
+//! deadline, in programs that have no async runtime. `etcd-client` is the
+//! full gRPC API over tokio + tonic + prost (a runtime to start for four
+//! calls, and a build that needs `protoc`); `ureq` is a small blocking HTTP
+//! client with its own timeouts, and etcd serves the same KV API as JSON at
+//! `/v3/kv/*` (keys and values base64, int64s as strings) since 3.4.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
 
 /// The key prefix NIXL's etcd backend puts agent metadata under
 /// (`NIXL_ETCD_NAMESPACE`, default `/nixl/agents/`).
@@ -25,7 +34,7 @@ pub enum EtcdError {
         "etcd endpoint {0:?} is not of the form http://host:port (TLS endpoints are not supported by this helper)"
     )]
     BadEndpoint(String),
-    /// Nothing answered at the endpoint.
+    /// Nothing answered at the endpoint (within the deadline).
     #[error(
         "no etcd server at {endpoint}: {source}. Start one (e.g. `etcd --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379`) or point --etcd-endpoints / NIXL_ETCD_ENDPOINTS at a running server"
     )]
@@ -33,7 +42,7 @@ pub enum EtcdError {
         /// `http://host:port` as given.
         endpoint: String,
         #[source]
-        source: std::io::Error,
+        source: ureq::Error,
     },
     /// The server answered with an HTTP error.
     #[error("etcd at {endpoint} answered {path} with HTTP {status}: {body}")]
@@ -57,7 +66,7 @@ pub enum EtcdError {
 pub struct Etcd {
     endpoint: String,
     addr: String,
-    timeout: Duration,
+    agent: ureq::Agent,
 }
 
 impl Etcd {
@@ -77,10 +86,16 @@ impl Etcd {
         if addr.is_empty() || !addr.contains(':') || addr.contains('/') {
             return Err(EtcdError::BadEndpoint(first.to_string()));
         }
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            // etcd's error statuses carry a JSON body worth showing.
+            .http_status_as_error(false)
+            .build()
+            .into();
         Ok(Self {
             endpoint: first.to_string(),
             addr: addr.to_string(),
-            timeout,
+            agent,
         })
     }
 
@@ -92,7 +107,7 @@ impl Etcd {
     /// The server's version (`GET /version`, e.g. `3.4.23`); the cheapest
     /// proof that an etcd server answers.
     pub fn version(&self) -> Result<String, EtcdError> {
-        let v = self.request("GET", "/version", None)?;
+        let v = self.request("/version", None)?;
         v.get("etcdserver")
             .and_then(|s| s.as_str())
             .map(str::to_string)
@@ -103,22 +118,22 @@ impl Etcd {
     /// returns how many were deleted.
     pub fn delete_prefix(&self, prefix: &str) -> Result<u64, EtcdError> {
         let body = serde_json::json!({
-            "key": b64(prefix.as_bytes()),
-            "range_end": b64(&prefix_end(prefix.as_bytes())),
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix.as_bytes())),
         });
-        let v = self.request("POST", "/v3/kv/deleterange", Some(&body))?;
+        let v = self.request("/v3/kv/deleterange", Some(&body))?;
         Ok(count_field(&v, "deleted"))
     }
 
     /// The keys starting with `prefix` (`/v3/kv/range`, keys only), sorted.
     pub fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, EtcdError> {
         let body = serde_json::json!({
-            "key": b64(prefix.as_bytes()),
-            "range_end": b64(&prefix_end(prefix.as_bytes())),
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix.as_bytes())),
             "keys_only": true,
         });
         let path = "/v3/kv/range";
-        let v = self.request("POST", path, Some(&body))?;
+        let v = self.request(path, Some(&body))?;
         let mut keys = Vec::new();
         for kv in v
             .get("kvs")
@@ -130,7 +145,7 @@ impl Etcd {
                 .get("key")
                 .and_then(|k| k.as_str())
                 .ok_or_else(|| self.bad(path, "a kv without \"key\""))?;
-            let bytes = unb64(raw).ok_or_else(|| self.bad(path, "a key that is not base64"))?;
+            let bytes = B64.decode(raw).map_err(|_| self.bad(path, "a key that is not base64"))?;
             keys.push(String::from_utf8_lossy(&bytes).into_owned());
         }
         keys.sort();
@@ -139,8 +154,8 @@ impl Etcd {
 
     /// Sets `key` to `value` (`/v3/kv/put`).
     pub fn put(&self, key: &str, value: &[u8]) -> Result<(), EtcdError> {
-        let body = serde_json::json!({ "key": b64(key.as_bytes()), "value": b64(value) });
-        self.request("POST", "/v3/kv/put", Some(&body)).map(|_| ())
+        let body = serde_json::json!({ "key": B64.encode(key), "value": B64.encode(value) });
+        self.request("/v3/kv/put", Some(&body)).map(|_| ())
     }
 
     fn bad(&self, path: &str, what: &str) -> EtcdError {
@@ -151,55 +166,25 @@ impl Etcd {
         }
     }
 
-    /// One HTTP/1.0 exchange: HTTP/1.0 so the gateway closes the connection
-    /// after the reply and never answers in chunks.
+    /// One request: a GET without `body`, else a JSON POST; the reply as
+    /// JSON. Bounded by the timeout given at construction.
     fn request(
         &self,
-        method: &str,
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<serde_json::Value, EtcdError> {
+        let url = format!("http://{}{path}", self.addr);
+        let sent = match body {
+            None => self.agent.get(&url).call(),
+            Some(b) => self.agent.post(&url).send_json(b),
+        };
         let unreachable = |source| EtcdError::Unreachable {
             endpoint: self.endpoint.clone(),
             source,
         };
-        let addrs: Vec<_> = self.addr.to_socket_addrs().map_err(unreachable)?.collect();
-        let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-        let mut stream = None;
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, self.timeout) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = e,
-            }
-        }
-        let mut s = stream.ok_or_else(|| unreachable(last))?;
-        s.set_read_timeout(Some(self.timeout))
-            .map_err(unreachable)?;
-        s.set_write_timeout(Some(self.timeout))
-            .map_err(unreachable)?;
-        let payload = body.map(|b| b.to_string()).unwrap_or_default();
-        let req = format!(
-            "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
-            self.addr,
-            payload.len()
-        );
-        s.write_all(req.as_bytes()).map_err(unreachable)?;
-        let mut reply = Vec::new();
-        s.read_to_end(&mut reply).map_err(unreachable)?;
-        let split = reply
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| self.bad(path, "no HTTP header"))?;
-        let head = String::from_utf8_lossy(&reply[..split]);
-        let text = String::from_utf8_lossy(&reply[split + 4..]).into_owned();
-        let status: u16 = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| self.bad(path, "no HTTP status"))?;
+        let mut reply = sent.map_err(unreachable)?;
+        let status = reply.status().as_u16();
+        let text = reply.body_mut().read_to_string().map_err(unreachable)?;
         if status != 200 {
             return Err(EtcdError::Http {
                 endpoint: self.endpoint.clone(),
@@ -236,62 +221,18 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn b64(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-fn unb64(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() / 4 * 3);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in s.bytes().filter(|&c| c != b'=') {
-        let v = B64.iter().position(|&x| x == c)? as u32;
-        acc = acc << 6 | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn base64_round_trips() {
-        for s in [
-            &b""[..],
-            b"f",
-            b"fo",
-            b"foo",
-            b"foob",
-            b"/nixl/agents/",
-            &[0xff, 0, 0x80],
-        ] {
-            assert_eq!(unb64(&b64(s)).as_deref(), Some(s));
-        }
-        assert_eq!(b64(b"/nixl/"), "L25peGwv");
+    fn a_closed_port_is_unreachable_and_the_message_says_how_to_start_etcd() {
+        // Port 1 on loopback: refused at once, nothing waits for a deadline.
+        let e = Etcd::from_endpoints("http://127.0.0.1:1", Duration::from_secs(5)).unwrap();
+        let err = e.version().unwrap_err();
+        assert!(matches!(err, EtcdError::Unreachable { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("http://127.0.0.1:1") && msg.contains("--etcd-endpoints"), "{msg}");
     }
 
     #[test]

@@ -48,12 +48,12 @@ use nixl_sys::Agent;
 pub mod etcd;
 
 use self::etcd::Etcd;
-use crate::cli::UsageError;
+use crate::cli::StoreBackend;
 use crate::nixl::serdes::DescList;
 use crate::nixl::view::load_peer as load_peer_blob;
 use crate::nixl::xfer::NotifInbox;
 use crate::store::native::TcpStore;
-use crate::store::{self, Store, StoreBackend, StoreOptions};
+use crate::store::{self, Store, StoreOptions};
 
 /// Where agent metadata travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -82,24 +82,6 @@ impl MetadataMode {
     }
 }
 
-/// Which TCPStore server/client implementation to use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum StoreKind {
-    /// Our Rust implementation of the c10d protocol.
-    Native,
-    /// `c10d::TCPStore` from libtorch (cargo feature `libtorch`).
-    Libtorch,
-}
-
-impl From<StoreKind> for StoreBackend {
-    fn from(k: StoreKind) -> Self {
-        match k {
-            StoreKind::Native => StoreBackend::Native,
-            StoreKind::Libtorch => StoreBackend::Libtorch,
-        }
-    }
-}
-
 /// The exchange options every two-process example takes (flatten into
 /// its clap arguments).
 #[derive(Clone, Debug, clap::Args)]
@@ -115,8 +97,8 @@ pub struct ExchangeArgs {
     #[arg(short, long, default_value_t = 9998)]
     pub port: u16,
     /// TCPStore implementation (the server the parent hosts, and our client).
-    #[arg(long, value_enum, default_value_t = StoreKind::Native)]
-    pub store: StoreKind,
+    #[arg(long, value_enum, default_value_t = StoreBackend::Native)]
+    pub store: StoreBackend,
     /// etcd endpoints for --metadata etcd, as NIXL_ETCD_ENDPOINTS takes them
     /// [default: $NIXL_ETCD_ENDPOINTS, else http://127.0.0.1:2379].
     #[arg(long)]
@@ -147,10 +129,7 @@ impl ExchangeArgs {
             "--port".into(),
             port.to_string(),
             "--store".into(),
-            match self.store {
-                StoreKind::Native => "native".into(),
-                StoreKind::Libtorch => "libtorch".into(),
-            },
+            self.store.name().into(),
         ];
         if self.metadata == MetadataMode::Etcd {
             v.extend(["--etcd-endpoints".into(), self.etcd_endpoints()]);
@@ -210,24 +189,24 @@ impl ExchangeHost {
         let opts = args.store_options(true, timeout);
         // A taken or privileged port is the user's to change (exit 2), said once.
         let usage = |e: store::StoreError| match e {
-            e @ store::StoreError::Bind { .. } => anyhow::Error::new(UsageError(e.to_string())),
-            e => anyhow::Error::new(e).context("starting the store"),
+            e @ store::StoreError::Bind { .. } => crate::cli::store_error(e),
+            e => crate::cli::store_error(e).context("starting the store"),
         };
         let (store, port): (Box<dyn Store>, u16) = match args.store {
             // The native store reports the port it bound (useful with --port 0).
-            StoreKind::Native => {
+            StoreBackend::Native => {
                 let s = TcpStore::open(&opts).map_err(usage)?;
                 let port = s.port();
                 (Box::new(s), port)
             }
-            StoreKind::Libtorch => {
+            StoreBackend::Libtorch => {
                 if args.port == 0 {
                     bail!(
                         "--store libtorch needs an explicit --port (torch's server does not report the port it bound)"
                     );
                 }
                 (
-                    store::open(args.store.into(), &opts).map_err(usage)?,
+                    args.store.open(&opts).map_err(usage)?,
                     args.port,
                 )
             }
@@ -302,7 +281,9 @@ impl Exchange {
                 set_env("NIXL_ETCD_ENDPOINTS", None);
                 set_env("NIXL_TCPSTORE_ENDPOINT", None);
                 store = Some(
-                    store::open(args.store.into(), &args.store_options(false, timeout))
+                    args.store
+                        .open(&args.store_options(false, timeout))
+                        .map_err(crate::cli::store_error)
                         .with_context(|| format!("connecting to the store at {endpoint}"))?,
                 );
             }

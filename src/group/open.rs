@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::{self, Store, StoreBackend, StoreError, StoreOptions};
+use crate::cli::StoreBackend;
+use crate::store::{Store, StoreError, StoreOptions};
 
 /// Opens the store at `opts` as a client (`opts.is_server` false): each
 /// attempt gets `reply` for every answer (the handshake's PING, the join's
@@ -27,7 +28,7 @@ pub fn join_store(
             timeout: reply.min(left).max(Duration::from_millis(1)),
             ..opts.clone()
         };
-        match store::open(backend, &attempt) {
+        match backend.open(&attempt) {
             Err(StoreError::Unreachable { addr, .. }) => {
                 if start.elapsed() >= opts.timeout {
                     return Err(StoreError::Unreachable {

@@ -2,7 +2,6 @@
 //! people and written as JSON or CSV for programs, with the run's
 //! configuration (GPUs, driver, NIXL and UCX versions, environment).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -15,6 +14,7 @@ use super::initiator::rounds::RoundResult;
 use super::protocol::Verdict;
 use crate::cli::fmt_bytes;
 use crate::gpu::GpuInfo;
+use crate::results::RunEnv;
 use crate::stats::Summary;
 
 /// One round as measured. Times in ns or µs as named, rates in GB/s (1e9 B/s).
@@ -187,9 +187,9 @@ pub fn apply_floor(rows: &mut [Row]) {
 /// The run's configuration, recorded with every figure.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunInfo {
-    pub tool: String,
-    pub command_line: Vec<String>,
-    pub unix_time: u64,
+    /// Tool, command line, time, host, versions, environment.
+    #[serde(flatten)]
+    pub run_env: RunEnv,
     pub seed: u64,
     pub initiator_gpu: Option<GpuInfo>,
     pub target_gpu: Option<GpuInfo>,
@@ -202,13 +202,6 @@ pub struct RunInfo {
     /// Scope of the release between data and signal on the put and store
     /// paths: `gpu` (both processes on one GPU) or `system`.
     pub fence_scope: Option<&'static str>,
-    pub driver_version: Option<String>,
-    pub nixl_version: Option<String>,
-    pub nixl_lib_dir: Option<String>,
-    pub ucx_version: Option<String>,
-    pub hostname: Option<String>,
-    /// `UCX_*`, `NIXL_*`, `CUDA_*` variables in effect.
-    pub env: BTreeMap<String, String>,
 }
 
 impl RunInfo {
@@ -223,39 +216,12 @@ impl RunInfo {
             mps: run.initiator_gpu.mps,
             initiator_wait: Some(run.wait.name()),
             fence_scope: Some(run.fence.name()),
-            ..Self::collect()
-        }
-    }
-
-    /// What the process can know about itself.
-    fn collect() -> Self {
-        let env = std::env::vars()
-            .filter(|(k, _)| {
-                k.starts_with("UCX_") || k.starts_with("NIXL_") || k.starts_with("CUDA_")
-            })
-            .collect();
-        let rt = crate::nixl::runtime::load().ok();
-        Self {
-            tool: format!("simple_write {}", env!("CARGO_PKG_VERSION")),
-            command_line: std::env::args().collect(),
-            unix_time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            driver_version: crate::gpu::context::driver_version(),
-            nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
-            nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
-            ucx_version: rt.as_ref().and_then(|r| r.ucx_version()),
-            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string()),
-            env,
-            ..Default::default()
+            run_env: RunEnv::capture("simple_write"),
         }
     }
 }
 
-/// A table or CSV column: its header and how a row fills it.
+/// A table column: its header and how a row fills it.
 type Column = (&'static str, fn(&Row) -> String);
 
 fn opt(v: Option<f64>, scale: f64, prec: usize) -> String {
@@ -352,60 +318,12 @@ pub fn write_json(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
-/// Writes one CSV line per row, the run's configuration as leading
+/// Writes one CSV line per row, the columns [`Row`]'s fields as the JSON
+/// has them ([`crate::results`]), the run's configuration as leading
 /// `# key: value` comment lines. Times in ns (µs where named), rates in GB/s.
 pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    let mut out = String::new();
-    if let serde_json::Value::Object(m) = serde_json::to_value(info)? {
-        for (k, v) in m {
-            let _ = writeln!(out, "# {k}: {v}");
-        }
-    }
-    let _ = writeln!(out, "{}", CSV.map(|c| c.0).join(","));
-    for r in rows {
-        let _ = writeln!(out, "{}", CSV.map(|c| (c.1)(r)).join(","));
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+    crate::results::write_csv(path, info, rows)
 }
-
-fn num(v: Option<f64>) -> String {
-    v.map(|x| format!("{x:.3}")).unwrap_or_default()
-}
-
-const CSV: [Column; 30] = [
-    ("round", |r| r.round.to_string()),
-    ("mode", |r| r.mode.to_string()),
-    ("size_bytes", |r| r.size_bytes.to_string()),
-    ("level", |r| r.level.to_string()),
-    ("path", |r| r.path.to_string()),
-    ("chunk", |r| r.chunk.to_string()),
-    ("blocks", |r| r.blocks.to_string()),
-    ("threads", |r| r.threads.to_string()),
-    ("warmup", |r| r.warmup.to_string()),
-    ("iters", |r| r.iters.to_string()),
-    ("gpu_ns", |r| r.gpu_ns.to_string()),
-    ("us_per_iter", |r| format!("{:.4}", r.us_per_iter)),
-    ("gb_per_s", |r| format!("{:.4}", r.gb_per_s)),
-    ("recv_p50_ns", |r| num(r.recv.map(|s| s.p50_ns))),
-    ("recv_p99_ns", |r| num(r.recv.map(|s| s.p99_ns))),
-    ("recv_min_ns", |r| num(r.recv.map(|s| s.min_ns))),
-    ("recv_avg_ns", |r| num(r.recv.map(|s| s.avg_ns))),
-    ("rtt_p50_ns", |r| num(r.rtt.map(|s| s.p50_ns))),
-    ("rtt_p99_ns", |r| num(r.rtt.map(|s| s.p99_ns))),
-    ("rtt_min_ns", |r| num(r.rtt.map(|s| s.min_ns))),
-    ("half_rtt_p50_ns", |r| num(r.half_rtt.map(|s| s.p50_ns))),
-    ("half_rtt_p99_ns", |r| num(r.half_rtt.map(|s| s.p99_ns))),
-    ("kernel_event_us", |r| format!("{:.2}", r.kernel_event_us)),
-    ("copy_engine_gb_per_s", |r| {
-        num(r.baselines.copy_engine_gbps)
-    }),
-    ("nixl_write_gb_per_s", |r| num(r.baselines.nixl_write_gbps)),
-    ("ratio", |r| num(r.ratio)),
-    ("verified", |r| r.verified.to_string()),
-    ("half_rtt_min_ns", |r| num(r.half_rtt.map(|s| s.min_ns))),
-    ("wire_gb_per_s", |r| format!("{:.4}", r.wire_gb_per_s)),
-    ("floor_ratio", |r| num(r.floor_ratio)),
-];
 
 #[cfg(test)]
 mod tests {

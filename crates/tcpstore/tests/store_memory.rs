@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use nixl_examples::store::memory::MemoryStore;
-use nixl_examples::store::{Store, StoreError};
+use tcpstore::memory::MemoryStore;
+use tcpstore::{Store, StoreError};
 
 #[test]
 fn memory_store_passes_the_suite() {

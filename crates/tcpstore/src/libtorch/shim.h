@@ -1,6 +1,6 @@
 /*
  * A plain C API over c10d::TCPStore (libtorch), for the Rust `libtorch`
- * store backend (src/store/libtorch.rs binds it with bindgen).
+ * store backend (src/libtorch.rs binds it with bindgen).
  *
  * Conventions:
  * - A store is an opaque handle from torchstore_open, freed by

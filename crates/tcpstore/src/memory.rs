@@ -55,6 +55,7 @@ impl MemoryStore {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(StoreError::Timeout {
+                            addr: "memory".into(),
                             keys: keys.iter().map(|k| k.to_string()).collect(),
                             after: timeout,
                         });

@@ -252,8 +252,9 @@ fn wire_keys(keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
         .collect()
 }
 
-fn timed_out(keys: &[&str], after: Duration) -> StoreError {
+fn timed_out(addr: String, keys: &[&str], after: Duration) -> StoreError {
     StoreError::Timeout {
+        addr,
         keys: keys.iter().map(|k| k.to_string()).collect(),
         after,
     }
@@ -285,7 +286,7 @@ impl Bounded for TcpStore {
         };
         self.client(&ctx)?
             .get(&ctx, &wkey, deadline)?
-            .ok_or_else(|| timed_out(&[key], deadline))
+            .ok_or_else(|| timed_out(self.addr(), &[key], deadline))
     }
 
     fn wait_by(
@@ -304,7 +305,7 @@ impl Bounded for TcpStore {
         if self.client(&ctx)?.wait(&ctx, &refs, timeout)? {
             Ok(())
         } else {
-            Err(timed_out(keys, timeout))
+            Err(timed_out(self.addr(), keys, timeout))
         }
     }
 
@@ -359,7 +360,7 @@ impl Bounded for TcpStore {
         };
         self.client(&ctx)?
             .multi_get(&ctx, &refs, deadline)?
-            .ok_or_else(|| timed_out(keys, deadline))
+            .ok_or_else(|| timed_out(self.addr(), keys, deadline))
     }
 
     fn delete_key_by(&self, key: &str, deadline: Duration) -> Result<bool, StoreError> {

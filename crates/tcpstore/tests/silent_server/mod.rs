@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use nixl_examples::store::native::TcpStoreServer;
-use nixl_examples::store::native::wire::{self, Limits, Request};
+use tcpstore::native::TcpStoreServer;
+use tcpstore::native::wire::{self, Limits, Request};
 
 /// Streams and threads that live until the silent store is dropped.
 #[derive(Default)]

@@ -17,8 +17,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nixl_examples::store::native::TcpStore;
-use nixl_examples::store::{Stalled, Store, StoreError, StoreOptions};
+use tcpstore::native::TcpStore;
+use tcpstore::{Stalled, Store, StoreError, StoreOptions};
 use silent_server::SilentStore;
 
 /// The store timeout (the binaries' `--timeout`) of most tests here.
@@ -57,7 +57,7 @@ fn native(o: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
 
 #[cfg(feature = "libtorch")]
 fn torch(o: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
-    Ok(Box::new(nixl_examples::store::libtorch::TorchStore::open(
+    Ok(Box::new(tcpstore::libtorch::TorchStore::open(
         o,
     )?))
 }
@@ -201,7 +201,9 @@ fn assert_no_reply<T: std::fmt::Debug>(
         other => panic!("{op} {keys:?}: expected NoReply, got {other:?}: {other}"),
     }
     let msg = err.to_string();
-    for part in [addr, op, "frozen", "SIGSTOP", "--timeout"] {
+    // The store's words name no program's flags (the programs add them).
+    assert!(!msg.contains("--"), "{msg}");
+    for part in [addr, op, "frozen", "SIGSTOP", "longer deadline"] {
         assert!(msg.contains(part), "{part:?} missing from: {msg}");
     }
     for key in keys {
@@ -497,7 +499,7 @@ fn message_names_the_store_the_request_and_the_fix() {
         "the store at 10.0.0.2:9998 did not answer ADD \"NIXL_2PROC/heartbeat\" within 10.0s. \
          The process hosting the store, or the store itself, is frozen or overloaded \
          (stopped with SIGSTOP or Ctrl-Z, paused in a debugger, in a paused container): \
-         check that process, or raise --timeout if it is only slow"
+         check that process, or give requests a longer deadline if it is only slow"
     );
 }
 

@@ -44,7 +44,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use super::wire::{self, Field, Limits, Op, Request, WireError};
-use crate::store::StoreError;
+use crate::StoreError;
 
 type ConnId = u64;
 /// Values are shared between the map and queued replies without copying.

@@ -1,14 +1,16 @@
-//! The metadata exchange: a key-value store both processes can reach.
+//! PyTorch's c10d TCPStore in Rust: a blocking key-value store that every
+//! process of a run can reach, with the semantics of `c10d::Store`.
 //!
-//! Every two-process example publishes agent metadata and descriptor lists
-//! through a [`Store`]. Three implementations share the trait:
+//! The examples of the nixl-device-examples crate (which re-exports this
+//! crate as `store`) publish agent metadata and descriptor lists through a
+//! [`Store`]. Three implementations share the trait:
 //!
 //! - [`native`]: a TCPStore server and client written in Rust that speak the
 //!   wire protocol of PyTorch's `c10d::TCPStore` (torch 2.11), so a Python
 //!   `torch.distributed.TCPStore` can sit on the other side. The default.
 //! - `libtorch` (cargo feature `libtorch`): `c10d::TCPStore` itself, through a
 //!   thin C++ shim.
-//! - [`memory`]: an in-process map for single-process examples.
+//! - [`memory`]: an in-process map, for one process.
 //!
 //! Keys are plain strings (`NIXL_2PROC/target_meta`); the TCP client puts the
 //! `/` prefix on the wire as torch's client does. Values are raw bytes.
@@ -20,13 +22,15 @@ pub mod libtorch;
 pub mod memory;
 pub mod native;
 
-/// What can go wrong talking to a store. Each message names the cause and
-/// the usual fix, because these surface directly to users of the examples.
+/// What can go wrong talking to a store. Each message names the store
+/// (`host:port`), the operation and the key(s), and the cause; it says
+/// nothing of the program using the store: programs add their own context
+/// (which process hosts the store, which flag fixes it).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// No server answered at `addr` within `waited`.
     #[error(
-        "no TCPStore at {addr} after {waited:.0?}: start the process that hosts the store first, or check --host/--port"
+        "no TCPStore answered at {addr} within {waited:.0?} (connect): nothing listens there yet, or the host or port is wrong"
     )]
     Unreachable {
         /// `host:port` the client tried.
@@ -36,7 +40,7 @@ pub enum StoreError {
     },
     /// The store's host name does not resolve (the resolver says it does
     /// not exist; a resolver that cannot answer now is retried instead).
-    #[error("cannot resolve the store's host '{host}' (check --host)")]
+    #[error("cannot resolve the store's host '{host}'")]
     UnknownHost {
         /// The name as given.
         host: String,
@@ -45,7 +49,7 @@ pub enum StoreError {
     },
     /// The server could not bind its port.
     #[error(
-        "cannot listen on {addr}: {source}; another process (an earlier run?) holds the port: stop it or pick another with --port"
+        "cannot listen on {addr}: {source}; another process (an earlier run?) holds the port"
     )]
     Bind {
         /// The address(es) tried, e.g. `[::]:9998 (and 0.0.0.0:9998)`.
@@ -56,9 +60,11 @@ pub enum StoreError {
     },
     /// Keys did not appear in time.
     #[error(
-        "timed out after {after:.0?} waiting for key(s) {keys:?}: the peer never published them (is it running, and on the same --host/--port?)"
+        "timed out after {after:.0?} waiting for key(s) {keys:?} in the store at {addr} (WAIT): no client set them"
     )]
     Timeout {
+        /// `host:port` of the store (`memory` for the in-process one).
+        addr: String,
         /// The keys waited for, as the caller named them (no `/` prefix).
         keys: Vec<String>,
         /// The timeout that expired.
@@ -66,7 +72,7 @@ pub enum StoreError {
     },
     /// Not all participants joined a store opened with `num_workers`.
     #[error(
-        "only {joined} of {expected} participants joined the store at {addr} within {after:.0?}: start the peer process"
+        "only {joined} of {expected} participants joined the store at {addr} within {after:.0?} (ADD \"init/\"): the others never connected"
     )]
     WorkersTimeout {
         /// `host:port` of the store.
@@ -100,7 +106,7 @@ pub enum StoreError {
         stalled: Stalled,
     },
     /// The connection broke, e.g. the server exited.
-    #[error("lost the connection to the store: {0} (did the peer that hosts it exit?)")]
+    #[error("lost the connection to the store: {0} (did the process hosting it exit?)")]
     Io(#[from] std::io::Error),
     /// The peer sent something that is not the c10d protocol, or a request
     /// was refused (key or value over the server's limits, ...).
@@ -155,7 +161,7 @@ fn no_reply_message(
     format!(
         "{head}. The process hosting the store, or the store itself, is frozen or overloaded \
          (stopped with SIGSTOP or Ctrl-Z, paused in a debugger, in a paused container): \
-         check that process, or raise --timeout if it is only slow"
+         check that process, or give requests a longer deadline if it is only slow"
     )
 }
 
@@ -409,35 +415,5 @@ impl StoreOptions {
             wait_workers: true,
             timeout: Duration::from_secs(30),
         }
-    }
-}
-
-/// Which TCP store implementation to open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum StoreBackend {
-    /// [`native`]: Rust client and server speaking the c10d wire protocol.
-    #[default]
-    Native,
-    /// `c10d::TCPStore` from libtorch (cargo feature `libtorch`).
-    Libtorch,
-}
-
-/// Opens a TCP store (server or client per `opts.is_server`).
-///
-/// Errors: [`StoreError::Bind`] if the port is taken, [`StoreError::Unreachable`]
-/// if no server answers in `opts.timeout`, [`StoreError::NoReply`] if one
-/// accepts the connection but never answers the handshake or the join,
-/// [`StoreError::WorkersTimeout`] if `wait_workers` and the peers do not
-/// join, [`StoreError::Invalid`] if the libtorch backend was not compiled in.
-pub fn open(backend: StoreBackend, opts: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
-    match backend {
-        StoreBackend::Native => Ok(Box::new(native::TcpStore::open(opts)?)),
-        #[cfg(feature = "libtorch")]
-        StoreBackend::Libtorch => Ok(Box::new(libtorch::TorchStore::open(opts)?)),
-        #[cfg(not(feature = "libtorch"))]
-        StoreBackend::Libtorch => Err(StoreError::Invalid(
-            "this binary was built without the libtorch store: rebuild with `--features libtorch`"
-                .into(),
-        )),
     }
 }

@@ -17,9 +17,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nixl_examples::store::native::wire::{self, Request, VALIDATION_MAGIC};
-use nixl_examples::store::native::{TcpStore, TcpStoreServer};
-use nixl_examples::store::{Store, StoreError, StoreOptions};
+use tcpstore::native::wire::{self, Request, VALIDATION_MAGIC};
+use tcpstore::native::{TcpStore, TcpStoreServer};
+use tcpstore::{Store, StoreError, StoreOptions};
 
 /// How fast a well-behaved client's SET + GET must be after an abuse. Far
 /// above the microseconds it takes, so a loaded CI machine still passes.
@@ -100,7 +100,7 @@ fn assert_served(port: u16, after: &str) {
     assert_set_get_prompt(&native, &key, &format!("native client after {after}"));
     #[cfg(feature = "libtorch")]
     {
-        let torch = nixl_examples::store::libtorch::TorchStore::open(&opts(port))
+        let torch = tcpstore::libtorch::TorchStore::open(&opts(port))
             .unwrap_or_else(|e| panic!("after {after}: torch client: {e}"));
         assert_set_get_prompt(
             &torch,
@@ -925,7 +925,7 @@ fn connections_over_the_limit_are_refused() {
     // torch's client retries a refused connection the same way.
     #[cfg(feature = "libtorch")]
     thread::scope(|scope| {
-        use nixl_examples::store::libtorch::TorchStore;
+        use tcpstore::libtorch::TorchStore;
         // Full again: the client above has gone.
         assert!(eventually(SETTLE_WITHIN, || server.open_connections() < MAX));
         held.push(validated(port));
@@ -946,7 +946,7 @@ fn connections_over_the_limit_are_refused() {
     // The default: 4096, or half the open-file limit if less, at least 64.
     let default = TcpStoreServer::bind(0).unwrap().max_connections();
     assert!(
-        (64..=nixl_examples::store::native::MAX_CONNECTIONS).contains(&default),
+        (64..=tcpstore::native::MAX_CONNECTIONS).contains(&default),
         "default limit {default}"
     );
 }

@@ -12,7 +12,7 @@ mod suite;
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;
 
-use nixl_examples::store::{Store, StoreOptions};
+use tcpstore::{Store, StoreOptions};
 
 fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
     StoreOptions {
@@ -83,7 +83,7 @@ fn peer_scenario(store: &dyn Store, me: &str, other: &str) {
         .wait(&[&k(me, "never")], Duration::from_millis(200))
         .unwrap_err();
     assert!(
-        matches!(err, nixl_examples::store::StoreError::Timeout { .. }),
+        matches!(err, tcpstore::StoreError::Timeout { .. }),
         "{err:?}"
     );
     assert!(t.elapsed() >= Duration::from_millis(150) && t.elapsed() < Duration::from_secs(5));
@@ -134,9 +134,9 @@ mod libtorch {
     use std::thread;
     use std::time::{Duration, Instant};
 
-    use nixl_examples::store::libtorch::TorchStore;
-    use nixl_examples::store::native::{TcpStore, TcpStoreServer};
-    use nixl_examples::store::{Store, StoreError};
+    use tcpstore::libtorch::TorchStore;
+    use tcpstore::native::{TcpStore, TcpStoreServer};
+    use tcpstore::{Store, StoreError};
 
     use super::{free_port, joining, opts, peer_scenario, suite};
 
@@ -432,7 +432,7 @@ mod python {
     use std::thread::{self, JoinHandle};
     use std::time::{Duration, Instant};
 
-    use nixl_examples::store::native::TcpStore;
+    use tcpstore::native::TcpStore;
 
     use super::{free_port, joining, peer_scenario};
 
@@ -515,7 +515,8 @@ except BaseException:
         if let Some(p) = std::env::var_os("PYTHON") {
             return PathBuf::from(p);
         }
-        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+        // The workspace's venv (this crate is crates/tcpstore).
+        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
         if venv.exists() {
             venv
         } else {

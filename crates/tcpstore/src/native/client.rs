@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::wire::{self, Limits, Request, WireError};
-use crate::store::{Stalled, StoreError};
+use crate::{Stalled, StoreError};
 
 /// Largest reply value the client accepts. Above the libuv server's 8 MiB so
 /// that torch's legacy server (no limit) still works; memory grows only with

@@ -11,7 +11,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nixl_examples::store::{Store, StoreError};
+use tcpstore::{Store, StoreError};
 
 /// A deterministic, non-repeating-looking byte pattern of `len` bytes.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -101,7 +101,7 @@ pub fn get_times_out(a: &dyn Store, ns: &str) {
     );
     let t = Instant::now();
     match a.get(&k) {
-        Err(StoreError::Timeout { keys, after }) => {
+        Err(StoreError::Timeout { keys, after, .. }) => {
             assert_eq!(keys, vec![k.clone()]);
             assert_eq!(after, timeout);
         }
@@ -145,7 +145,7 @@ pub fn wait_times_out_and_connection_survives(a: &dyn Store, ns: &str) {
     let timeout = Duration::from_millis(200);
     let t = Instant::now();
     match a.wait(&[&k], timeout) {
-        Err(StoreError::Timeout { keys, after }) => {
+        Err(StoreError::Timeout { keys, after, .. }) => {
             assert_eq!(keys, vec![k.clone()]);
             assert_eq!(after, timeout);
         }
@@ -333,7 +333,7 @@ use std::borrow::Cow;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 
-use nixl_examples::store::native::wire::{self, Request, VALIDATION_MAGIC};
+use tcpstore::native::wire::{self, Request, VALIDATION_MAGIC};
 
 /// A bare TCP connection to a store server, speaking frames by hand.
 pub struct Raw {

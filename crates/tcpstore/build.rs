@@ -1,20 +1,25 @@
-//! Builds the C++ shim over c10d::TCPStore (feature `libtorch`).
+//! Build script: with the `libtorch` feature, the C++ shim over
+//! c10d::TCPStore; without it, nothing.
 //!
-//! Finds libtorch, compiles `src/store/libtorch/shim.cpp` with the `cc`
+//! Finds libtorch, compiles `src/libtorch/shim.cpp` with the `cc`
 //! crate, generates Rust bindings for `shim.h` with bindgen into
 //! `$OUT_DIR/torchstore_shim.rs`, and links `torch_cpu` + `c10` with an rpath
-//! to their directory so binaries and tests run without LD_LIBRARY_PATH.
+//! to their directory so binaries and tests run without LD_LIBRARY_PATH
+//! (and tells dependents that directory: `DEP_TORCHSTORE_LIBDIR`).
 
 use std::env;
 use std::path::{Path, PathBuf};
 
-const SHIM_DIR: &str = "src/store/libtorch";
+const SHIM_DIR: &str = "src/libtorch";
 
-pub fn build() {
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    if env::var_os("CARGO_FEATURE_LIBTORCH").is_none() {
+        return;
+    }
     let manifest =
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    println!("cargo:rerun-if-changed=build/libtorch_shim.rs");
     println!("cargo:rerun-if-changed={SHIM_DIR}/shim.cpp");
     println!("cargo:rerun-if-changed={SHIM_DIR}/shim.h");
 
@@ -49,6 +54,10 @@ pub fn build() {
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // A link-arg reaches only this package's own binaries and tests; the
+    // crates that depend on this one read the directory (`links` metadata,
+    // DEP_TORCHSTORE_LIBDIR) to give theirs the same rpath.
+    println!("cargo:libdir={}", lib.display());
 
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     bindgen::Builder::default()
@@ -96,16 +105,18 @@ fn find_libtorch(manifest: &Path) -> Result<PathBuf, String> {
     Err(looked.join("\n"))
 }
 
-/// The project's own copies: `.deps` from `scripts/setup.sh`, then a full
-/// torch in `.venv`.
+/// The project's own copies, in this crate's directory or the workspace's
+/// (two levels up, `crates/tcpstore`): `.deps` from `scripts/setup.sh`,
+/// then a full torch in `.venv`.
 fn default_candidates(manifest: &Path) -> Vec<(&'static str, PathBuf)> {
-    let mut candidates = vec![(
-        ".deps (scripts/setup.sh)",
-        manifest.join(".deps/libtorch/torch"),
-    )];
-    if let Ok(entries) = std::fs::read_dir(manifest.join(".venv/lib")) {
-        for entry in entries.flatten() {
-            candidates.push((".venv torch", entry.path().join("site-packages/torch")));
+    let mut candidates = Vec::new();
+    let workspace = manifest.ancestors().nth(2).unwrap_or(manifest);
+    for root in [manifest, workspace] {
+        candidates.push((".deps (scripts/setup.sh)", root.join(".deps/libtorch/torch")));
+        if let Ok(entries) = std::fs::read_dir(root.join(".venv/lib")) {
+            for entry in entries.flatten() {
+                candidates.push((".venv torch", entry.path().join("site-packages/torch")));
+            }
         }
     }
     candidates
