@@ -27,7 +27,6 @@ fn programs() -> Vec<(&'static str, Command)> {
         "send_recv",
         "put_and_signal",
         "single_process",
-        "simple_write_unified",
     ] {
         v.push((name, Command::new(example(name))));
     }
@@ -100,7 +99,6 @@ fn every_byte_size_has_one_parser() {
         (Command::new(example("notifications")), "--buf-size"),
         (Command::new(example("send_recv")), "--buffer-size"),
         (Command::new(example("put_and_signal")), "--size"),
-        (Command::new(example("simple_write_unified")), "--size"),
     ];
     for (c, flag) in &sized {
         for (bad, says) in [
