@@ -342,6 +342,12 @@ impl Exchange {
         })
     }
 
+    /// The store, in `tcpstore` mode: an example that shows the store's
+    /// keys sets and gets them itself (`two_proc`); `None` in NIXL's modes.
+    pub fn store(&self) -> Option<&dyn Store> {
+        self.store.as_deref()
+    }
+
     /// The mode in use.
     pub fn mode(&self) -> MetadataMode {
         self.mode
