@@ -22,25 +22,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{DataMismatch, bytes_between, exit_status, parse_timeout};
-use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
-use nixl_examples::launch::{self, RoleSpec};
-use nixl_examples::nixl::agent::create_polled_agent;
+use clap::Parser;
+use nixl_examples::cli::{DataMismatch, bytes_between};
+use nixl_examples::exchange::Exchange;
+use nixl_examples::exchange::pair::{self, PairArgs, Role};
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::view::load_peer;
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args, post_and_wait};
-use nixl_examples::{logging, pattern, say};
+use nixl_examples::{pattern, say};
 use nixl_sys::{Agent, XferOp};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Role {
-    /// Registers two buffers, publishes them, waits for the transfers.
-    Target,
-    /// Reads the target's buffers, then writes them back swapped.
-    Initiator,
-}
 
 /// Two NIXL agents, two processes, host API over DRAM: a READ and a WRITE
 /// with notifications, every byte verified.
@@ -50,15 +41,8 @@ enum Role {
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Run only this role (the exchange must already be up: the store at
-    /// --host/--port, or etcd).
-    #[arg(long, value_enum)]
-    role: Option<Role>,
     #[command(flatten)]
-    exchange: ExchangeArgs,
-    /// Seconds any wait may take.
-    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
-    timeout: Duration,
+    pair: PairArgs,
     /// Bytes per buffer (each side has two), e.g. 256, 64K, 1M; at most 1G.
     #[arg(long, default_value = "256", value_parser = bytes_between(1, 1 << 30))]
     buf_size: u64,
@@ -77,72 +61,41 @@ const WRITTEN: u64 = 1;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let who = match args.role {
-        None => "main",
-        Some(Role::Target) => TARGET,
-        Some(Role::Initiator) => INITIATOR,
-    };
-    logging::init(who);
-    let result = match args.role {
-        None => run_both(&args),
-        Some(role) => run_role(&args, role, who),
-    };
-    result.unwrap_or_else(|e| exit_status(who, &e))
-}
-
-/// Hosts the exchange and runs the two roles as child processes: this
-/// program again, with our arguments plus the role's.
-fn run_both(args: &Args) -> Result<ExitCode> {
-    let host = ExchangeHost::start(&args.exchange, &[TARGET, INITIATOR], args.timeout)?;
-    say!("[main] Starting target and initiator processes...");
-    let port = host.port().to_string();
-    let role = |name| RoleSpec::again(name, &["--role", name, "--port", &port]);
-    let deadline = args.timeout * 2 + Duration::from_secs(10);
-    let exits = launch::run_roles(vec![role(TARGET), role(INITIATOR)], deadline)?;
-    drop(host);
-    if exits.iter().all(|e| e.code == 0) {
-        say!("[main] ✓ Test Complete - Both processes succeeded!");
-    }
-    Ok(launch::finish("main", &exits))
+    let deadline = args.pair.timeout * 2 + Duration::from_secs(10);
+    pair::main(&args.pair, deadline, |role, agent, ex| {
+        run_role(&args, role, agent, ex)
+    })
 }
 
 /// One role: an agent and one registered buffer holding both of its
 /// 256-byte (`--buf-size`) buffers, then the role's part.
-fn run_role(args: &Args, role: Role, name: &str) -> Result<ExitCode> {
-    // Before the agent: in NIXL's own modes the agent reads the environment this sets.
-    let mut exchange = Exchange::join(&args.exchange, args.timeout)?;
-    let nixl = create_polled_agent(name)?;
+fn run_role(args: &Args, role: Role, agent: &Agent, ex: &mut Exchange) -> Result<()> {
+    let name = role.name();
     let mut buf = HostBuffer::new(2 * args.buf_size as usize);
-    let reg = nixl.agent.register_memory(&buf, None)?;
+    let reg = agent.register_memory(&buf, None)?;
     say!("[{name}] Memory registered");
     let result = match role {
-        Role::Target => target(args, &mut exchange, &nixl.agent, &mut buf),
-        Role::Initiator => initiator(args, &mut exchange, &nixl.agent, &mut buf),
+        Role::Target => target(args, ex, agent, &mut buf),
+        Role::Initiator => initiator(args, ex, agent, &mut buf),
     };
-    // Cleanup on every path: what we published, then our memory.
-    if let (Some(store), Role::Target) = (exchange.store(), role) {
+    // Cleanup on every path: our keys, then our memory (the agent goes last).
+    if let (Some(store), Role::Target) = (ex.store(), role) {
         let _ = ["target_meta", "target_descs"].map(|k| store.delete_key(k));
     }
-    exchange.withdraw(&nixl.agent);
     drop(reg);
     result?;
     say!("[{name}] Process complete");
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The two halves of `buf` as a descriptor list.
-fn two_descs(buf: &HostBuffer, size: u64) -> DescList {
-    let half = |k: u64| Desc {
-        addr: buf.addr() + k * size,
-        len: size,
-        dev_id: 0,
-    };
-    DescList::new(MemType::Dram, vec![half(0), half(1)])
+fn two_descs(buf: &HostBuffer) -> DescList {
+    DescList::new(MemType::Dram, Desc::of(buf).split(2).collect())
 }
 
 fn target(args: &Args, exchange: &mut Exchange, agent: &Agent, buf: &mut HostBuffer) -> Result<()> {
     pattern::fill(buf.as_mut_slice(), args.seed, TARGET_DATA);
-    let descs = two_descs(buf, args.buf_size);
+    let descs = two_descs(buf);
     match exchange.store() {
         // Our metadata (name, UCX address, memory keys) and our buffers' descriptors.
         Some(store) => {
@@ -161,12 +114,12 @@ fn target(args: &Args, exchange: &mut Exchange, agent: &Agent, buf: &mut HostBuf
     }
     say!("[target] Waiting for transfers...");
     let mut inbox = NotifInbox::new();
-    inbox.wait_for(agent, INITIATOR, b"UUID1", args.timeout)?;
+    inbox.wait_for(agent, INITIATOR, b"UUID1", args.pair.timeout)?;
     // The READ's data is checked where it lands, on the initiator: checking
     // here would race the WRITE, which may already have started.
     say!("[target] Transfer 1 done");
 
-    inbox.wait_for(agent, INITIATOR, b"UUID2", args.timeout)?;
+    inbox.wait_for(agent, INITIATOR, b"UUID2", args.pair.timeout)?;
     // The WRITE sent initiator buffer 0 to our buffer 1 and 1 to 0.
     let n = args.buf_size as usize;
     let mut written = vec![0u8; 2 * n];
@@ -187,7 +140,7 @@ fn initiator(args: &Args, ex: &mut Exchange, agent: &Agent, buf: &mut HostBuffer
     let remote = match ex.store() {
         Some(store) => {
             let md = store.get("target_meta").context("the target's metadata")?;
-            load_peer(agent, &md, TARGET, args.timeout)?;
+            load_peer(agent, &md, TARGET, args.pair.timeout)?;
             DescList::decode(&store.get("target_descs")?)?
         }
         None => {
@@ -204,7 +157,7 @@ fn initiator(args: &Args, ex: &mut Exchange, agent: &Agent, buf: &mut HostBuffer
         args.buf_size
     );
     say!("[initiator] Successfully retrieved target descriptors");
-    let local = two_descs(buf, args.buf_size).to_xfer_dlist()?;
+    let local = two_descs(buf).to_xfer_dlist()?;
     let remote = remote.to_xfer_dlist()?;
 
     // Transfer 1: a request built in one call (createXferReq).
@@ -213,7 +166,7 @@ fn initiator(args: &Args, ex: &mut Exchange, agent: &Agent, buf: &mut HostBuffer
     let req1 = agent
         .create_xfer_req(XferOp::Read, &local, &remote, TARGET, Some(&tag))
         .context("creating transfer 1 (READ)")?;
-    post_and_wait(agent, &req1, "transfer 1 (READ)", args.timeout)?;
+    post_and_wait(agent, &req1, "transfer 1 (READ)", args.pair.timeout)?;
     if let Some(m) = pattern::verify(buf.as_slice(), args.seed, TARGET_DATA) {
         return Err(DataMismatch(format!("initiator buffers after the READ: {m}")).into());
     }
@@ -229,7 +182,7 @@ fn initiator(args: &Args, ex: &mut Exchange, agent: &Agent, buf: &mut HostBuffer
     let req2 = agent
         .make_xfer_req(XferOp::Write, l, &[0, 1], r, &[1, 0], Some(&tag))
         .context("making transfer 2 (WRITE) from prepared lists")?;
-    post_and_wait(agent, &req2, "transfer 2 (WRITE)", args.timeout)?;
+    post_and_wait(agent, &req2, "transfer 2 (WRITE)", args.pair.timeout)?;
     say!("[initiator] Transfer 2 done");
     // Requests before the prepared lists they were made from.
     drop((req1, req2, local_prep, remote_prep));

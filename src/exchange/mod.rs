@@ -46,6 +46,7 @@ use anyhow::{Context, Result, bail};
 use nixl_sys::Agent;
 
 pub mod etcd;
+pub mod pair;
 
 use self::etcd::Etcd;
 use crate::cli::UsageError;
