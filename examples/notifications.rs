@@ -29,7 +29,7 @@ use clap::Parser;
 use nixl_examples::cli::{DataMismatch, bytes_between};
 use nixl_examples::deadline::{Pace, poll};
 use nixl_examples::exchange::Exchange;
-use nixl_examples::exchange::pair::{self, PairArgs, Role};
+use nixl_examples::exchange::pair::{PairArgs, Role, Roles};
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args, wait_done};
@@ -68,9 +68,8 @@ const REPOST_VARIANT: u64 = 7;
 fn main() -> ExitCode {
     let args = Args::parse();
     let deadline = args.pair.timeout * 3 + Duration::from_secs(10);
-    pair::main(&args.pair, deadline, |role, agent, ex| {
-        run_role(&args, role, agent, ex)
-    })
+    args.pair
+        .main(deadline, |role, agent, ex| run_role(&args, role, agent, ex))
 }
 
 /// One role: an agent, `--transfers` slots of `--buf-size` registered as

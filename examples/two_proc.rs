@@ -25,7 +25,7 @@ use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use nixl_examples::cli::{DataMismatch, bytes_between};
 use nixl_examples::exchange::Exchange;
-use nixl_examples::exchange::pair::{self, PairArgs, Role};
+use nixl_examples::exchange::pair::{PairArgs, Role, Roles};
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::view::load_peer;
@@ -62,9 +62,8 @@ const WRITTEN: u64 = 1;
 fn main() -> ExitCode {
     let args = Args::parse();
     let deadline = args.pair.timeout * 2 + Duration::from_secs(10);
-    pair::main(&args.pair, deadline, |role, agent, ex| {
-        run_role(&args, role, agent, ex)
-    })
+    args.pair
+        .main(deadline, |role, agent, ex| run_role(&args, role, agent, ex))
 }
 
 /// One role: an agent and one registered buffer holding both of its

@@ -24,9 +24,17 @@ pub enum Role {
     Initiator,
 }
 
-impl Role {
-    /// `target` or `initiator`: the agent's name and the log prefix.
-    pub fn name(self) -> &'static str {
+/// A program's two roles, as `--role` takes them.
+pub trait Roles: Copy {
+    /// Both, in the order they start: the side whose memory is written first.
+    const BOTH: [Self; 2];
+    /// The agent's name and the log prefix (`target`, `receiver`).
+    fn name(self) -> &'static str;
+}
+
+impl Roles for Role {
+    const BOTH: [Self; 2] = [Role::Target, Role::Initiator];
+    fn name(self) -> &'static str {
         match self {
             Role::Target => "target",
             Role::Initiator => "initiator",
@@ -51,43 +59,62 @@ pub struct PairArgs {
     pub timeout: Duration,
 }
 
-/// The whole program. With `--role`: joins the exchange, creates the
+impl PairArgs {
+    /// [`main`] with these options.
+    pub fn main(
+        &self,
+        deadline: Duration,
+        role_main: impl FnOnce(Role, &Agent, &mut Exchange) -> Result<()>,
+    ) -> ExitCode {
+        main(&self.exchange, self.timeout, self.role, deadline, role_main)
+    }
+}
+
+/// The whole program. With a `role`: joins the exchange, creates the
 /// role's agent (polled: [`create_polled_agent`]), runs `role_main` and
 /// withdraws what it published, on every path. Without: hosts the exchange
-/// ([`ExchangeHost`]) and runs this program again for the target and the
-/// initiator, for at most `deadline`. Errors become the exit status.
-pub fn main(
-    args: &PairArgs,
+/// ([`ExchangeHost`]) and runs this program again for both roles, for at
+/// most `deadline`. `timeout` bounds every wait of the exchange. Errors
+/// become the exit status.
+pub fn main<R: Roles>(
+    exchange: &ExchangeArgs,
+    timeout: Duration,
+    role: Option<R>,
     deadline: Duration,
-    role_main: impl FnOnce(Role, &Agent, &mut Exchange) -> Result<()>,
+    role_main: impl FnOnce(R, &Agent, &mut Exchange) -> Result<()>,
 ) -> ExitCode {
-    let who = args.role.map_or("main", Role::name);
+    let who = role.map_or("main", R::name);
     crate::logging::init(who);
-    let result = match args.role {
-        None => run_both(args, deadline),
-        Some(role) => run_role(args, role, role_main).map(|()| ExitCode::SUCCESS),
+    let result = match role {
+        None => run_both::<R>(exchange, timeout, deadline),
+        Some(role) => run_role(exchange, timeout, role, role_main).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e| exit_status(who, &e))
 }
 
-fn run_role(
-    args: &PairArgs,
-    role: Role,
-    role_main: impl FnOnce(Role, &Agent, &mut Exchange) -> Result<()>,
+fn run_role<R: Roles>(
+    args: &ExchangeArgs,
+    timeout: Duration,
+    role: R,
+    role_main: impl FnOnce(R, &Agent, &mut Exchange) -> Result<()>,
 ) -> Result<()> {
     // Before the agent: in NIXL's own modes the agent reads the
     // environment that joining sets.
-    let mut exchange = Exchange::join(&args.exchange, args.timeout)?;
+    let mut exchange = Exchange::join(args, timeout)?;
     let nixl = create_polled_agent(role.name())?;
     let result = role_main(role, &nixl.agent, &mut exchange);
     exchange.withdraw(&nixl.agent);
     result
 }
 
-fn run_both(args: &PairArgs, deadline: Duration) -> Result<ExitCode> {
-    let names = [Role::Target.name(), Role::Initiator.name()];
-    let host = ExchangeHost::start(&args.exchange, &names, args.timeout)?;
-    crate::say!("[main] Starting target and initiator processes...");
+fn run_both<R: Roles>(
+    args: &ExchangeArgs,
+    timeout: Duration,
+    deadline: Duration,
+) -> Result<ExitCode> {
+    let names = R::BOTH.map(R::name);
+    let host = ExchangeHost::start(args, &names, timeout)?;
+    crate::say!("[main] Starting {} and {} processes...", names[0], names[1]);
     let port = host.port().to_string();
     let role = |name| RoleSpec::again(name, &["--role", name, "--port", &port]);
     let exits = launch::run_roles(names.map(role).to_vec(), deadline)?;

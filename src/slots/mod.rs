@@ -53,6 +53,7 @@ pub use device::CopyStats;
 pub use phases::Phases;
 pub use verify::SlotCheck;
 
+use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::nixl::memory::HostBuffer;
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -319,4 +320,58 @@ fn read_header(region: &[u8], off: usize) -> u64 {
     // no alignment requirement for a byte array.
     let v = unsafe { std::ptr::read_volatile(bytes.as_ptr() as *const [u8; 8]) };
     u64::from_le_bytes(v)
+}
+
+/// Checks a streaming ring's options before anything is allocated: what
+/// clap cannot express. `n` slots of `payload` bytes (plus the header);
+/// the receiver reports progress every `every` sequences and the sender
+/// waits when `at` ahead of the last report; `host_rings` rings of this
+/// size are to live in this machine's memory (0 for rings in VRAM).
+///
+/// Errors ([`UsageError`], exit 2): `at` over `n` (the sender would
+/// overwrite slots not yet consumed), `every` over `at` (the sender would
+/// wait for a report that never comes), a ring over 1 TiB, or more host
+/// memory than this machine has available.
+pub fn check_flow(
+    n: u64,
+    payload: u64,
+    every: u64,
+    at: u64,
+    host_rings: u64,
+) -> Result<(), UsageError> {
+    let ensure = |ok: bool, msg: String| if ok { Ok(()) } else { Err(UsageError(msg)) };
+    ensure(
+        at <= n,
+        format!(
+            "--backpressure-at {at} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed"
+        ),
+    )?;
+    // The sender stops at `at` ahead and waits for a report; reports come
+    // every `every`. With every > at the receiver could consume everything
+    // posted without reaching the next report: both would wait forever.
+    ensure(
+        every <= at,
+        format!(
+            "--progress-every {every} exceeds --backpressure-at {at}: the sender would wait for a report that never comes"
+        ),
+    )?;
+    let ring = (payload as u128 + HEADER_BYTES as u128) * n as u128;
+    ensure(
+        ring <= 1 << 40,
+        format!(
+            "--num-buffers {n} × (--buffer-size {payload} + an 8-byte header) is {ring} bytes, more than 1 TiB: \
+             use fewer or smaller slots"
+        ),
+    )?;
+    if host_rings == 0 {
+        return Ok(());
+    }
+    crate::cli::check_host_memory(
+        ring as u64 * host_rings,
+        &format!(
+            "{host_rings} ring(s) of {n} × {} (--num-buffers × --buffer-size, plus headers)",
+            crate::cli::fmt_bytes(payload)
+        ),
+        "use fewer or smaller slots (--num-buffers, --buffer-size)",
+    )
 }

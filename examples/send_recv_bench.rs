@@ -1,5 +1,7 @@
-//! Streaming with backpressure: a sender WRITEs into a ring of slots in a
-//! receiver's memory, the receiver consumes and reports progress.
+//! `send_recv` as a benchmark: the same ring, backpressure and verification
+//! (`examples/send_recv.rs` teaches them), plus VRAM slots with batched
+//! staging, sampled verification, a same-run baseline of single large
+//! WRITEs, fill-ahead and check batches, a timing breakdown and JSON.
 //!
 //! The Rust port of the seeds' `send_recv` example (NIXL PR #980): 64 slots
 //! × 16 MiB, 1000 transfers; the receiver sends `P:<n>` ("I have consumed
@@ -42,9 +44,9 @@
 //! spent ~72 µs per slot checking, against ~14 µs to move its 16 MiB.)
 //!
 //! ```text
-//! cargo run --release --example send_recv                          # hosts the store, spawns both roles
-//! cargo run --release --example send_recv -- --metadata etcd       # NIXL's etcd exchange
-//! cargo run --release --example send_recv -- --role receiver --port 9998   # one role by hand
+//! cargo run --release --example send_recv_bench                    # hosts the store, spawns both roles
+//! cargo run --release --example send_recv_bench -- --memory vram --verify sample --json sr.json
+//! cargo run --release --example send_recv_bench -- --role receiver --port 9998   # one role by hand
 //! ```
 
 use std::cell::Cell;
@@ -56,7 +58,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{
-    EXIT_MISMATCH, EXIT_USAGE, UsageError, exit_status, fmt_bytes, fmt_timeout, parse_bytes,
+    EXIT_MISMATCH, EXIT_USAGE, UsageError, exit_status, fmt_bytes, parse_bytes,
     parse_timeout, print_usage_error,
 };
 use nixl_examples::deadline::{Pace, poll};
@@ -108,7 +110,7 @@ impl Memory {
 /// stderr; exit status 0 success, 1 failure, 2 bad arguments, 3 data
 /// mismatch or overrun.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
     /// Run only this role (the exchange must already be up).
     #[arg(long, value_enum)]
@@ -246,49 +248,14 @@ fn main() -> ExitCode {
 /// What clap cannot express: relations between options, and whether the
 /// rings fit in this machine's memory (checked before any is allocated).
 fn check_args(args: &Args) -> Result<(), UsageError> {
-    let ensure = |ok: bool, msg: String| if ok { Ok(()) } else { Err(UsageError(msg)) };
-    let (i, b, n) = (
-        args.progress_every(),
-        args.backpressure_at(),
-        args.num_buffers as u64,
-    );
-    ensure(
-        b <= n,
-        format!(
-            "--backpressure-at {b} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed"
-        ),
-    )?;
-    // The sender stops at `b` ahead and waits for a report; reports come
-    // every `i`. With i > b the receiver could consume everything posted
-    // without reaching the next report: both would wait forever.
-    ensure(
-        i <= b,
-        format!(
-            "--progress-every {i} exceeds --backpressure-at {b}: the sender would wait for a report that never comes"
-        ),
-    )?;
-    let ring = (args.buffer_size as u128 + HEADER_BYTES as u128) * n as u128;
-    ensure(
-        ring <= 1 << 40,
-        format!(
-            "--num-buffers {n} × (--buffer-size {} + an 8-byte header) is {ring} bytes, more than 1 TiB: \
-             use fewer or smaller slots",
-            args.buffer_size
-        ),
-    )?;
-    if args.memory == Memory::Dram {
-        // Both rings live on this machine when this process runs both roles.
-        let rings = if args.role.is_none() { 2 } else { 1 };
-        nixl_examples::cli::check_host_memory(
-            ring as u64 * rings,
-            &format!(
-                "{rings} ring(s) of {n} × {} (--num-buffers × --buffer-size, plus headers)",
-                fmt_bytes(args.buffer_size)
-            ),
-            "use fewer or smaller slots (--num-buffers, --buffer-size)",
-        )?;
-    }
-    Ok(())
+    // Both rings live on this machine when this process runs both roles.
+    let rings = match (args.memory, args.role) {
+        (Memory::Vram, _) => 0,
+        (Memory::Dram, None) => 2,
+        (Memory::Dram, Some(_)) => 1,
+    };
+    let (n, size) = (args.num_buffers as u64, args.buffer_size);
+    nixl_examples::slots::check_flow(n, size, args.progress_every(), args.backpressure_at(), rings)
 }
 
 /// Hosts the exchange and runs both roles as child processes.
@@ -307,19 +274,13 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         args.memory.name(),
         args.exchange.metadata.name()
     );
-    let mut sender_args = role_args(
-        args,
-        host.port(),
-        SENDER,
-        args.sender_gpu.unwrap_or(args.gpu),
-    );
-    if let Some(j) = &args.json {
-        sender_args.extend(["--json".into(), j.display().to_string()]);
-    }
-    let roles = vec![
-        RoleSpec::new(RECEIVER, role_args(args, host.port(), RECEIVER, args.gpu)),
-        RoleSpec::new(SENDER, sender_args),
-    ];
+    // This program again, with our arguments plus the role's.
+    let port = host.port().to_string();
+    let role = |name, gpu: usize| {
+        RoleSpec::again(name, &["--role", name, "--port", &port, "--gpu", &gpu.to_string()])
+    };
+    let sender_gpu = args.sender_gpu.unwrap_or(args.gpu);
+    let roles = vec![role(RECEIVER, args.gpu), role(SENDER, sender_gpu)];
     // A backstop only: every wait inside the roles is bounded by --timeout.
     // Allow the data to move at no less than 50 MB/s on top.
     let bytes = args.num_transfers as f64
@@ -333,40 +294,6 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         say!("[main] ✓ Success!");
     }
     Ok(launch::finish("main", &exits))
-}
-
-/// The command line of one role process: our options, as the role sees them.
-fn role_args(args: &Args, port: u16, role: &str, gpu: usize) -> Vec<String> {
-    let mut v = vec!["--role".to_string(), role.to_string()];
-    v.extend(args.exchange.to_args(port));
-    v.extend(
-        [
-            ("--timeout", fmt_timeout(args.timeout)),
-            ("--num-buffers", args.num_buffers.to_string()),
-            ("--buffer-size", args.buffer_size.to_string()),
-            ("--num-transfers", args.num_transfers.to_string()),
-            ("--progress-every", args.progress_every().to_string()),
-            ("--backpressure-at", args.backpressure_at().to_string()),
-            ("--memory", args.memory.name().to_string()),
-            ("--gpu", gpu.to_string()),
-            ("--verify", args.verify.name().to_string()),
-            ("--baseline-reps", args.baseline_reps.to_string()),
-            ("--seed", args.seed.to_string()),
-            ("--consume-us", args.consume_us.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(k, v)| [k.to_string(), v]),
-    );
-    if args.no_backpressure {
-        v.push("--no-backpressure".into());
-    }
-    if let Some(k) = args.fill_ahead {
-        v.extend(["--fill-ahead".into(), k.to_string()]);
-    }
-    if let Some(b) = args.check_batch {
-        v.extend(["--check-batch".into(), b.to_string()]);
-    }
-    v
 }
 
 fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
@@ -1308,7 +1235,7 @@ impl<'a> SenderLoop<'a> {
     ) -> serde_json::Value {
         let (args, rate) = (self.args, run.rate());
         json!({
-            "example": "send_recv",
+            "example": "send_recv_bench",
             "metadata": exchange.mode().name(),
             "memory": args.memory.name(),
             "verify": args.verify.name(),
