@@ -44,7 +44,7 @@ use nixl_sys::{Agent, XferOp};
 #[command(version, args_override_self = true)]
 struct Args {
     #[command(flatten)]
-    pair: PairArgs,
+    pair: PairArgs<Role>,
     /// Notifications `MSG:<i>` sent alone (the target collects them by prefix).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10000))]
     messages: u32,

@@ -30,34 +30,16 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{DataMismatch, parse_bytes, parse_timeout, print_usage_error};
+use clap::Parser;
+use nixl_examples::cli::{DataMismatch, print_usage_error};
 use nixl_examples::deadline::{Pace, poll};
-use nixl_examples::exchange::pair::{self, Roles};
-use nixl_examples::exchange::{Exchange, ExchangeArgs};
+use nixl_examples::exchange::Exchange;
+use nixl_examples::exchange::pair::{PairArgs, Roles};
 use nixl_examples::nixl::serdes::MemType;
 use nixl_examples::nixl::xfer::NotifInbox;
 use nixl_examples::say;
-use nixl_examples::slots::{EMPTY, SlotCheck, SlotJob, SlotRing, check_flow};
+use nixl_examples::slots::{EMPTY, RingArgs, Role, SlotCheck, SlotJob, SlotRing};
 use nixl_sys::{Agent, OptArgs, XferOp, XferRequest, XferStatus};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Role {
-    /// Registers the slot ring, publishes it, consumes and verifies.
-    Receiver,
-    /// Writes sequence after sequence into the receiver's slots.
-    Sender,
-}
-
-impl Roles for Role {
-    const BOTH: [Self; 2] = [Role::Receiver, Role::Sender];
-    fn name(self) -> &'static str {
-        match self {
-            Role::Receiver => RECEIVER,
-            Role::Sender => SENDER,
-        }
-    }
-}
 
 /// Streaming between two NIXL agents in two processes: a ring of slots,
 /// prepared WRITEs re-posted per slot, progress notifications for
@@ -65,51 +47,13 @@ impl Roles for Role {
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Run only this role (the exchange must already be up); without it,
-    /// this process hosts the exchange and runs both roles as children.
-    #[arg(long, value_enum)]
-    role: Option<Role>,
     #[command(flatten)]
-    exchange: ExchangeArgs,
-    /// Seconds any single wait may take (metadata, a slot, progress).
-    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
-    timeout: Duration,
-    /// Slots in the ring.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    num_buffers: u32,
-    /// Payload bytes per slot (K, M, G: powers of 1024), after an 8-byte header.
-    #[arg(long, default_value = "16M", value_parser = parse_bytes)]
-    buffer_size: u64,
-    /// Sequences to send.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    num_transfers: u64,
-    /// The receiver reports progress every this many transfers [default: num-buffers/4].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    progress_every: Option<u32>,
-    /// The sender waits when this many transfers ahead of the receiver's
-    /// last report [default: num-buffers-4, at least 1].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    backpressure_at: Option<u32>,
-    /// Never wait for the receiver: with a slower receiver (--consume-us)
-    /// slots are overwritten before they are consumed, and the run exits 3.
-    #[arg(long)]
-    no_backpressure: bool,
-    /// Microseconds the receiver spends on each slot, as a slow consumer would.
-    #[arg(long, default_value_t = 0)]
-    consume_us: u64,
+    pair: PairArgs<Role>,
+    #[command(flatten)]
+    ring: RingArgs,
     /// Pattern seed; both roles must use the same one.
     #[arg(long, default_value_t = 0x5e9d)]
     seed: u64,
-}
-
-impl Args {
-    fn every(&self) -> u64 {
-        self.progress_every.unwrap_or((self.num_buffers / 4).max(1)) as u64
-    }
-    fn at(&self) -> u64 {
-        let default = self.num_buffers.saturating_sub(4).max(1);
-        self.backpressure_at.unwrap_or(default) as u64
-    }
 }
 
 const SENDER: &str = "sender";
@@ -120,31 +64,32 @@ const REPORT_EVERY: u64 = 100;
 fn main() -> ExitCode {
     let args = Args::parse();
     // Both rings live on this machine when this process runs both roles.
-    let rings = if args.role.is_none() { 2 } else { 1 };
-    let n = args.num_buffers as u64;
-    if let Err(e) = check_flow(n, args.buffer_size, args.every(), args.at(), rings) {
+    let rings = if args.pair.role.is_none() { 2 } else { 1 };
+    if let Err(e) = args.ring.check(rings) {
         print_usage_error(&e);
         return ExitCode::from(2);
     }
     // A backstop only: every wait inside the roles is bounded by --timeout;
     // on top, the data may move at no less than 50 MB/s.
-    let bytes = args.num_transfers as f64 * args.buffer_size as f64;
-    let deadline = args.timeout * 3 + Duration::from_secs_f64(10.0 + bytes / 50e6);
-    pair::main(
-        &args.exchange,
-        args.timeout,
-        args.role,
-        deadline,
-        |role, agent, ex| {
-            let mut ring = SlotRing::host(args.num_buffers as usize, args.buffer_size as usize);
-            let _reg = ring.register(agent)?; // dropped before the ring
-            say!("[{}] Starting", role.name());
-            match role {
-                Role::Receiver => receiver(&args, agent, ex, &mut ring),
-                Role::Sender => sender(&args, agent, ex, &mut ring),
-            }
-        },
-    )
+    let bytes = args.ring.num_transfers as f64 * args.ring.buffer_size as f64;
+    let deadline = args.pair.timeout * 3 + Duration::from_secs_f64(10.0 + bytes / 50e6);
+    args.pair
+        .main(deadline, |role, agent, ex| run_role(&args, role, agent, ex))
+}
+
+/// One role: the ring in DRAM, registered, then the role's part.
+fn run_role(args: &Args, role: Role, agent: &Agent, ex: &mut Exchange) -> Result<()> {
+    let (n, size) = (
+        args.ring.num_buffers as usize,
+        args.ring.buffer_size as usize,
+    );
+    let mut ring = SlotRing::host(n, size);
+    let _reg = ring.register(agent)?; // dropped before the ring
+    say!("[{}] Starting", role.name());
+    match role {
+        Role::Receiver => receiver(args, agent, ex, &mut ring),
+        Role::Sender => sender(args, agent, ex, &mut ring),
+    }
 }
 
 /// The receiver: offer the ring, then for each sequence wait for its
@@ -157,7 +102,11 @@ fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) 
     ex.load_peer(agent, SENDER)?;
     let (mode, at) = (ex.mode().name(), ex.endpoint());
     say!("[{RECEIVER}] Connected to {SENDER} (metadata via {mode} at {at})");
-    let (total, t, mut inbox) = (args.num_transfers, args.timeout, NotifInbox::new());
+    let (total, t, mut inbox) = (
+        args.ring.num_transfers,
+        args.pair.timeout,
+        NotifInbox::new(),
+    );
     let (mut overruns, mut mismatches, mut first_problem, mut start) = (0, 0, None, None);
     for seq in 0..total {
         let tag = format!("S:{seq}");
@@ -168,11 +117,11 @@ fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) 
             })?;
         // Timed from the first arrival, as the seeds do.
         start.get_or_insert_with(Instant::now);
-        let slot = (seq % args.num_buffers as u64) as usize;
+        let slot = (seq % args.ring.num_buffers as u64) as usize;
         let ranges = vec![0..ring.payload()];
         ring.queue_checks(vec![SlotJob { slot, seq, ranges }])?;
         for c in ring.check_queued(args.seed)? {
-            let Some((overrun, problem)) = classify(&c, args.num_buffers as u64) else {
+            let Some((overrun, problem)) = classify(&c, args.ring.num_buffers as u64) else {
                 continue;
             };
             *(if overrun {
@@ -185,9 +134,9 @@ fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) 
                 first_problem = Some(problem);
             }
         }
-        std::thread::sleep(Duration::from_micros(args.consume_us));
+        std::thread::sleep(Duration::from_micros(args.ring.consume_us));
         let done = seq + 1;
-        if done % args.every() == 0 || done == total {
+        if done % args.ring.every() == 0 || done == total {
             agent.send_notification(SENDER, format!("P:{done}").as_bytes(), None)?;
         }
         if done % REPORT_EVERY == 0 {
@@ -324,14 +273,19 @@ fn sender(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) ->
 /// Posts every sequence into its slot, then waits for the last WRITEs and
 /// the receiver's final report, and lets the receiver go (`DONE`).
 fn stream(args: &Args, ring: &mut SlotRing, s: &mut Stream) -> Result<()> {
-    let (total, t, at, payload) = (args.num_transfers, args.timeout, args.at(), ring.payload());
+    let (total, t, at, payload) = (
+        args.ring.num_transfers,
+        args.pair.timeout,
+        args.ring.at(),
+        ring.payload(),
+    );
     // Replaces a request's notification at post time: the requests stay as made.
     let mut notif = OptArgs::new()?;
     notif.set_has_notification(true)?;
     let (start, mut waits, mut held, mut max_ahead) = (Instant::now(), 0, Duration::ZERO, 0);
     for seq in 0..total {
         let slot = (seq % ring.slots() as u64) as usize;
-        if !args.no_backpressure && seq - s.progress >= at {
+        if !args.ring.no_backpressure && seq - s.progress >= at {
             let (what, t0) = ("no progress report from the receiver", Instant::now());
             s.wait(t, what, |s| seq - s.progress < at)?;
             (waits, held) = (waits + 1, held + t0.elapsed());

@@ -58,11 +58,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{
-    EXIT_MISMATCH, EXIT_USAGE, UsageError, exit_status, fmt_bytes, parse_bytes,
-    parse_timeout, print_usage_error,
+    EXIT_MISMATCH, EXIT_USAGE, UsageError, exit_status, fmt_bytes, print_usage_error,
 };
 use nixl_examples::deadline::{Pace, poll};
-use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost};
+use nixl_examples::exchange::pair::PairArgs;
+use nixl_examples::exchange::{Exchange, ExchangeHost};
 use nixl_examples::gpu::Gpu;
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::logging;
@@ -71,17 +71,11 @@ use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
 use nixl_examples::nixl::xfer::{NotifInbox, post_and_wait};
 use nixl_examples::say;
 use nixl_examples::slots::phases::{ms, pct};
-use nixl_examples::slots::{Coverage, EMPTY, HEADER_BYTES, Phases, SlotCheck, SlotJob, SlotRing};
+use nixl_examples::slots::{
+    Coverage, EMPTY, HEADER_BYTES, Phases, RingArgs, Role, SlotCheck, SlotJob, SlotRing,
+};
 use nixl_sys::{Agent, OptArgs, XferDlistHandle, XferOp, XferRequest, XferStatus};
 use serde_json::json;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Role {
-    /// Registers the slot ring, publishes it, consumes and verifies.
-    Receiver,
-    /// Writes sequence after sequence into the receiver's slots.
-    Sender,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Memory {
@@ -112,42 +106,10 @@ impl Memory {
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Run only this role (the exchange must already be up).
-    #[arg(long, value_enum)]
-    role: Option<Role>,
     #[command(flatten)]
-    exchange: ExchangeArgs,
-    /// Seconds any single wait may take (metadata, a slot, progress).
-    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
-    timeout: Duration,
-    /// Slots in the ring.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    num_buffers: u32,
-    /// Payload bytes per slot (K, M, G suffixes: powers of 1024); each slot
-    /// also has an 8-byte header.
-    #[arg(long, default_value = "16M", value_parser = parse_bytes)]
-    buffer_size: u64,
-    /// Sequences to send.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    num_transfers: u64,
-    /// The receiver reports progress every this many transfers
-    /// [default: num-buffers/4, at least 1].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    progress_every: Option<u32>,
-    /// The sender waits when this many transfers ahead of the receiver's
-    /// last progress report [default: num-buffers-4, at least 1].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    backpressure_at: Option<u32>,
-    /// Never wait for the receiver. Shows what backpressure prevents: with
-    /// a receiver slower than the sender (--consume-us) slots are
-    /// overwritten before they are consumed, the receiver counts the
-    /// overruns and the run exits 3.
-    #[arg(long)]
-    no_backpressure: bool,
-    /// Microseconds the receiver spends on each slot after checking it,
-    /// as a slow consumer would.
-    #[arg(long, default_value_t = 0)]
-    consume_us: u64,
+    pair: PairArgs<Role>,
+    #[command(flatten)]
+    ring: RingArgs,
     /// Where both rings live.
     #[arg(long, value_enum, default_value_t = Memory::Dram)]
     memory: Memory,
@@ -184,18 +146,11 @@ struct Args {
 }
 
 impl Args {
-    fn progress_every(&self) -> u64 {
-        self.progress_every.unwrap_or((self.num_buffers / 4).max(1)) as u64
-    }
-    fn backpressure_at(&self) -> u64 {
-        self.backpressure_at
-            .unwrap_or(self.num_buffers.saturating_sub(4).max(1)) as u64
-    }
     fn timeout(&self) -> Duration {
-        self.timeout
+        self.pair.timeout
     }
     fn payload(&self) -> usize {
-        self.buffer_size as usize
+        self.ring.buffer_size as usize
     }
     /// The byte ranges of a payload that `seq` fills and the receiver checks.
     fn ranges(&self, seq: u64) -> Vec<std::ops::Range<usize>> {
@@ -232,13 +187,13 @@ fn main() -> ExitCode {
         print_usage_error(&e);
         return ExitCode::from(EXIT_USAGE as u8);
     }
-    let who = match args.role {
+    let who = match args.pair.role {
         None => "main",
         Some(Role::Sender) => SENDER,
         Some(Role::Receiver) => RECEIVER,
     };
     logging::init(who);
-    let result = match args.role {
+    let result = match args.pair.role {
         None => run_both(&args),
         Some(role) => run_role(&args, role),
     };
@@ -249,13 +204,12 @@ fn main() -> ExitCode {
 /// rings fit in this machine's memory (checked before any is allocated).
 fn check_args(args: &Args) -> Result<(), UsageError> {
     // Both rings live on this machine when this process runs both roles.
-    let rings = match (args.memory, args.role) {
+    let rings = match (args.memory, args.pair.role) {
         (Memory::Vram, _) => 0,
         (Memory::Dram, None) => 2,
         (Memory::Dram, Some(_)) => 1,
     };
-    let (n, size) = (args.num_buffers as u64, args.buffer_size);
-    nixl_examples::slots::check_flow(n, size, args.progress_every(), args.backpressure_at(), rings)
+    args.ring.check(rings)
 }
 
 /// Hosts the exchange and runs both roles as child processes.
@@ -265,26 +219,29 @@ fn run_both(args: &Args) -> Result<ExitCode> {
         nixl_examples::gpu::context::device_count()
             .context("--memory vram needs an NVIDIA GPU (use --memory dram on this machine)")?;
     }
-    let host = ExchangeHost::start(&args.exchange, &[SENDER, RECEIVER], args.timeout())?;
+    let host = ExchangeHost::start(&args.pair.exchange, &[SENDER, RECEIVER], args.timeout())?;
     say!(
         "[main] Starting sender-receiver: {} slots × {}, {} transfers, {}, metadata via {}",
-        args.num_buffers,
-        fmt_bytes(args.buffer_size),
-        args.num_transfers,
+        args.ring.num_buffers,
+        fmt_bytes(args.ring.buffer_size),
+        args.ring.num_transfers,
         args.memory.name(),
-        args.exchange.metadata.name()
+        args.pair.exchange.metadata.name()
     );
     // This program again, with our arguments plus the role's.
     let port = host.port().to_string();
     let role = |name, gpu: usize| {
-        RoleSpec::again(name, &["--role", name, "--port", &port, "--gpu", &gpu.to_string()])
+        RoleSpec::again(
+            name,
+            &["--role", name, "--port", &port, "--gpu", &gpu.to_string()],
+        )
     };
     let sender_gpu = args.sender_gpu.unwrap_or(args.gpu);
     let roles = vec![role(RECEIVER, args.gpu), role(SENDER, sender_gpu)];
     // A backstop only: every wait inside the roles is bounded by --timeout.
     // Allow the data to move at no less than 50 MB/s on top.
-    let bytes = args.num_transfers as f64
-        * args.buffer_size as f64
+    let bytes = args.ring.num_transfers as f64
+        * args.ring.buffer_size as f64
         * (1 + args.baseline_reps as u64) as f64;
     let deadline =
         args.timeout() * 3 + Duration::from_secs(10) + Duration::from_secs_f64(bytes / 50e6);
@@ -305,7 +262,7 @@ fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
     say!("[{name}] Starting");
     // First: it edits the environment, which must happen before CUDA
     // starts its threads.
-    let mut exchange = Exchange::join(&args.exchange, args.timeout())?;
+    let mut exchange = Exchange::join(&args.pair.exchange, args.timeout())?;
     // The CUDA context must exist before the agent: UCX looks for CUDA when
     // the backend starts.
     let gpu =
@@ -324,8 +281,8 @@ fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
         };
     let nixl = create_polled_agent(name)?;
     let mut ring = match &gpu {
-        None => SlotRing::host(args.num_buffers as usize, args.payload()),
-        Some(g) => SlotRing::device(g, args.num_buffers as usize, args.payload())?,
+        None => SlotRing::host(args.ring.num_buffers as usize, args.payload()),
+        Some(g) => SlotRing::device(g, args.ring.num_buffers as usize, args.payload())?,
     };
     let reg = ring.register(&nixl.agent)?;
     let result = match role {
@@ -434,7 +391,7 @@ struct ReceiverLoop<'a> {
 impl<'a> ReceiverLoop<'a> {
     /// Sizes the check batches and reserves their staging.
     fn new(args: &'a Args, agent: &'a Agent, ring: &mut SlotRing) -> Result<Self> {
-        let (vram, every) = (ring.mem_type() == MemType::Vram, args.progress_every());
+        let (vram, every) = (ring.mem_type() == MemType::Vram, args.ring.every());
         let want = args
             .check_batch
             .map_or(if vram { every } else { 1 }, u64::from);
@@ -474,7 +431,7 @@ impl<'a> ReceiverLoop<'a> {
     /// once our progress has passed its previous sequence, so no slot is
     /// overwritten while its copy is queued or before it is checked.
     fn consume(&mut self, ring: &mut SlotRing) -> Result<()> {
-        let (total, every) = (self.args.num_transfers, self.args.progress_every());
+        let (total, every) = (self.args.ring.num_transfers, self.args.ring.every());
         while self.verified < total {
             // Never past the next progress report, so every report is sent
             // (the sender may be waiting for it), nor past the staging.
@@ -553,7 +510,7 @@ impl<'a> ReceiverLoop<'a> {
 
     fn job(&self, seq: u64) -> SlotJob {
         SlotJob {
-            slot: (seq % self.args.num_buffers as u64) as usize,
+            slot: (seq % self.args.ring.num_buffers as u64) as usize,
             seq,
             ranges: self.args.ranges(seq),
         }
@@ -584,7 +541,7 @@ impl<'a> ReceiverLoop<'a> {
     /// What is wrong with a checked slot, if anything: an overrun (a later
     /// sequence of the same slot is already there) or a mismatch.
     fn classify(&mut self, c: &SlotCheck) -> Option<String> {
-        let (seq, slot, header, n) = (c.seq, c.slot, c.header, self.args.num_buffers as u64);
+        let (seq, slot, header, n) = (c.seq, c.slot, c.header, self.args.ring.num_buffers as u64);
         if header == seq {
             c.mismatch.map(|m| {
                 self.mismatches += 1;
@@ -605,10 +562,10 @@ impl<'a> ReceiverLoop<'a> {
 
     /// Spends --consume-us on each of `slots` slots, as a slow consumer would.
     fn consume_slots(&mut self, slots: usize) {
-        if self.args.consume_us > 0 {
+        if self.args.ring.consume_us > 0 {
             for _ in 0..slots {
                 self.phases.time("consume (--consume-us)", || {
-                    std::thread::sleep(Duration::from_micros(self.args.consume_us))
+                    std::thread::sleep(Duration::from_micros(self.args.ring.consume_us))
                 });
             }
         }
@@ -617,7 +574,7 @@ impl<'a> ReceiverLoop<'a> {
     /// Marks the sequences below `batch_end` checked, and tells the sender
     /// at every report point (`P:<n>`); a progress line every 100.
     fn report_progress(&mut self, batch_end: u64) -> Result<()> {
-        let (total, every) = (self.args.num_transfers, self.args.progress_every());
+        let (total, every) = (self.args.ring.num_transfers, self.args.ring.every());
         let before = self.verified;
         self.verified = batch_end;
         let verified = self.verified;
@@ -638,7 +595,7 @@ impl<'a> ReceiverLoop<'a> {
     /// Prints the receiver's results; returns them as the JSON the sender
     /// reports (`STATS:`).
     fn summarise(&mut self, ring: &SlotRing) -> serde_json::Value {
-        let total = self.args.num_transfers;
+        let total = self.args.ring.num_transfers;
         let elapsed = self.start.map(|s| s.elapsed()).unwrap_or_default();
         // The first wait is not inside `elapsed`; leave it out of the shares too.
         self.phases
@@ -703,7 +660,7 @@ fn sender(
         ring.slots(),
         fmt_bytes(ring.payload() as u64),
         args.memory.name(),
-        args.num_transfers,
+        args.ring.num_transfers,
         args.verify.name()
     );
     let baseline = if args.baseline_reps > 0 {
@@ -718,7 +675,7 @@ fn sender(
     let send_end = start.elapsed();
     tx.drain()?;
     let run = Measured {
-        bytes: args.num_transfers * ring.slot_len() as u64,
+        bytes: args.ring.num_transfers * ring.slot_len() as u64,
         elapsed: start.elapsed(),
         send_end,
     };
@@ -919,7 +876,7 @@ impl<'a> SenderLoop<'a> {
             phases: Phases::default(),
             progress: 0,
             bp: Backpressure {
-                at: (!args.no_backpressure).then(|| args.backpressure_at()),
+                at: (!args.ring.no_backpressure).then(|| args.ring.at()),
                 waits: 0,
                 time: Duration::ZERO,
                 max_ahead: 0,
@@ -942,7 +899,7 @@ impl<'a> SenderLoop<'a> {
 
     /// Posts every sequence's WRITE into its slot, in order.
     fn stream(&mut self, ring: &mut SlotRing) -> Result<()> {
-        let total = self.args.num_transfers;
+        let total = self.args.ring.num_transfers;
         for seq in 0..total {
             self.respect_backpressure(seq)?;
             self.fill(ring, seq)?;
@@ -1094,7 +1051,7 @@ impl<'a> SenderLoop<'a> {
     /// Once the current batch's copies are waited for, queues the next.
     fn fill_next_batch(&mut self, ring: &mut SlotRing, seq: u64) -> Result<()> {
         let (args, busy, k) = (self.args, &self.pipe.busy, self.fill.k);
-        if k > 0 && self.fill.wait_at.is_none() && self.fill.staged_to < args.num_transfers {
+        if k > 0 && self.fill.wait_at.is_none() && self.fill.staged_to < args.ring.num_transfers {
             // This batch's copies are done (its first WRITE is posted), so
             // the staging is free: queue the next batch now, so its copies
             // run while this batch's WRITEs are posted. (If its first slot
@@ -1114,7 +1071,11 @@ impl<'a> SenderLoop<'a> {
     /// Waits for the last WRITEs to complete and for the receiver's final
     /// progress report.
     fn drain(&mut self) -> Result<()> {
-        let (t, timeout, total) = (Instant::now(), self.args.timeout(), self.args.num_transfers);
+        let (t, timeout, total) = (
+            Instant::now(),
+            self.args.timeout(),
+            self.args.ring.num_transfers,
+        );
         let left = Cell::new(self.pipe.in_flight.len());
         let pipe = &mut self.pipe;
         poll(
@@ -1176,7 +1137,7 @@ impl<'a> SenderLoop<'a> {
 
     /// Prints the sender's results.
     fn report(&self, ring: &SlotRing, baseline: Option<&Baseline>, run: &Measured) {
-        let (total, rate) = (self.args.num_transfers, run.rate());
+        let (total, rate) = (self.args.ring.num_transfers, run.rate());
         say!(
             "[{SENDER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {rate:.2} GB/s (first post to the receiver's last progress report)",
             run.bytes as f64 / 1e9,
@@ -1240,9 +1201,9 @@ impl<'a> SenderLoop<'a> {
             "memory": args.memory.name(),
             "verify": args.verify.name(),
             "num_buffers": ring.slots(),
-            "buffer_size": args.buffer_size,
-            "num_transfers": args.num_transfers,
-            "progress_every": args.progress_every(),
+            "buffer_size": args.ring.buffer_size,
+            "num_transfers": args.ring.num_transfers,
+            "progress_every": args.ring.every(),
             "backpressure_at": self.bp.at,
             "bytes": run.bytes,
             "seconds": run.elapsed.as_secs_f64(),
@@ -1283,7 +1244,7 @@ fn queue_fills(
     k: u64,
 ) -> Result<u64> {
     let n = ring.slots() as u64;
-    let end = args.num_transfers.min(from + k).min(next_post + n);
+    let end = args.ring.num_transfers.min(from + k).min(next_post + n);
     let mut jobs = Vec::new();
     let mut seq = from;
     while seq < end && !busy[(seq % n) as usize] {

@@ -42,7 +42,7 @@ use nixl_sys::{Agent, XferOp};
 #[command(version, args_override_self = true)]
 struct Args {
     #[command(flatten)]
-    pair: PairArgs,
+    pair: PairArgs<Role>,
     /// Bytes per buffer (each side has two), e.g. 256, 64K, 1M; at most 1G.
     #[arg(long, default_value = "256", value_parser = bytes_between(1, 1 << 30))]
     buf_size: u64,

@@ -25,7 +25,7 @@ pub enum Role {
 }
 
 /// A program's two roles, as `--role` takes them.
-pub trait Roles: Copy {
+pub trait Roles: Copy + std::fmt::Debug + clap::ValueEnum + Send + Sync + 'static {
     /// Both, in the order they start: the side whose memory is written first.
     const BOTH: [Self; 2];
     /// The agent's name and the log prefix (`target`, `receiver`).
@@ -46,12 +46,12 @@ impl Roles for Role {
 /// whose parser must set clap's `args_override_self`: a role's process
 /// gets the parent's arguments with its `--role` and `--port` after them).
 #[derive(Clone, Debug, clap::Args)]
-pub struct PairArgs {
+pub struct PairArgs<R: Roles> {
     /// Run only this role (the exchange must already be up: the store at
     /// --host/--port, or etcd); without it, this process hosts the exchange
     /// and runs both roles as child processes.
     #[arg(long, value_enum)]
-    pub role: Option<Role>,
+    pub role: Option<R>,
     #[command(flatten)]
     pub exchange: ExchangeArgs,
     /// Seconds any wait may take.
@@ -59,12 +59,12 @@ pub struct PairArgs {
     pub timeout: Duration,
 }
 
-impl PairArgs {
+impl<R: Roles> PairArgs<R> {
     /// [`main`] with these options.
     pub fn main(
         &self,
         deadline: Duration,
-        role_main: impl FnOnce(Role, &Agent, &mut Exchange) -> Result<()>,
+        role_main: impl FnOnce(R, &Agent, &mut Exchange) -> Result<()>,
     ) -> ExitCode {
         main(&self.exchange, self.timeout, self.role, deadline, role_main)
     }
