@@ -38,7 +38,7 @@ use nixl_examples::exchange::pair::{PairArgs, Roles};
 use nixl_examples::nixl::serdes::MemType;
 use nixl_examples::nixl::xfer::NotifInbox;
 use nixl_examples::say;
-use nixl_examples::slots::{EMPTY, RingArgs, Role, SlotCheck, SlotJob, SlotRing};
+use nixl_examples::slots::{Coverage, EMPTY, RingArgs, Role, SlotCheck, SlotJob, SlotRing};
 use nixl_sys::{Agent, OptArgs, XferOp, XferRequest, XferStatus};
 
 /// Streaming between two NIXL agents in two processes: a ring of slots,
@@ -118,7 +118,7 @@ fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) 
         // Timed from the first arrival, as the seeds do.
         start.get_or_insert_with(Instant::now);
         let slot = (seq % args.ring.num_buffers as u64) as usize;
-        let ranges = vec![0..ring.payload()];
+        let ranges = Coverage::Full.ranges(ring.payload(), seq); // every byte
         ring.queue_checks(vec![SlotJob { slot, seq, ranges }])?;
         for c in ring.check_queued(args.seed)? {
             let Some((overrun, problem)) = classify(&c, args.ring.num_buffers as u64) else {
@@ -293,7 +293,7 @@ fn stream(args: &Args, ring: &mut SlotRing, s: &mut Stream) -> Result<()> {
         // NIXL may still be reading the slot for its previous WRITE.
         let what = format!("the previous WRITE from slot {slot} did not complete");
         s.wait(t, &what, |s| !s.in_flight.contains(&slot))?;
-        ring.fill(slot, args.seed, seq, &[0..payload])?;
+        ring.fill(slot, args.seed, seq, &Coverage::Full.ranges(payload, seq))?;
         notif.set_notification_message(format!("S:{seq}").as_bytes())?;
         s.agent.post_xfer_req(&s.reqs[slot], Some(&notif))?;
         s.in_flight.push_back(slot);
