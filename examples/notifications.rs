@@ -96,6 +96,71 @@ fn binary_message() -> Vec<u8> {
     [b"BIN:".as_slice(), &(0..=255u8).collect::<Vec<_>>()].concat()
 }
 
+/// The initiator: notifications alone, then WRITEs carrying them, then one
+/// WRITE re-posted with its message replaced; each step waits for the
+/// target's acknowledgement.
+fn initiator(args: &Args, agent: &Agent, ex: &mut Exchange, buf: &mut HostBuffer) -> Result<()> {
+    let size = args.buf_size as usize;
+    for (i, slot) in buf.as_mut_slice().chunks_mut(size).enumerate() {
+        pattern::fill(slot, args.seed, SLOT_VARIANT + i as u64);
+    }
+    ex.publish(agent)?;
+    ex.load_peer(agent, TARGET)?;
+    let (mut inbox, t) = (NotifInbox::new(), args.pair.timeout);
+    let remote = ex.take_descs(agent, &mut inbox, TARGET)?;
+    let (k, len) = (args.transfers as usize, args.buf_size);
+    let ok = remote.descs.len() == k && remote.descs.iter().all(|d| d.len == len);
+    let hint = "same --transfers and --buf-size on both sides?";
+    ensure!(
+        ok,
+        "the target offered {remote:?}, not {k} slots of {len} bytes ({hint})"
+    );
+
+    let n = args.messages;
+    say!("[initiator] Sending notifications alone: HELLO, {n} × MSG:<i>, one binary");
+    let send = |msg: &[u8]| agent.send_notification(TARGET, msg, None);
+    send(b"HELLO")?;
+    for i in 0..n {
+        send(format!("MSG:{i}").as_bytes())?;
+    }
+    send(&binary_message())?;
+    inbox.wait_for(agent, TARGET, b"ACK:alone", t)?;
+    say!("[initiator] Target acknowledged the notifications sent alone ✓");
+
+    // One WRITE per slot, local [i] to remote [i], carrying `XFER:<i>`,
+    // all from one pair of prepared lists.
+    let local = agent.prepare_xfer_dlist("", &slot_descs(buf, args).to_xfer_dlist()?, None)?;
+    let remote = agent.prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)?;
+    let reqs = (0..args.transfers as i32)
+        .map(|i| {
+            let tag = notif_args(format!("XFER:{i}").as_bytes())?;
+            Ok(agent.make_xfer_req(XferOp::Write, &local, &[i], &remote, &[i], Some(&tag))?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let k = reqs.len();
+    say!("[initiator] Posting {k} WRITEs with attached notifications XFER:<i>...");
+    for r in &reqs {
+        agent.post_xfer_req(r, None)?;
+    }
+    // Polling a request progresses the worker: each completed request's notification goes out.
+    for (i, r) in reqs.iter().enumerate() {
+        wait_done(agent, r, &format!("WRITE {i}"), t)?;
+    }
+    inbox.wait_for(agent, TARGET, b"ACK:attached", t)?;
+    say!("[initiator] Target verified every slot on its notification ✓");
+
+    // The same request again, its message replaced at post time.
+    pattern::fill(&mut buf.as_mut_slice()[..size], args.seed, REPOST_VARIANT);
+    agent.post_xfer_req(&reqs[0], Some(&notif_args(b"REPOST:0")?))?;
+    wait_done(agent, &reqs[0], "the re-posted WRITE 0", t)?;
+    inbox.wait_for(agent, TARGET, b"ACK:repost", t)?;
+    say!("[initiator] Target verified the re-posted WRITE ✓");
+    send(b"BYE")?;
+    // Requests before the prepared lists they were made from.
+    drop((reqs, local, remote));
+    Ok(())
+}
+
 /// The target: offer the slots, then match every notification the
 /// initiator sends, alone and attached, verifying each slot on arrival.
 fn target(args: &Args, agent: &Agent, exchange: &mut Exchange, buf: &HostBuffer) -> Result<()> {
@@ -194,69 +259,4 @@ fn verify_slot(buf: &HostBuffer, args: &Args, slot: u64, variant: u64) -> Result
         None => Ok(()),
         Some(m) => Err(DataMismatch(format!("slot {slot} on its notification: {m}")).into()),
     }
-}
-
-/// The initiator: notifications alone, then WRITEs carrying them, then one
-/// WRITE re-posted with its message replaced; each step waits for the
-/// target's acknowledgement.
-fn initiator(args: &Args, agent: &Agent, ex: &mut Exchange, buf: &mut HostBuffer) -> Result<()> {
-    let size = args.buf_size as usize;
-    for (i, slot) in buf.as_mut_slice().chunks_mut(size).enumerate() {
-        pattern::fill(slot, args.seed, SLOT_VARIANT + i as u64);
-    }
-    ex.publish(agent)?;
-    ex.load_peer(agent, TARGET)?;
-    let (mut inbox, t) = (NotifInbox::new(), args.pair.timeout);
-    let remote = ex.take_descs(agent, &mut inbox, TARGET)?;
-    let (k, len) = (args.transfers as usize, args.buf_size);
-    let ok = remote.descs.len() == k && remote.descs.iter().all(|d| d.len == len);
-    let hint = "same --transfers and --buf-size on both sides?";
-    ensure!(
-        ok,
-        "the target offered {remote:?}, not {k} slots of {len} bytes ({hint})"
-    );
-
-    let n = args.messages;
-    say!("[initiator] Sending notifications alone: HELLO, {n} × MSG:<i>, one binary");
-    let send = |msg: &[u8]| agent.send_notification(TARGET, msg, None);
-    send(b"HELLO")?;
-    for i in 0..n {
-        send(format!("MSG:{i}").as_bytes())?;
-    }
-    send(&binary_message())?;
-    inbox.wait_for(agent, TARGET, b"ACK:alone", t)?;
-    say!("[initiator] Target acknowledged the notifications sent alone ✓");
-
-    // One WRITE per slot, local [i] to remote [i], carrying `XFER:<i>`,
-    // all from one pair of prepared lists.
-    let local = agent.prepare_xfer_dlist("", &slot_descs(buf, args).to_xfer_dlist()?, None)?;
-    let remote = agent.prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)?;
-    let reqs = (0..args.transfers as i32)
-        .map(|i| {
-            let tag = notif_args(format!("XFER:{i}").as_bytes())?;
-            Ok(agent.make_xfer_req(XferOp::Write, &local, &[i], &remote, &[i], Some(&tag))?)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let k = reqs.len();
-    say!("[initiator] Posting {k} WRITEs with attached notifications XFER:<i>...");
-    for r in &reqs {
-        agent.post_xfer_req(r, None)?;
-    }
-    // Polling a request progresses the worker: each completed request's notification goes out.
-    for (i, r) in reqs.iter().enumerate() {
-        wait_done(agent, r, &format!("WRITE {i}"), t)?;
-    }
-    inbox.wait_for(agent, TARGET, b"ACK:attached", t)?;
-    say!("[initiator] Target verified every slot on its notification ✓");
-
-    // The same request again, its message replaced at post time.
-    pattern::fill(&mut buf.as_mut_slice()[..size], args.seed, REPOST_VARIANT);
-    agent.post_xfer_req(&reqs[0], Some(&notif_args(b"REPOST:0")?))?;
-    wait_done(agent, &reqs[0], "the re-posted WRITE 0", t)?;
-    inbox.wait_for(agent, TARGET, b"ACK:repost", t)?;
-    say!("[initiator] Target verified the re-posted WRITE ✓");
-    send(b"BYE")?;
-    // Requests before the prepared lists they were made from.
-    drop((reqs, local, remote));
-    Ok(())
 }

@@ -92,144 +92,6 @@ fn run_role(args: &Args, role: Role, agent: &Agent, ex: &mut Exchange) -> Result
     }
 }
 
-/// The receiver: offer the ring, then for each sequence wait for its
-/// notification, check the slot, report progress; stay until the sender
-/// has nothing in flight.
-fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) -> Result<()> {
-    ex.publish(agent)?;
-    ex.offer_descs(agent, SENDER, &ring.descs())?;
-    // Our progress reports go to the sender: we need its metadata too.
-    ex.load_peer(agent, SENDER)?;
-    let (mode, at) = (ex.mode().name(), ex.endpoint());
-    say!("[{RECEIVER}] Connected to {SENDER} (metadata via {mode} at {at})");
-    let (total, t, mut inbox) = (
-        args.ring.num_transfers,
-        args.pair.timeout,
-        NotifInbox::new(),
-    );
-    let (mut overruns, mut mismatches, mut first_problem, mut start) = (0, 0, None, None);
-    for seq in 0..total {
-        let tag = format!("S:{seq}");
-        inbox
-            .wait_for(agent, SENDER, tag.as_bytes(), t)
-            .with_context(|| {
-                format!("sequence {seq} did not arrive within {t:?} (did the {SENDER} stop?)")
-            })?;
-        // Timed from the first arrival, as the seeds do.
-        start.get_or_insert_with(Instant::now);
-        let slot = (seq % args.ring.num_buffers as u64) as usize;
-        let ranges = Coverage::Full.ranges(ring.payload(), seq); // every byte
-        ring.queue_checks(vec![SlotJob { slot, seq, ranges }])?;
-        for c in ring.check_queued(args.seed)? {
-            let Some((overrun, problem)) = classify(&c, args.ring.num_buffers as u64) else {
-                continue;
-            };
-            *(if overrun {
-                &mut overruns
-            } else {
-                &mut mismatches
-            }) += 1;
-            if first_problem.is_none() {
-                tracing::warn!("{problem}");
-                first_problem = Some(problem);
-            }
-        }
-        std::thread::sleep(Duration::from_micros(args.ring.consume_us));
-        let done = seq + 1;
-        if done % args.ring.every() == 0 || done == total {
-            agent.send_notification(SENDER, format!("P:{done}").as_bytes(), None)?;
-        }
-        if done % REPORT_EVERY == 0 {
-            say!("[{RECEIVER}] Processed {done}/{total}");
-        }
-    }
-    let elapsed = start.map(|s| s.elapsed()).unwrap_or_default();
-    let bytes = total * ring.slot_len() as u64;
-    say!(
-        "[{RECEIVER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {:.2} GB/s (first arrival to last verified)",
-        bytes as f64 / 1e9,
-        elapsed.as_secs_f64(),
-        bytes as f64 / elapsed.as_secs_f64().max(1e-9) / 1e9
-    );
-    // Keep the slots registered until the sender has nothing in flight.
-    inbox.wait_for(agent, SENDER, b"DONE", t)?;
-    match first_problem {
-        None => say!("[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified"),
-        Some(p) => {
-            say!("[{RECEIVER}] ✗ {overruns} overrun(s), {mismatches} mismatch(es)");
-            return Err(DataMismatch(p).into());
-        }
-    }
-    Ok(())
-}
-
-/// What is wrong with a checked slot, if anything, and whether it is an
-/// overrun (a later sequence of the same slot, `n` on, is already there)
-/// rather than wrong data.
-fn classify(c: &SlotCheck, n: u64) -> Option<(bool, String)> {
-    let (seq, slot, header) = (c.seq, c.slot, c.header);
-    let at = format!("sequence {seq} (slot {slot})");
-    if header == seq {
-        c.mismatch.map(|m| (false, format!("{at}: payload {m}")))
-    } else if header != EMPTY && header > seq && (header - seq) % n == 0 {
-        let by = format!("was overwritten by sequence {header} before it was consumed");
-        Some((true, format!("{at} {by}")))
-    } else {
-        Some((false, format!("{at}: header holds {header:#x}")))
-    }
-}
-
-/// The sender's side of the stream: one prepared WRITE per slot, the slots
-/// whose WRITE is in flight, and the receiver's progress.
-struct Stream<'a> {
-    agent: &'a Agent,
-    reqs: Vec<XferRequest>,
-    in_flight: VecDeque<usize>,
-    inbox: NotifInbox,
-    /// The receiver has consumed the sequences below this (its last `P:<n>`).
-    progress: u64,
-}
-
-impl Stream<'_> {
-    /// Checks the oldest WRITEs in flight until one is still running, and
-    /// takes the receiver's progress reports. Checking is what makes NIXL
-    /// send a completed WRITE's notification (the UCX backend sends it from
-    /// `checkXfer` once the data is flushed), so every wait does this.
-    fn turn(&mut self) -> Result<()> {
-        while let Some(&slot) = self.in_flight.front() {
-            match self.agent.get_xfer_status(&self.reqs[slot]) {
-                Ok(XferStatus::Success) => drop(self.in_flight.pop_front()),
-                Ok(XferStatus::InProgress) => break,
-                Err(e) => bail!("the WRITE into slot {slot} failed: {e} (did the receiver exit?)"),
-            }
-        }
-        self.inbox.poll(self.agent)?;
-        while let Some(m) = self.inbox.take(RECEIVER, |m| m.starts_with(b"P:")) {
-            let n = std::str::from_utf8(&m[2..])
-                .ok()
-                .and_then(|s| s.parse().ok());
-            let n: u64 = n.with_context(|| format!("malformed progress {m:?}"))?;
-            self.progress = self.progress.max(n);
-        }
-        Ok(())
-    }
-
-    /// Turns until `done`, for at most `timeout`; the error says what
-    /// did not happen (`what`) and where the receiver is.
-    fn wait(&mut self, timeout: Duration, what: &str, done: impl Fn(&Self) -> bool) -> Result<()> {
-        let waited = poll(
-            timeout,
-            Pace::Yield,
-            || {
-                self.turn()?;
-                Ok(done(self).then_some(()))
-            },
-            |w| anyhow::anyhow!("{what} within {w:?}"),
-        );
-        waited.with_context(|| format!("the {RECEIVER} is at {} (did it stop?)", self.progress))
-    }
-}
-
 /// The sender: take the receiver's ring, prepare one WRITE per slot, then
 /// post every sequence, holding back when too far ahead.
 fn sender(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) -> Result<()> {
@@ -322,4 +184,142 @@ fn stream(args: &Args, ring: &mut SlotRing, s: &mut Stream) -> Result<()> {
     );
     s.agent.send_notification(RECEIVER, b"DONE", None)?;
     Ok(())
+}
+
+/// The sender's side of the stream: one prepared WRITE per slot, the slots
+/// whose WRITE is in flight, and the receiver's progress.
+struct Stream<'a> {
+    agent: &'a Agent,
+    reqs: Vec<XferRequest>,
+    in_flight: VecDeque<usize>,
+    inbox: NotifInbox,
+    /// The receiver has consumed the sequences below this (its last `P:<n>`).
+    progress: u64,
+}
+
+impl Stream<'_> {
+    /// Checks the oldest WRITEs in flight until one is still running, and
+    /// takes the receiver's progress reports. Checking is what makes NIXL
+    /// send a completed WRITE's notification (the UCX backend sends it from
+    /// `checkXfer` once the data is flushed), so every wait does this.
+    fn turn(&mut self) -> Result<()> {
+        while let Some(&slot) = self.in_flight.front() {
+            match self.agent.get_xfer_status(&self.reqs[slot]) {
+                Ok(XferStatus::Success) => drop(self.in_flight.pop_front()),
+                Ok(XferStatus::InProgress) => break,
+                Err(e) => bail!("the WRITE into slot {slot} failed: {e} (did the receiver exit?)"),
+            }
+        }
+        self.inbox.poll(self.agent)?;
+        while let Some(m) = self.inbox.take(RECEIVER, |m| m.starts_with(b"P:")) {
+            let n = std::str::from_utf8(&m[2..])
+                .ok()
+                .and_then(|s| s.parse().ok());
+            let n: u64 = n.with_context(|| format!("malformed progress {m:?}"))?;
+            self.progress = self.progress.max(n);
+        }
+        Ok(())
+    }
+
+    /// Turns until `done`, for at most `timeout`; the error says what
+    /// did not happen (`what`) and where the receiver is.
+    fn wait(&mut self, timeout: Duration, what: &str, done: impl Fn(&Self) -> bool) -> Result<()> {
+        let waited = poll(
+            timeout,
+            Pace::Yield,
+            || {
+                self.turn()?;
+                Ok(done(self).then_some(()))
+            },
+            |w| anyhow::anyhow!("{what} within {w:?}"),
+        );
+        waited.with_context(|| format!("the {RECEIVER} is at {} (did it stop?)", self.progress))
+    }
+}
+
+/// The receiver: offer the ring, then for each sequence wait for its
+/// notification, check the slot, report progress; stay until the sender
+/// has nothing in flight.
+fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) -> Result<()> {
+    ex.publish(agent)?;
+    ex.offer_descs(agent, SENDER, &ring.descs())?;
+    // Our progress reports go to the sender: we need its metadata too.
+    ex.load_peer(agent, SENDER)?;
+    let (mode, at) = (ex.mode().name(), ex.endpoint());
+    say!("[{RECEIVER}] Connected to {SENDER} (metadata via {mode} at {at})");
+    let (total, t, mut inbox) = (
+        args.ring.num_transfers,
+        args.pair.timeout,
+        NotifInbox::new(),
+    );
+    let (mut overruns, mut mismatches, mut first_problem, mut start) = (0, 0, None, None);
+    for seq in 0..total {
+        let tag = format!("S:{seq}");
+        inbox
+            .wait_for(agent, SENDER, tag.as_bytes(), t)
+            .with_context(|| {
+                format!("sequence {seq} did not arrive within {t:?} (did the {SENDER} stop?)")
+            })?;
+        // Timed from the first arrival, as the seeds do.
+        start.get_or_insert_with(Instant::now);
+        let slot = (seq % args.ring.num_buffers as u64) as usize;
+        let ranges = Coverage::Full.ranges(ring.payload(), seq); // every byte
+        ring.queue_checks(vec![SlotJob { slot, seq, ranges }])?;
+        for c in ring.check_queued(args.seed)? {
+            let Some((overrun, problem)) = classify(&c, args.ring.num_buffers as u64) else {
+                continue;
+            };
+            *(if overrun {
+                &mut overruns
+            } else {
+                &mut mismatches
+            }) += 1;
+            if first_problem.is_none() {
+                tracing::warn!("{problem}");
+                first_problem = Some(problem);
+            }
+        }
+        std::thread::sleep(Duration::from_micros(args.ring.consume_us));
+        let done = seq + 1;
+        if done % args.ring.every() == 0 || done == total {
+            agent.send_notification(SENDER, format!("P:{done}").as_bytes(), None)?;
+        }
+        if done % REPORT_EVERY == 0 {
+            say!("[{RECEIVER}] Processed {done}/{total}");
+        }
+    }
+    let elapsed = start.map(|s| s.elapsed()).unwrap_or_default();
+    let bytes = total * ring.slot_len() as u64;
+    say!(
+        "[{RECEIVER}] Completed {total} transfers ({:.2} GB) in {:.3} s: {:.2} GB/s (first arrival to last verified)",
+        bytes as f64 / 1e9,
+        elapsed.as_secs_f64(),
+        bytes as f64 / elapsed.as_secs_f64().max(1e-9) / 1e9
+    );
+    // Keep the slots registered until the sender has nothing in flight.
+    inbox.wait_for(agent, SENDER, b"DONE", t)?;
+    match first_problem {
+        None => say!("[{RECEIVER}] ✓ No buffer overrun (0 mismatches), every payload verified"),
+        Some(p) => {
+            say!("[{RECEIVER}] ✗ {overruns} overrun(s), {mismatches} mismatch(es)");
+            return Err(DataMismatch(p).into());
+        }
+    }
+    Ok(())
+}
+
+/// What is wrong with a checked slot, if anything, and whether it is an
+/// overrun (a later sequence of the same slot, `n` on, is already there)
+/// rather than wrong data.
+fn classify(c: &SlotCheck, n: u64) -> Option<(bool, String)> {
+    let (seq, slot, header) = (c.seq, c.slot, c.header);
+    let at = format!("sequence {seq} (slot {slot})");
+    if header == seq {
+        c.mismatch.map(|m| (false, format!("{at}: payload {m}")))
+    } else if header != EMPTY && header > seq && (header - seq) % n == 0 {
+        let by = format!("was overwritten by sequence {header} before it was consumed");
+        Some((true, format!("{at} {by}")))
+    } else {
+        Some((false, format!("{at}: header holds {header:#x}")))
+    }
 }
