@@ -1,69 +1,45 @@
-//! Two NIXL agents in two processes move data with the host API.
+//! What crosses between two processes for a host-API transfer: the
+//! target's agent metadata and descriptor list, through a store. The target
+//! registers two DRAM buffers and publishes both; the initiator loads them,
+//! READs both buffers with a request built in one call (notification
+//! `UUID1`), then WRITEs its own back crosswise from prepared lists (local
+//! [0, 1] to remote [1, 0], `UUID2`). The target learns each transfer is
+//! done from its notification. Both sides check every byte.
 //!
-//! The Rust port of the seeds' `2proc` example (NIXL PR #980): a target
-//! registers two 256-byte DRAM buffers and publishes its agent metadata and
-//! descriptors (through a TCPStore, or NIXL's own etcd or TCPStore
-//! exchange with the descriptors as a notification: `--metadata`, see
-//! `nixl_examples::exchange`); the initiator
-//!
-//! 1. READs both buffers in one transfer request built in one call
-//!    (`createXferReq`, notification `UUID1`), then
-//! 2. WRITEs its buffers back from prepared descriptor lists
-//!    (`prepXferDlist` + `makeXferReq`), local [0, 1] to remote [1, 0],
-//!    notification `UUID2`.
-//!
-//! The target waits for each tag as a notification. Unlike the seeds, both
-//! sides check every byte against a position-dependent pattern, and any
-//! failure makes the whole run exit non-zero.
+//! The store is our TCPStore (PyTorch's c10d protocol; `--store libtorch`
+//! runs torch's own). `--metadata etcd` or `nixl-tcpstore` swap metadata
+//! through NIXL's own clients instead, the descriptors then travelling as a
+//! notification: `nixl_examples::exchange` holds those paths.
 //!
 //! ```text
-//! cargo run --example two_proc                 # hosts the store, spawns both roles
+//! cargo run --example two_proc                 # hosts the store, runs both roles
 //! cargo run --example two_proc -- --metadata etcd --etcd-endpoints http://127.0.0.1:2379
 //! cargo run --example two_proc -- --role target --port 9998   # one role by hand
 //! ```
+//! Exit status: 0 verified, 1 failure, 2 bad arguments, 3 wrong data.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
-use clap::{Parser, ValueEnum};
-use nixl_examples::cli::{bytes_between, exit_status, fmt_timeout, parse_timeout};
-use nixl_examples::exchange::{Exchange, ExchangeArgs, ExchangeHost, MetadataMode};
-use nixl_examples::launch::{self, RoleSpec};
-use nixl_examples::logging;
-use nixl_examples::nixl::agent::create_polled_agent;
+use anyhow::{Context, Result, ensure};
+use clap::Parser;
+use nixl_examples::cli::{DataMismatch, bytes_between};
+use nixl_examples::exchange::Exchange;
+use nixl_examples::exchange::pair::{PairArgs, Role, Roles};
 use nixl_examples::nixl::memory::HostBuffer;
 use nixl_examples::nixl::serdes::{Desc, DescList, MemType};
+use nixl_examples::nixl::view::load_peer;
 use nixl_examples::nixl::xfer::{NotifInbox, notif_args, post_and_wait};
-use nixl_examples::pattern;
-use nixl_examples::say;
-use nixl_sys::XferOp;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Role {
-    /// Registers two buffers, publishes them, waits for the transfers.
-    Target,
-    /// Reads the target's buffers, then writes them back swapped.
-    Initiator,
-}
+use nixl_examples::{pattern, say};
+use nixl_sys::{Agent, XferOp};
 
 /// Two NIXL agents, two processes, host API over DRAM: a READ and a WRITE
 /// with notifications, every byte verified.
-///
-/// Without --role, hosts the exchange (a TCPStore, or checks etcd) and runs
-/// both roles as child processes.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
-    /// Run only this role (the exchange must already be up: the store at
-    /// --host/--port, or etcd).
-    #[arg(long, value_enum)]
-    role: Option<Role>,
     #[command(flatten)]
-    exchange: ExchangeArgs,
-    /// Seconds any wait may take.
-    #[arg(short, long, default_value = "30", value_parser = parse_timeout)]
-    timeout: Duration,
+    pair: PairArgs<Role>,
     /// Bytes per buffer (each side has two), e.g. 256, 64K, 1M; at most 1G.
     #[arg(long, default_value = "256", value_parser = bytes_between(1, 1 << 30))]
     buf_size: u64,
@@ -74,182 +50,86 @@ struct Args {
 
 const TARGET: &str = "target";
 const INITIATOR: &str = "initiator";
-// Pattern variants: the target's original data, the initiator's poison
-// before the READ, and what the initiator WRITEs back.
+// Pattern variants: the target's data, the initiator's poison before the
+// READ, and what the initiator WRITEs back.
 const TARGET_DATA: u64 = 0;
 const POISON: u64 = 7;
 const WRITTEN: u64 = 1;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let who = match args.role {
-        None => "main",
-        Some(Role::Target) => TARGET,
-        Some(Role::Initiator) => INITIATOR,
-    };
-    logging::init(who);
-    let result = match args.role {
-        None => run_both(&args),
-        Some(role) => run_role(&args, role),
-    };
-    result.unwrap_or_else(|e| exit_status(who, &e))
+    let deadline = args.pair.timeout * 2 + Duration::from_secs(10);
+    args.pair
+        .main(deadline, |role, agent, ex| run_role(&args, role, agent, ex))
 }
 
-/// Hosts the exchange and runs the two roles as child processes.
-fn run_both(args: &Args) -> Result<ExitCode> {
-    let timeout = args.timeout;
-    let host = ExchangeHost::start(&args.exchange, &[TARGET, INITIATOR], timeout)?;
-    say!("[main] Starting target and initiator processes...");
-    let role = |name: &str| {
-        let mut a = vec!["--role".to_string(), name.to_string()];
-        a.extend(args.exchange.to_args(host.port()));
-        a.extend(["--timeout", &fmt_timeout(args.timeout)].map(str::to_string));
-        a.extend(["--buf-size", &args.buf_size.to_string()].map(str::to_string));
-        a.extend(["--seed", &args.seed.to_string()].map(str::to_string));
-        RoleSpec::new(name, a)
+/// One role: an agent and one registered buffer holding both of its
+/// 256-byte (`--buf-size`) buffers, then the role's part.
+fn run_role(args: &Args, role: Role, agent: &Agent, ex: &mut Exchange) -> Result<()> {
+    let name = role.name();
+    let mut buf = HostBuffer::new(2 * args.buf_size as usize);
+    let reg = agent.register_memory(&buf, None)?;
+    say!("[{name}] Memory registered");
+    let result = match role {
+        Role::Target => target(args, ex, agent, &mut buf),
+        Role::Initiator => initiator(args, ex, agent, &mut buf),
     };
-    let exits = launch::run_roles(
-        vec![role(TARGET), role(INITIATOR)],
-        timeout * 2 + Duration::from_secs(10),
-    )?;
-    drop(host);
-    if exits.iter().all(|e| e.code == 0) {
-        say!("[main] ✓ Test Complete - Both processes succeeded!");
+    // Cleanup on every path: our keys, then our memory (the agent goes last).
+    if let (Some(store), Role::Target) = (ex.store(), role) {
+        let _ = ["target_meta", "target_descs"].map(|k| store.delete_key(k));
     }
-    Ok(launch::finish("main", &exits))
-}
-
-fn run_role(args: &Args, role: Role) -> Result<ExitCode> {
-    let timeout = args.timeout;
-    let mut exchange = Exchange::join(&args.exchange, timeout)?;
-    match role {
-        Role::Target => target(args, &mut exchange, timeout),
-        Role::Initiator => initiator(args, &mut exchange, timeout),
-    }?;
-    Ok(ExitCode::SUCCESS)
-}
-
-fn two_descs(buf: &HostBuffer, size: u64) -> DescList {
-    DescList::new(
-        MemType::Dram,
-        vec![
-            Desc {
-                addr: buf.addr(),
-                len: size,
-                dev_id: 0,
-            },
-            Desc {
-                addr: buf.addr() + size,
-                len: size,
-                dev_id: 0,
-            },
-        ],
-    )
-}
-
-/// Checks `bytes` against pattern `variant`, naming `what` on failure.
-fn check(bytes: &[u8], seed: u64, variant: u64, what: &str) -> Result<()> {
-    match pattern::verify(bytes, seed, variant) {
-        None => Ok(()),
-        Some(m) => bail!("{what}: {m}"),
-    }
-}
-
-fn target(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<()> {
-    let n = args.buf_size as usize;
-    say!("[target] Starting target process");
-    let nixl = create_polled_agent(TARGET)?;
-    let mut buf = HostBuffer::new(2 * n);
-    pattern::fill(buf.as_mut_slice(), args.seed, TARGET_DATA);
-    let _reg = nixl
-        .agent
-        .register_memory(&buf, None)
-        .context("registering the target's buffers")?;
-    say!("[target] Memory registered");
-
-    let result = serve(args, exchange, &nixl.agent, &buf, timeout);
-    exchange.withdraw(&nixl.agent);
-    drop(_reg);
+    drop(reg);
     result?;
-    say!("[target] Target process complete");
+    say!("[{name}] Process complete");
     Ok(())
 }
 
-/// The target's part once its buffers are registered.
-fn serve(
-    args: &Args,
-    exchange: &mut Exchange,
-    agent: &nixl_sys::Agent,
-    buf: &HostBuffer,
-    timeout: Duration,
-) -> Result<()> {
-    let n = args.buf_size as usize;
-    exchange.publish(agent)?;
-    exchange.offer_descs(agent, INITIATOR, &two_descs(buf, args.buf_size))?;
-    if exchange.mode() == MetadataMode::Tcpstore {
-        say!("[target] Published metadata and xfer descriptors to TCP server");
-    } else {
-        say!(
-            "[target] Published metadata via {} and sent xfer descriptors to the initiator",
-            exchange.mode().name()
-        );
+fn target(args: &Args, exchange: &mut Exchange, agent: &Agent, buf: &mut HostBuffer) -> Result<()> {
+    pattern::fill(buf.as_mut_slice(), args.seed, TARGET_DATA);
+    let descs = two_descs(buf);
+    match exchange.store() {
+        // Our metadata (name, UCX address, memory keys) and our buffers' descriptors.
+        Some(store) => {
+            store.set("target_meta", &agent.get_local_md()?)?;
+            store.set("target_descs", &descs.encode())?;
+            say!("[target] Published metadata and xfer descriptors to TCP server");
+        }
+        None => {
+            exchange.publish(agent)?;
+            exchange.offer_descs(agent, INITIATOR, &descs)?;
+            let mode = exchange.mode().name();
+            say!(
+                "[target] Published metadata via {mode} and sent xfer descriptors to the initiator"
+            );
+        }
     }
     say!("[target] Waiting for transfers...");
-
     let mut inbox = NotifInbox::new();
-    inbox.wait_for(agent, INITIATOR, b"UUID1", timeout)?;
-    // The READ's data is checked where it lands, on the initiator. Checking
-    // here that the READ left our memory alone would race the WRITE, which
-    // the initiator may already have started.
+    inbox.wait_for(agent, INITIATOR, b"UUID1", args.pair.timeout)?;
+    // The READ's data is checked where it lands, on the initiator: checking
+    // here would race the WRITE, which may already have started.
     say!("[target] Transfer 1 done");
 
-    inbox.wait_for(agent, INITIATOR, b"UUID2", timeout)?;
-    // The WRITE sent initiator buffer 0 to our buffer 1 and 1 to 0.
-    let mut expected = vec![0u8; 2 * n];
-    pattern::fill(&mut expected, args.seed, WRITTEN);
-    let got = buf.as_slice();
-    ensure!(
-        got[n..] == expected[..n],
-        "target buffer 1 after the WRITE does not hold initiator buffer 0"
-    );
-    ensure!(
-        got[..n] == expected[n..],
-        "target buffer 0 after the WRITE does not hold initiator buffer 1"
-    );
+    inbox.wait_for(agent, INITIATOR, b"UUID2", args.pair.timeout)?;
+    check_swapped(buf, args)?;
     say!("[target] Transfer 2 done");
     Ok(())
 }
 
-fn initiator(args: &Args, exchange: &mut Exchange, timeout: Duration) -> Result<()> {
-    say!("[initiator] Starting initiator process");
-    let nixl = create_polled_agent(INITIATOR)?;
-    let mut buf = HostBuffer::new(2 * args.buf_size as usize);
+fn initiator(args: &Args, ex: &mut Exchange, agent: &Agent, buf: &mut HostBuffer) -> Result<()> {
     pattern::fill(buf.as_mut_slice(), args.seed, POISON);
-    let reg = nixl
-        .agent
-        .register_memory(&buf, None)
-        .context("registering the initiator's buffers")?;
-    say!("[initiator] Memory registered");
-    let result = transfer(args, exchange, &nixl.agent, &mut buf, timeout);
-    exchange.withdraw(&nixl.agent);
-    drop(reg);
-    result?;
-    say!("[initiator] Initiator process complete");
-    Ok(())
-}
-
-/// The initiator's part once its buffers are registered.
-fn transfer(
-    args: &Args,
-    exchange: &mut Exchange,
-    agent: &nixl_sys::Agent,
-    buf: &mut HostBuffer,
-    timeout: Duration,
-) -> Result<()> {
-    exchange.publish(agent)?;
-    exchange.load_peer(agent, TARGET)?;
-    let mut inbox = NotifInbox::new();
-    let remote = exchange.take_descs(agent, &mut inbox, TARGET)?;
+    let remote = match ex.store() {
+        Some(store) => {
+            let md = store.get("target_meta").context("the target's metadata")?;
+            load_peer(agent, &md, TARGET, args.pair.timeout)?;
+            DescList::decode(&store.get("target_descs")?)?
+        }
+        None => {
+            ex.publish(agent)?;
+            ex.load_peer(agent, TARGET)?;
+            ex.take_descs(agent, &mut NotifInbox::new(), TARGET)?
+        }
+    };
     ensure!(
         remote.mem_type == MemType::Dram
             && remote.descs.len() == 2
@@ -258,53 +138,57 @@ fn transfer(
         args.buf_size
     );
     say!("[initiator] Successfully retrieved target descriptors");
-    let local = two_descs(buf, args.buf_size);
+    let local = two_descs(buf).to_xfer_dlist()?;
+    let remote = remote.to_xfer_dlist()?;
 
-    // Transfer 1: a transfer request built in one call (initialize_xfer).
+    // Transfer 1: a request built in one call (createXferReq).
     say!("[initiator] Starting transfer 1 (READ)...");
+    let tag = notif_args(b"UUID1")?;
     let req1 = agent
-        .create_xfer_req(
-            XferOp::Read,
-            &local.to_xfer_dlist()?,
-            &remote.to_xfer_dlist()?,
-            TARGET,
-            Some(&notif_args(b"UUID1")?),
-        )
+        .create_xfer_req(XferOp::Read, &local, &remote, TARGET, Some(&tag))
         .context("creating transfer 1 (READ)")?;
-    post_and_wait(agent, &req1, "transfer 1 (READ)", timeout)?;
-    check(
-        buf.as_slice(),
-        args.seed,
-        TARGET_DATA,
-        "initiator buffers after the READ",
-    )?;
+    post_and_wait(agent, &req1, "transfer 1 (READ)", args.pair.timeout)?;
+    if let Some(m) = pattern::verify(buf.as_slice(), args.seed, TARGET_DATA) {
+        return Err(DataMismatch(format!("initiator buffers after the READ: {m}")).into());
+    }
     say!("[initiator] Transfer 1 done");
 
-    // Transfer 2: prepared descriptor lists, then a request by indices
-    // (prep_xfer_dlist + make_prepped_xfer). NIXL_INIT_AGENT ("") names
-    // the local side.
+    // Transfer 2: prepared lists, then a request by indices (prepXferDlist +
+    // makeXferReq); "" (NIXL_INIT_AGENT) names the local side.
     say!("[initiator] Starting transfer 2 (WRITE)...");
     pattern::fill(buf.as_mut_slice(), args.seed, WRITTEN);
-    let local_prep = agent
-        .prepare_xfer_dlist("", &local.to_xfer_dlist()?, None)
-        .context("preparing the local descriptor list")?;
-    let remote_prep = agent
-        .prepare_xfer_dlist(TARGET, &remote.to_xfer_dlist()?, None)
-        .context("preparing the remote descriptor list")?;
+    let local_prep = agent.prepare_xfer_dlist("", &local, None)?;
+    let remote_prep = agent.prepare_xfer_dlist(TARGET, &remote, None)?;
+    let (l, r, tag) = (&local_prep, &remote_prep, notif_args(b"UUID2")?);
     let req2 = agent
-        .make_xfer_req(
-            XferOp::Write,
-            &local_prep,
-            &[0, 1],
-            &remote_prep,
-            &[1, 0],
-            Some(&notif_args(b"UUID2")?),
-        )
+        .make_xfer_req(XferOp::Write, l, &[0, 1], r, &[1, 0], Some(&tag))
         .context("making transfer 2 (WRITE) from prepared lists")?;
-    post_and_wait(agent, &req2, "transfer 2 (WRITE)", timeout)?;
+    post_and_wait(agent, &req2, "transfer 2 (WRITE)", args.pair.timeout)?;
     say!("[initiator] Transfer 2 done");
-
+    // Requests before the prepared lists they were made from.
     drop((req1, req2, local_prep, remote_prep));
     let _ = agent.invalidate_remote_md(TARGET);
     Ok(())
+}
+
+/// The two halves of `buf` as a descriptor list.
+fn two_descs(buf: &HostBuffer) -> DescList {
+    DescList::new(MemType::Dram, Desc::of(buf).split(2).collect())
+}
+
+/// Checks that the WRITE sent initiator buffer 0 to our buffer 1 and 1 to
+/// 0: a [`DataMismatch`] naming the buffer and byte otherwise.
+fn check_swapped(buf: &HostBuffer, args: &Args) -> Result<()> {
+    let n = args.buf_size as usize;
+    let mut written = vec![0u8; 2 * n];
+    pattern::fill(&mut written, args.seed, WRITTEN);
+    let (got, want) = (buf.as_slice(), [&written[n..], &written[..n]].concat());
+    match got.iter().zip(&want).position(|(g, w)| g != w) {
+        None => Ok(()),
+        Some(at) => {
+            let (k, b) = (at / n, at % n);
+            let m = format!("target buffer {k} after the WRITE: byte {b} wrong");
+            Err(DataMismatch(m).into())
+        }
+    }
 }

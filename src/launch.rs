@@ -40,6 +40,15 @@ impl RoleSpec {
         }
     }
 
+    /// This program again, with its own arguments followed by `extra` (the
+    /// role's: `--role target`, the port the parent bound): how a parent
+    /// re-runs itself for a role. The program's parser must let a later
+    /// flag override an earlier one (clap's `args_override_self`).
+    pub fn again(name: &str, extra: &[&str]) -> Self {
+        let ours = std::env::args_os().skip(1);
+        Self::new(name, ours.chain(extra.iter().map(OsString::from)))
+    }
+
     /// Adds an environment variable for this role.
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         self.env.push((key.into(), value.into()));

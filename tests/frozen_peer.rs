@@ -119,10 +119,7 @@ fn streaming_pair() -> (nixl_examples::store::native::TcpStore, Reaped, Reaped) 
         "send_recv",
         &[&["--role", "receiver"][..], &common].concat(),
     );
-    let sender = spawn(
-        "send_recv",
-        &[&["--role", "sender", "--baseline-reps", "0"][..], &common].concat(),
-    );
+    let sender = spawn("send_recv", &[&["--role", "sender"][..], &common].concat());
     (store, receiver, sender)
 }
 

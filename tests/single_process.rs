@@ -12,23 +12,15 @@ fn every_step_runs_in_order_and_every_transfer_verifies() {
     let out = stdout(&o);
     // The phases, in the order the example runs them.
     let steps = [
-        "Using NIXL Plugins from: ",
-        "Plugin parameters (memory types: DRAM",
-        "Backend parameters:",
         "[target] Registered 2 DRAM buffers of 256 B",
         "[initiator] Registered 2 DRAM buffers of 256 B",
         "[initiator] Loaded name from metadata: target",
-        "[target] Descriptors serialized and read back: 128 B nixlSerDes",
-        "[initiator] Posting READ 1 of 2 (tag UUID1)",
-        "[initiator] ✓ READ 1: all 4 buffers verified",
-        "[initiator] Posting READ 2 of 2 (tag UUID1)",
-        "[initiator] ✓ READ 2: all 4 buffers verified",
-        "[initiator] READ request released",
-        "[initiator] Sent notif: ",
-        "[target] Received message from initiator: 2 DRAM buffers",
-        "[initiator] Transfer 2 started: WRITE local [0, 1] -> remote [1, 0] (tag UUID2)",
-        "[initiator] ✓ WRITE: all 4 buffers verified",
-        "[initiator] WRITE request and prepared lists released",
+        "[initiator] Posting READ (tag UUID1)",
+        "[initiator] ✓ READ: both buffers verified",
+        "[initiator] Sent notif DESCS + 128 B",
+        "[target] Received 2 descriptors",
+        "[initiator] Posting WRITE local [0, 1] -> remote [1, 0] (tag UUID2)",
+        "[initiator] ✓ WRITE: both target buffers verified",
         "[initiator] Removed remote agent target",
         "[initiator] Memory deregistered",
         "[target] Memory deregistered",
@@ -41,15 +33,8 @@ fn every_step_runs_in_order_and_every_transfer_verifies() {
             None => panic!("{step:?} missing or out of order in:\n{out}"),
         }
     }
-    // Three transfers (READ twice, WRITE once), each completed on both
-    // sides and each checked.
-    assert_eq!(out.matches("] ✓ ").count(), 3, "{out}");
-    assert_eq!(
-        out.matches("[initiator] Initiator done").count(),
-        3,
-        "{out}"
-    );
-    assert_eq!(out.matches("[target] Target done").count(), 3, "{out}");
+    // Two transfers (READ, WRITE), each checked.
+    assert_eq!(out.matches("] ✓ ").count(), 2, "{out}");
     // Nothing went wrong quietly either (NIXL logs a failed send, say, to
     // stderr without failing the call that queued it).
     let err = stderr(&o).to_lowercase();
@@ -62,10 +47,7 @@ fn every_step_runs_in_order_and_every_transfer_verifies() {
 
 #[test]
 fn a_corrupted_write_is_caught_with_buffer_offset_and_bytes() {
-    let o = run(
-        "single_process",
-        &["--timeout", "20", "--inject", "corrupt"],
-    );
+    let o = run("single_process", &["--timeout", "20", "--corrupt"]);
     assert_eq!(o.status.code(), Some(3), "{}", both(&o));
     let err = stderr(&o);
     assert!(

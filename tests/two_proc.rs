@@ -140,3 +140,25 @@ fn different_buffer_sizes_are_refused_clearly() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("same --buf-size"), "{err}");
 }
+
+#[test]
+fn wrong_data_exits_3() {
+    // Roles with different seeds: the target's data is wrong for the
+    // initiator, whose READ check fails (a parent passes the 3 on).
+    let server = common::store_server();
+    let port = server.port().to_string();
+    let role = |role: &str, seed: &str| {
+        let args = ["--role", role, "--port", &port, "--timeout", "5"];
+        common::spawn("two_proc", &[&args[..], &["--seed", seed]].concat())
+    };
+    let target = role("target", "1");
+    let initiator = role("initiator", "2");
+    let o = initiator.wait_output(std::time::Duration::from_secs(60));
+    drop(target);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("data mismatch: initiator buffers after the READ"),
+        "{err}"
+    );
+}

@@ -46,6 +46,7 @@ use anyhow::{Context, Result, bail};
 use nixl_sys::Agent;
 
 pub mod etcd;
+pub mod pair;
 
 use self::etcd::Etcd;
 use crate::cli::StoreBackend;
@@ -321,6 +322,12 @@ impl Exchange {
             loaded: HashSet::new(),
             published: Vec::new(),
         })
+    }
+
+    /// The store, in `tcpstore` mode: an example that shows the store's
+    /// keys sets and gets them itself (`two_proc`); `None` in NIXL's modes.
+    pub fn store(&self) -> Option<&dyn Store> {
+        self.store.as_deref()
     }
 
     /// The mode in use.

@@ -81,6 +81,17 @@ impl Desc {
             dev_id: buf.device_id(),
         }
     }
+
+    /// This buffer cut into `count` consecutive pieces of `len / count`
+    /// bytes each (a remainder is left out): slots of one registration.
+    pub fn split(self, count: u64) -> impl Iterator<Item = Desc> {
+        let len = self.len / count.max(1);
+        (0..count).map(move |i| Desc {
+            addr: self.addr + i * len,
+            len,
+            ..self
+        })
+    }
 }
 
 /// A transfer descriptor list (`nixlXferDList`): a memory type and buffers.

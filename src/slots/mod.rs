@@ -53,6 +53,7 @@ pub use device::CopyStats;
 pub use phases::Phases;
 pub use verify::SlotCheck;
 
+use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::nixl::memory::HostBuffer;
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -319,4 +320,124 @@ fn read_header(region: &[u8], off: usize) -> u64 {
     // no alignment requirement for a byte array.
     let v = unsafe { std::ptr::read_volatile(bytes.as_ptr() as *const [u8; 8]) };
     u64::from_le_bytes(v)
+}
+
+/// The two roles of a stream through a ring, as `--role` takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Registers the slot ring, publishes it, consumes and verifies.
+    Receiver,
+    /// Writes sequence after sequence into the receiver's slots.
+    Sender,
+}
+
+impl crate::exchange::pair::Roles for Role {
+    const BOTH: [Self; 2] = [Role::Receiver, Role::Sender];
+    fn name(self) -> &'static str {
+        match self {
+            Role::Receiver => "receiver",
+            Role::Sender => "sender",
+        }
+    }
+}
+
+/// The options of a streaming ring and its flow control, as `send_recv`
+/// and `send_recv_bench` take them (flatten into the program's arguments):
+/// the seeds' defaults, 64 slots × 16 MiB and 1000 transfers.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RingArgs {
+    /// Slots in the ring.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub num_buffers: u32,
+    /// Payload bytes per slot (K, M, G suffixes: powers of 1024); each slot
+    /// also has an 8-byte header.
+    #[arg(long, default_value = "16M", value_parser = crate::cli::parse_bytes)]
+    pub buffer_size: u64,
+    /// Sequences to send.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub num_transfers: u64,
+    /// The receiver reports progress every this many transfers
+    /// [default: num-buffers/4, at least 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub progress_every: Option<u32>,
+    /// The sender waits when this many transfers ahead of the receiver's
+    /// last progress report [default: num-buffers-4, at least 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub backpressure_at: Option<u32>,
+    /// Never wait for the receiver. Shows what backpressure prevents: with
+    /// a receiver slower than the sender (--consume-us) slots are
+    /// overwritten before they are consumed, the receiver counts the
+    /// overruns and the run exits 3.
+    #[arg(long)]
+    pub no_backpressure: bool,
+    /// Microseconds the receiver spends on each slot after checking it,
+    /// as a slow consumer would.
+    #[arg(long, default_value_t = 0)]
+    pub consume_us: u64,
+}
+
+impl RingArgs {
+    /// `--progress-every` in effect.
+    pub fn every(&self) -> u64 {
+        self.progress_every.unwrap_or((self.num_buffers / 4).max(1)) as u64
+    }
+
+    /// `--backpressure-at` in effect.
+    pub fn at(&self) -> u64 {
+        let default = self.num_buffers.saturating_sub(4).max(1);
+        self.backpressure_at.unwrap_or(default) as u64
+    }
+
+    /// Checks these options before anything is allocated: what clap cannot
+    /// express. `host_rings` rings of this size are to live in this
+    /// machine's memory (0 for rings in VRAM).
+    ///
+    /// Errors ([`UsageError`], exit 2): `--backpressure-at` over
+    /// `--num-buffers` (the sender would overwrite slots not yet consumed),
+    /// `--progress-every` over `--backpressure-at` (the sender would wait
+    /// for a report that never comes), a ring over 1 TiB, or more host
+    /// memory than this machine has available.
+    pub fn check(&self, host_rings: u64) -> Result<(), UsageError> {
+        let (n, payload, every, at) = (
+            self.num_buffers as u64,
+            self.buffer_size,
+            self.every(),
+            self.at(),
+        );
+        let ensure = |ok: bool, msg: String| if ok { Ok(()) } else { Err(UsageError(msg)) };
+        ensure(
+            at <= n,
+            format!(
+                "--backpressure-at {at} exceeds --num-buffers {n}: the sender would overwrite slots the receiver has not consumed"
+            ),
+        )?;
+        // The sender stops at `at` ahead and waits for a report; reports come
+        // every `every`. With every > at the receiver could consume everything
+        // posted without reaching the next report: both would wait forever.
+        ensure(
+            every <= at,
+            format!(
+                "--progress-every {every} exceeds --backpressure-at {at}: the sender would wait for a report that never comes"
+            ),
+        )?;
+        let ring = (payload as u128 + HEADER_BYTES as u128) * n as u128;
+        ensure(
+            ring <= 1 << 40,
+            format!(
+                "--num-buffers {n} × (--buffer-size {payload} + an 8-byte header) is {ring} bytes, more than 1 TiB: \
+                 use fewer or smaller slots"
+            ),
+        )?;
+        if host_rings == 0 {
+            return Ok(());
+        }
+        crate::cli::check_host_memory(
+            ring as u64 * host_rings,
+            &format!(
+                "{host_rings} ring(s) of {n} × {} (--num-buffers × --buffer-size, plus headers)",
+                crate::cli::fmt_bytes(payload)
+            ),
+            "use fewer or smaller slots (--num-buffers, --buffer-size)",
+        )
+    }
 }
