@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
-use nixl_examples::cli::{DataMismatch, exit_status, parse_bytes, parse_timeout};
+use nixl_examples::cli::{DataMismatch, exit_status, parse_bytes, parse_timeout, store_error};
 use nixl_examples::gpu::kernels::{MemViewElem, active_groups, slice_for};
 use nixl_examples::gpu::module::{Fatbin, load};
 use nixl_examples::gpu::{DeviceBuffer, Gpu};
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
 /// Hosts the store on a free port and runs target and initiator as
 /// children: this program again, with our arguments plus the role's.
 fn run_both(a: &Args) -> Result<ExitCode> {
-    let store = TcpStore::open(&StoreOptions::server(0, timeout(a)))?;
+    let store = TcpStore::open(&StoreOptions::server(0, timeout(a))).map_err(store_error)?;
     let target_gpu = (nixl_examples::gpu::context::device_count()? >= 2) as usize;
     let ours: Vec<String> = std::env::args().skip(1).collect();
     let role = |name: &str, gpu: usize| {
@@ -129,7 +129,8 @@ fn run_both(a: &Args) -> Result<ExitCode> {
 
 /// Exposes a data buffer and a signal, waits on the GPU, verifies.
 fn target(a: &Args) -> Result<ExitCode> {
-    let store = TcpStore::open(&StoreOptions::client("127.0.0.1", a.port, timeout(a)))?;
+    let store = TcpStore::open(&StoreOptions::client("127.0.0.1", a.port, timeout(a)))
+        .map_err(store_error)?;
     let gpu = Gpu::open(a.gpu.unwrap_or(0))?;
     let kernels = load(&gpu.ctx, Fatbin::PutAndSignal)?;
     let data = DeviceBuffer::zeroed(&gpu.ctx, a.size as usize)?;
@@ -197,7 +198,8 @@ fn wait_signal(
 
 /// Owns the source, writes it into the target's buffer from a kernel.
 fn initiator(a: &Args) -> Result<ExitCode> {
-    let store = TcpStore::open(&StoreOptions::client("127.0.0.1", a.port, timeout(a)))?;
+    let store = TcpStore::open(&StoreOptions::client("127.0.0.1", a.port, timeout(a)))
+        .map_err(store_error)?;
     let gpu = Gpu::open(a.gpu.unwrap_or(0))?;
     let kernels = load(&gpu.ctx, Fatbin::PutAndSignal)?;
     let mut host = vec![0u8; a.size as usize];

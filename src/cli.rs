@@ -261,10 +261,14 @@ pub fn store_error(e: store::StoreError) -> anyhow::Error {
     use store::StoreError as E;
     let fix = match &e {
         E::Bind { .. } => {
-            return anyhow::Error::new(UsageError(format!("{e}: stop it or pick another with --port")));
+            return anyhow::Error::new(UsageError(format!(
+                "{e}: stop it or pick another with --port"
+            )));
         }
         E::UnknownHost { source, .. } => return anyhow::anyhow!("{e} (check --host): {source}"),
-        E::Unreachable { .. } => "start the process that hosts the store first, or check --host/--port",
+        E::Unreachable { .. } => {
+            "start the process that hosts the store first, or check --host/--port"
+        }
         E::Timeout { .. } => "is the peer running, and on the same --host/--port?",
         E::WorkersTimeout { .. } => "start the peer process, or raise --timeout",
         E::NoReply { .. } => "raise --timeout if the store is only slow",

@@ -41,7 +41,15 @@ pub struct RunEnv {
 }
 
 /// The prefixes of [`RunEnv::env`].
-const ENV_PREFIXES: [&str; 7] = ["UCX_", "NIXL_", "CUDA_", "NCCL_", "TORCHELASTIC_", "MASTER_", "LOCAL_WORLD"];
+const ENV_PREFIXES: [&str; 7] = [
+    "UCX_",
+    "NIXL_",
+    "CUDA_",
+    "NCCL_",
+    "TORCHELASTIC_",
+    "MASTER_",
+    "LOCAL_WORLD",
+];
 
 impl RunEnv {
     /// What this process can know about where it runs, for `tool`
@@ -107,7 +115,11 @@ pub fn write_csv<R: Serialize>(path: &Path, info: &impl Serialize, rows: &[R]) -
     let mut w = csv::Writer::from_writer(out);
     w.write_record(&header)?;
     for row in &flat {
-        w.write_record(header.iter().map(|k| row.get(*k).map_or(String::new(), cell)))?;
+        w.write_record(
+            header
+                .iter()
+                .map(|k| row.get(*k).map_or(String::new(), cell)),
+        )?;
     }
     let out = w.into_inner().context("finishing the CSV")?;
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
@@ -118,7 +130,11 @@ fn flatten(prefix: &str, v: Value, cells: &mut Map<String, Value>) {
     match v {
         Value::Object(m) => {
             for (k, v) in m {
-                let key = if prefix.is_empty() { k } else { format!("{prefix}_{k}") };
+                let key = if prefix.is_empty() {
+                    k
+                } else {
+                    format!("{prefix}_{k}")
+                };
                 flatten(&key, v, cells);
             }
         }
@@ -159,8 +175,18 @@ mod tests {
     #[test]
     fn nested_fields_flatten_in_order_and_cells_are_quoted() {
         let rows = [
-            Row { mode: "ht", time: None, ranks: vec![1, 2], note: "a, b" },
-            Row { mode: "ll", time: Some(Inner { p50_ns: 1.5 }), ranks: vec![], note: "" },
+            Row {
+                mode: "ht",
+                time: None,
+                ranks: vec![1, 2],
+                note: "a, b",
+            },
+            Row {
+                mode: "ll",
+                time: Some(Inner { p50_ns: 1.5 }),
+                ranks: vec![],
+                note: "",
+            },
         ];
         let path = std::env::temp_dir().join(format!("results-csv-{}.csv", std::process::id()));
         write_csv(&path, &serde_json::json!({"seed": 7}), &rows).unwrap();

@@ -112,7 +112,10 @@ fn default_candidates(manifest: &Path) -> Vec<(&'static str, PathBuf)> {
     let mut candidates = Vec::new();
     let workspace = manifest.ancestors().nth(2).unwrap_or(manifest);
     for root in [manifest, workspace] {
-        candidates.push((".deps (scripts/setup.sh)", root.join(".deps/libtorch/torch")));
+        candidates.push((
+            ".deps (scripts/setup.sh)",
+            root.join(".deps/libtorch/torch"),
+        ));
         if let Ok(entries) = std::fs::read_dir(root.join(".venv/lib")) {
             for entry in entries.flatten() {
                 candidates.push((".venv torch", entry.path().join("site-packages/torch")));

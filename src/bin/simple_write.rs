@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
+use nixl_examples::cli::{self, StoreBackend};
 use nixl_examples::cli::{
     UsageError, check_port_free, exit_status, fmt_bytes, fmt_timeout, parse_bytes, parse_timeout,
 };
@@ -30,7 +31,6 @@ use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target};
-use nixl_examples::cli::{self, StoreBackend};
 use nixl_examples::store::{self, StoreError, StoreOptions};
 use nixl_examples::{interrupt, logging, say};
 use tracing::info;

@@ -10,9 +10,9 @@ use anyhow::Result;
 
 use super::env::RankEnv;
 use super::keys::Keys;
+use crate::cli::StoreBackend;
 use crate::group::{Entry, Host, Member, Roster, Value, join_store};
 use crate::store::native::TcpStore;
-use crate::cli::StoreBackend;
 use crate::store::{Store, StoreError, StoreOptions};
 
 /// One rank's handle on the run: its [`Member`] (every membership call,

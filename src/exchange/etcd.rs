@@ -145,7 +145,9 @@ impl Etcd {
                 .get("key")
                 .and_then(|k| k.as_str())
                 .ok_or_else(|| self.bad(path, "a kv without \"key\""))?;
-            let bytes = B64.decode(raw).map_err(|_| self.bad(path, "a key that is not base64"))?;
+            let bytes = B64
+                .decode(raw)
+                .map_err(|_| self.bad(path, "a key that is not base64"))?;
             keys.push(String::from_utf8_lossy(&bytes).into_owned());
         }
         keys.sort();
@@ -232,7 +234,10 @@ mod tests {
         let err = e.version().unwrap_err();
         assert!(matches!(err, EtcdError::Unreachable { .. }), "{err:?}");
         let msg = err.to_string();
-        assert!(msg.contains("http://127.0.0.1:1") && msg.contains("--etcd-endpoints"), "{msg}");
+        assert!(
+            msg.contains("http://127.0.0.1:1") && msg.contains("--etcd-endpoints"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -206,10 +206,7 @@ impl ExchangeHost {
                         "--store libtorch needs an explicit --port (torch's server does not report the port it bound)"
                     );
                 }
-                (
-                    args.store.open(&opts).map_err(usage)?,
-                    args.port,
-                )
+                (args.store.open(&opts).map_err(usage)?, args.port)
             }
         };
         crate::say!("[main] Started TCPStore on port {port}");

@@ -48,9 +48,7 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// The server could not bind its port.
-    #[error(
-        "cannot listen on {addr}: {source}; another process (an earlier run?) holds the port"
-    )]
+    #[error("cannot listen on {addr}: {source}; another process (an earlier run?) holds the port")]
     Bind {
         /// The address(es) tried, e.g. `[::]:9998 (and 0.0.0.0:9998)`.
         addr: String,

@@ -7,10 +7,10 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use suite::{Raw, f};
 use tcpstore::native::wire::{self, Request};
 use tcpstore::native::{TcpStore, TcpStoreServer};
 use tcpstore::{Store, StoreError, StoreOptions};
-use suite::{Raw, f};
 
 fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
     StoreOptions {
@@ -130,7 +130,10 @@ fn port_in_use_is_a_bind_error() {
     }
     // The store's words name the port and no program's flags.
     let msg = err.to_string();
-    assert!(msg.contains(&first.port().to_string()) && !msg.contains("--"), "{msg}");
+    assert!(
+        msg.contains(&first.port().to_string()) && !msg.contains("--"),
+        "{msg}"
+    );
     // Also against a plain IPv4 listener of another program.
     let other = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
     let port = other.local_addr().unwrap().port();

@@ -17,9 +17,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use silent_server::SilentStore;
 use tcpstore::native::TcpStore;
 use tcpstore::{Stalled, Store, StoreError, StoreOptions};
-use silent_server::SilentStore;
 
 /// The store timeout (the binaries' `--timeout`) of most tests here.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -57,9 +57,7 @@ fn native(o: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
 
 #[cfg(feature = "libtorch")]
 fn torch(o: &StoreOptions) -> Result<Box<dyn Store>, StoreError> {
-    Ok(Box::new(tcpstore::libtorch::TorchStore::open(
-        o,
-    )?))
+    Ok(Box::new(tcpstore::libtorch::TorchStore::open(o)?))
 }
 
 /// The threads of this process that this test started, directly or not,
