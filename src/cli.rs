@@ -448,21 +448,3 @@ impl clap::ValueEnum for crate::gpu::kernels::Path {
         Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }
-
-impl clap::ValueEnum for crate::slots::Coverage {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        use crate::slots::Coverage;
-        let help = match self {
-            Coverage::Full => "every payload byte is written and checked",
-            Coverage::Sample => {
-                "header plus the first, the last and one sequence-dependent 4 KiB block of each payload; \
-                 the rest of a slot keeps older bytes. For measuring the transfer pipeline without the \
-                 cost of generating and checking every byte"
-            }
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
-    }
-}

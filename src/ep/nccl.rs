@@ -26,24 +26,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cudarc::nccl::{result, sys};
-use serde::{Deserialize, Serialize};
 
 use super::group::Group;
 use super::layout::PairBytes;
+pub use super::report::{NcclStatus, NcclTimes};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::group::Bytes;
 
 /// Set (to the library's path) in the re-executed process.
 const REEXEC_MARK: &str = "NIXL_EP_NCCL_REEXEC";
-
-/// Whether NCCL can be used in this process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum NcclStatus {
-    /// Loaded: NCCL's version, e.g. `2.27.7`.
-    Ready(String),
-    /// Why not, with what to do about it.
-    Unavailable(String),
-}
 
 /// Makes NCCL loadable by cudarc, re-executing this process once if
 /// needed (see the module docs). Call before any thread or connection
@@ -167,14 +158,6 @@ fn reexec_with(lib: &Path) -> Result<std::convert::Infallible, String> {
     Err(format!(
         "re-executing with NCCL on LD_LIBRARY_PATH failed: {err}"
     ))
-}
-
-/// NCCL's per-iteration times of one run, ns (warm-up excluded).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct NcclTimes {
-    pub version: String,
-    pub dispatch_ns: Vec<f64>,
-    pub combine_ns: Vec<f64>,
 }
 
 /// The NCCL unique id, through the store: rank 0 makes it, the others read it.

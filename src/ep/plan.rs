@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::config::RunConfig;
-use super::nccl::NcclStatus;
+use super::report::NcclStatus;
 use super::report::RankInfo;
 use crate::cli::UsageError;
 

@@ -207,7 +207,7 @@ impl<'a> Member<'a> {
     /// Runs `work` as this member, with the heartbeat going throughout;
     /// then on failure the abort (unless the error is wrong data that the
     /// roster publishes as a verdict), and on every path our keys deleted
-    /// and us counted out ([`Member::count_out`]); our heartbeat key goes
+    /// and us counted out (`count_out`); our heartbeat key goes
     /// last, once we no longer beat.
     pub fn run<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
         let out = self.with_heartbeat(|| {

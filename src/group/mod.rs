@@ -54,6 +54,7 @@
 //! a store a member hosts goes with it.
 
 pub mod entry;
+mod liveness;
 mod member;
 mod open;
 mod watch;
