@@ -137,10 +137,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let tag = match std::env::var("RANK") {
-        Ok(r) => format!("rank {r}"),
-        Err(_) => "collectives".into(),
-    };
+    let tag = RankEnv::tag("collectives");
     nixl_examples::logging::init(&tag);
     real_main(args).unwrap_or_else(|e| exit_status(&tag, &e))
 }
@@ -148,17 +145,7 @@ fn main() -> ExitCode {
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
     let env = RankEnv::from_env()?;
-    let world = match (&env, args.ranks) {
-        (Some(e), Some(n)) if n != e.world => {
-            return Err(UsageError(format!(
-                "--ranks {n} but WORLD_SIZE={}: drop --ranks under torchrun",
-                e.world
-            ))
-            .into());
-        }
-        (Some(e), _) => e.world,
-        (None, n) => n.unwrap_or(2),
-    };
+    let world = RankEnv::world(env.as_ref(), args.ranks)?;
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = match args.check_connection {
         true => None,

@@ -150,10 +150,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let tag = match std::env::var("RANK") {
-        Ok(r) => format!("rank {r}"),
-        Err(_) => "ep".into(),
-    };
+    let tag = RankEnv::tag("ep");
     nixl_examples::logging::init(&tag);
     real_main(args).unwrap_or_else(|e| exit_status(&tag, &e))
 }
@@ -161,17 +158,7 @@ fn main() -> ExitCode {
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
     let env = RankEnv::from_env()?;
-    let world = match (&env, args.ranks) {
-        (Some(e), Some(n)) if n != e.world => {
-            return Err(UsageError(format!(
-                "--ranks {n} but WORLD_SIZE={}: drop --ranks under torchrun",
-                e.world
-            ))
-            .into());
-        }
-        (Some(e), _) => e.world,
-        (None, n) => n.unwrap_or(2),
-    };
+    let world = RankEnv::world(env.as_ref(), args.ranks)?;
     let inject = parse_inject(args.inject.as_deref(), world)?;
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = if args.check_connection {

@@ -16,6 +16,7 @@ use super::report::{self, RankTimes, Row};
 use super::session::{Context, RankInfo, Session, connect_nccl};
 use crate::cli::{UsageError, fmt_bytes};
 use crate::ep::nccl::{self as ep_nccl, NcclStatus};
+use crate::ep::plan::{RankGpu, sm_share};
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
 use crate::say;
@@ -197,19 +198,11 @@ fn agree_config(g: &Group, cfg: &RunConfig) -> Result<()> {
 /// per rank leaves room for the other ranks' blocks and their fill and
 /// check kernels under MPS), the smallest share wins; `--blocks` overrides.
 pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Plan {
-    let sharing = |i: &RankInfo| {
-        infos
-            .iter()
-            .filter(|j| j.host == i.host && j.gpu_uuid == i.gpu_uuid)
-            .count() as u32
-    };
-    let max_ranks_on_gpu = infos.iter().map(sharing).max().unwrap_or(1);
-    let share = infos
+    let gpus: Vec<RankGpu> = infos
         .iter()
-        .map(|i| i.sm_count / sharing(i))
-        .min()
-        .unwrap_or(1)
-        .max(1);
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
+        .collect();
+    let (max_ranks_on_gpu, share) = sm_share(&gpus);
     Plan {
         max_blocks: cfg.blocks.unwrap_or(share).clamp(1, MAX_BLOCKS),
         max_ranks_on_gpu,

@@ -26,6 +26,28 @@ pub struct RankEnv {
 }
 
 impl RankEnv {
+    /// The run's rank count: `WORLD_SIZE` under a launcher (torchrun),
+    /// else `--ranks` (default 2). Both given and different is a usage error.
+    pub fn world(env: Option<&Self>, ranks: Option<u32>) -> Result<u32, UsageError> {
+        match (env, ranks) {
+            (Some(e), Some(n)) if n != e.world => Err(UsageError(format!(
+                "--ranks {n} but WORLD_SIZE={}: drop --ranks under torchrun",
+                e.world
+            ))),
+            (Some(e), _) => Ok(e.world),
+            (None, n) => Ok(n.unwrap_or(2)),
+        }
+    }
+
+    /// The `[tag]` of this process's lines: `rank R` for a rank, else the
+    /// program's name (the launcher).
+    pub fn tag(program: &str) -> String {
+        match std::env::var("RANK") {
+            Ok(r) => format!("rank {r}"),
+            Err(_) => program.into(),
+        }
+    }
+
     /// Reads the process environment; `None` when `RANK` is unset (this
     /// process is not a rank: it launches them).
     pub fn from_env() -> Result<Option<Self>, UsageError> {

@@ -48,19 +48,12 @@ pub struct Plan {
 /// rank's share of its GPU's SMs, the smallest share wins), and whether the
 /// NCCL baseline can run (one rank per GPU, NCCL everywhere).
 pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
-    let sharing = |i: &RankInfo| {
-        infos
-            .iter()
-            .filter(|j| j.host == i.host && j.gpu_uuid == i.gpu_uuid)
-            .count() as u32
-    };
-    let max_ranks_on_gpu = infos.iter().map(sharing).max().unwrap_or(1);
-    let share = infos
+    let gpus: Vec<RankGpu> = infos
         .iter()
-        .map(|i| i.sm_count / sharing(i))
-        .min()
-        .unwrap_or(1)
-        .max(1);
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
+        .collect();
+    let (max_ranks_on_gpu, share) = sm_share(&gpus);
+    let sharing = |i: &RankInfo| ranks_sharing(&gpus, (&i.host, &i.gpu_uuid));
     let blocks = cfg.blocks.unwrap_or(share);
     for i in infos {
         // A rank that counts every rank on its GPU releases at GPU scope
@@ -107,4 +100,28 @@ pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
         max_ranks_on_gpu,
         baseline_skip,
     })
+}
+
+/// A rank's GPU as the plan sees it: (host, GPU UUID, SM count).
+pub type RankGpu<'a> = (&'a str, &'a str, u32);
+
+/// (the most ranks sharing one GPU, each rank's share of its GPU's SMs with
+/// the smallest share winning, at least 1): one block per SM per rank
+/// leaves room for the other ranks' blocks under MPS. Ranks share a GPU
+/// when host and UUID match.
+pub fn sm_share(gpus: &[RankGpu]) -> (u32, u32) {
+    let sharing = |g: &RankGpu| ranks_sharing(gpus, (g.0, g.1));
+    let max_ranks_on_gpu = gpus.iter().map(sharing).max().unwrap_or(1);
+    let share = gpus
+        .iter()
+        .map(|g| g.2 / sharing(g))
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    (max_ranks_on_gpu, share)
+}
+
+/// How many of `gpus` run on the GPU `(host, uuid)`.
+pub fn ranks_sharing(gpus: &[RankGpu], (host, uuid): (&str, &str)) -> u32 {
+    gpus.iter().filter(|g| g.0 == host && g.1 == uuid).count() as u32
 }
