@@ -62,6 +62,8 @@ struct CollParams {
     uint32_t algo;
     uint32_t path;
     uint32_t dtype;
+    uint32_t same_gpu;  // 1: every rank runs on this GPU, GPU-scope ordering suffices
+    uint32_t reserved;
 };
 
 // The first 40 bytes are the project's KernelReport (src/gpu/kernels.rs),
@@ -82,12 +84,17 @@ struct CollReport {
 };
 
 // Block 0's clock at the call's first instruction and after its last wait
-// and its share of the work (cycles, calibrated against %globaltimer on the host).
+// and its share of the work (cycles, calibrated against %globaltimer on the host),
+// and its clock where the first phase's steps end (where the time goes).
 struct CollTiming {
     uint64_t clock_start;
     uint64_t clock_end;
     uint64_t gt_start;
     uint64_t gt_end;
+    uint64_t clock_setup;      // peer pointers looked up
+    uint64_t clock_sent;       // phase 0's data pushed
+    uint64_t clock_signalled;  // phase 0's fence and signals done
+    uint64_t clock_waited;     // every peer's phase-0 signal seen
 };
 
 // What the fill and check kernels work on (src/collectives/kernels.rs CollData).
@@ -114,9 +121,9 @@ struct CollVerify {
     uint64_t checked;  // elements compared
 };
 
-static_assert(sizeof(CollParams) == 136, "CollParams layout is shared with the host");
+static_assert(sizeof(CollParams) == 144, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
-static_assert(sizeof(CollTiming) == 32, "CollTiming layout is shared with the host");
+static_assert(sizeof(CollTiming) == 64, "CollTiming layout is shared with the host");
 static_assert(sizeof(CollReport) == 64, "CollReport layout is shared with the host");
 static_assert(offsetof(CollReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
 static_assert(sizeof(CollData) == 56, "CollData layout is shared with the host");
@@ -258,11 +265,20 @@ __device__ __forceinline__ uint64_t flag_offset(const CollParams &p, uint32_t ph
     return p.off_flags + 8ull * ((uint64_t(phase) * COLL_MAX_BLOCKS + blockIdx.x) * COLL_MAX_RANKS + src);
 }
 
+// Block 0's clock into a stamp of this call (phase 0 only).
+__device__ __forceinline__ void stamp_phase(const CollParams &p, uint32_t phase, uint64_t CollTiming::*at) {
+    if (phase == 0 && blockIdx.x == 0 && threadIdx.x == 0) p.timing->*at = clock64();
+}
+
 // After this block's copies: tells every peer this block's data of `phase`
-// is there. Each thread fences its own stores (system scope) before the
-// barrier, so the flag cannot overtake any of them.
+// is there. Each thread fences its own stores before the barrier, so the
+// flag cannot overtake any of them: at GPU scope when every rank runs on
+// this GPU (the peers read through the same L2; a system-scope fence costs
+// ~0.3 µs more per signal there), at system scope across GPUs.
 __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase) {
-    __threadfence_system();
+    stamp_phase(p, phase, &CollTiming::clock_sent);
+    if (p.same_gpu) __threadfence();
+    else __threadfence_system();
     __syncthreads();
     const uint32_t d = threadIdx.x;
     uint64_t *sent = &p.sent[phase * COLL_MAX_BLOCKS + blockIdx.x];
@@ -270,9 +286,11 @@ __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase
     if (d < p.ranks && d != p.rank) {
         const uint64_t slot = flag_offset(p, phase, p.rank);
         if (p.path == COLL_PATH_STORE) {
-            if (b.ptr[d] != nullptr) {
-                cuda::atomic_ref<uint64_t, cuda::thread_scope_system> f(*reinterpret_cast<uint64_t *>(b.ptr[d] + slot));
-                f.store(p.epoch, cuda::memory_order_release);
+            uint64_t *flag = b.ptr[d] == nullptr ? nullptr : reinterpret_cast<uint64_t *>(b.ptr[d] + slot);
+            if (flag != nullptr && p.same_gpu) {
+                cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*flag).store(p.epoch, cuda::memory_order_release);
+            } else if (flag != nullptr) {
+                cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*flag).store(p.epoch, cuda::memory_order_release);
             }
         } else {
             // The slot holds `last` (only this rank writes it): add the difference.
@@ -282,6 +300,7 @@ __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase
     }
     __syncthreads();
     if (threadIdx.x == 0) *sent = p.epoch;
+    stamp_phase(p, phase, &CollTiming::clock_signalled);
 }
 
 // Waits until every peer's block of the same index signalled `phase` of
@@ -292,9 +311,11 @@ __device__ bool wait_peers(const CollParams &p, Peers &b, uint32_t phase) {
         const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
         const uint64_t *slot = reinterpret_cast<const uint64_t *>(p.window + flag_offset(p, phase, s));
         if (!coll_wait(slot, p.epoch, deadline, p.report, phase, s)) b.ok = false;
-        cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+        if (p.same_gpu) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+        else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
     }
     __syncthreads();
+    stamp_phase(p, phase, &CollTiming::clock_waited);
     return b.ok;
 }
 
@@ -462,6 +483,7 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p
     }
     if (given_up(p.report)) return;
     peers_setup(p, b);
+    stamp_phase(p, 0, &CollTiming::clock_setup);
     if (p.op == COLL_ALLREDUCE && p.algo == COLL_ONE_SHOT) allreduce_one_shot(p, b);
     else if (p.op == COLL_ALLREDUCE) allreduce_two_shot(p, b);
     else if (p.op == COLL_ALLGATHER) allgather(p, b);

@@ -17,7 +17,7 @@ use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
 use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
-use nixl_examples::collectives::plan::{Place, RunConfig};
+use nixl_examples::collectives::plan::{Launch, Place, RunConfig};
 use nixl_examples::collectives::run::{self, Outputs};
 
 /// Collectives the GPU drives itself, over NIXL's device API.
@@ -117,6 +117,13 @@ struct Args {
     /// NIXL agents; no GPU used.
     #[arg(long)]
     check_connection: bool,
+
+    /// How the timed calls (ours and NCCL's) are launched: stream (one
+    /// launch each, back to back) or graph (captured once into a CUDA graph
+    /// per case, the graph launched; nccl-tests' -G). Run both to see what
+    /// launches cost.
+    #[arg(long, value_enum, default_value_t = Launch::Stream)]
+    launch: Launch,
 
     /// Skip NCCL's same-run calls.
     #[arg(long)]
@@ -228,6 +235,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         baseline: !args.no_baseline,
+        launch: args.launch,
         corrupt_rank,
     };
     cfg.validate()?;

@@ -26,6 +26,26 @@ impl Place {
     }
 }
 
+/// How the timed calls reach the GPU (`--launch`): each launched on the
+/// stream back to back, or all captured once into a CUDA graph and that
+/// graph launched (nccl-tests' `-G`). NCCL's calls are timed the same way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Launch {
+    #[default]
+    Stream,
+    Graph,
+}
+
+impl Launch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launch::Stream => "stream",
+            Launch::Graph => "graph",
+        }
+    }
+}
+
 /// What every rank must run the same way (rank 0's is checked against
 /// every other rank's).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +65,9 @@ pub struct RunConfig {
     /// `--blocks`: the block limit per call, instead of the GPU's share.
     pub blocks: Option<u32>,
     pub baseline: bool,
+    /// Stream launches or one CUDA graph per case's timed calls.
+    #[serde(default)]
+    pub launch: Launch,
     /// Test hook: this rank corrupts one output element of its first timed call.
     pub corrupt_rank: Option<u32>,
 }
@@ -175,6 +198,7 @@ mod tests {
             timeout_ns: 1,
             blocks: None,
             baseline: true,
+            launch: Launch::Stream,
             corrupt_rank: None,
         }
     }
