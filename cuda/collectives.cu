@@ -35,7 +35,7 @@ constexpr uint32_t COLL_THREADS = 512;
 constexpr uint64_t COLL_ALIGN_ELEMS = 8;
 
 enum : uint32_t { COLL_ALLREDUCE = 0, COLL_ALLGATHER = 1, COLL_REDUCE_SCATTER = 2 };
-enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1 };
+enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1, COLL_LL = 2 };
 enum : uint32_t { COLL_PATH_PUT = 0, COLL_PATH_STORE = 1 };
 enum : uint32_t { COLL_F32 = 0, COLL_BF16 = 1 };
 
@@ -163,29 +163,33 @@ __device__ __forceinline__ bool given_up(const CollReport *r) {
 // Wrap-safe "reached": the slot's epoch is at or past the target.
 __device__ __forceinline__ bool reached(uint64_t v, uint64_t target) { return int64_t(v - target) >= 0; }
 
-// Spins (one thread) until *slot reaches `target`. Gives up at the deadline,
-// when the host raises the cancel flag, or when another block gave up; then
-// records what it waited for. Every spin in this file goes through here.
+// Whether a spin may go on: not past the deadline, nor once the host raised
+// the cancel flag or another thread gave up. The first to give up records
+// what it waited for (`seen`: the value it saw last). Every spin in this
+// file asks it every 64 polls.
+__device__ bool keep_waiting(CollReport *r, uint64_t deadline, uint64_t seen, uint64_t target, uint32_t phase,
+                             uint32_t rank) {
+    uint32_t why = 0;
+    if (globaltimer_ns() > deadline) why = 1;
+    else if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
+    else if (given_up(r)) return false;
+    if (why == 0) return true;
+    if (atomicCAS(&r->timed_out, 0u, why) == 0) {
+        r->observed = seen;
+        r->wait_phase = phase;
+        r->wait_rank = rank;
+        r->wait_block = blockIdx.x;
+        r->wait_target = target;
+    }
+    return false;
+}
+
+// Spins (one thread) until *slot reaches `target`, or keep_waiting says stop.
 __device__ bool coll_wait(const uint64_t *slot, uint64_t target, uint64_t deadline, CollReport *r, uint32_t phase,
                           uint32_t rank) {
     uint64_t v = load_relaxed_system(slot);
     for (uint32_t n = 1; !reached(v, target); ++n) {
-        if ((n & 63) == 0) {
-            uint32_t why = 0;
-            if (globaltimer_ns() > deadline) why = 1;
-            else if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
-            else if (given_up(r)) return false;
-            if (why != 0) {
-                if (atomicCAS(&r->timed_out, 0u, why) == 0) {
-                    r->observed = v;
-                    r->wait_phase = phase;
-                    r->wait_rank = rank;
-                    r->wait_block = blockIdx.x;
-                    r->wait_target = target;
-                }
-                return false;
-            }
-        }
+        if ((n & 63) == 0 && !keep_waiting(r, deadline, v, target, phase, rank)) return false;
         v = load_relaxed_system(slot);
     }
     return true;
@@ -473,6 +477,115 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
     reduce(p, b, p.window + p.off_out, lo, hi);
 }
 
+// ------------------------------------------------------------- LL lines
+
+// A line is {u32 data, u32 epoch, u32 data, u32 epoch}: 8 bytes of data and
+// the call's epoch (low 32 bits) twice, written with one 16-byte store, so a
+// reader that sees the epoch in both halves has the data too — no fence, no
+// separate flag (NCCL's LL protocol; src/gpu/ll.rs has the format). A
+// line's old contents carry an older epoch, so nothing is cleared.
+
+// Data bytes [8k, 8k + 8) of `src` (`bytes` in all; zeros past the end).
+__device__ __forceinline__ uint2 ll_payload(const uint8_t *src, uint64_t k, uint64_t bytes) {
+    const uint64_t at = 8 * k;
+    if (at + 8 <= bytes) return *reinterpret_cast<const uint2 *>(src + at);
+    uint32_t h[4] = {0, 0, 0, 0};
+    for (uint32_t j = 0; j < 4 && at + 2 * j < bytes; ++j) h[j] = reinterpret_cast<const uint16_t *>(src + at)[j];
+    return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+}
+
+// Writes the 8 data bytes of line k into `dst` (only those before `bytes`).
+__device__ __forceinline__ void ll_unpack(uint8_t *dst, uint64_t k, uint64_t bytes, uint2 v) {
+    const uint64_t at = 8 * k;
+    if (at + 8 <= bytes) {
+        *reinterpret_cast<uint2 *>(dst + at) = v;
+        return;
+    }
+    const uint32_t h[4] = {v.x & 0xffff, v.x >> 16, v.y & 0xffff, v.y >> 16};
+    for (uint32_t j = 0; j < 4 && at + 2 * j < bytes; ++j) reinterpret_cast<uint16_t *>(dst + at)[j] = uint16_t(h[j]);
+}
+
+__device__ __forceinline__ void ll_store(uint8_t *dst, uint2 v, uint32_t epoch) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(epoch), "r"(v.y),
+                 "r"(epoch)
+                 : "memory");
+}
+
+// Polls a line until both halves carry `epoch`; its data into `out`.
+__device__ bool ll_wait(const uint8_t *line, uint32_t epoch, uint64_t deadline, const CollParams &p, uint32_t src,
+                        uint2 &out) {
+    uint4 v;
+    for (uint32_t n = 1;; ++n) {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(line)
+                     : "memory");
+        if (v.y == epoch && v.w == epoch) break;
+        if ((n & 63) == 0 && !keep_waiting(p.report, deadline, v.y, epoch, 0, src)) return false;
+    }
+    out = make_uint2(v.x, v.z);
+    return true;
+}
+
+// Adds the 8 data bytes of a line (2 f32 or 4 bf16) into `a`, in f32.
+__device__ __forceinline__ void ll_add(float (&a)[4], uint2 w, bool bf16) {
+    if (!bf16) {
+        a[0] += __uint_as_float(w.x);
+        a[1] += __uint_as_float(w.y);
+        return;
+    }
+    const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w.x));
+    const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w.y));
+    a[0] += f0.x;
+    a[1] += f0.y;
+    a[2] += f1.x;
+    a[3] += f1.y;
+}
+
+__device__ __forceinline__ uint2 ll_pack(const float (&a)[4], bool bf16) {
+    if (!bf16) return make_uint2(__float_as_uint(a[0]), __float_as_uint(a[1]));
+    const __nv_bfloat162 h0 = __floats2bfloat162_rn(a[0], a[1]);
+    const __nv_bfloat162 h1 = __floats2bfloat162_rn(a[2], a[3]);
+    return make_uint2(*reinterpret_cast<const uint32_t *>(&h0), *reinterpret_cast<const uint32_t *>(&h1));
+}
+
+// LL allreduce (store path, small sizes): one-shot's data movement in lines.
+// Thread t of block b stores lines t, t + blockDim, … of the block's slice
+// into every peer's LL row for us, then polls the same lines of every
+// peer's row in ours and sums all N in rank order, as reduce_into does (so
+// the results are bit-identical to one-shot's). Off the store path's
+// fence → barrier → flag → poll chain, a line costs one store one way.
+__device__ void allreduce_ll(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p), bytes = p.count * E;
+    const bool bf16 = p.dtype == COLL_BF16;
+    uint64_t lo, hi;
+    split(p.count, gridDim.x, blockIdx.x, lo, hi);
+    // Slices start at multiples of 16 bytes: whole lines, none shared.
+    const uint64_t k0 = lo * E / 8, k1 = (hi * E + 7) / 8;
+    const uint32_t epoch = uint32_t(p.epoch);
+    const uint8_t *in = p.window + p.off_in;
+    const uint64_t row = p.off_recv + p.rank * p.recv_stride;
+    for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+        const uint2 v = ll_payload(in, k, bytes);
+        for (uint32_t d = 0; d < p.ranks; ++d)
+            if (d != p.rank && b.ptr[d] != nullptr) ll_store(b.ptr[d] + row + 16 * k, v, epoch);
+    }
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+        float a[4] = {};
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            uint2 w;
+            if (s == p.rank) w = ll_payload(in, k, bytes);
+            else if (!ll_wait(p.window + p.off_recv + s * p.recv_stride + 16 * k, epoch, deadline, p, s, w)) return;
+            ll_add(a, w, bf16);
+        }
+        ll_unpack(p.window + p.off_out, k, bytes, ll_pack(a, bf16));
+    }
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
 // One call of one collective. Every rank launches the same grid.
 extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p) {
     __shared__ Peers b;
@@ -484,7 +597,8 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p
     if (given_up(p.report)) return;
     peers_setup(p, b);
     stamp_phase(p, 0, &CollTiming::clock_setup);
-    if (p.op == COLL_ALLREDUCE && p.algo == COLL_ONE_SHOT) allreduce_one_shot(p, b);
+    if (p.op == COLL_ALLREDUCE && p.algo == COLL_LL) allreduce_ll(p, b);
+    else if (p.op == COLL_ALLREDUCE && p.algo == COLL_ONE_SHOT) allreduce_one_shot(p, b);
     else if (p.op == COLL_ALLREDUCE) allreduce_two_shot(p, b);
     else if (p.op == COLL_ALLGATHER) allgather(p, b);
     else reduce_scatter(p, b);

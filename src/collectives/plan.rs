@@ -109,8 +109,9 @@ impl RunConfig {
                         in_place: false,
                         count,
                     };
-                    for algo in self.algo.algos(op, probe.bytes(self.ranks)) {
-                        for &path in &self.paths {
+                    let bytes = probe.bytes(self.ranks);
+                    for algo in self.algo.algos(op, bytes) {
+                        for &path in self.paths.iter().filter(|&&p| algo.runs(op, bytes, p)) {
                             for in_place in self.place.in_place() {
                                 cases.push(Case {
                                     op,
@@ -122,6 +123,9 @@ impl RunConfig {
                                 });
                             }
                         }
+                    }
+                    if cases.is_empty() {
+                        continue;
                     }
                     out.push(Group {
                         op,
@@ -142,6 +146,17 @@ impl RunConfig {
                 "{} ranks: the kernels are written for at most {}",
                 self.ranks,
                 super::layout::MAX_RANKS
+            )));
+        }
+        if self.algo == AlgoChoice::Ll && !self.paths.contains(&Path::Store) {
+            return Err(UsageError(
+                "--algo ll runs on the store path only (its lines need peer pointers): use --path store or both".into(),
+            ));
+        }
+        if self.algo == AlgoChoice::Ll && self.sizes[0] > super::layout::LL_MAX_BYTES {
+            return Err(UsageError(format!(
+                "--algo ll runs up to {}: lower -b",
+                fmt_bytes(super::layout::LL_MAX_BYTES)
             )));
         }
         let largest = *self.sizes.last().unwrap_or(&0);
@@ -213,7 +228,8 @@ mod tests {
         let ag = g.iter().find(|g| g.op == Op::Allgather).unwrap();
         assert_eq!(ag.bytes, (1 << 20) / 12 * 12);
         assert_eq!(ag.cases.len(), 4); // one algorithm × 2 paths × 2 places
-        assert_eq!(g[0].cases.len(), 8); // allreduce: 2 algorithms × 2 × 2
+        assert_eq!(g[0].cases.len(), 10); // allreduce 8 B: 2 algorithms × 2 × 2, LL × store × 2
+        assert_eq!(g[1].cases.len(), 8); // 1 MiB: no LL
         assert!(c.validate().is_ok());
         let small = RunConfig {
             sizes: vec![8],

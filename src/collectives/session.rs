@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::kernels::{
     CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, phases,
 };
-use super::layout::{Case, MAX_BLOCKS, WindowLayout};
+use super::layout::{Algo, Case, MAX_BLOCKS, WindowLayout};
 use super::member::{Group, agent_name};
 use super::nccl::{self, Comm};
 use super::plan::{Launch, Plan, RunConfig};
@@ -285,8 +285,14 @@ impl Session {
             off_flags: self.layout.flags,
             off_in,
             off_out,
-            off_recv: self.layout.recv[(call % 2) as usize],
-            recv_stride: self.layout.recv_stride,
+            off_recv: match case.algo {
+                Algo::Ll => self.layout.ll[(call % 2) as usize],
+                _ => self.layout.recv[(call % 2) as usize],
+            },
+            recv_stride: match case.algo {
+                Algo::Ll => self.layout.ll_stride,
+                _ => self.layout.recv_stride,
+            },
             count: case.count,
             epoch: call + 1,
             timeout_ns: ctx.cfg.timeout_ns,
