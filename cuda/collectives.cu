@@ -64,6 +64,7 @@ struct CollParams {
     uint32_t dtype;
     uint32_t same_gpu;  // 1: every rank runs on this GPU, GPU-scope ordering suffices
     uint32_t reserved;
+    const uint64_t *peer_ptrs;  // [ranks]: nixlGetPtr of each peer, looked up once; or null
 };
 
 // The first 40 bytes are the project's KernelReport (src/gpu/kernels.rs),
@@ -121,7 +122,7 @@ struct CollVerify {
     uint64_t checked;  // elements compared
 };
 
-static_assert(sizeof(CollParams) == 144, "CollParams layout is shared with the host");
+static_assert(sizeof(CollParams) == 152, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
 static_assert(sizeof(CollTiming) == 64, "CollTiming layout is shared with the host");
 static_assert(sizeof(CollReport) == 64, "CollReport layout is shared with the host");
@@ -238,7 +239,10 @@ __device__ void peers_setup(const CollParams &p, Peers &b) {
         if (d == p.rank) {
             ptr = p.window;
         } else if (p.path == COLL_PATH_STORE) {
-            ptr = static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            // The session looked the pointers up once (coll_probe_ptrs):
+            // nixlGetPtr walks the view in device memory, ~0.5 µs a call.
+            ptr = p.peer_ptrs != nullptr ? reinterpret_cast<uint8_t *>(p.peer_ptrs[d])
+                                         : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
             if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
         }
         b.ptr[d] = ptr;

@@ -50,6 +50,9 @@ pub struct CollParams {
     /// 1 when every rank runs on this GPU: fences and signals at GPU scope.
     pub same_gpu: u32,
     pub reserved: u32,
+    /// `[ranks]` u64: every peer's window as `nixlGetPtr` gave it, looked
+    /// up once per session (0: the kernel calls `nixlGetPtr` itself).
+    pub peer_ptrs: u64,
 }
 
 /// `CollReport`: what went wrong in a call. Its first 40 bytes are
@@ -172,7 +175,7 @@ pub struct CollVerify {
 }
 
 const _: () = {
-    assert!(size_of::<CollParams>() == 144);
+    assert!(size_of::<CollParams>() == 152);
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
     assert!(size_of::<CollTiming>() == 64);
     assert!(size_of::<CollReport>() == 64);

@@ -86,6 +86,9 @@ pub struct Session {
     side: std::sync::Arc<CudaStream>,
     /// The gate's last value (it only grows).
     gates: Cell<u64>,
+    /// Every peer's window as `nixlGetPtr` gives it (store path), looked
+    /// up once by [`Session::check_pointers`].
+    ptrs: std::cell::OnceCell<DeviceBuffer>,
     nixl: UcxAgent,
     corrupted: Cell<bool>,
 }
@@ -155,6 +158,7 @@ impl Session {
             )?,
             side: ctx.gpu.ctx.new_stream()?,
             gates: Cell::new(0),
+            ptrs: std::cell::OnceCell::new(),
             window,
             nixl,
             corrupted: Cell::new(false),
@@ -168,6 +172,7 @@ impl Session {
 
     /// The store path needs every peer's window mapped into ours; every rank
     /// learns whether all can, so all stop together with the same message.
+    /// The pointers are kept for the kernels (`CollParams::peer_ptrs`).
     pub fn check_pointers(&self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
         let mut unreachable = Vec::new();
@@ -191,6 +196,9 @@ impl Session {
                 .filter(|(_, c)| c.iter().all(|&b| b == 0))
                 .map(|(r, _)| r)
                 .collect();
+            if unreachable.is_empty() {
+                let _ = self.ptrs.set(probe);
+            }
         }
         g.put(&g.rank_entry(g.rank, "store"), &unreachable)?;
         for r in 0..g.world {
@@ -304,6 +312,7 @@ impl Session {
             dtype: case.dtype.code(),
             same_gpu: u32::from(ctx.plan.max_ranks_on_gpu == ctx.group.world),
             reserved: 0,
+            peer_ptrs: self.ptrs.get().map_or(0, |b| b.addr()),
         }
     }
 
