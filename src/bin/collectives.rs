@@ -23,7 +23,9 @@ use nixl_examples::collectives::run::{self, Outputs};
 /// Collectives the GPU drives itself, over NIXL's device API.
 ///
 /// Allreduce (sum; one-shot: every rank pushes its input to every peer and
-/// sums all; two-shot: reduce-scatter then allgather), allgather and
+/// sums all; two-shot: reduce-scatter then allgather; ll: one-shot in
+/// 16-byte lines that carry the call's number beside 8 data bytes, store
+/// path, up to 64 KiB), allgather and
 /// reduce-scatter, in f32 and bf16, over nixlGetPtr stores (--path store,
 /// NVLink) or nixlPut + nixlAtomicAdd signals (--path put, any UCX device
 /// transport). Sizes sweep like nccl-tests (-b, -e, -f; the size is the
@@ -33,7 +35,11 @@ use nixl_examples::collectives::run::{self, Outputs};
 /// same call in the same run. Inputs are small integers, so every sum is
 /// exact: every output element is checked, of every warm-up call (each
 /// with fresh inputs) and, out of place, of the last two timed calls (the
-/// timed calls run back to back, as nccl-tests runs them).
+/// timed calls run back to back, as nccl-tests runs them, or replayed from
+/// one CUDA graph per case with --launch graph). The kern column is block
+/// 0's time inside the kernel; setup/push/sig/wait splits its first phase:
+/// peer pointers, pushing the data, fence and signals, waiting for every
+/// peer (for ll: the polls and the sum).
 ///
 /// Without RANK in the environment, `collectives` starts --ranks rank
 /// processes itself; under torchrun each process is one rank.
@@ -67,7 +73,8 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::ALL.to_vec())]
     op: Vec<Op>,
 
-    /// Allreduce algorithm: one-shot, two-shot, auto (by size), or all.
+    /// Allreduce algorithm: one-shot, two-shot, ll, auto (by size), or all
+    /// (ll only where it runs: store path, up to 64 KiB).
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,
 

@@ -140,7 +140,9 @@ impl AlgoChoice {
             (_, AlgoChoice::TwoShot) => vec![Algo::TwoShot],
             (_, AlgoChoice::Ll) => vec![Algo::Ll],
             (_, AlgoChoice::Auto) => vec![auto_algo(bytes)],
-            (_, AlgoChoice::All) if bytes <= LL_MAX_BYTES => vec![Algo::OneShot, Algo::TwoShot, Algo::Ll],
+            (_, AlgoChoice::All) if bytes <= LL_MAX_BYTES => {
+                vec![Algo::OneShot, Algo::TwoShot, Algo::Ll]
+            }
             (_, AlgoChoice::All) => vec![Algo::OneShot, Algo::TwoShot],
         }
     }
@@ -464,7 +466,10 @@ mod tests {
         assert_eq!(w.ll[0], w.recv[1] + 3 * 1024);
         assert_eq!(w.ll_stride, 2048); // 1000 B in 125 lines of 16 B, rounded to 256
         assert_eq!(w.bytes, w.ll[1] + 3 * 2048);
-        assert_eq!(WindowLayout::new(1 << 30, 2).ll_stride, ll_bytes(LL_MAX_BYTES));
+        assert_eq!(
+            WindowLayout::new(1 << 30, 2).ll_stride,
+            ll_bytes(LL_MAX_BYTES)
+        );
         let mut c = Case {
             op: Op::ReduceScatter,
             algo: Algo::OneShot,

@@ -242,7 +242,15 @@ mod tests {
         };
         let ours = Summary::of(&[1e6]); // 4 MiB in 1 ms
         let nccl = Summary::of(&[2e6]);
-        let r = row(&case, 4, 8, &ours, &ours, &[[1e3, 2e3, 3e3, 4e3]], Some(&nccl));
+        let r = row(
+            &case,
+            4,
+            8,
+            &ours,
+            &ours,
+            &[[1e3, 2e3, 3e3, 4e3]],
+            Some(&nccl),
+        );
         assert_eq!(r.phases_p50_us, [1.0, 2.0, 3.0, 4.0]);
         assert!((r.algbw_gbps - 4.194304).abs() < 1e-9);
         assert!((r.busbw_gbps - 4.194304 * 1.5).abs() < 1e-9);

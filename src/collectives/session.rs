@@ -289,7 +289,8 @@ impl Session {
             window: self.window.addr(),
             report: self.report.addr(),
             sent: self.sent.addr(),
-            timing: self.timing.addr() + (call % u64::from(ctx.cfg.calls())) * size_of::<CollTiming>() as u64,
+            timing: self.timing.addr()
+                + (call % u64::from(ctx.cfg.calls())) * size_of::<CollTiming>() as u64,
             off_flags: self.layout.flags,
             off_in,
             off_out,
@@ -347,7 +348,12 @@ impl Session {
     /// everything is queued), so the GPU runs them at its own pace, not at
     /// the rate the host launches them; two untimed calls after the gate
     /// absorb the ranks' different release times.
-    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 4]>)> {
+    fn run_case(
+        &self,
+        ctx: &Context,
+        case: &Case,
+        first: u64,
+    ) -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 4]>)> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
@@ -574,7 +580,11 @@ impl Timed {
     /// captured now (on a stream of their own, relaxed capture mode: the
     /// NCCL baseline is captured the same way).
     fn new(ctx: &Context, n: u64, call: &Call) -> Result<Self> {
-        let ev = || ctx.gpu.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
+        let ev = || {
+            ctx.gpu
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
         let events = (0..n)
             .map(|_| Ok((ev()?, ev()?)))
             .collect::<Result<Vec<_>>>()?;
