@@ -71,9 +71,11 @@ for path in files:
     except (OSError, ValueError) as e:
         print(f"plot_collectives.py: cannot read {path}: {e}", file=sys.stderr)
         sys.exit(1)
-fig, axes = plt.subplots(2 * len(docs), len(OPS), figsize=(6 * len(OPS), 4.5 * 2 * len(docs)), squeeze=False)
+# Only the operations some file ran.
+ops = [o for o in OPS if any(r["op"] == o for _, d in docs for r in d.get("rows", []))] or list(OPS)
+fig, axes = plt.subplots(2 * len(docs), len(ops), figsize=(6 * len(ops), 4.5 * 2 * len(docs)), squeeze=False)
 for i, (path, doc) in enumerate(docs):
-    for j, op in enumerate(OPS):
+    for j, op in enumerate(ops):
         plot_op(axes[2 * i][j], axes[2 * i + 1][j], doc.get("rows", []), op)
     axes[2 * i][0].annotate(title_of(path, doc.get("run", {})), (0, 1.12), xycoords="axes fraction", fontsize=10)
 fig.tight_layout()
