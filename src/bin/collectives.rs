@@ -17,7 +17,7 @@ use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
 use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
-use nixl_examples::collectives::plan::{Launch, Place, RunConfig};
+use nixl_examples::collectives::plan::{DataMode, Launch, Place, RunConfig};
 use nixl_examples::collectives::run::{self, Outputs};
 
 /// Collectives the GPU drives itself, over NIXL's device API.
@@ -33,7 +33,8 @@ use nixl_examples::collectives::run::{self, Outputs};
 /// excluded, GPU time per call (CUDA events; p50 and p99 over the calls of
 /// the slowest rank), algbw and busbw with nccl-tests' factors, and NCCL's
 /// same call in the same run. Inputs are small integers, so every sum is
-/// exact: every output element is checked, of every warm-up call (each
+/// exact (or, with --data random, random values checked within a stated
+/// bound): every output element is checked, of every warm-up call (each
 /// with fresh inputs) and, out of place, of the last two timed calls (the
 /// timed calls run back to back, as nccl-tests runs them, or replayed from
 /// one CUDA graph per case with --launch graph). The kern column is block
@@ -131,6 +132,14 @@ struct Args {
     /// launches cost.
     #[arg(long, value_enum, default_value_t = Launch::Stream)]
     launch: Launch,
+
+    /// Inputs: exact (small integers: every sum exact in bf16 and f32, every
+    /// element must equal the reference) or random (uniform in [-1, 1),
+    /// rounded to the type; a sum passes within 2·N·u·Σ|x| of the f32 sum in
+    /// rank order, u = 2^-24 for f32 and 2^-8 for bf16, which any order of
+    /// additions in the type meets, NCCL's included).
+    #[arg(long, value_enum, default_value_t = DataMode::Exact)]
+    data: DataMode,
 
     /// Skip NCCL's same-run calls.
     #[arg(long)]
@@ -243,6 +252,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         blocks: args.blocks,
         baseline: !args.no_baseline,
         launch: args.launch,
+        data: args.data,
         corrupt_rank,
     };
     cfg.validate()?;

@@ -158,7 +158,8 @@ pub struct CollData {
     pub op: u32,
     pub dtype: u32,
     pub call: u32,
-    pub reserved: u32,
+    /// 1: random inputs, compared within the bound of `--data random`.
+    pub random: u32,
 }
 
 /// `CollVerify`: the first wrong output element since it was zeroed.

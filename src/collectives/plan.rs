@@ -46,6 +46,20 @@ impl Launch {
     }
 }
 
+/// The inputs (`--data`): small integers, whose sums are exact in bf16 and
+/// f32 in any order (every output element must equal the reference), or
+/// uniform random values in [-1, 1) (rounded to the type), whose sums are
+/// compared within 2·N·u·Σ|x| of the f32 sum in rank order (u = 2^-24 for
+/// f32, 2^-8 for bf16): any order of additions in the type stays inside it,
+/// so NCCL's results pass too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataMode {
+    #[default]
+    Exact,
+    Random,
+}
+
 /// What every rank must run the same way (rank 0's is checked against
 /// every other rank's).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,6 +82,9 @@ pub struct RunConfig {
     /// Stream launches or one CUDA graph per case's timed calls.
     #[serde(default)]
     pub launch: Launch,
+    /// Exact small integers or random values within a bound.
+    #[serde(default)]
+    pub data: DataMode,
     /// Test hook: this rank corrupts one output element of its first timed call.
     pub corrupt_rank: Option<u32>,
 }
@@ -214,6 +231,7 @@ mod tests {
             blocks: None,
             baseline: true,
             launch: Launch::Stream,
+            data: DataMode::Exact,
             corrupt_rank: None,
         }
     }

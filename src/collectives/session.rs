@@ -24,7 +24,7 @@ use super::kernels::{
 use super::layout::{Algo, Case, MAX_BLOCKS, WindowLayout};
 use super::member::{Group, agent_name};
 use super::nccl::{self, Comm};
-use super::plan::{Launch, Plan, RunConfig};
+use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
 use crate::ep::nccl::NcclStatus;
@@ -328,7 +328,7 @@ impl Session {
             op: case.op.code(),
             dtype: case.dtype.code(),
             call: call as u32,
-            reserved: 0,
+            random: u32::from(ctx.cfg.data == DataMode::Random),
         }
     }
 }
