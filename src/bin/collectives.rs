@@ -17,13 +17,15 @@ use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
 use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
-use nixl_examples::collectives::plan::{Place, RunConfig};
+use nixl_examples::collectives::plan::{DataMode, Launch, Place, RunConfig};
 use nixl_examples::collectives::run::{self, Outputs};
 
 /// Collectives the GPU drives itself, over NIXL's device API.
 ///
 /// Allreduce (sum; one-shot: every rank pushes its input to every peer and
-/// sums all; two-shot: reduce-scatter then allgather), allgather and
+/// sums all; two-shot: reduce-scatter then allgather; ll: one-shot in
+/// 16-byte lines that carry the call's number beside 8 data bytes, store
+/// path, up to 64 KiB), allgather and
 /// reduce-scatter, in f32 and bf16, over nixlGetPtr stores (--path store,
 /// NVLink) or nixlPut + nixlAtomicAdd signals (--path put, any UCX device
 /// transport). Sizes sweep like nccl-tests (-b, -e, -f; the size is the
@@ -31,9 +33,14 @@ use nixl_examples::collectives::run::{self, Outputs};
 /// excluded, GPU time per call (CUDA events; p50 and p99 over the calls of
 /// the slowest rank), algbw and busbw with nccl-tests' factors, and NCCL's
 /// same call in the same run. Inputs are small integers, so every sum is
-/// exact: every output element is checked, of every warm-up call (each
+/// exact (or, with --data random, random values checked within a stated
+/// bound): every output element is checked, of every warm-up call (each
 /// with fresh inputs) and, out of place, of the last two timed calls (the
-/// timed calls run back to back, as nccl-tests runs them).
+/// timed calls run back to back, as nccl-tests runs them, or replayed from
+/// one CUDA graph per case with --launch graph). The kern column is block
+/// 0's time inside the kernel; setup/push/sig/wait splits its first phase:
+/// peer pointers, pushing the data, fence and signals, waiting for every
+/// peer (for ll: the polls and the sum).
 ///
 /// Without RANK in the environment, `collectives` starts --ranks rank
 /// processes itself; under torchrun each process is one rank.
@@ -67,7 +74,8 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::ALL.to_vec())]
     op: Vec<Op>,
 
-    /// Allreduce algorithm: one-shot, two-shot, auto (by size), or all.
+    /// Allreduce algorithm: one-shot, two-shot, ll, auto (by size), or all
+    /// (ll only where it runs: store path, up to 64 KiB).
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,
 
@@ -117,6 +125,21 @@ struct Args {
     /// NIXL agents; no GPU used.
     #[arg(long)]
     check_connection: bool,
+
+    /// How the timed calls (ours and NCCL's) are launched: stream (one
+    /// launch each, back to back) or graph (captured once into a CUDA graph
+    /// per case, the graph launched; nccl-tests' -G). Run both to see what
+    /// launches cost.
+    #[arg(long, value_enum, default_value_t = Launch::Stream)]
+    launch: Launch,
+
+    /// Inputs: exact (small integers: every sum exact in bf16 and f32, every
+    /// element must equal the reference) or random (uniform in [-1, 1),
+    /// rounded to the type; a sum passes within 2·N·u·Σ|x| of the f32 sum in
+    /// rank order, u = 2^-24 for f32 and 2^-8 for bf16, which any order of
+    /// additions in the type meets, NCCL's included).
+    #[arg(long, value_enum, default_value_t = DataMode::Exact)]
+    data: DataMode,
 
     /// Skip NCCL's same-run calls.
     #[arg(long)]
@@ -215,6 +238,8 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         baseline: !args.no_baseline,
+        launch: args.launch,
+        data: args.data,
         corrupt_rank,
     };
     cfg.validate()?;

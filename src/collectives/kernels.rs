@@ -47,6 +47,12 @@ pub struct CollParams {
     pub algo: u32,
     pub path: u32,
     pub dtype: u32,
+    /// 1 when every rank runs on this GPU: fences and signals at GPU scope.
+    pub same_gpu: u32,
+    pub reserved: u32,
+    /// `[ranks]` u64: every peer's window as `nixlGetPtr` gave it, looked
+    /// up once per session (0: the kernel calls `nixlGetPtr` itself).
+    pub peer_ptrs: u64,
 }
 
 /// `CollReport`: what went wrong in a call. Its first 40 bytes are
@@ -83,12 +89,27 @@ pub struct CollTiming {
     /// `%globaltimer` (ns), to calibrate the cycles.
     pub gt_start: u64,
     pub gt_end: u64,
+    /// `clock64` where phase 0's steps end: peer pointers looked up, data
+    /// pushed, fence and signals done, every peer's signal seen.
+    pub clock_setup: u64,
+    pub clock_sent: u64,
+    pub clock_signalled: u64,
+    pub clock_waited: u64,
 }
 
 /// Per-call times from the stamps, ns: cycle counts (their resolution)
 /// scaled by the `%globaltimer` nanoseconds per cycle over all of them (the
 /// timer's long-run accuracy).
 pub fn calibrate(slots: &[CollTiming]) -> Vec<f64> {
+    let k = ns_per_cycle(slots);
+    slots
+        .iter()
+        .map(|s| s.clock_end.wrapping_sub(s.clock_start) as f64 * k)
+        .collect()
+}
+
+/// `%globaltimer` nanoseconds per `clock64` cycle over all the calls.
+fn ns_per_cycle(slots: &[CollTiming]) -> f64 {
     let cycles: u64 = slots
         .iter()
         .map(|s| s.clock_end.wrapping_sub(s.clock_start))
@@ -97,14 +118,29 @@ pub fn calibrate(slots: &[CollTiming]) -> Vec<f64> {
         .iter()
         .map(|s| s.gt_end.saturating_sub(s.gt_start))
         .sum();
-    let k = if cycles == 0 {
+    if cycles == 0 {
         0.0
     } else {
         ns as f64 / cycles as f64
-    };
+    }
+}
+
+/// Per call, ns, where block 0's time in phase 0 went: looking up the peer
+/// pointers, pushing the data, fencing and signalling, waiting for every
+/// peer's signal (calibrated as [`calibrate`]).
+pub fn phases(slots: &[CollTiming]) -> Vec<[f64; 4]> {
+    let k = ns_per_cycle(slots);
+    let d = |a: u64, b: u64| b.wrapping_sub(a) as f64 * k;
     slots
         .iter()
-        .map(|s| s.clock_end.wrapping_sub(s.clock_start) as f64 * k)
+        .map(|s| {
+            [
+                d(s.clock_start, s.clock_setup),
+                d(s.clock_setup, s.clock_sent),
+                d(s.clock_sent, s.clock_signalled),
+                d(s.clock_signalled, s.clock_waited),
+            ]
+        })
         .collect()
 }
 
@@ -122,7 +158,8 @@ pub struct CollData {
     pub op: u32,
     pub dtype: u32,
     pub call: u32,
-    pub reserved: u32,
+    /// 1: random inputs, compared within the bound of `--data random`.
+    pub random: u32,
 }
 
 /// `CollVerify`: the first wrong output element since it was zeroed.
@@ -139,9 +176,9 @@ pub struct CollVerify {
 }
 
 const _: () = {
-    assert!(size_of::<CollParams>() == 136);
+    assert!(size_of::<CollParams>() == 152);
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
-    assert!(size_of::<CollTiming>() == 32);
+    assert!(size_of::<CollTiming>() == 64);
     assert!(size_of::<CollReport>() == 64);
     assert!(std::mem::offset_of!(CollReport, cancel) == 36);
     assert!(size_of::<CollData>() == 56);

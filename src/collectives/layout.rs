@@ -25,6 +25,14 @@ pub const BLOCK_BYTES: u64 = 32 << 10;
 /// 1 and 8 MiB (docs/results/2026-11-24-h100-collectives); across NVLink it
 /// is still to be measured.
 pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
+/// The LL allreduce runs up to this size: its lines carry 8 bytes of data
+/// in 16, and every receiving thread polls its own lines, which pays only
+/// while the flag, not the data, sets the time (MSCCL++ uses LL packets up
+/// to 16–64 KiB).
+pub const LL_MAX_BYTES: u64 = 64 << 10;
+/// Bytes of one LL line: `{u32 data, u32 epoch, u32 data, u32 epoch}`
+/// (the format of [`crate::gpu::ll`]).
+pub const LL_LINE_BYTES: u64 = 16;
 
 /// A collective operation (sum for the reductions).
 #[derive(
@@ -81,6 +89,10 @@ pub enum Algo {
     OneShot,
     /// Reduce-scatter (rank c sums chunk c), then allgather of the sums.
     TwoShot,
+    /// One-shot in LL lines: 8 bytes of data and the call's epoch in one
+    /// 16-byte store, so no fence and no separate flag; the receiver polls
+    /// every line. Store path only, up to [`LL_MAX_BYTES`].
+    Ll,
 }
 
 impl Algo {
@@ -88,6 +100,16 @@ impl Algo {
         match self {
             Algo::OneShot => "one-shot",
             Algo::TwoShot => "two-shot",
+            Algo::Ll => "ll",
+        }
+    }
+
+    /// Whether this algorithm runs `op` of `bytes` over `path`.
+    pub fn runs(self, op: Op, bytes: u64, path: Path) -> bool {
+        match self {
+            Algo::Ll => op == Op::Allreduce && path == Path::Store && bytes <= LL_MAX_BYTES,
+            Algo::TwoShot => op == Op::Allreduce,
+            Algo::OneShot => true,
         }
     }
     pub fn code(self) -> u32 {
@@ -101,9 +123,11 @@ impl Algo {
 pub enum AlgoChoice {
     OneShot,
     TwoShot,
+    /// LL lines (store path, up to 64 KiB).
+    Ll,
     /// One-shot up to 1 MiB, two-shot above.
     Auto,
-    /// One-shot and two-shot, each at every size.
+    /// One-shot and two-shot at every size, LL where it runs.
     All,
 }
 
@@ -114,7 +138,11 @@ impl AlgoChoice {
             (Op::Allgather | Op::ReduceScatter, _) => vec![Algo::OneShot],
             (_, AlgoChoice::OneShot) => vec![Algo::OneShot],
             (_, AlgoChoice::TwoShot) => vec![Algo::TwoShot],
+            (_, AlgoChoice::Ll) => vec![Algo::Ll],
             (_, AlgoChoice::Auto) => vec![auto_algo(bytes)],
+            (_, AlgoChoice::All) if bytes <= LL_MAX_BYTES => {
+                vec![Algo::OneShot, Algo::TwoShot, Algo::Ll]
+            }
             (_, AlgoChoice::All) => vec![Algo::OneShot, Algo::TwoShot],
         }
     }
@@ -277,6 +305,7 @@ fn align256(v: u64) -> u64 {
 /// | in | the largest input | this rank |
 /// | out\[2\] | the largest output, ×2 (call parity) | this rank; peers (allgather, two-shot) |
 /// | recv\[2\] | ranks × `recv_stride`, ×2 (call parity) | peers |
+/// | ll\[2\] | ranks × `ll_stride`, ×2 (call parity) | peers (LL lines) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowLayout {
     pub flags: u64,
@@ -285,6 +314,9 @@ pub struct WindowLayout {
     pub recv: [u64; 2],
     /// Bytes per source row in a receive area.
     pub recv_stride: u64,
+    pub ll: [u64; 2],
+    /// Bytes per source row in an LL area: the lines of the largest LL call.
+    pub ll_stride: u64,
     pub bytes: u64,
 }
 
@@ -302,13 +334,18 @@ impl WindowLayout {
         let recv_bytes = u64::from(ranks) * recv_stride;
         let recv0 = out1 + data;
         let recv1 = recv0 + recv_bytes;
+        let ll_stride = align256(ll_bytes(max_bytes.min(LL_MAX_BYTES)));
+        let ll0 = recv1 + recv_bytes;
+        let ll1 = ll0 + u64::from(ranks) * ll_stride;
         Self {
             flags,
             input,
             out: [out0, out1],
             recv: [recv0, recv1],
             recv_stride,
-            bytes: recv1 + recv_bytes,
+            ll: [ll0, ll1],
+            ll_stride,
+            bytes: ll1 + u64::from(ranks) * ll_stride,
         }
     }
 
@@ -327,6 +364,11 @@ impl WindowLayout {
             (true, Op::ReduceScatter) => (out, out + slot),
         }
     }
+}
+
+/// Bytes the LL lines of `bytes` of data take: 8 data bytes per line.
+pub fn ll_bytes(bytes: u64) -> u64 {
+    bytes.div_ceil(8) * LL_LINE_BYTES
 }
 
 /// The sweep's buffer sizes, nccl-tests' `-b/-e/-f`: `begin`, ×`factor`,
@@ -421,7 +463,13 @@ mod tests {
         assert!(w.input >= 2 * 128 * 16 * 8);
         assert_eq!(w.out[0], w.input + 1024);
         assert_eq!(w.recv[1], w.recv[0] + 3 * 1024);
-        assert_eq!(w.bytes, w.recv[1] + 3 * 1024);
+        assert_eq!(w.ll[0], w.recv[1] + 3 * 1024);
+        assert_eq!(w.ll_stride, 2048); // 1000 B in 125 lines of 16 B, rounded to 256
+        assert_eq!(w.bytes, w.ll[1] + 3 * 2048);
+        assert_eq!(
+            WindowLayout::new(1 << 30, 2).ll_stride,
+            ll_bytes(LL_MAX_BYTES)
+        );
         let mut c = Case {
             op: Op::ReduceScatter,
             algo: Algo::OneShot,

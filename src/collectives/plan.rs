@@ -26,6 +26,40 @@ impl Place {
     }
 }
 
+/// How the timed calls reach the GPU (`--launch`): each launched on the
+/// stream back to back, or all captured once into a CUDA graph and that
+/// graph launched (nccl-tests' `-G`). NCCL's calls are timed the same way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Launch {
+    #[default]
+    Stream,
+    Graph,
+}
+
+impl Launch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launch::Stream => "stream",
+            Launch::Graph => "graph",
+        }
+    }
+}
+
+/// The inputs (`--data`): small integers, whose sums are exact in bf16 and
+/// f32 in any order (every output element must equal the reference), or
+/// uniform random values in [-1, 1) (rounded to the type), whose sums are
+/// compared within 2·N·u·Σ|x| of the f32 sum in rank order (u = 2^-24 for
+/// f32, 2^-8 for bf16): any order of additions in the type stays inside it,
+/// so NCCL's results pass too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataMode {
+    #[default]
+    Exact,
+    Random,
+}
+
 /// What every rank must run the same way (rank 0's is checked against
 /// every other rank's).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +79,12 @@ pub struct RunConfig {
     /// `--blocks`: the block limit per call, instead of the GPU's share.
     pub blocks: Option<u32>,
     pub baseline: bool,
+    /// Stream launches or one CUDA graph per case's timed calls.
+    #[serde(default)]
+    pub launch: Launch,
+    /// Exact small integers or random values within a bound.
+    #[serde(default)]
+    pub data: DataMode,
     /// Test hook: this rank corrupts one output element of its first timed call.
     pub corrupt_rank: Option<u32>,
 }
@@ -86,8 +126,9 @@ impl RunConfig {
                         in_place: false,
                         count,
                     };
-                    for algo in self.algo.algos(op, probe.bytes(self.ranks)) {
-                        for &path in &self.paths {
+                    let bytes = probe.bytes(self.ranks);
+                    for algo in self.algo.algos(op, bytes) {
+                        for &path in self.paths.iter().filter(|&&p| algo.runs(op, bytes, p)) {
                             for in_place in self.place.in_place() {
                                 cases.push(Case {
                                     op,
@@ -99,6 +140,9 @@ impl RunConfig {
                                 });
                             }
                         }
+                    }
+                    if cases.is_empty() {
+                        continue;
                     }
                     out.push(Group {
                         op,
@@ -119,6 +163,17 @@ impl RunConfig {
                 "{} ranks: the kernels are written for at most {}",
                 self.ranks,
                 super::layout::MAX_RANKS
+            )));
+        }
+        if self.algo == AlgoChoice::Ll && !self.paths.contains(&Path::Store) {
+            return Err(UsageError(
+                "--algo ll runs on the store path only (its lines need peer pointers): use --path store or both".into(),
+            ));
+        }
+        if self.algo == AlgoChoice::Ll && self.sizes[0] > super::layout::LL_MAX_BYTES {
+            return Err(UsageError(format!(
+                "--algo ll runs up to {}: lower -b",
+                fmt_bytes(super::layout::LL_MAX_BYTES)
             )));
         }
         let largest = *self.sizes.last().unwrap_or(&0);
@@ -175,6 +230,8 @@ mod tests {
             timeout_ns: 1,
             blocks: None,
             baseline: true,
+            launch: Launch::Stream,
+            data: DataMode::Exact,
             corrupt_rank: None,
         }
     }
@@ -189,7 +246,8 @@ mod tests {
         let ag = g.iter().find(|g| g.op == Op::Allgather).unwrap();
         assert_eq!(ag.bytes, (1 << 20) / 12 * 12);
         assert_eq!(ag.cases.len(), 4); // one algorithm × 2 paths × 2 places
-        assert_eq!(g[0].cases.len(), 8); // allreduce: 2 algorithms × 2 × 2
+        assert_eq!(g[0].cases.len(), 10); // allreduce 8 B: 2 algorithms × 2 × 2, LL × store × 2
+        assert_eq!(g[1].cases.len(), 8); // 1 MiB: no LL
         assert!(c.validate().is_ok());
         let small = RunConfig {
             sizes: vec![8],

@@ -95,7 +95,9 @@ pub fn simulate(case: &Case, ranks: u32, blocks: u32, call: u64) -> Vec<Vec<f32>
         }
     }
     match (case.op, case.algo) {
-        (Op::Allreduce, Algo::OneShot) => one_shot(&mut m),
+        // LL moves the same elements as one-shot, packed in lines (the
+        // line format is crate::gpu::ll's, tested there).
+        (Op::Allreduce, Algo::OneShot | Algo::Ll) => one_shot(&mut m),
         (Op::Allreduce, Algo::TwoShot) => two_shot(&mut m),
         (Op::Allgather, _) => allgather(&mut m),
         (Op::ReduceScatter, _) => reduce_scatter(&mut m),
@@ -235,6 +237,7 @@ mod tests {
         for (op, algo) in [
             (Op::Allreduce, Algo::OneShot),
             (Op::Allreduce, Algo::TwoShot),
+            (Op::Allreduce, Algo::Ll),
             (Op::Allgather, Algo::OneShot),
             (Op::ReduceScatter, Algo::OneShot),
         ] {

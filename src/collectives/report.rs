@@ -22,6 +22,10 @@ pub struct RankTimes {
     pub cases: Vec<Vec<f64>>,
     /// In-kernel time of the same calls (block 0's clock), ns.
     pub kernel: Vec<Vec<f64>>,
+    /// Where block 0's phase 0 went in the same calls (setup, push,
+    /// signal, wait), ns.
+    #[serde(default)]
+    pub phases: Vec<Vec<[f64; 4]>>,
     pub nccl: Vec<Option<Vec<f64>>>,
 }
 
@@ -43,6 +47,10 @@ pub struct Row {
     /// Block 0's first instruction to its end, p50 of the slowest rank:
     /// what the call costs inside the kernel, launch gaps excluded.
     pub kernel_p50_us: f64,
+    /// Block 0's phase 0, p50 per step over the calls of rank 0: looking
+    /// up peer pointers, pushing the data, fence and signals, waiting for
+    /// every peer's signal, µs.
+    pub phases_p50_us: [f64; 4],
     pub algbw_gbps: f64,
     pub busbw_gbps: f64,
     pub nccl_p50_us: Option<f64>,
@@ -68,6 +76,7 @@ pub fn row(
     blocks: u32,
     ours: &Summary,
     kernel: &Summary,
+    phases: &[[f64; 4]],
     nccl: Option<&Summary>,
 ) -> Row {
     let bytes = case.bytes(ranks);
@@ -89,6 +98,9 @@ pub fn row(
         time_p50_us: ours.p50_ns / 1e3,
         time_p99_us: ours.p99_ns / 1e3,
         kernel_p50_us: kernel.p50_ns / 1e3,
+        phases_p50_us: std::array::from_fn(|i| {
+            Summary::of(&phases.iter().map(|p| p[i]).collect::<Vec<_>>()).p50_ns / 1e3
+        }),
         algbw_gbps: gbps(ours.p50_ns),
         busbw_gbps: gbps(ours.p50_ns) * factor,
         nccl_p50_us: nccl.map(|s| s.p50_ns / 1e3),
@@ -107,7 +119,7 @@ fn opt(v: Option<f64>, prec: usize) -> String {
 /// The table, nccl-tests' columns first.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>6}\n",
+        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>19} {:>7} {:>7} {:>9} {:>7} {:>6}\n",
         "size(B)",
         "count",
         "type",
@@ -120,6 +132,7 @@ pub fn table(rows: &[Row]) -> String {
         "time(us)",
         "p99(us)",
         "kern(us)",
+        "setup/push/sig/wait",
         "algbw",
         "busbw",
         "nccl(us)",
@@ -128,7 +141,7 @@ pub fn table(rows: &[Row]) -> String {
     );
     for r in rows {
         s += &format!(
-            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>7.2} {:>7.2} {:>9} {:>7} {:>6}\n",
+            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>7.2} {:>7.2} {:>9} {:>7} {:>6}\n",
             r.size_bytes,
             r.count,
             r.dtype,
@@ -141,6 +154,7 @@ pub fn table(rows: &[Row]) -> String {
             r.time_p50_us,
             r.time_p99_us,
             r.kernel_p50_us,
+            r.phases_p50_us.map(|x| format!("{x:.1}")).join("/"),
             r.algbw_gbps,
             r.busbw_gbps,
             opt(r.nccl_p50_us, 2),
@@ -176,14 +190,14 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
     writeln!(f, "# {}", serde_json::to_string(info)?)?;
     writeln!(
         f,
-        "size_bytes,count,type,redop,op,algo,path,in_place,blocks,time_p50_us,time_p99_us,kernel_p50_us,algbw_gbps,busbw_gbps,\
+        "size_bytes,count,type,redop,op,algo,path,in_place,blocks,time_p50_us,time_p99_us,kernel_p50_us,setup_us,push_us,signal_us,wait_us,algbw_gbps,busbw_gbps,\
          nccl_p50_us,nccl_p99_us,nccl_busbw_gbps,time_vs_nccl"
     )?;
     let o = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.4}"));
     for r in rows {
         writeln!(
             f,
-            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{}",
             r.size_bytes,
             r.count,
             r.dtype,
@@ -196,6 +210,10 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
             r.time_p50_us,
             r.time_p99_us,
             r.kernel_p50_us,
+            r.phases_p50_us[0],
+            r.phases_p50_us[1],
+            r.phases_p50_us[2],
+            r.phases_p50_us[3],
             r.algbw_gbps,
             r.busbw_gbps,
             o(r.nccl_p50_us),
@@ -224,7 +242,16 @@ mod tests {
         };
         let ours = Summary::of(&[1e6]); // 4 MiB in 1 ms
         let nccl = Summary::of(&[2e6]);
-        let r = row(&case, 4, 8, &ours, &ours, Some(&nccl));
+        let r = row(
+            &case,
+            4,
+            8,
+            &ours,
+            &ours,
+            &[[1e3, 2e3, 3e3, 4e3]],
+            Some(&nccl),
+        );
+        assert_eq!(r.phases_p50_us, [1.0, 2.0, 3.0, 4.0]);
         assert!((r.algbw_gbps - 4.194304).abs() < 1e-9);
         assert!((r.busbw_gbps - 4.194304 * 1.5).abs() < 1e-9);
         assert_eq!(r.time_vs_nccl, Some(0.5));

@@ -225,13 +225,14 @@ fn publish(
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
         .collect();
     say!(
-        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls back to back per case after {} checked \
-         warm-up calls (every output element compared); {nccl}",
+        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls back to back per case ({} launches) after \
+         {} checked warm-up calls (every output element compared); {nccl}",
         g.world,
         gpus.len(),
         infos[0].gpu_name,
         if infos[0].mps { "on" } else { "off" },
         ctx.cfg.iters,
+        ctx.cfg.launch.name(),
         ctx.cfg.warmup
     );
     say!("\n{}", report::table(&rows));
@@ -274,6 +275,7 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
                 case.blocks(n, ctx.plan.max_blocks),
                 &ours,
                 &kernel,
+                all[0].phases.get(i).map_or(&[][..], |p| p.as_slice()),
                 nccl.as_ref(),
             ));
             i += 1;

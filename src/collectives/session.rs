@@ -14,17 +14,17 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cudarc::driver::{CudaEvent, CudaStream, sys};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result, sys};
 use nixl_sys::{MemView, RegistrationHandle};
 use serde::{Deserialize, Serialize};
 
 use super::kernels::{
-    CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate,
+    CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, phases,
 };
-use super::layout::{Case, MAX_BLOCKS, WindowLayout};
+use super::layout::{Algo, Case, MAX_BLOCKS, WindowLayout};
 use super::member::{Group, agent_name};
 use super::nccl::{self, Comm};
-use super::plan::{Plan, RunConfig};
+use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
 use crate::ep::nccl::NcclStatus;
@@ -86,6 +86,9 @@ pub struct Session {
     side: std::sync::Arc<CudaStream>,
     /// The gate's last value (it only grows).
     gates: Cell<u64>,
+    /// Every peer's window as `nixlGetPtr` gives it (store path), looked
+    /// up once by [`Session::check_pointers`].
+    ptrs: std::cell::OnceCell<DeviceBuffer>,
     nixl: UcxAgent,
     corrupted: Cell<bool>,
 }
@@ -149,9 +152,13 @@ impl Session {
             verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
             sent: alloc(2 * u64::from(MAX_BLOCKS) * 8, "the epochs sent")?,
             gate: alloc(8, "the gate")?,
-            timing: alloc(32 * u64::from(ctx.cfg.calls()), "the timing stamps")?,
+            timing: alloc(
+                (size_of::<CollTiming>() as u32 * ctx.cfg.calls()).into(),
+                "the timing stamps",
+            )?,
             side: ctx.gpu.ctx.new_stream()?,
             gates: Cell::new(0),
+            ptrs: std::cell::OnceCell::new(),
             window,
             nixl,
             corrupted: Cell::new(false),
@@ -165,6 +172,7 @@ impl Session {
 
     /// The store path needs every peer's window mapped into ours; every rank
     /// learns whether all can, so all stop together with the same message.
+    /// The pointers are kept for the kernels (`CollParams::peer_ptrs`).
     pub fn check_pointers(&self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
         let mut unreachable = Vec::new();
@@ -188,6 +196,9 @@ impl Session {
                 .filter(|(_, c)| c.iter().all(|&b| b == 0))
                 .map(|(r, _)| r)
                 .collect();
+            if unreachable.is_empty() {
+                let _ = self.ptrs.set(probe);
+            }
         }
         g.put(&g.rank_entry(g.rank, "store"), &unreachable)?;
         for r in 0..g.world {
@@ -251,9 +262,10 @@ impl Session {
         let groups = ctx.cfg.groups();
         for (n, grp) in groups.iter().enumerate() {
             for case in &grp.cases {
-                let (events, kernel) = self.run_case(ctx, case, call)?;
+                let (events, kernel, phases) = self.run_case(ctx, case, call)?;
                 times.cases.push(events);
                 times.kernel.push(kernel);
+                times.phases.push(phases);
                 call += u64::from(ctx.cfg.calls());
             }
             times.nccl.push(match (comm, &nccl_bufs) {
@@ -277,12 +289,19 @@ impl Session {
             window: self.window.addr(),
             report: self.report.addr(),
             sent: self.sent.addr(),
-            timing: self.timing.addr() + (call % u64::from(ctx.cfg.calls())) * 32,
+            timing: self.timing.addr()
+                + (call % u64::from(ctx.cfg.calls())) * size_of::<CollTiming>() as u64,
             off_flags: self.layout.flags,
             off_in,
             off_out,
-            off_recv: self.layout.recv[(call % 2) as usize],
-            recv_stride: self.layout.recv_stride,
+            off_recv: match case.algo {
+                Algo::Ll => self.layout.ll[(call % 2) as usize],
+                _ => self.layout.recv[(call % 2) as usize],
+            },
+            recv_stride: match case.algo {
+                Algo::Ll => self.layout.ll_stride,
+                _ => self.layout.recv_stride,
+            },
             count: case.count,
             epoch: call + 1,
             timeout_ns: ctx.cfg.timeout_ns,
@@ -292,6 +311,9 @@ impl Session {
             algo: case.algo.code(),
             path: case.path.code(),
             dtype: case.dtype.code(),
+            same_gpu: u32::from(ctx.plan.max_ranks_on_gpu == ctx.group.world),
+            reserved: 0,
+            peer_ptrs: self.ptrs.get().map_or(0, |b| b.addr()),
         }
     }
 
@@ -306,14 +328,15 @@ impl Session {
             op: case.op.code(),
             dtype: case.dtype.code(),
             call: call as u32,
-            reserved: 0,
+            random: u32::from(ctx.cfg.data == DataMode::Random),
         }
     }
 }
 
 impl Session {
     /// One case: its calls queued and watched, then the report and the
-    /// checks read; returns the timed calls' GPU times, ns.
+    /// checks read; returns the timed calls' GPU times, their in-kernel
+    /// times and where block 0's phase 0 spent them, ns.
     ///
     /// The warm-up calls are the checked ones: each gets fresh inputs and
     /// every output element is compared. The timed calls then run back to
@@ -325,7 +348,12 @@ impl Session {
     /// everything is queued), so the GPU runs them at its own pace, not at
     /// the rate the host launches them; two untimed calls after the gate
     /// absorb the ranks' different release times.
-    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<(Vec<f64>, Vec<f64>)> {
+    fn run_case(
+        &self,
+        ctx: &Context,
+        case: &Case,
+        first: u64,
+    ) -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 4]>)> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
@@ -336,14 +364,18 @@ impl Session {
                 self.data(ctx, case, p.window + p.off_in, p.window + p.off_out, id),
             )
         };
-        let mut events = Vec::new();
         let mut checks = 0u64;
         self.verify.zero(&ctx.gpu.stream)?;
+        let id = first + warm;
+        // SAFETY: every address belongs to this session, which outlives the
+        // work (run_watched waits for it).
+        let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, k: u64| unsafe {
+            Ok(ctx.kernels.launch_run(s, blocks, &data(id + k, id).0)?)
+        })?;
         let queue = |s: &CudaStream| -> Result<()> {
-            // SAFETY: every address belongs to this session, which outlives
-            // the work (run_watched waits for it).
+            // SAFETY: as above.
             unsafe {
-                for c in first..first + warm {
+                for c in first..id {
                     let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
                     ctx.kernels.launch_run(s, blocks, &p)?;
@@ -351,18 +383,12 @@ impl Session {
                     ctx.kernels.launch_data(s, true, &d)?;
                     checks += 1;
                 }
-                let id = first + warm;
                 ctx.kernels.launch_data(s, false, &data(id, id).1)?;
                 let gate = self.close_gate(s)?;
+                timed.queue(s, &|s: &CudaStream, k: u64| {
+                    Ok(ctx.kernels.launch_run(s, blocks, &data(id + k, id).0)?)
+                })?;
                 let end = id + iters + 2;
-                for c in id..end {
-                    let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                    ctx.kernels.launch_run(s, blocks, &data(c, id).0)?;
-                    let e1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                    if c >= id + 2 {
-                        events.push((e0, e1));
-                    }
-                }
                 for c in end - 2..end {
                     if !case.in_place {
                         ctx.kernels.launch_data(s, true, &data(c, id).1)?;
@@ -395,7 +421,8 @@ impl Session {
         let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
         self.timing
             .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
-        Ok((elapsed(&events)?, calibrate(&raw[(warm + 2) as usize..])))
+        let stamps = &raw[(warm + 2) as usize..];
+        Ok((timed.times(2)?, calibrate(stamps), phases(stamps)))
     }
 
     /// Queues a wait behind the next gate; returns its value.
@@ -437,35 +464,27 @@ impl Session {
     ) -> Result<Vec<f64>> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
-        let mut events = Vec::new();
         self.verify.zero(&ctx.gpu.stream)?;
-        let call = |s: &CudaStream, d: &CollData| {
-            // SAFETY: both buffers hold the largest call; they outlive the work.
-            unsafe { nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output) }
+        let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), warm);
+        // SAFETY: both buffers hold the largest call; they outlive the work.
+        let call = |s: &CudaStream, d: &CollData| unsafe {
+            nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output)
         };
+        let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as in run_case.
             unsafe {
-                for c in 0..warm + 1 {
+                for c in 0..warm {
                     let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    if c < warm {
-                        call(s, &d)?;
-                        ctx.kernels.launch_data(s, true, &d)?;
-                        continue;
-                    }
-                    let gate = self.close_gate(s)?;
-                    for k in 0..iters + 2 {
-                        let e0 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                        call(s, &d)?;
-                        let e1 = s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                        if k >= 2 {
-                            events.push((e0, e1));
-                        }
-                    }
+                    call(s, &d)?;
                     ctx.kernels.launch_data(s, true, &d)?;
-                    self.open_gate(gate)?;
                 }
+                ctx.kernels.launch_data(s, false, &d)?;
+                let gate = self.close_gate(s)?;
+                timed.queue(s, &|s: &CudaStream, _| call(s, &d))?;
+                ctx.kernels.launch_data(s, true, &d)?;
+                self.open_gate(gate)?;
             }
             Ok(())
         };
@@ -480,7 +499,7 @@ impl Session {
         )
         .with_context(|| format!("rank {}: {what}", g.rank))?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
-        elapsed(&events)
+        timed.times(2)
     }
 
     /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
@@ -542,12 +561,88 @@ impl Session {
     }
 }
 
-/// GPU time between each pair of events, ns.
-fn elapsed(events: &[(CudaEvent, CudaEvent)]) -> Result<Vec<f64>> {
-    events
-        .iter()
-        .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
-        .collect()
+/// A case's timed calls, each between two events: queued straight on the
+/// rank's stream (`--launch stream`), or captured once into a CUDA graph and
+/// that graph launched (`--launch graph`, nccl-tests' `-G`), which spares
+/// every call its own launch. The calls' epochs are fixed when captured, so
+/// a graph runs once; the events are event-record nodes in it
+/// (`CU_EVENT_RECORD_EXTERNAL`), so every call keeps its own time.
+struct Timed {
+    events: Vec<(CudaEvent, CudaEvent)>,
+    graph: Option<CudaGraph>,
+}
+
+/// Queues timed call `k` of a case on a stream.
+type Call<'a> = dyn Fn(&CudaStream, u64) -> Result<()> + 'a;
+
+impl Timed {
+    /// `n` pairs of events; with `--launch graph` the `n` calls of `call`
+    /// captured now (on a stream of their own, relaxed capture mode: the
+    /// NCCL baseline is captured the same way).
+    fn new(ctx: &Context, n: u64, call: &Call) -> Result<Self> {
+        let ev = || {
+            ctx.gpu
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        let events = (0..n)
+            .map(|_| Ok((ev()?, ev()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut t = Timed {
+            events,
+            graph: None,
+        };
+        if ctx.cfg.launch == Launch::Graph {
+            let cap = ctx.gpu.ctx.new_stream()?;
+            cap.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+            let queued = t.record(&cap, true, call);
+            // The capture ends whatever happened inside it.
+            let graph = cap.end_capture(sys::CUgraphInstantiate_flags(0));
+            queued.context("capturing the timed calls into a CUDA graph")?;
+            let graph = graph
+                .context("instantiating the CUDA graph of the timed calls")?
+                .context("the CUDA graph of the timed calls is empty")?;
+            graph.upload()?;
+            t.graph = Some(graph);
+        }
+        Ok(t)
+    }
+
+    /// Records every call between its events on `s` (`external`: as
+    /// event-record nodes of the capture in progress).
+    fn record(&self, s: &CudaStream, external: bool, call: &Call) -> Result<()> {
+        let mark = |e: &CudaEvent| -> Result<()> {
+            let flags = if external { 1 } else { 0 }; // CU_EVENT_RECORD_EXTERNAL
+            // SAFETY: a live event and stream of this context.
+            unsafe { sys::cuEventRecordWithFlags(e.cu_event(), s.cu_stream(), flags).result()? };
+            Ok(())
+        };
+        for (k, (a, b)) in self.events.iter().enumerate() {
+            mark(a)?;
+            call(s, k as u64)?;
+            mark(b)?;
+        }
+        Ok(())
+    }
+
+    /// Queues the calls on `s`: the graph's launch, or the calls themselves.
+    fn queue(&self, s: &CudaStream, call: &Call) -> Result<()> {
+        match &self.graph {
+            // SAFETY: the graph's nodes use this session's memory, which
+            // outlives the work.
+            Some(g) => unsafe { result::graph::launch(g.cu_graph_exec(), s.cu_stream())? },
+            None => self.record(s, false, call)?,
+        }
+        Ok(())
+    }
+
+    /// GPU time of each call after the first `skip`, ns.
+    fn times(&self, skip: usize) -> Result<Vec<f64>> {
+        self.events[skip..]
+            .iter()
+            .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
+            .collect()
+    }
 }
 
 /// Connects NCCL when every rank has it; otherwise, or when NCCL refuses,
