@@ -4,7 +4,6 @@
 //! the operation's factor, and NCCL's same call from the same run beside
 //! it. A table on stdout, JSON and CSV.
 
-use std::io::Write;
 use std::path::Path as FsPath;
 
 use anyhow::{Context, Result};
@@ -175,6 +174,9 @@ pub struct RunInfo<'a> {
     pub window_bytes: u64,
     /// NCCL's version, or why the baseline did not run.
     pub nccl: String,
+    /// Tool, command line, time, host, driver/NIXL/UCX versions, variables.
+    #[serde(flatten)]
+    pub run_env: crate::results::RunEnv,
 }
 
 pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
@@ -183,46 +185,11 @@ pub fn write_json(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// CSV: the configuration as `#` lines, then a header and one line per row.
+/// Writes one CSV line per row (the JSON rows' fields as columns, in
+/// declaration order; `phases_p50_us` as one `setup;push;signal;wait`
+/// cell), the configuration as `# key: value` lines above them.
 pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
-    writeln!(f, "# {}", serde_json::to_string(info)?)?;
-    writeln!(
-        f,
-        "size_bytes,count,type,redop,op,algo,path,in_place,blocks,time_p50_us,time_p99_us,kernel_p50_us,setup_us,push_us,signal_us,wait_us,algbw_gbps,busbw_gbps,\
-         nccl_p50_us,nccl_p99_us,nccl_busbw_gbps,time_vs_nccl"
-    )?;
-    let o = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.4}"));
-    for r in rows {
-        writeln!(
-            f,
-            "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{}",
-            r.size_bytes,
-            r.count,
-            r.dtype,
-            r.redop,
-            r.op,
-            r.algo,
-            r.path,
-            r.in_place,
-            r.blocks,
-            r.time_p50_us,
-            r.time_p99_us,
-            r.kernel_p50_us,
-            r.phases_p50_us[0],
-            r.phases_p50_us[1],
-            r.phases_p50_us[2],
-            r.phases_p50_us[3],
-            r.algbw_gbps,
-            r.busbw_gbps,
-            o(r.nccl_p50_us),
-            o(r.nccl_p99_us),
-            o(r.nccl_busbw_gbps),
-            o(r.time_vs_nccl)
-        )?;
-    }
-    Ok(())
+    crate::results::write_csv(path, info, rows)
 }
 
 #[cfg(test)]

@@ -246,6 +246,7 @@ fn publish(
         max_blocks: ctx.plan.max_blocks,
         window_bytes: window,
         nccl: nccl.into(),
+        run_env: crate::results::RunEnv::capture("collectives"),
     };
     if let Some(p) = &out.json {
         report::write_json(p, &info, &rows)?;
