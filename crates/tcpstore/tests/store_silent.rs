@@ -78,12 +78,27 @@ fn our_threads() -> BTreeSet<u64> {
         .collect()
 }
 
+/// This thread's id (`/proc/thread-self` links to `<pid>/task/<tid>`).
+fn own_tid() -> u64 {
+    let link = std::fs::read_link("/proc/thread-self").expect("read /proc/thread-self");
+    let tid = link
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.parse().ok());
+    tid.expect("a thread id in /proc/thread-self")
+}
+
 /// Waits until every thread this test started after `before` was taken has
-/// ended.
+/// ended. The test's own thread is never one of them: reading
+/// `/proc/self/task` while other threads of the process start and exit can
+/// skip entries, so `before` may lack it.
 fn assert_threads_settle(before: &BTreeSet<u64>, after: &str) {
     let start = Instant::now();
+    let me = own_tid();
     loop {
-        let left: Vec<u64> = our_threads().difference(before).copied().collect();
+        let left: Vec<u64> = (our_threads().difference(before).copied())
+            .filter(|&t| t != me)
+            .collect();
         if left.is_empty() {
             return;
         }
