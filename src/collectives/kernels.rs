@@ -275,13 +275,9 @@ impl CollKernels {
         rank: u32,
         out: u64,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (64, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(&self.probe);
-        b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        // SAFETY: as this function's contract.
+        unsafe {
+            crate::ep::kernels::launch_ptr_probe(&self.probe, s, remote_mvh, ranks, rank, out)
+        }
     }
 }
