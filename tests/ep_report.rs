@@ -8,7 +8,7 @@ use nixl_examples::ep::kernels::{BAD_COMBINED, BAD_CONTRIBUTION, BAD_COUNT, BAD_
 use nixl_examples::ep::layout::PhaseBytes;
 use nixl_examples::ep::model::Model;
 use nixl_examples::ep::nccl::{NcclStatus, NcclTimes};
-use nixl_examples::ep::plan::make_plan;
+use nixl_examples::ep::setup::make_setup;
 use nixl_examples::ep::report::{self, PathTimes, RankInfo, RankResult};
 use nixl_examples::ep::session::describe;
 
@@ -28,6 +28,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
         warmup: 1,
         seed: 1,
         timeout_ns: 1_000_000_000,
+        fault_timeout_ns: nixl_examples::ep::config::DEFAULT_FAULT_TIMEOUT_NS,
         blocks: None,
         baseline: true,
         combine_senders: None,
@@ -57,7 +58,7 @@ fn info(rank: u32, gpu: &str, nccl: bool) -> RankInfo {
 #[test]
 fn the_plan_gives_every_rank_its_share_of_the_sms_and_decides_the_baseline() {
     let c = cfg(Mode::Ht, 2);
-    let p = make_plan(&c, &[info(0, "a", true), info(1, "b", true)]).unwrap();
+    let p = make_setup(&c, &[info(0, "a", true), info(1, "b", true)]).unwrap();
     assert_eq!(
         (p.blocks, p.max_ranks_on_gpu, p.baseline_skip.clone()),
         (132, 1, None)
@@ -69,16 +70,16 @@ fn the_plan_gives_every_rank_its_share_of_the_sms_and_decides_the_baseline() {
         info(2, "a", true),
         info(3, "b", true),
     ];
-    let p = make_plan(&cfg(Mode::Ht, 4), &shared).unwrap();
+    let p = make_setup(&cfg(Mode::Ht, 4), &shared).unwrap();
     assert_eq!(p.blocks, 66);
     assert!(p.baseline_skip.unwrap().contains("share a GPU"));
 
-    let p = make_plan(&c, &[info(0, "a", true), info(1, "b", false)]).unwrap();
+    let p = make_setup(&c, &[info(0, "a", true), info(1, "b", false)]).unwrap();
     assert!(p.baseline_skip.unwrap().contains("rank 1: no libnccl"));
 
     let mut big = c.clone();
     big.blocks = Some(1000);
-    let err = make_plan(&big, &[info(0, "a", true), info(1, "b", true)])
+    let err = make_setup(&big, &[info(0, "a", true), info(1, "b", true)])
         .unwrap_err()
         .to_string();
     assert!(
@@ -95,7 +96,7 @@ fn the_plan_refuses_ranks_that_count_a_shared_gpu_their_uuids_deny() {
     let mut b = info(1, "b", true);
     a.ranks_on_gpu = 2;
     b.ranks_on_gpu = 2;
-    let err = make_plan(&cfg(Mode::Ll, 2), &[a.clone(), b])
+    let err = make_setup(&cfg(Mode::Ll, 2), &[a.clone(), b])
         .unwrap_err()
         .to_string();
     assert!(
@@ -104,7 +105,7 @@ fn the_plan_refuses_ranks_that_count_a_shared_gpu_their_uuids_deny() {
     );
     let mut same = info(1, "a", true);
     same.ranks_on_gpu = 2;
-    assert!(make_plan(&cfg(Mode::Ll, 2), &[a, same]).is_ok());
+    assert!(make_setup(&cfg(Mode::Ll, 2), &[a, same]).is_ok());
 }
 
 fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {

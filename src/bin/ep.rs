@@ -170,7 +170,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
         return launch_ranks(&args, world, timeout);
     };
     if let Some(cfg) = cfg {
-        let opts = nixl_examples::ep::plan::RunOptions {
+        let opts = nixl_examples::ep::setup::RunOptions {
             gpus: args.gpus,
             json: args.json.clone(),
             csv: args.csv.clone(),
@@ -205,7 +205,7 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
 
 struct Injected {
     connect: Inject,
-    corrupt: Option<nixl_examples::ep::plan::Corrupt>,
+    corrupt: Option<nixl_examples::ep::setup::Corrupt>,
 }
 
 fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> {
@@ -228,10 +228,10 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
             out.connect.hang_rank = Some(r);
         }
         Some(("corrupt", "dispatch")) => {
-            out.corrupt = Some(nixl_examples::ep::plan::Corrupt::Dispatch)
+            out.corrupt = Some(nixl_examples::ep::setup::Corrupt::Dispatch)
         }
         Some(("corrupt", "combine")) => {
-            out.corrupt = Some(nixl_examples::ep::plan::Corrupt::Combine)
+            out.corrupt = Some(nixl_examples::ep::setup::Corrupt::Combine)
         }
         _ => return Err(bad()),
     }
@@ -259,6 +259,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         warmup: args.warmup.unwrap_or(warmup),
         seed: args.seed,
         timeout_ns: args.timeout.as_nanos() as u64,
+        fault_timeout_ns: nixl_examples::ep::config::DEFAULT_FAULT_TIMEOUT_NS,
         blocks: args.blocks,
         baseline: !args.no_baseline,
         combine_senders: args.combine_senders,

@@ -16,7 +16,7 @@ use super::report::{self, RankTimes, Row};
 use super::session::{Context, RankInfo, Session, connect_nccl};
 use crate::cli::{UsageError, fmt_bytes};
 use crate::ep::nccl::{self as ep_nccl, NcclStatus};
-use crate::ep::plan::{RankGpu, sm_share};
+use crate::ep::setup::{RankGpu, sm_share};
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
 use crate::say;

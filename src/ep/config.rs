@@ -271,6 +271,10 @@ pub struct RunConfig {
     pub seed: u64,
     /// GPU-side timeout of every wait, ns.
     pub timeout_ns: u64,
+    /// How long a wait for another rank's data may take before that rank
+    /// is masked as failed (`--fault-timeout`, elastic runs), ns.
+    #[serde(default = "default_fault_timeout_ns")]
+    pub fault_timeout_ns: u64,
     /// Thread blocks per phase kernel, when given (`--blocks`).
     pub blocks: Option<u32>,
     /// Run the NCCL all-to-all baseline (unless ranks share GPUs).
@@ -280,6 +284,13 @@ pub struct RunConfig {
     /// [`COMBINE_SENDERS`]).
     #[serde(default)]
     pub combine_senders: Option<u32>,
+}
+
+/// `--fault-timeout`'s default: 1000 ms.
+pub const DEFAULT_FAULT_TIMEOUT_NS: u64 = 1_000_000_000;
+
+fn default_fault_timeout_ns() -> u64 {
+    DEFAULT_FAULT_TIMEOUT_NS
 }
 
 /// Warps of a high-throughput combine block that send batches before they
@@ -399,7 +410,7 @@ impl Grid {
     /// at most (two pieces on some warps made the slowest warp copy twice
     /// as long), but never below 512 bytes (one 16-byte vector per lane).
     /// `ranks_per_gpu` equal to the shape's ranks means all ranks share this
-    /// GPU (`make_plan` checked that the ranks' own counts agree with their
+    /// GPU (`make_setup` checked that the ranks' own counts agree with their
     /// GPUs' UUIDs), and the releases may be GPU-scope.
     pub fn new(
         shape: &Shape,

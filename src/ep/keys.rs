@@ -11,8 +11,8 @@
 //! | key | value | written by | read by | when |
 //! |---|---|---|---|---|
 //! | `config` | [`RunConfig`] (JSON) | rank 0 | every rank, which must match it | first |
-//! | `rank/<r>/info` | [`RankInfo`] (JSON): host, pid, GPU, NCCL | rank r | every rank | then; rank 0 plans from them |
-//! | `plan` | [`Plan`] (JSON): grid, baseline | rank 0 | every rank | after every info |
+//! | `rank/<r>/info` | [`RankInfo`] (JSON): host, pid, GPU, NCCL | rank r | every rank | then; rank 0 makes the setup from them |
+//! | `setup` | [`Setup`] (JSON): grid, baseline | rank 0 | every rank | after every info |
 //! | `rank/<r>/metadata` | NIXL agent metadata (`getLocalMD`) | rank r | every rank | after registering its window |
 //! | `rank/<r>/window` | its window's descriptor list (nixlSerDes) | rank r | every rank | then |
 //! | `rank/<r>/ptr` | the ranks whose window `nixlGetPtr` did not map (JSON list) | rank r | every rank | store path only, before the first iteration |
@@ -26,14 +26,14 @@
 //! wrote when it ends, on every path.
 
 use super::config::RunConfig;
-use super::plan::Plan;
+use super::setup::Setup;
 use super::report::{RankInfo, RankResult};
 use crate::group::{AgentMetadata, Bytes, Entry};
 use crate::nixl::serdes::DescList;
 
 crate::json_value!(
     RunConfig => "run configuration",
-    Plan => "run plan",
+    Setup => "run setup",
     RankInfo => "rank description",
     RankResult => "rank result",
 );
@@ -63,8 +63,8 @@ impl Keys {
     pub fn config(&self) -> Entry<RunConfig> {
         self.entry("config")
     }
-    pub fn plan(&self) -> Entry<Plan> {
-        self.entry("plan")
+    pub fn setup(&self) -> Entry<Setup> {
+        self.entry("setup")
     }
     pub fn nccl_id(&self) -> Entry<Bytes> {
         self.entry("nccl_id")
@@ -99,6 +99,6 @@ mod tests {
             "/worker/attempt_0/nixl_ep/rank/1/metadata"
         );
         assert_eq!(k.unmapped(2).key(), "/worker/attempt_0/nixl_ep/rank/2/ptr");
-        assert_eq!(Keys::new("nixl_ep/").plan().key(), "nixl_ep/plan");
+        assert_eq!(Keys::new("nixl_ep/").setup().key(), "nixl_ep/setup");
     }
 }

@@ -20,11 +20,11 @@
 //! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
 //!   environment, the store keys, barriers, heartbeats, aborts, teardown;
 //! - [`connect`]: `--check-connection`, the wiring without a GPU;
-//! - [`kernels`], [`rig`], [`plan`], [`session`], [`run`]: the GPU
+//! - [`kernels`], [`rig`], [`setup`], [`session`], [`run`]: the GPU
 //!   run — the kernels of `cuda/ep.cu`, the
-//!   rank's device memory, the plan all ranks follow, its session with the
+//!   rank's device memory, the setup all ranks follow, its session with the
 //!   others (iterations and checks), and the entry that decides GPU, memory
-//!   and plan;
+//!   and setup;
 //! - [`nccl`]: the same-run NCCL all-to-all baseline;
 //! - [`report`]: results as lines, a table (ratios to NCCL and to simple_write's put), JSON and CSV;
 //! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
@@ -39,7 +39,7 @@ pub mod launch;
 pub mod layout;
 pub mod model;
 pub mod nccl;
-pub mod plan;
+pub mod setup;
 pub mod reference;
 pub mod report;
 pub mod rig;

@@ -14,7 +14,7 @@ use super::group::{Group, open_store};
 use super::kernels::{self, EpKernels};
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
-use super::plan::RunOptions;
+use super::setup::RunOptions;
 use super::report::RankInfo;
 use super::rig::Rig;
 use super::session;

@@ -20,7 +20,7 @@ use super::group::Group;
 use super::kernels::{self, EpKernels, EpParams, EpReport, EpTiming, EpVerify, Step};
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
-use super::plan::{Corrupt, Plan, RunOptions, make_plan};
+use super::setup::{Corrupt, Setup, RunOptions, make_setup};
 use super::reference::Mismatch;
 use super::report::{self, PathTimes, RankInfo, RankResult};
 use super::rig::Rig;
@@ -62,15 +62,15 @@ pub fn run(ctx: &Context, info: &RankInfo) -> Result<()> {
     agree_config(ctx)?;
     g.put(&g.keys.info(g.rank), info)?;
     let infos = g.gather(|r| g.keys.info(r), "GPU and NIXL info")?;
-    let plan = if g.rank == 0 {
-        let p = make_plan(ctx.cfg, &infos)?;
-        g.put(&g.keys.plan(), &p)?;
+    let setup = if g.rank == 0 {
+        let p = make_setup(ctx.cfg, &infos)?;
+        g.put(&g.keys.setup(), &p)?;
         p
     } else {
-        g.get(&g.keys.plan(), 0, "run plan")?
+        g.get(&g.keys.setup(), 0, "run setup")?
     };
-    let mut s = Session::open(ctx, &plan, info.ranks_on_gpu)?;
-    let measured = s.measure(ctx, &plan, info);
+    let mut s = Session::open(ctx, &setup, info.ranks_on_gpu)?;
+    let measured = s.measure(ctx, &setup, info);
     if let Err(e) = &measured {
         // Before our memory goes: the others stop writing into it first.
         g.abort(&format!("{e:#}"));
@@ -81,7 +81,7 @@ pub fn run(ctx: &Context, info: &RankInfo) -> Result<()> {
     let window_bytes = s.rig.window.len() as u64;
     s.close(ctx)?;
     if g.rank == 0 {
-        publish(ctx, &plan, infos, window_bytes)?;
+        publish(ctx, &setup, infos, window_bytes)?;
     }
     Ok(())
 }
@@ -106,7 +106,7 @@ fn agree_config(ctx: &Context) -> Result<()> {
 
 impl Session {
     /// Agent, window, registration, metadata and window of every peer, views.
-    fn open(ctx: &Context, plan: &Plan, ranks_on_gpu: u32) -> Result<Self> {
+    fn open(ctx: &Context, setup: &Setup, ranks_on_gpu: u32) -> Result<Self> {
         let (g, m) = (ctx.group, ctx.model);
         let nixl = create_ucx_agent(&agent_name(g.rank))?;
         let rig = Rig::new(ctx.gpu, m, ctx.cfg.total_iterations())?;
@@ -147,7 +147,7 @@ impl Session {
             shape,
             ctx.gpu.sm_count,
             ranks_on_gpu,
-            Some(plan.blocks),
+            Some(setup.blocks),
             m.send.entries.len() as u64,
         );
         if g.rank == 0 {
@@ -176,7 +176,7 @@ impl Session {
     }
 
     /// Pointer check, the start barrier, every path, the NCCL baseline.
-    fn measure(&mut self, ctx: &Context, plan: &Plan, info: &RankInfo) -> Result<RankResult> {
+    fn measure(&mut self, ctx: &Context, setup: &Setup, info: &RankInfo) -> Result<RankResult> {
         if ctx.cfg.paths.contains(&Path::Store) {
             self.check_pointers(ctx)?;
         }
@@ -187,7 +187,7 @@ impl Session {
             paths.push(self.run_path(ctx, path, first)?);
             first += ctx.cfg.warmup + ctx.cfg.iters;
         }
-        let nccl = match (&plan.baseline_skip, &info.nccl) {
+        let nccl = match (&setup.baseline_skip, &info.nccl) {
             (None, NcclStatus::Ready(v)) => {
                 tracing::info!("NCCL all-to-all baseline (NCCL {v})");
                 Some(nccl::baseline(
@@ -514,7 +514,7 @@ pub fn calibrate(slots: &[EpTiming]) -> Result<(f64, Vec<f64>, Vec<f64>)> {
 
 /// Rank 0: gathers every rank's results, prints lines and the table,
 /// writes JSON/CSV.
-fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) -> Result<()> {
+fn publish(ctx: &Context, setup: &Setup, infos: Vec<RankInfo>, window_bytes: u64) -> Result<()> {
     let g = ctx.group;
     let results = g.gather(|r| g.keys.result(r), "results")?;
     let mut rows = report::rows(ctx.cfg, &results);
@@ -544,7 +544,7 @@ fn publish(ctx: &Context, plan: &Plan, infos: Vec<RankInfo>, window_bytes: u64) 
     for r in &rows {
         say!("{}", report::line(r, results.len()));
     }
-    if let Some(why) = &plan.baseline_skip {
+    if let Some(why) = &setup.baseline_skip {
         say!("[ep] NCCL baseline skipped: {why}");
     }
     say!("\n{}", report::table(&rows));

@@ -1,5 +1,5 @@
 //! What every rank of a run follows: the options beyond the shared
-//! configuration, and the plan rank 0 makes from every rank's info.
+//! configuration, and the setup rank 0 makes from every rank's info.
 
 use std::path::PathBuf;
 
@@ -34,7 +34,7 @@ pub struct RunOptions {
 
 /// Decisions rank 0 makes from every rank's [`RankInfo`], which all follow.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Plan {
+pub struct Setup {
     /// Blocks of every phase kernel (the receivers count one signal per
     /// block, so every rank must use the same number).
     pub blocks: u32,
@@ -47,7 +47,7 @@ pub struct Plan {
 /// Rank 0's decisions from every rank's info: one grid for all (each
 /// rank's share of its GPU's SMs, the smallest share wins), and whether the
 /// NCCL baseline can run (one rank per GPU, NCCL everywhere).
-pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
+pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
     let gpus: Vec<RankGpu> = infos
         .iter()
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
@@ -95,14 +95,14 @@ pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Plan> {
             NcclStatus::Ready(_) => None,
         })
     };
-    Ok(Plan {
+    Ok(Setup {
         blocks,
         max_ranks_on_gpu,
         baseline_skip,
     })
 }
 
-/// A rank's GPU as the plan sees it: (host, GPU UUID, SM count).
+/// A rank's GPU as the setup sees it: (host, GPU UUID, SM count).
 pub type RankGpu<'a> = (&'a str, &'a str, u32);
 
 /// (the most ranks sharing one GPU, each rank's share of its GPU's SMs with
