@@ -8,9 +8,9 @@ use nixl_examples::ep::kernels::{BAD_COMBINED, BAD_CONTRIBUTION, BAD_COUNT, BAD_
 use nixl_examples::ep::layout::PhaseBytes;
 use nixl_examples::ep::model::Model;
 use nixl_examples::ep::nccl::{NcclStatus, NcclTimes};
-use nixl_examples::ep::setup::make_setup;
 use nixl_examples::ep::report::{self, PathTimes, RankInfo, RankResult};
-use nixl_examples::ep::session::describe;
+use nixl_examples::ep::setup::make_setup;
+use nixl_examples::ep::steps::describe;
 
 fn cfg(mode: Mode, ranks: u32) -> RunConfig {
     RunConfig {

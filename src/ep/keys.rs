@@ -26,10 +26,10 @@
 //! wrote when it ends, on every path.
 
 use super::config::RunConfig;
-use super::setup::Setup;
+use super::net::PeerCard;
 use super::report::{RankInfo, RankResult};
+use super::setup::Setup;
 use crate::group::{AgentMetadata, Bytes, Entry};
-use crate::nixl::serdes::DescList;
 
 crate::json_value!(
     RunConfig => "run configuration",
@@ -75,8 +75,8 @@ impl Keys {
     pub fn metadata(&self, r: u32) -> Entry<AgentMetadata> {
         self.entry(format_args!("rank/{r}/metadata"))
     }
-    pub fn window(&self, r: u32) -> Entry<DescList> {
-        self.entry(format_args!("rank/{r}/window"))
+    pub fn card(&self, r: u32) -> Entry<PeerCard> {
+        self.entry(format_args!("rank/{r}/card"))
     }
     /// The ranks whose window rank `r` could not map (store path).
     pub fn unmapped(&self, r: u32) -> Entry<Vec<usize>> {

@@ -14,10 +14,10 @@ use super::group::{Group, open_store};
 use super::kernels::{self, EpKernels};
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
-use super::setup::RunOptions;
 use super::report::RankInfo;
 use super::rig::Rig;
 use super::session;
+use super::setup::RunOptions;
 use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
@@ -53,17 +53,13 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     let store = open_store(env, timeout)?;
     crate::interrupt::install()?;
     let group = Group::new(store.as_ref(), env, timeout);
-    group.run(|| {
-        let ctx = session::Context {
-            group: &group,
-            cfg,
-            opts,
-            gpu: &gpu,
-            kernels: &kernels,
-            model: &model,
-        };
-        session::run(&ctx, &info).and_then(|()| group.leave())
-    })
+    let local = session::Local {
+        gpu: &gpu,
+        kernels: &kernels,
+        model: &model,
+        info: &info,
+    };
+    group.run(|| session::run(&group, cfg, opts, &local).and_then(|()| group.leave()))
 }
 
 /// Everything local that must hold, reported together (with, when the

@@ -1,0 +1,203 @@
+//! One rank's NIXL side: its agent, its registered window, the local memory
+//! view over it and the remote view with one element per rank (NIXL EP's
+//! layout: element `r` is rank `r`'s window, absent ranks a null agent), and
+//! the card a rank publishes so that others can connect to it.
+//!
+//! Peers come and go between steps: [`Net::connect`] loads a new peer's
+//! metadata, [`Net::forget`] drops a departed one, and [`Net::rebuild`]
+//! prepares the remote view anew. The caller rebuilds only while no kernel
+//! runs (its stream synchronised), so no view a kernel uses is destroyed;
+//! the old view is dropped after the new one exists.
+
+use anyhow::{Context as _, Result, bail};
+use nixl_sys::{MemView, RegistrationHandle};
+
+use super::rig::Rig;
+use crate::group::Value;
+use crate::nixl::agent::{UcxAgent, create_ucx_agent};
+use crate::nixl::serdes::{Desc, DescList, MemType};
+use crate::nixl::view::{RankBuffer, load_peer, prep_local, prep_remote_ranks};
+
+/// What a rank publishes so that others can connect to it: its agent's
+/// name and metadata (`getLocalMD`) and its window (one VRAM descriptor).
+/// On the wire: addr, len, dev_id (u64 little-endian each), the name's
+/// length (u32), the name, then the metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCard {
+    pub agent: String,
+    pub window: Desc,
+    pub metadata: Vec<u8>,
+}
+
+impl Value for PeerCard {
+    const WHAT: &'static str = "agent metadata and window";
+    fn encode(&self) -> Vec<u8> {
+        let w = &self.window;
+        let mut out = Vec::with_capacity(28 + self.agent.len() + self.metadata.len());
+        for v in [w.addr, w.len, w.dev_id] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.agent.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.agent.as_bytes());
+        out.extend_from_slice(&self.metadata);
+        out
+    }
+    fn decode(b: &[u8]) -> Result<Self, String> {
+        let short = || format!("{} bytes are too few for a peer card", b.len());
+        let u64_at = |i: usize| -> Result<u64, String> {
+            let s = b.get(i..i + 8).ok_or_else(short)?;
+            Ok(u64::from_le_bytes(s.try_into().unwrap()))
+        };
+        let window = Desc {
+            addr: u64_at(0)?,
+            len: u64_at(8)?,
+            dev_id: u64_at(16)?,
+        };
+        let n = b.get(24..28).ok_or_else(short)?;
+        let n = u32::from_le_bytes(n.try_into().unwrap()) as usize;
+        let agent = b.get(28..28 + n).ok_or_else(short)?;
+        let agent = String::from_utf8(agent.to_vec()).map_err(|e| e.to_string())?;
+        Ok(Self {
+            agent,
+            window,
+            metadata: b[28 + n..].to_vec(),
+        })
+    }
+}
+
+/// The agent, the registration and the views. Fields drop in declaration
+/// order: views, then the registration, then the agent; the window itself
+/// lives in the [`Rig`], which must outlive this.
+pub struct Net {
+    remote: Option<MemView>,
+    local: Option<MemView>,
+    reg: Option<RegistrationHandle>,
+    /// Element `r` of the remote view: rank `r`'s window and agent, if
+    /// connected.
+    peers: Vec<RankBuffer>,
+    nixl: UcxAgent,
+    me: u32,
+    /// Every rank's window has this many bytes (one configuration).
+    window_len: u64,
+}
+
+impl Net {
+    /// Creates agent `name`, registers the rig's window and prepares the
+    /// local view; returns it with this rank's card. `capacity` = elements
+    /// of the remote view.
+    pub fn open(name: &str, rig: &Rig, me: u32, capacity: u32) -> Result<(Self, PeerCard)> {
+        let nixl = create_ucx_agent(name)?;
+        let reg = nixl
+            .agent
+            .register_memory(&rig.window, None)
+            .context("registering the window (VRAM)")?;
+        let own = DescList::new(MemType::Vram, vec![rig.window_desc()]);
+        // SAFETY: the window stays registered until this view drops (close).
+        let local = unsafe { prep_local(&nixl.agent, &nixl.backend, &own)? };
+        let card = PeerCard {
+            agent: name.to_string(),
+            window: rig.window_desc(),
+            metadata: nixl.agent.get_local_md()?,
+        };
+        let net = Self {
+            remote: None,
+            local: Some(local),
+            reg: Some(reg),
+            peers: vec![None; capacity as usize],
+            nixl,
+            me,
+            window_len: rig.window.len() as u64,
+        };
+        Ok((net, card))
+    }
+
+    /// Loads rank `r`'s metadata (waiting up to `timeout` until usable) and
+    /// makes its window element `r` of the next [`Net::rebuild`].
+    pub fn connect(&mut self, r: u32, card: &PeerCard, timeout: std::time::Duration) -> Result<()> {
+        let ours = self.window_len;
+        if card.window.len != ours {
+            bail!(
+                "rank {r} published a window of {} bytes, expected {ours}: it runs another configuration",
+                card.window.len
+            );
+        }
+        load_peer(&self.nixl.agent, &card.metadata, &card.agent, timeout)
+            .with_context(|| format!("connecting to rank {r} ({})", card.agent))?;
+        self.peers[r as usize] = Some((card.window, card.agent.clone()));
+        Ok(())
+    }
+
+    /// Drops rank `r`'s element from the next [`Net::rebuild`] and, once
+    /// rebuilt, its metadata.
+    pub fn forget(&mut self, r: u32) -> Option<String> {
+        self.peers[r as usize].take().map(|(_, name)| name)
+    }
+
+    /// Prepares the remote view over the connected peers and drops the old
+    /// one, then invalidates the metadata of `departed` agents.
+    ///
+    /// # Safety
+    /// No kernel may be running that uses the current views (synchronise
+    /// the stream first), and every connected peer keeps its window
+    /// registered while the new view exists.
+    pub unsafe fn rebuild(&mut self, departed: &[String]) -> Result<()> {
+        let any = self.peers.iter().any(Option::is_some);
+        let new = match any {
+            // SAFETY: as this function's contract.
+            true => Some(unsafe {
+                prep_remote_ranks(&self.nixl.agent, &self.nixl.backend, &self.peers)?
+            }),
+            false => None,
+        };
+        self.remote = new;
+        for name in departed {
+            let _ = self.nixl.agent.invalidate_remote_md(name);
+        }
+        Ok(())
+    }
+
+    /// (local view, remote view) as the kernels take them; 0 = none.
+    pub fn views(&self) -> (u64, u64) {
+        let local = self.local.as_ref().map_or(0, |v| v.as_ptr() as u64);
+        (local, self.remote.as_ref().map_or(0, |v| v.as_ptr() as u64))
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.me
+    }
+
+    /// Drops both views (no kernel may run), then, after `released` (every
+    /// rank dropped its views of our window), the registration and every
+    /// peer's metadata.
+    pub fn close(mut self, released: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.remote = None;
+        self.local = None;
+        released()?;
+        self.reg = None;
+        for (_, name) in self.peers.iter().flatten() {
+            let _ = self.nixl.agent.invalidate_remote_md(name);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_card_survives_the_wire() {
+        let card = PeerCard {
+            agent: "ep-rank-3.2".into(),
+            window: Desc {
+                addr: 0x7f00_0000_1000,
+                len: 1 << 20,
+                dev_id: 1,
+            },
+            metadata: vec![1, 2, 3, 0, 255],
+        };
+        assert_eq!(PeerCard::decode(&card.encode()).unwrap(), card);
+        assert!(PeerCard::decode(&card.encode()[..20]).is_err());
+    }
+}

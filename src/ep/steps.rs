@@ -1,0 +1,300 @@
+//! One step of the run — fill, dispatch, check, the stand-in experts,
+//! combine, check — queued on the rank's stream, watched until done, and
+//! its reports read: a wait that gave up or a failed NIXL call (exit 1), a
+//! wrong value (exit 3, naming rank, token and expert). Then the GPU times
+//! of a run of steps, from the phase kernels' stamps.
+//!
+//! Each step is watched by [`crate::gpu::run::run_watched`]: the host polls,
+//! asks the caller's probe whether a rank gave up, and cancels the kernels
+//! if one did.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use cudarc::driver::{CudaStream, sys};
+
+use super::config::{Grid, Path, RunConfig};
+use super::kernels::{self, EpKernels, EpParams, EpReport, EpTiming, EpVerify, Step};
+use super::model::Model;
+use super::reference::Mismatch;
+use super::report::PathTimes;
+use super::rig::Rig;
+use super::setup::Corrupt;
+use crate::cli::DataMismatch;
+use crate::gpu::Gpu;
+use crate::gpu::run::run_watched;
+
+/// What every step uses: the GPU and its kernels, the CPU model, the
+/// configuration, this rank's device memory and the launch grid.
+pub struct Stepper<'a> {
+    pub gpu: &'a Gpu,
+    pub kernels: &'a EpKernels,
+    pub model: &'a Model,
+    pub cfg: &'a RunConfig,
+    pub rig: &'a Rig,
+    pub grid: Grid,
+}
+
+impl Stepper<'_> {
+    /// Runs step `iteration` (global number) on `path` over `views` (local,
+    /// remote) and checks its reports; `corrupt` injects one wrong value;
+    /// `probe` says why to stop waiting (a rank gave up).
+    pub fn step(
+        &self,
+        views: (u64, u64),
+        path: Path,
+        iteration: u32,
+        corrupt: Option<Corrupt>,
+        probe: impl FnMut() -> Option<String>,
+    ) -> Result<()> {
+        let (cfg, me) = (self.cfg, self.model.rank);
+        let p = self
+            .rig
+            .params(cfg, self.model, &self.grid, views, path, iteration);
+        let deadline = Duration::from_nanos(cfg.timeout_ns) * 4;
+        run_watched(
+            self.gpu,
+            &self.rig.report,
+            deadline,
+            None,
+            |s| self.queue(s, &p, corrupt),
+            probe,
+        )
+        .with_context(|| format!("rank {me}, {} path, iteration {iteration}", path.name()))?;
+        self.check_report(path, iteration)?;
+        self.check_verify(path, iteration)
+    }
+
+    /// The GPU times of steps `first..first + count` (their timing slots).
+    pub fn times(&self, path: Path, first: u32, count: u32) -> Result<PathTimes> {
+        let mut raw = vec![0u8; self.rig.timing.len()];
+        self.rig.timing.download(&self.gpu.stream, &mut raw)?;
+        let slot = std::mem::size_of::<EpTiming>();
+        let (from, to) = (2 * first as usize, 2 * (first + count) as usize);
+        let timed: Vec<EpTiming> = raw[from * slot..to * slot]
+            .chunks_exact(slot)
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        let (ns_per_cycle, dispatch_ns, combine_ns) = calibrate(&timed)?;
+        Ok(PathTimes {
+            path,
+            dispatch_ns,
+            combine_ns,
+            ns_per_cycle,
+        })
+    }
+
+    /// Queues one iteration's kernels (and an injected fault, if asked).
+    fn queue(&self, s: &CudaStream, p: &EpParams, corrupt: Option<Corrupt>) -> Result<()> {
+        let k = self.kernels;
+        let b = self.grid.blocks;
+        let nan_at = |addr: u64| -> Result<()> {
+            // SAFETY: a 2-byte store inside a live buffer.
+            unsafe { sys::cuMemsetD16Async(addr, 0x7fc0, 1, s.cu_stream()).result()? };
+            Ok(())
+        };
+        // SAFETY: every address in `p` belongs to this session's rig, which
+        // outlives the launch (run_watched waits for it).
+        unsafe {
+            sys::cuMemsetD8Async(
+                self.rig.verify.addr(),
+                0,
+                self.rig.verify.len(),
+                s.cu_stream(),
+            )
+            .result()?;
+            k.launch(s, Step::Fill, b, p)?;
+            k.launch(s, Step::Dispatch, b, p)?;
+            if corrupt == Some(Corrupt::Dispatch) {
+                let src = (0..p.ranks)
+                    .find(|&r| self.model.recv.count(r) > 0)
+                    .unwrap_or(0);
+                nan_at(
+                    p.window
+                        + p.off_recv_x
+                        + u64::from(src) * u64::from(p.tokens) * 2 * u64::from(p.hidden),
+                )?;
+            }
+            k.launch(s, Step::VerifyDispatch, b, p)?;
+            k.launch(s, Step::Expert, b, p)?;
+            k.launch(s, Step::Combine, b, p)?;
+            if corrupt == Some(Corrupt::Combine) {
+                nan_at(p.out)?;
+            }
+            k.launch(s, Step::VerifyCombine, b, p)?;
+        }
+        Ok(())
+    }
+
+    /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
+    fn check_report(&self, path: Path, i: u32) -> Result<()> {
+        let mut r = EpReport::default();
+        (self.rig.report).download(&self.gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
+        let me = self.model.rank;
+        let at = format!("rank {me}, {} path, iteration {i}", path.name());
+        if r.null_ptr_rank != 0 {
+            bail!(
+                "{at}: nixlGetPtr returned no pointer to rank {}'s window: use --path put",
+                r.null_ptr_rank - 1
+            );
+        }
+        if r.base.timed_out != 0 {
+            let secs = self.cfg.timeout_ns as f64 / 1e9;
+            let w = r.wait_rank;
+            let what = match r.wait_kind {
+                kernels::WAIT_BARRIER => format!("rank {w} to reach the phase barrier"),
+                kernels::WAIT_DISPATCH => format!("rank {w}'s dispatch data"),
+                kernels::WAIT_COMBINE => format!("a batch of rank {w}'s combine contributions"),
+                kernels::WAIT_GRID | kernels::WAIT_BLOCKS => {
+                    bail!(
+                        "{at}: this rank's own thread blocks did not all run within {secs} s (grid of {} blocks): \
+                         another process holds the GPU's SMs?",
+                        self.grid.blocks
+                    )
+                }
+                k => format!("an unknown wait ({k})"),
+            };
+            bail!(
+                "{at}: timed out after {secs} s waiting for {what} (counter {:#x}, expected ≥ {:#x}): rank {w} is dead, \
+                 stuck, or far behind",
+                r.base.observed,
+                r.wait_target
+            );
+        }
+        if r.base.errors != 0 {
+            bail!(
+                "{at}: {} NIXL device call(s) failed, the first with status {} (−3 = NIXL_ERR_BACKEND; UCX printed why above)",
+                r.base.errors,
+                r.base.first_status
+            );
+        }
+        Ok(())
+    }
+
+    /// Wrong data: exit 3, naming rank, token and expert.
+    fn check_verify(&self, path: Path, i: u32) -> Result<()> {
+        let mut v = EpVerify::default();
+        (self.rig.verify).download(&self.gpu.stream, bytemuck::bytes_of_mut(&mut v))?;
+        if v.mismatches == 0 {
+            return Ok(());
+        }
+        let text = describe(self.model, &v);
+        Err(DataMismatch(format!(
+            "{text} ({} path, iteration {i}; {} wrong value(s) in it)",
+            path.name(),
+            v.mismatches
+        ))
+        .into())
+    }
+}
+
+/// The first mismatch a check kernel found, in words.
+pub fn describe(m: &Model, v: &EpVerify) -> String {
+    let me = m.rank;
+    let experts_of = |rank: u32, t: u32| m.routing[rank as usize].experts_of(t).to_vec();
+    let dispatch = |what: String| Mismatch::Dispatch {
+        rank: me,
+        src_rank: v.src_rank,
+        token: v.token,
+        slot: v.slot,
+        expert: v.expert,
+        what,
+    };
+    let mismatch = match v.kind {
+        kernels::BAD_COUNT => {
+            return format!(
+                "rank {me} received {} token(s) from rank {}, expected {}",
+                v.got_bits, v.src_rank, v.want_bits
+            );
+        }
+        kernels::BAD_META => dispatch(format!(
+            "metadata word {} is {:#x}, expected {:#x}",
+            v.h, v.got_bits, v.want_bits
+        )),
+        kernels::BAD_X => dispatch(format!(
+            "activation h={} is bf16 {:#06x}, expected {:#06x}",
+            v.h, v.got_bits, v.want_bits
+        )),
+        kernels::BAD_CONTRIBUTION => Mismatch::Contribution {
+            rank: me,
+            from_rank: v.src_rank,
+            token: v.token,
+            experts: experts_of(me, v.token)
+                .into_iter()
+                .filter(|&e| m.shape.rank_of(e) == v.src_rank)
+                .collect(),
+            h: v.h,
+            got: v.got,
+            reference: v.reference,
+            bound: v.bound,
+        },
+        _ => Mismatch::Combined {
+            rank: me,
+            token: v.token,
+            experts: experts_of(me, v.token),
+            h: v.h,
+            got: v.got,
+            reference: v.reference,
+            bound: v.bound,
+        },
+    };
+    mismatch.to_string()
+}
+
+/// Per-iteration times from the phase stamps (dispatch, combine, dispatch,
+/// …): cycle counts, calibrated against `%globaltimer` over all of them
+/// (cycle resolution, the timer's long-run accuracy). Returns (ns per
+/// cycle, dispatch ns, combine ns).
+pub fn calibrate(slots: &[EpTiming]) -> Result<(f64, Vec<f64>, Vec<f64>)> {
+    if let Some(i) = slots.iter().position(|s| s.clock_end == 0 || s.gt_end == 0) {
+        bail!("timing slot {i} was never completed: a phase kernel ended without its stamp");
+    }
+    let cycles: u64 = slots
+        .iter()
+        .map(|s| s.clock_end.wrapping_sub(s.clock_start))
+        .sum();
+    let ns: u64 = slots
+        .iter()
+        .map(|s| s.gt_end.saturating_sub(s.gt_start))
+        .sum();
+    if cycles == 0 {
+        bail!("the phase kernels' cycle counters did not move");
+    }
+    let k = ns as f64 / cycles as f64;
+    let each = |ph: usize| -> Vec<f64> {
+        slots
+            .iter()
+            .skip(ph)
+            .step_by(2)
+            .map(|s| s.clock_end.wrapping_sub(s.clock_start) as f64 * k)
+            .collect()
+    };
+    Ok((k, each(0), each(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycles_are_calibrated_against_the_timer() {
+        let slot = |c0, c1, t0, t1| EpTiming {
+            clock_start: c0,
+            clock_end: c1,
+            gt_start: t0,
+            gt_end: t1,
+        };
+        // 2 cycles per ns; the timer ticks in whole µs.
+        let slots = [
+            slot(0, 20_000, 0, 10_000),
+            slot(0, 40_000, 0, 20_000),
+            slot(5, 2_005, 0, 1_000),
+            slot(0, 4_000, 0, 2_000),
+        ];
+        let (k, d, c) = calibrate(&slots).unwrap();
+        assert_eq!(k, 0.5);
+        assert_eq!(d, vec![10_000.0, 1_000.0]);
+        assert_eq!(c, vec![20_000.0, 2_000.0]);
+        assert!(calibrate(&[slot(1, 0, 0, 0)]).is_err());
+    }
+}
