@@ -40,6 +40,7 @@ pub mod layout;
 pub mod model;
 pub mod nccl;
 pub mod net;
+pub mod phase_report;
 pub mod reference;
 pub mod report;
 pub mod rig;
