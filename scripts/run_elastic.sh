@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The elastic EP matrix on a GPU machine: upstream NIXL EP's four plans
+# (tests/fixtures/elastic/*.json) in both modes over both data paths, the
+# fault plan with a frozen rank (SIGSTOP) too, a kill loop (a rank killed
+# and a new process in its place, --cycles times) in both modes and on each
+# path, and the fresh run each contraction compares with; every step
+# verified, one per-phase table, JSON and CSV per run, logs in --out.
+#
+#   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
+#                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
+#
+# With one GPU the ranks share it under MPS (a private daemon,
+# scripts/lib/mps.sh, stopped after); with more, rank r runs on GPU
+# r mod GPUs. Needs no cargo (scripts/gpu-bundle.sh packs the binaries).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
+BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/elastic; MODES="ll ht"; CYCLES=20; QUICK=0; MPS=1
+while (($#)); do
+  case "$1" in
+    --bundle) need_value "$1" $#; BUNDLE=$2; shift 2 ;;
+    --bin) need_value "$1" $#; BIN=$2; shift 2 ;;
+    --nixl-lib) need_value "$1" $#; NIXL_LIB=$2; shift 2 ;;
+    --out) need_value "$1" $#; OUT=$2; shift 2 ;;
+    --modes) need_value "$1" $#; MODES=$2; shift 2 ;;
+    --cycles) need_value "$1" $#; CYCLES=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --no-mps) MPS=0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
+  esac
+done
+NAME=run_elastic
+# shellcheck source=lib/gpu-env.sh
+source "$ROOT/scripts/lib/gpu-env.sh"
+EP="$BIN/ep"
+[[ -x "$EP" ]] || { echo "run_elastic: no ep binary in $BIN" >&2; exit 1; }
+PLANS="$ROOT/tests/fixtures/elastic"
+[[ -d "$PLANS" ]] || { echo "run_elastic: no plans in $PLANS" >&2; exit 1; }
+# shellcheck source=lib/ports.sh
+source "$ROOT/scripts/lib/ports.sh"
+# shellcheck source=lib/mps.sh
+source "$ROOT/scripts/lib/mps.sh"
+fail=0
+ITERS=(--iters 40 --warmup 5); ((QUICK)) && ITERS=(--iters 10 --warmup 2)
+# HT steps move tens of MB per rank: fewer of them, and fewer tokens when
+# eight ranks share one GPU.
+ht_args() { echo --iters 10 --warmup 2 --tokens 1024; }
+
+# One run: tag, then ep's arguments.
+one() {
+  local tag=$1; shift
+  echo "== $tag: ep $*" >&2
+  local t0=$SECONDS
+  timeout 560 "$EP" "$@" --port "$(pick_port)" --json "$OUT/el-$tag.json" --csv "$OUT/el-$tag.csv" \
+    >"$OUT/el-$tag.out" 2>"$OUT/el-$tag.err"
+  local rc=$?
+  if ((rc != 0)); then fail=1; echo "!! $tag: exit $rc" >&2; tail -12 "$OUT/el-$tag.err" >&2
+  else echo "ok $tag in $((SECONDS - t0)) s" >&2; fi
+}
+
+# The kill loop: ranks 0..2, rank 2 killed and started anew, CYCLES times.
+python3 - "$CYCLES" >"$OUT/kill_loop.json" <<'PY'
+import json, sys
+n = int(sys.argv[1])
+print(json.dumps([[0, 1, 2]] + [[0, 1, -2], [0, 1, 2]] * n))
+PY
+echo '[[0,3]]' >"$OUT/fresh_0_3.json"
+
+mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
+for mode in $MODES; do
+  args=("${ITERS[@]}"); [[ $mode == ht ]] && read -ra args <<<"$(ht_args)"
+  for plan in no_expansion single_expansion expansion_contraction expansion_fault_contraction; do
+    one "$mode-$plan" --plan "$PLANS/$plan.json" --mode "$mode" "${args[@]}"
+  done
+  one "$mode-fault-stop" --plan "$PLANS/expansion_fault_contraction.json" --kill-signal STOP --mode "$mode" "${args[@]}"
+  one "$mode-fresh-0-3" --plan "$OUT/fresh_0_3.json" --capacity 4 --mode "$mode" "${args[@]}"
+  for path in put store; do
+    one "$mode-kill-loop-$path" --plan "$OUT/kill_loop.json" --mode "$mode" --path "$path" "${args[@]}"
+  done
+done
+((mps)) && mps_stop
+exit $fail
