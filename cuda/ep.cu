@@ -13,13 +13,20 @@
 // complete when the high half of that counter reaches the number of
 // blocks, and reads the token count from the low half: counts are signalled
 // after the data. Counters only grow (the targets grow with the run-wide
-// iteration index), so nothing is ever reset under a peer's atomic.
+// step number), so nothing is ever reset under a peer's atomic.
 //
 // Waits happen after the sends: a rank never holds SMs spinning on a peer
 // while it still has data to send, and its grid is sized to its share of
 // the GPU when ranks share one. Every spin goes through ep_wait: a
 // %globaltimer deadline, the host's cancel flag, and a record of which rank
 // it waited for.
+//
+// The mask (docs/EP.md §13): a wait on another rank that passes
+// fault_timeout_ns (counted from when that wait began) sets mask[src] = 1,
+// records it in EpReport and goes on as if src sent nothing; senders skip
+// masked destinations, waits skip masked sources, combine leaves out masked
+// ranks' contributions, the verify kernels check against the mask as it is
+// after the step. Waits on this rank's own blocks stay fatal (timeout_ns).
 
 #include <gpu/ucx/nixl_device.cuh>
 
@@ -30,13 +37,13 @@
 #include "ep_common.cuh"
 
 static_assert(sizeof(EpSendEntry) == 12, "EpSendEntry layout is shared with the host");
-static_assert(sizeof(EpReport) == 64, "EpReport layout is shared with the host");
+static_assert(sizeof(EpReport) == 96, "EpReport layout is shared with the host");
 static_assert(offsetof(EpReport, base) == 0, "run_watched reads and cancels an EpReport as its KernelReport");
 static_assert(sizeof(EpVerify) == 48, "EpVerify layout is shared with the host");
 static_assert(sizeof(EpTiming) == 32, "EpTiming layout is shared with the host");
-static_assert(sizeof(EpParams) == 280, "EpParams layout is shared with the host");
-static_assert(offsetof(EpParams, off_dispatch_count) == 128, "EpParams layout is shared with the host");
-static_assert(offsetof(EpParams, rank) == 216, "EpParams layout is shared with the host");
+static_assert(sizeof(EpParams) == 304, "EpParams layout is shared with the host");
+static_assert(offsetof(EpParams, off_dispatch_count) == 144, "EpParams layout is shared with the host");
+static_assert(offsetof(EpParams, rank) == 240, "EpParams layout is shared with the host");
 
 // ------------------------------------------------------------ primitives
 
@@ -82,10 +89,21 @@ __device__ __forceinline__ bool given_up(const EpReport *r) {
     return *static_cast<const volatile uint32_t *>(&r->base.timed_out) != 0;
 }
 
+// Records why a wait gave up (the first one to give up writes it).
+__device__ void give_up(EpReport *r, uint32_t why, uint64_t seen, uint64_t threshold, uint32_t kind, uint32_t rank) {
+    if (atomicCAS(&r->base.timed_out, 0u, why) == 0) {
+        r->base.observed = seen;
+        r->wait_kind = kind;
+        r->wait_rank = rank;
+        r->wait_target = threshold;
+    }
+}
+
 // Spins (one thread) until *word >= threshold, napping nap_ns between polls
 // where other warps of the SM have work. Gives up at the deadline, when
 // the host raises the cancel flag, or when another block of this rank gave up;
-// then records what it waited for. Every spin in this file goes through here.
+// then records what it waited for. Every spin in this file goes through here
+// (waits on other ranks through ep_wait_peer).
 __device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadline, EpReport *r,
                         uint32_t kind, uint32_t rank, uint32_t nap_ns = 0) {
     uint64_t v = load_relaxed_system(word);
@@ -97,12 +115,7 @@ __device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadl
             else if (*static_cast<volatile uint32_t *>(&r->base.cancel)) why = 2;
             else if (given_up(r)) return false;
             if (why != 0) {
-                if (atomicCAS(&r->base.timed_out, 0u, why) == 0) {
-                    r->base.observed = v;
-                    r->wait_kind = kind;
-                    r->wait_rank = rank;
-                    r->wait_target = threshold;
-                }
+                give_up(r, why, v, threshold, kind, rank);
                 return false;
             }
         }
@@ -111,25 +124,113 @@ __device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadl
     return true;
 }
 
+// The mask word of rank r as it is now: the host writes it between launches,
+// any block of this rank may set it while the kernel runs (mask_source), so
+// every read goes to memory.
+__device__ __forceinline__ bool is_masked(const EpParams &p, uint32_t r) {
+    return *static_cast<const volatile int32_t *>(&p.mask[r]) != 0;
+}
+
+// Masks rank src after a wait on it passed the fault timeout: the first
+// block to mask it records it (and the first masking of the launch, with
+// when its wait began, for the host's agreement to tell a dead rank from one
+// that was itself waiting on a dead rank).
+__device__ void mask_source(const EpParams &p, uint32_t src, uint32_t kind, uint64_t began, uint64_t now) {
+    if (atomicExch(&p.mask[src], 1) != 0) return;
+    EpReport *r = p.report;
+    atomicOr(reinterpret_cast<unsigned long long *>(&r->masked_bits), 1ull << src);
+    if (atomicCAS(reinterpret_cast<unsigned long long *>(&r->first_mask_ns), 0ull, now) == 0) {
+        r->first_wait_ns = began;
+        r->mask_kind = kind;
+        r->mask_rank = src;
+    }
+}
+
+// When a wait began, and when it gives up: fatally (timeout_ns) or by
+// masking its source (fault_timeout_ns, never when 0). Each wait counts from
+// its own start, not the kernel's: a rank whose peer was itself held up by
+// a dead rank's fault timeout started waiting later, so the delay does not
+// cascade into masking the live peer.
+struct Wait {
+    uint64_t began, deadline, fault_deadline;
+};
+
+__device__ __forceinline__ Wait wait_begin(const EpParams &p) {
+    const uint64_t now = globaltimer_ns();
+    return {now, now + p.timeout_ns, p.fault_timeout_ns != 0 ? now + p.fault_timeout_ns : UINT64_MAX};
+}
+
+// What a wait on another rank found.
+constexpr int PEER_HERE = 1;    // the word reached its threshold
+constexpr int PEER_MASKED = 0;  // the source is masked (before, during, or by this wait): it sent nothing
+constexpr int PEER_FAILED = -1; // a fatal give-up: timeout_ns, the host's cancel, or another block gave up
+
+// ep_wait for a word another rank writes (one thread). A masked source is
+// not waited for; one that another block masks meanwhile ends the wait; past
+// w.fault_deadline this wait masks it. Our own rank's words are waits on our
+// own blocks: fatal, never masked.
+__device__ int ep_wait_peer(const EpParams &p, const uint64_t *word, uint64_t threshold, const Wait &w,
+                            uint32_t kind, uint32_t src, uint32_t nap_ns = 0) {
+    if (src == p.rank)
+        return ep_wait(word, threshold, w.deadline, p.report, kind, src, nap_ns) ? PEER_HERE : PEER_FAILED;
+    if (is_masked(p, src)) return PEER_MASKED;
+    uint64_t v = load_relaxed_system(word);
+    for (uint32_t n = 1; v < threshold; ++n) {
+        if (nap_ns != 0) __nanosleep(nap_ns);
+        if ((n & 63) == 0) {
+            const uint64_t now = globaltimer_ns();
+            if (is_masked(p, src)) return PEER_MASKED;
+            if (now > w.fault_deadline) {
+                mask_source(p, src, kind, w.began, now);
+                return PEER_MASKED;
+            }
+            uint32_t why = 0;
+            if (now > w.deadline) why = 1;
+            else if (*static_cast<volatile uint32_t *>(&p.report->base.cancel)) why = 2;
+            else if (given_up(p.report)) return PEER_FAILED;
+            if (why != 0) {
+                give_up(p.report, why, v, threshold, kind, src);
+                return PEER_FAILED;
+            }
+        }
+        v = load_relaxed_system(word);
+    }
+    return PEER_HERE;
+}
+
+// The global step number (EpParams::step): constant while a kernel runs
+// (only ep_advance, queued after the step, changes it), so a cached load.
+__device__ __forceinline__ uint32_t step_of(const EpParams &p) { return __ldg(p.step); }
+
 // ---------------------------------------------------------- per-block setup
 
 // Where each rank's window is, as this block reaches it: our own window for
 // ourselves; on the store path the mapped peer window (nixlGetPtr); on the put
-// path nothing (peers are addressed through the remote view).
+// path nothing (peers are addressed through the remote view). `masked`: the
+// block's copy of the mask, read once here and refreshed by the phase's
+// barrier (which waits on, or skips, every rank), so copies test shared
+// memory, not a global word per piece. A rank masked later in the kernel
+// still gets this block's copies (its window stays mapped until the host
+// drops it between steps), but no signal: signals re-read the mask.
 struct Block {
     uint8_t *peer[EP_MAX_RANKS];
     uint32_t sent[EP_MAX_RANKS];  // tokens this block sent to each rank
     uint32_t base[EP_MAX_RANKS + 1];
+    uint8_t masked[EP_MAX_RANKS];
+    uint64_t kept;                // reduce_all: bit r = rank r's contributions are added
     int ok;
 };
 
 __device__ void block_setup(const EpParams &p, Block &b) {
     for (uint32_t d = threadIdx.x; d < p.ranks; d += blockDim.x) {
         b.sent[d] = 0;
+        b.masked[d] = is_masked(p, d);
         uint8_t *ptr = nullptr;
         if (d == p.rank) {
             ptr = p.window;
-        } else if (p.path == EP_PATH_STORE) {
+        } else if (p.path == EP_PATH_STORE && !b.masked[d]) {
+            // A masked rank's view entry may be gone (a departed rank's is
+            // dropped between phases): not looked up, never written.
             ptr = static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
             if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
         }
@@ -145,6 +246,7 @@ __device__ void block_setup(const EpParams &p, Block &b) {
 // channel (RDMA transports keep a channel's operations in order, so the
 // count cannot overtake the data).
 __device__ void signal_add(const EpParams &p, const Block &b, uint32_t dest, uint64_t offset, uint64_t value) {
+    if (is_masked(p, dest)) return;  // nothing touches a masked rank's window
     if (dest == p.rank || p.path == EP_PATH_STORE) {
         if (b.peer[dest] != nullptr) release_add(word_at(b.peer[dest], offset), value, p.gpu_scope | (dest == p.rank));
         return;
@@ -160,6 +262,7 @@ __device__ void signal_add(const EpParams &p, const Block &b, uint32_t dest, uin
 // NIXL, where nothing may be mapped.
 __device__ void barrier_arrive(const EpParams &p, const Block &b, uint32_t dest, uint64_t value) {
     const uint64_t offset = p.off_barrier + 8ull * p.rank;
+    if (is_masked(p, dest)) return;
     if (dest == p.rank || p.path == EP_PATH_STORE) {
         if (b.peer[dest] != nullptr) store_relaxed_system(word_at(b.peer[dest], offset), value);
         return;
@@ -212,6 +315,7 @@ __device__ void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n16, uint8_
 // more (at most 512) from msrc_off to mdst_off. Every lane calls.
 __device__ void copy_to(const EpParams &p, const Block &b, uint32_t dest, uint64_t src_off, uint64_t dst_off,
                         uint32_t len, uint64_t msrc_off = 0, uint64_t mdst_off = 0, uint32_t mlen = 0) {
+    if (b.masked[dest]) return;
     if (dest == p.rank || p.path == EP_PATH_STORE) {
         // Our own share (cuda_ipc refuses a peer in its own process, so the
         // remote view has no usable entry for ourselves), or a mapped peer.
@@ -233,27 +337,32 @@ __device__ void copy_to(const EpParams &p, const Block &b, uint32_t dest, uint64
 
 __device__ __forceinline__ bool leader() { return blockIdx.x == 0 && threadIdx.x == 0; }
 
-// The barrier of phase `phase` (0 dispatch, 1 combine) of this iteration:
-// block 0 tells every rank it arrived; every block waits for all ranks'
-// arrivals itself (a relay through block 0 cost one more hop). Nobody
-// writes into a peer's buffers before the peer has finished reading the
-// last iteration's (it arrives only after its previous kernels, in stream
-// order). Block 0 starts the clock when it sees the last arrival.
+// The barrier of phase `phase` (0 dispatch, 1 combine) of this step:
+// block 0 tells every unmasked rank it arrived; every block waits for all
+// unmasked ranks' arrivals itself (a relay through block 0 cost one more
+// hop), and a rank silent past the fault timeout is masked. Nobody writes
+// into a peer's buffers before the peer has finished reading the last
+// step's (it arrives only after its previous kernels, in stream order).
+// The block's mask copy is refreshed from what the waits found. Block 0
+// starts the clock when it sees the last arrival.
 __device__ bool phase_start(const EpParams &p, Block &b, uint32_t phase) {
-    const uint64_t target = 2ull * p.iteration + phase + 1;
+    const uint32_t step = step_of(p);
+    const uint64_t target = 2ull * step + phase + 1;
     if (threadIdx.x == 0) {
-        const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
         bool ok = true;
         if (blockIdx.x == 0)
             for (uint32_t d = 0; d < p.ranks; ++d) barrier_arrive(p, b, d, target);
-        for (uint32_t s = 0; s < p.ranks && ok; ++s)
-            ok = ep_wait(word_at(p.window, p.off_barrier + 8ull * s), target, deadline, p.report, EP_WAIT_BARRIER,
-                         s);
+        const Wait w = wait_begin(p);
+        for (uint32_t s = 0; s < p.ranks && ok; ++s) {
+            const int got = ep_wait_peer(p, word_at(p.window, p.off_barrier + 8ull * s), target, w, EP_WAIT_BARRIER, s);
+            ok = got != PEER_FAILED;
+            b.masked[s] = got == PEER_MASKED;
+        }
         // Our stores into peers' buffers must not be performed before the
         // arrivals were seen (the peers' reads of them have ended).
         if (ok) fence_acquire(p.gpu_scope);
-        if (ok && blockIdx.x == 0) {
-            EpTiming &t = p.timing[2 * p.iteration + phase];
+        if (ok && blockIdx.x == 0 && step < p.timing_slots) {
+            EpTiming &t = p.timing[2 * step + phase];
             t.gt_start = globaltimer_ns();
             t.clock_start = clock64();
         }
@@ -267,23 +376,34 @@ __device__ bool phase_start(const EpParams &p, Block &b, uint32_t phase) {
 // (1 << 32) | tokens. __syncthreads orders every warp's stores before the
 // signalling threads' releases, which are cumulative, so the data is
 // visible to the peer before its counter moves.
+// A destination masked since the block's copies is skipped (signal_add
+// reads the mask again).
 __device__ void signal_sent(const EpParams &p, const Block &b, uint64_t counter_offset) {
     __syncthreads();
     const uint32_t d = threadIdx.x;
     if (d < p.ranks) signal_add(p, b, d, counter_offset + 8ull * p.rank, (1ull << 32) | b.sent[d]);
 }
 
-// Block 0, one thread: waits until every source's dispatch counter shows all
-// its blocks, then reads how many tokens came (low half minus last time's).
+// Block 0, one thread: waits until every unmasked source's dispatch counter
+// shows all its blocks, then reads how many tokens came (low half minus last
+// time's). A masked source sent nothing: count 0, its counter and prev_low
+// left alone (Rig::reset_source sets both before it is unmasked again).
 __device__ bool gather_counts(const EpParams &p) {
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    const uint64_t target = (uint64_t(p.iteration) + 1) * gridDim.x << 32;
+    const Wait w = wait_begin(p);
+    const uint64_t target = (uint64_t(step_of(p)) + 1) * gridDim.x << 32;
+    uint64_t here = 0;
     for (uint32_t s = 0; s < p.ranks; ++s) {
         const uint64_t *counter = word_at(p.window, p.off_dispatch_count + 8ull * s);
-        if (!ep_wait(counter, target, deadline, p.report, EP_WAIT_DISPATCH, s)) return false;
+        const int got = ep_wait_peer(p, counter, target, w, EP_WAIT_DISPATCH, s);
+        if (got == PEER_FAILED) return false;
+        if (got == PEER_HERE) here |= 1ull << s;
     }
     fence_acquire(p.gpu_scope);
     for (uint32_t s = 0; s < p.ranks; ++s) {
+        if (!(here >> s & 1)) {
+            p.recv_count[s] = 0;
+            continue;
+        }
         const uint64_t v = load_relaxed_system(word_at(p.window, p.off_dispatch_count + 8ull * s));
         p.recv_count[s] = uint32_t(v) - uint32_t(p.prev_low[s]);
         p.prev_low[s] = uint32_t(v);
@@ -292,7 +412,9 @@ __device__ bool gather_counts(const EpParams &p) {
 }
 
 __device__ void stamp_end(const EpParams &p, uint32_t phase) {
-    EpTiming &t = p.timing[2 * p.iteration + phase];
+    const uint32_t step = step_of(p);
+    if (step >= p.timing_slots) return;
+    EpTiming &t = p.timing[2 * step + phase];
     t.clock_end = clock64();
     t.gt_end = globaltimer_ns();
 }
@@ -360,10 +482,10 @@ __device__ __forceinline__ uint64_t flag_offset(const EpParams &p, uint32_t expe
 }
 
 // The value a combine flag reaches once its batch is complete this
-// iteration: one add per batch, or (one batch) one add per block.
+// step: one add per batch, or (one batch) one add per block.
 __device__ __forceinline__ uint64_t flag_target(const EpParams &p) {
     const uint64_t adds = p.combine_batches == 1 ? gridDim.x : 1;
-    return (uint64_t(p.iteration) + 1) * adds;
+    return (uint64_t(step_of(p)) + 1) * adds;
 }
 
 // One warp copies piece `piece` of slot j of origin s from our y to s's
@@ -389,7 +511,8 @@ __device__ void count_batches(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
         uint32_t most = 0;
         for (uint32_t s = 0; s < p.ranks; ++s) {
-            b.base[s] = (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
+            // Nothing for a masked origin (its count is 0 if it was masked in dispatch).
+            b.base[s] = b.masked[s] ? 0 : (min(p.recv_count[s], p.tokens) + p.combine_batch - 1) / p.combine_batch;
             if (s != p.rank) most = max(most, b.base[s]);
         }
         b.base[p.ranks] = most;
@@ -430,7 +553,7 @@ __device__ void send_outputs_all(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
         b.base[0] = 0;
         for (uint32_t s = 0; s < p.ranks; ++s)
-            b.base[s + 1] = b.base[s] + (s == p.rank ? 0 : min(p.recv_count[s], p.tokens));
+            b.base[s + 1] = b.base[s] + (s == p.rank || b.masked[s] ? 0 : min(p.recv_count[s], p.tokens));
     }
     __syncthreads();
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -448,21 +571,32 @@ __device__ void send_outputs_all(const EpParams &p, Block &b) {
 }
 
 // One lane waits until the batches holding token t's contributions are
-// flagged (every rank with one of its experts); the warp then reads them.
-// The lane naps between polls: its block's sender warps share the SM.
-__device__ bool wait_token(const EpParams &p, uint32_t t, uint64_t deadline) {
-    int ok = 1;
+// flagged (every unmasked rank with one of its experts); the warp then reads
+// them. The lane naps between polls: its block's sender warps share the SM.
+// Returns the ranks whose contributions to add (bit r; our own always), or
+// 0 after a fatal give-up. A rank masked after this wait can still be in it
+// (its batch came in time for this token but not for a later one): such a
+// step does not match the mask after it, and the host counts it lost.
+__device__ uint64_t wait_token(const EpParams &p, uint32_t t) {
+    unsigned long long kept = 1ull << p.rank;
     if (threadIdx.x % 32 == 0) {
-        for (uint32_t r = 0; r < p.ranks && ok; ++r) {
+        const Wait w = wait_begin(p);
+        for (uint32_t r = 0; r < p.ranks && kept != 0; ++r) {
             const int32_t slot = p.send_slot[r * p.tokens + t];
             if (slot < 0 || r == p.rank) continue;
             const uint64_t *flag = word_at(p.window, flag_offset(p, r, uint32_t(slot) / p.combine_batch));
-            ok = ep_wait(flag, flag_target(p), deadline, p.report, EP_WAIT_COMBINE, r, 64);
+            const int got = ep_wait_peer(p, flag, flag_target(p), w, EP_WAIT_COMBINE, r, 64);
+            if (got == PEER_FAILED) kept = 0;
+            if (got == PEER_HERE) kept |= 1ull << r;
         }
-        if (ok) fence_acquire(p.gpu_scope);
+        // A rank another warp masked while this one waited on the others is
+        // left out too: fewer tokens disagree with the mask after the step.
+        for (uint32_t r = 0; r < p.ranks && kept != 0; ++r)
+            if (r != p.rank && (kept >> r & 1) && is_masked(p, r)) kept &= ~(1ull << r);
+        if (kept != 0) fence_acquire(p.gpu_scope);
     }
     // __syncwarp orders lane 0's acquire before every lane's loads.
-    return __shfl_sync(0xffffffff, ok, 0);
+    return __shfl_sync(0xffffffff, kept, 0);
 }
 
 // Where rank r's contribution to our slot `slot` lies: a peer's in
@@ -474,12 +608,12 @@ __device__ __forceinline__ const uint8_t *contribution(const EpParams &p, uint32
     return p.window + off + (uint64_t(r) * p.tokens + slot) * 2ull * p.hidden;
 }
 
-// The next contribution to token t from rank r on (r advances past it), or
-// null when no rank is left.
-__device__ __forceinline__ const int4 *next_contribution(const EpParams &p, uint32_t t, uint32_t &r) {
+// The next contribution to token t from a kept rank r on (r advances past
+// it), or null when no rank is left.
+__device__ __forceinline__ const int4 *next_contribution(const EpParams &p, uint32_t t, uint32_t &r, uint64_t kept) {
     for (; r < p.ranks; ++r) {
         const int32_t slot = p.send_slot[r * p.tokens + t];
-        if (slot < 0) continue;
+        if (slot < 0 || !(kept >> r & 1)) continue;
         return reinterpret_cast<const int4 *>(contribution(p, r++, uint32_t(slot)));
     }
     return nullptr;
@@ -491,8 +625,9 @@ __device__ __forceinline__ void add_vec(float *acc, const int4 &v) {
     for (int k = 0; k < 8; ++k) acc[k] += __bfloat162float(h[k]);
 }
 
-// out[t] = sum over ranks r (in rank order) of r's contribution (our own
-// from y, a peer's from combine_recv), added in f32, stored as bf16; here
+// out[t] = sum over kept ranks r (in rank order; bit r of `kept`) of r's
+// contribution (our own from y, a peer's from combine_recv), added in f32,
+// stored as bf16 (none kept: 0); here
 // 16-byte vectors v0..v1 of it. A lane
 // keeps R = 4 vectors of two contributions in flight (8 loads) before it
 // adds them: with one load at a time a warp waits a full memory latency per
@@ -501,15 +636,15 @@ __device__ __forceinline__ void add_vec(float *acc, const int4 &v) {
 // the same bytes).
 constexpr uint32_t R = 4;
 
-__device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_t v1) {
+__device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_t v1, uint64_t kept) {
     const uint32_t lane = threadIdx.x % 32;
     for (uint32_t i0 = v0 + lane; i0 < v1; i0 += 32 * R) {
         float acc[R][8] = {};
         uint32_t r = 0;
         for (;;) {
-            const int4 *a = next_contribution(p, t, r);
+            const int4 *a = next_contribution(p, t, r, kept);
             if (a == nullptr) break;
-            const int4 *c = next_contribution(p, t, r);
+            const int4 *c = next_contribution(p, t, r, kept);
             int4 va[R], vc[R];
 #pragma unroll
             for (uint32_t u = 0; u < R; ++u) {
@@ -537,45 +672,52 @@ __device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_
     }
 }
 
-// Claims the calling warp's next token of this iteration's reduction. The
-// claims count up from iteration × (tokens + the grid's warps): every warp
-// of the grid makes exactly one claim past the last token (the one that
-// ends its loop), so each iteration advances the counter by that much.
+// Claims the calling warp's next token of this step's reduction. The
+// claims count up from step × (tokens + the grid's warps): every warp of
+// the grid makes exactly one claim past the last token (the one that ends
+// its loop), so each step advances the counter by that much (with or
+// without masked ranks; Rig::reset_local sets it for a new process).
 __device__ __forceinline__ uint32_t claim_token(const EpParams &p) {
     unsigned long long c = 0;
     if (threadIdx.x % 32 == 0) c = atomicAdd(reinterpret_cast<unsigned long long *>(&p.grid_flags[3]), 1ull);
     const uint64_t claim = __shfl_sync(0xffffffff, c, 0);
-    const uint64_t first = uint64_t(p.iteration) * (p.tokens + gridDim.x * (blockDim.x / 32));
+    const uint64_t first = uint64_t(step_of(p)) * (p.tokens + gridDim.x * (blockDim.x / 32));
     if (claim < first || claim - first >= UINT32_MAX) return UINT32_MAX;
     return uint32_t(claim - first);
 }
 
 // Many tokens: the warp adds up tokens, claimed lowest first, each once its
-// batches are flagged.
+// batches are flagged (or their ranks masked).
 __device__ bool reduce_claimed(const EpParams &p) {
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     for (;;) {
         const uint32_t t = claim_token(p);
         if (t >= p.tokens) return true;
-        if (!wait_token(p, t, deadline)) return false;
-        reduce_token(p, t, 0, p.hidden / 8);
+        const uint64_t kept = wait_token(p, t);
+        if (kept == 0) return false;
+        reduce_token(p, t, 0, p.hidden / 8, kept);
     }
 }
 
-// Few tokens: one thread per block waits for every rank's flag, then the
+// Few tokens: one thread per block waits for every unmasked rank's flag
+// (masking a silent one), then the
 // grid's warps take a piece of a token each (as many pieces as leave every
 // warp about one, at least a vector per lane), so all the grid reduces at
 // once instead of one warp per token.
 __device__ bool reduce_all(const EpParams &p, Block &b) {
     if (threadIdx.x == 0) {
-        const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+        const Wait w = wait_begin(p);
         bool ok = true;
-        for (uint32_t r = 0; r < p.ranks && ok; ++r)
-            if (r != p.rank)
-                ok = ep_wait(word_at(p.window, flag_offset(p, r, 0)), flag_target(p), deadline, p.report,
-                             EP_WAIT_COMBINE, r);
+        uint64_t kept = 1ull << p.rank;
+        for (uint32_t r = 0; r < p.ranks && ok; ++r) {
+            if (r == p.rank) continue;
+            const int got = ep_wait_peer(p, word_at(p.window, flag_offset(p, r, 0)), flag_target(p), w,
+                                         EP_WAIT_COMBINE, r);
+            ok = got != PEER_FAILED;
+            if (got == PEER_HERE) kept |= 1ull << r;
+        }
         if (ok) fence_acquire(p.gpu_scope);
         b.ok = ok;
+        b.kept = kept;
     }
     __syncthreads();
     if (!b.ok) return false;
@@ -586,7 +728,7 @@ __device__ bool reduce_all(const EpParams &p, Block &b) {
     const uint32_t per = (n16 + pieces - 1) / pieces;
     for (uint32_t u = warp; u < p.tokens * pieces; u += warps) {
         const uint32_t v0 = (u % pieces) * per;
-        reduce_token(p, u / pieces, v0, min(n16, v0 + per));
+        reduce_token(p, u / pieces, v0, min(n16, v0 + per), b.kept);
     }
     return true;
 }
@@ -614,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_combine(EpParams p) 
     done.fetch_add(1, cuda::memory_order_release);
     if (blockIdx.x != 0) return;
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    if (ep_wait(&p.grid_flags[2], (uint64_t(p.iteration) + 1) * gridDim.x, deadline, p.report, EP_WAIT_BLOCKS,
+    if (ep_wait(&p.grid_flags[2], (uint64_t(step_of(p)) + 1) * gridDim.x, deadline, p.report, EP_WAIT_BLOCKS,
                 p.rank))
         stamp_end(p, 1);
 }
@@ -624,7 +766,7 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_combine(EpParams p) 
 __device__ __forceinline__ uint32_t global_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ uint32_t global_threads() { return gridDim.x * blockDim.x; }
 
-// This iteration's activations: x[t][h] = ep_x_bits(key(seed, rank, iteration, t), h),
+// This step's activations: x[t][h] = ep_x_bits(key(seed, rank, step, t), h),
 // eight elements (one vector) per thread and step.
 extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_fill(EpParams p) {
     const uint32_t n16 = p.hidden / 8;
@@ -633,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_fill(EpParams p) {
     for (uint64_t v = global_thread(); v < total; v += global_threads()) {
         const uint32_t t = uint32_t(v / n16);
         const uint32_t h0 = uint32_t(v % n16) * 8;
-        const uint64_t key = ep_token_key(p.seed, p.rank, p.iteration, t);
+        const uint64_t key = ep_token_key(p.seed, p.rank, step_of(p), t);
         int4 o;
         uint16_t *oh = reinterpret_cast<uint16_t *>(&o);
 #pragma unroll
@@ -762,7 +904,7 @@ __device__ void verify_token(const EpParams &p, uint32_t s, uint32_t j) {
         if (w >= 4 + p.topk) want = __float_as_uint(want_w[w - 4 - p.topk]);
         if (meta[w] != want) mismatch(p, EP_BAD_META, s, t, j, w, expert, meta[w], want, 0, 0, 0);
     }
-    const uint64_t key = ep_token_key(p.seed, s, p.iteration, t);
+    const uint64_t key = ep_token_key(p.seed, s, step_of(p), t);
     const uint16_t *x = reinterpret_cast<const uint16_t *>(p.window + p.off_recv_x) + (uint64_t(s) * p.tokens + j) * p.hidden;
     for (uint32_t h = lane; h < p.hidden; h += 32) {
         const uint16_t want = ep_x_bits(key, h);
@@ -770,33 +912,37 @@ __device__ void verify_token(const EpParams &p, uint32_t s, uint32_t j) {
     }
 }
 
-// After dispatch: tokens received per source, then each token.
+// After dispatch: tokens received per unmasked source, then each of their
+// tokens. A masked source is not checked: its count is 0 and its rows are
+// never read (the mask as it is after dispatch, in stream order).
 extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_dispatch(EpParams p) {
     if (given_up(p.report)) return;
     if (global_thread() < p.ranks) {
         const uint32_t s = global_thread();
-        if (p.recv_count[s] != p.expect_count[s])
+        if (p.mask[s] == 0 && p.recv_count[s] != p.expect_count[s])
             mismatch(p, EP_BAD_COUNT, s, 0, 0, 0, 0, p.recv_count[s], p.expect_count[s], 0, 0, 0);
     }
     for (uint32_t n = global_thread() / 32;; n += global_threads() / 32) {
         uint32_t s, j;
         if (!nth_received(p, p.expect_count, n, s, j)) break;
-        if (j < p.recv_count[s]) verify_token(p, s, j);
+        if (p.mask[s] == 0 && j < p.recv_count[s]) verify_token(p, s, j);
     }
 }
 
-// One of our tokens after combine: each contributing rank's output within
-// ep_partial_bound of its f32 reference, then the combined output within
-// ep_combined_bound (src/ep/reference.rs check_combined).
+// One of our tokens after combine: each unmasked contributing rank's output
+// within ep_partial_bound of its f32 reference, then the combined output
+// within ep_combined_bound of the reference over the experts whose owner is
+// unmasked (ep_masked_reference; the bound over the kept terms), with the
+// mask as it is after the step (src/ep/reference.rs check_combined_masked).
 __device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, uint32_t t) {
     const uint32_t lane = threadIdx.x % 32;
-    const uint64_t key = ep_token_key(p.seed, p.rank, p.iteration, t);
+    const uint64_t key = ep_token_key(p.seed, p.rank, step_of(p), t);
     for (uint32_t h = lane; h < p.hidden; h += 32) {
         const uint16_t xb = ep_x_bits(key, h);
         const float x = __uint_as_float(uint32_t(xb) << 16);
         for (uint32_t q = 0; q < p.ranks; ++q) {
             const int32_t slot = p.send_slot[q * p.tokens + t];
-            if (slot < 0) continue;
+            if (slot < 0 || p.mask[q] != 0) continue;
             float abs_sum;
             const float ref = weighted(p, r, x, q, false, abs_sum);
             const uint16_t gb = reinterpret_cast<const uint16_t *>(contribution(p, q, uint32_t(slot)))[h];
@@ -807,7 +953,7 @@ __device__ void verify_combined_token(const EpParams &p, const TokenRoute &r, ui
                          bound);
         }
         float abs_sum;
-        const float ref = weighted(p, r, x, 0, true, abs_sum);
+        const float ref = ep_masked_reference(x, r.expert, r.weight, p.topk, p.local_experts, p.mask, &abs_sum);
         const uint16_t ob = p.out[uint64_t(t) * p.hidden + h];
         const float got = __uint_as_float(uint32_t(ob) << 16);
         const float bound = ep_combined_bound(abs_sum, p.topk, p.ranks);
@@ -832,6 +978,14 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_combine(EpPar
         verify_combined_token(p, r, t);
         __syncwarp();
     }
+}
+
+// The end of every step: the next step's number (EpParams::step). One
+// thread; queued after the step's last kernel, so every kernel of a step
+// reads the same number, and a captured graph of a step needs no new
+// parameters to run the next one.
+extern "C" __global__ void ep_advance(EpParams p) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *p.step += 1;
 }
 
 // Which peers the store path can reach: out[d] = nixlGetPtr(remote view, d)

@@ -8,6 +8,7 @@
 
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -64,6 +65,38 @@ EP_HD float ep_combined_bound(float abs_sum, uint32_t topk, uint32_t ranks) {
     return abs_sum * (0x1p-7f + 0x1p-16f + float(2 * topk + ranks + 8) * 0x1p-24f);
 }
 
+// ------------------------------------------------------------- the mask
+//
+// int32 mask[capacity] in this rank's device memory (never in the window):
+// 1 = rank masked (gone, or silent past the fault timeout), 0 = present.
+// The host sets it between launches; a kernel sets mask[src] = 1 when a
+// wait on src passes EpParams::fault_timeout_ns. docs/EP.md §13.
+
+// Whether expert e's contribution to a token is kept: its owner rank is
+// not masked. The own rank is never masked (its own waits are fatal).
+EP_HD bool ep_kept(const int32_t *mask, uint32_t e, uint32_t local_experts) {
+    return mask[e / local_experts] == 0;
+}
+
+// The combine reference of one element under a mask: sum over the token's
+// top-k experts whose owner is unmasked of w_k * (a_k * x + b_k), f32 fused
+// multiply-adds in top-k order; *abs_sum gets the sum of the kept terms'
+// magnitudes, for ep_combined_bound. Nothing kept: 0 (and abs_sum 0, so
+// the output must be exactly 0). src/ep/reference.rs masked_reference.
+EP_HD float ep_masked_reference(float x, const uint32_t *experts, const float *weights, uint32_t topk,
+                                uint32_t local_experts, const int32_t *mask, float *abs_sum) {
+    float acc = 0.0f, mag = 0.0f;
+    for (uint32_t k = 0; k < topk; ++k) {
+        const uint32_t e = experts[k];
+        if (!ep_kept(mask, e, local_experts)) continue;
+        const float t = fmaf(ep_expert_scale(e), x, ep_expert_bias(e));
+        acc = fmaf(weights[k], t, acc);
+        mag += fabsf(weights[k] * t);
+    }
+    *abs_sum = mag;
+    return acc;
+}
+
 // ------------------------------------------------------- shared structs
 // Each is mirrored field for field in src/ep/kernels.rs; tests/ep_abi.rs
 // compares every offset.
@@ -86,6 +119,12 @@ struct EpReport {
     uint64_t wait_target;   // the value it waited for
     uint32_t null_ptr_rank; // store path: 1 + the rank whose nixlGetPtr was null
     uint32_t reserved;
+    // Masking (EpParams::fault_timeout_ns): not a failure, the launch went on.
+    uint64_t masked_bits;   // bit r: this launch masked rank r (it was unmasked when the launch began)
+    uint64_t first_mask_ns; // %globaltimer when the first of them was masked
+    uint64_t first_wait_ns; // %globaltimer when the wait that masked it began
+    uint32_t mask_kind;     // EP_WAIT_* of that wait
+    uint32_t mask_rank;     // the rank it masked
 };
 
 // What a wait was for, to name the silent rank.
@@ -135,7 +174,7 @@ struct EpParams {
     uint8_t *window;                 // this rank's registered window (src/ep/config.rs WindowLayout)
     EpReport *report;
     EpVerify *verify;
-    EpTiming *timing;                // [iterations][2]: dispatch, combine
+    EpTiming *timing;                // [timing_slots][2]: dispatch, combine, by step
     const EpSendEntry *entries;      // this rank's dispatch copies, by token then destination
     const int32_t *send_slot;        // [ranks][tokens]: slot of token t on rank d, or -1
     const uint32_t *expect_tokens;   // [ranks][tokens]: source token held in (source, slot)
@@ -146,6 +185,11 @@ struct EpParams {
     uint64_t *prev_low;              // [ranks]: dispatch counters' low halves at the last completion
     uint64_t *grid_flags;            // [4]: barrier passed, reduce go, blocks done (this rank only)
     uint16_t *out;                   // [tokens][hidden]: combined output, bf16
+    int32_t *mask;                   // [ranks]: 1 = masked (see "the mask" above); this rank's memory, not the window
+    uint32_t *step;                  // the global step number (one device word): drives the data, every
+                                     // counter target and the timing slot. The host sets it once at the
+                                     // start of a phase; ep_advance adds 1 at the end of every step, so a
+                                     // CUDA graph of a step is replayed unchanged for every step.
     uint64_t off_dispatch_count;     // window offsets (WindowLayout)
     uint64_t off_combine_flags;
     uint64_t off_barrier;
@@ -156,7 +200,9 @@ struct EpParams {
     uint64_t off_meta;
     uint64_t off_y;
     uint64_t seed;
-    uint64_t timeout_ns;             // every wait gives up after this long
+    uint64_t timeout_ns;             // a wait on this rank's own blocks gives up (fatal) after this long
+    uint64_t fault_timeout_ns;       // a wait on another rank masks it after this long from the wait's
+                                     // start; 0: never masks, every wait is fatal after timeout_ns
     uint32_t rank;
     uint32_t ranks;
     uint32_t tokens;
@@ -168,7 +214,7 @@ struct EpParams {
     uint32_t chunks;                 // pieces per token; one warp copies one
     uint32_t chunk_bytes;
     uint32_t path;                   // EP_PATH_*
-    uint32_t iteration;              // run-wide index: drives the data and every counter
+    uint32_t timing_slots;           // steps the timing buffer holds; later steps are not stamped
     uint32_t combine_batch;          // slots per combine flag (src/ep/config.rs Shape::combine_batch)
     uint32_t combine_batches;        // flags per expert rank: ceil(tokens / combine_batch)
     uint32_t gpu_scope;              // 1: every rank shares this GPU, releases are GPU-scope; 0: system scope

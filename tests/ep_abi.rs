@@ -1,16 +1,18 @@
 //! The contract between `cuda/ep_common.cuh` and the Rust host, checked
 //! without a GPU: the header is plain C++, so this test compiles a small
 //! host program from it with the system C++ compiler, and compares every
-//! struct offset and every shared formula (data hash, experts, bounds)
-//! with the Rust side. nvcc enforces the same header's static_asserts when
-//! the kernels are built.
+//! struct offset and every shared formula (data hash, experts, bounds, the
+//! combine reference under a mask) with the Rust side. nvcc enforces the
+//! same header's static_asserts when the kernels are built.
 
 use std::mem::{offset_of, size_of};
 use std::path::PathBuf;
 use std::process::Command;
 
+use nixl_examples::ep::config::Shape;
 use nixl_examples::ep::kernels::{EpParams, EpReport, EpTiming, EpVerify};
 use nixl_examples::ep::layout::SendEntry;
+use nixl_examples::ep::mask::Mask;
 use nixl_examples::ep::reference;
 use nixl_examples::ep::rng;
 
@@ -27,13 +29,14 @@ macro_rules! fields {
 fn rust_side() -> Vec<(String, String)> {
     let mut v: Vec<(&str, usize)> = fields!(EpParams, "EpParams":
         local_mvh, remote_mvh, window, report, verify, timing, entries, send_slot, expect_tokens,
-        expect_count, all_experts, all_weights, recv_count, prev_low, grid_flags, out,
+        expect_count, all_experts, all_weights, recv_count, prev_low, grid_flags, out, mask, step,
         off_dispatch_count, off_combine_flags, off_barrier, off_recv_x, off_recv_meta, off_combine_recv,
-        off_x, off_meta, off_y, seed, timeout_ns, rank, ranks, tokens, hidden, topk, local_experts,
-        meta_bytes, n_entries, chunks, chunk_bytes, path, iteration, combine_batch, combine_batches, gpu_scope,
-        combine_senders);
+        off_x, off_meta, off_y, seed, timeout_ns, fault_timeout_ns, rank, ranks, tokens, hidden, topk,
+        local_experts, meta_bytes, n_entries, chunks, chunk_bytes, path, timing_slots, combine_batch,
+        combine_batches, gpu_scope, combine_senders);
     v.extend(fields!(EpReport, "EpReport":
-        base, wait_kind, wait_rank, wait_target, null_ptr_rank, reserved));
+        base, wait_kind, wait_rank, wait_target, null_ptr_rank, reserved, masked_bits, first_mask_ns,
+        first_wait_ns, mask_kind, mask_rank));
     // The KernelReport it begins with, field by field (run_watched cancels
     // through `base.cancel`).
     v.extend([
@@ -80,6 +83,36 @@ fn rust_side() -> Vec<(String, String)> {
         "combined_bound".into(),
         reference::combined_bound(1.375, 8, 4).to_bits().to_string(),
     ));
+    out.extend(masked_side());
+    out
+}
+
+/// The masked combine token both sides evaluate: 4 ranks of 4 experts,
+/// top-5, and the masks of [`MASKS`] (bit r = rank r masked).
+const EXPERTS: [u32; 5] = [1, 6, 9, 14, 3];
+const WEIGHTS: [f32; 5] = [0.5, 0.25, 0.75, 1.0 / 256.0, 0.125];
+const XS: [f32; 3] = [0.710_937_5, -0.013_671_875, 0.25];
+const MASKS: [u64; 4] = [0b0000, 0b1010, 0b0101, 0b1111];
+
+/// `masked.<mask>.<x>` = bits of the reference and of its magnitude sum.
+fn masked_side() -> Vec<(String, String)> {
+    let shape = Shape {
+        tokens: 1,
+        hidden: 8,
+        topk: 5,
+        experts: 16,
+        ranks: 4,
+    };
+    let mut out = Vec::new();
+    for m in MASKS {
+        for (i, &x) in XS.iter().enumerate() {
+            let (r, a) = reference::masked_reference(&shape, x, &EXPERTS, &WEIGHTS, Mask(m));
+            out.push((
+                format!("masked.{m}.{i}"),
+                format!("{} {}", r.to_bits(), a.to_bits()),
+            ));
+        }
+    }
     out
 }
 
@@ -111,6 +144,21 @@ fn cpp_program(names: &[String]) -> String {
     std::memcpy(&pbb, &pb, 4);
     std::memcpy(&cbb, &cb, 4);
     std::printf("partial_bound %u\ncombined_bound %u\n", pbb, cbb);
+    const uint32_t experts[5] = {1, 6, 9, 14, 3};
+    const float weights[5] = {0.5f, 0.25f, 0.75f, 1.0f / 256.0f, 0.125f};
+    const float xs[3] = {0.7109375f, -0.013671875f, 0.25f};
+    for (unsigned long long m : {0ull, 10ull, 5ull, 15ull}) {
+        int32_t mask[4];
+        for (int r = 0; r < 4; ++r) mask[r] = int32_t(m >> r & 1);
+        for (int i = 0; i < 3; ++i) {
+            float abs_sum = -1.0f;
+            const float ref = ep_masked_reference(xs[i], experts, weights, 5, 4, mask, &abs_sum);
+            uint32_t rb, ab;
+            std::memcpy(&rb, &ref, 4);
+            std::memcpy(&ab, &abs_sum, 4);
+            std::printf("masked.%llu.%d %u %u\n", m, i, rb, ab);
+        }
+    }
 "#;
     format!(
         "#include \"ep_common.cuh\"\n#include <cstdio>\n#include <cstring>\n#include <initializer_list>\nint main() {{\n{body}    return 0;\n}}\n"

@@ -1,9 +1,12 @@
 //! The CPU model of `ep`: routing, the send/receive layout, byte counts,
-//! and the combine reference with its bf16 bound. These are what the GPU
-//! kernels are checked against, so they are checked here first.
+//! and the combine reference with its bf16 bound, with and without a mask
+//! of departed ranks. These are what the GPU kernels are checked against,
+//! so they are checked here first.
 
-use nixl_examples::ep::config::{RoutingKind, Shape, meta_record};
+use nixl_examples::ep::config::{Mode, Path, RoutingKind, RunConfig, Shape, meta_record};
 use nixl_examples::ep::layout::{self, SendEntry};
+use nixl_examples::ep::mask::Mask;
+use nixl_examples::ep::model::Model;
 use nixl_examples::ep::reference::{self, CombinedToken, Mismatch};
 use nixl_examples::ep::rng::{self, bf16_to_f32};
 use nixl_examples::ep::routing::{self, Routing};
@@ -324,4 +327,225 @@ fn a_perturbed_value_is_caught_and_named() {
         );
         assert!(err.to_string().contains("experts"), "{err}");
     });
+}
+
+// ------------------------------------------------------------ under a mask
+
+/// Runs the masked pipeline for every element of every token of rank 0 and
+/// hands each token to `check` with its exact (f64) masked reference.
+fn each_masked_token(
+    s: &Shape,
+    seed: u64,
+    mask: Mask,
+    mut check: impl FnMut(&[f32], &Routing, u32, &[Vec<u16>], &[u16], &[f64]),
+) {
+    let r = routing::generate(s, RoutingKind::Uniform, seed, 0);
+    for t in 0..s.tokens {
+        let key = rng::token_key(seed, 0, 3, t);
+        let x: Vec<f32> = (0..s.hidden)
+            .map(|h| bf16_to_f32(rng::x_bits(key, h)))
+            .collect();
+        let (e, w) = (r.experts_of(t), r.weights_of(t));
+        let mut parts = vec![Vec::new(); s.ranks as usize];
+        let (mut out, mut exact) = (Vec::new(), Vec::new());
+        for &xv in &x {
+            let (p, o) = reference::pipeline_masked(s, xv, e, w, mask);
+            for (rank, y) in p.into_iter().enumerate() {
+                if let Some(y) = y {
+                    parts[rank].push(y);
+                }
+            }
+            out.push(o);
+            exact.push(
+                e.iter()
+                    .zip(w)
+                    .filter(|&(&e, _)| !mask.contains(s.rank_of(e)))
+                    .map(|(&e, &w)| {
+                        f64::from(w)
+                            * (f64::from(reference::expert_scale(e)) * f64::from(xv)
+                                + f64::from(reference::expert_bias(e)))
+                    })
+                    .sum(),
+            );
+        }
+        check(&x, &r, t, &parts, &out, &exact);
+    }
+}
+
+fn rows(parts: &[Vec<u16>]) -> Vec<Option<&[u16]>> {
+    parts
+        .iter()
+        .map(|p| (!p.is_empty()).then_some(p.as_slice()))
+        .collect()
+}
+
+#[test]
+fn masked_ranks_contribute_nothing_and_the_bound_holds_over_the_kept_terms() {
+    let s = Shape {
+        tokens: 64,
+        hidden: 128,
+        topk: 8,
+        experts: 64,
+        ranks: 4,
+    };
+    for mask in [Mask::of([1]), Mask::of([2, 3]), Mask::of([1, 2, 3])] {
+        let mut differs = 0;
+        each_masked_token(&s, 17, mask, |x, r, t, parts, out, exact| {
+            let (e, w) = (r.experts_of(t), r.weights_of(t));
+            for (r, p) in parts.iter().enumerate() {
+                assert!(
+                    p.is_empty() || !mask.contains(r as u32),
+                    "masked rank {r} contributed"
+                );
+            }
+            for (h, &xv) in x.iter().enumerate() {
+                let (_, abs) = reference::masked_reference(&s, xv, e, w, mask);
+                let err = (f64::from(bf16_to_f32(out[h])) - exact[h]).abs();
+                let bound = f64::from(reference::combined_bound(abs, s.topk, s.ranks));
+                assert!(
+                    err <= bound,
+                    "{mask} token {t} h {h}: error {err} > bound {bound}"
+                );
+            }
+            let contributions = rows(parts);
+            let c = CombinedToken {
+                token: t,
+                x,
+                experts: e,
+                weights: w,
+                contributions: &contributions,
+                out,
+            };
+            reference::check_combined_masked(&s, 0, &c, mask).unwrap();
+            // Checked without the mask, a token that lost a term fails.
+            if e.iter().any(|&x| mask.contains(s.rank_of(x))) {
+                assert!(
+                    reference::check_combined(&s, 0, &c).is_err(),
+                    "{mask} token {t}"
+                );
+                differs += 1;
+            }
+        });
+        assert!(
+            differs > 0,
+            "{mask}: no token had an expert on a masked rank"
+        );
+    }
+}
+
+#[test]
+fn a_token_whose_experts_are_all_masked_combines_to_exactly_zero() {
+    let s = shape(1, 2, 8, 4);
+    // Experts 2 and 3 live on rank 1, which is masked; rank 0 has none.
+    let (e, w) = ([2u32, 3], [0.5f32, 0.25]);
+    let mask = Mask::of([1]);
+    let x = [0.75f32, -0.5];
+    let (parts, o) = reference::pipeline_masked(&s, x[0], &e, &w, mask);
+    assert!(parts.iter().all(Option::is_none));
+    assert_eq!(o, 0);
+    assert_eq!(
+        reference::masked_reference(&s, x[1], &e, &w, mask),
+        (0.0, 0.0)
+    );
+    let contributions = vec![None; 4];
+    let ok = [0u16, 0];
+    let c = CombinedToken {
+        token: 0,
+        x: &x,
+        experts: &e,
+        weights: &w,
+        contributions: &contributions,
+        out: &ok,
+    };
+    reference::check_combined_masked(&s, 0, &c, mask).unwrap();
+    // The smallest non-zero output is already wrong (the bound is 0).
+    let bad = [0u16, 1];
+    let c = CombinedToken { out: &bad, ..c };
+    let err = reference::check_combined_masked(&s, 0, &c, mask).unwrap_err();
+    assert!(matches!(err, Mismatch::Combined { h: 1, .. }), "{err:?}");
+}
+
+#[test]
+fn a_wrong_contribution_of_an_unmasked_rank_is_still_caught_under_a_mask() {
+    let s = shape(16, 4, 16, 4);
+    let mask = Mask::of([3]);
+    each_masked_token(&s, 5, mask, |x, r, t, parts, out, _| {
+        let Some(from) = (1..3).find(|&i| !parts[i].is_empty()) else {
+            return;
+        };
+        let mut bad = parts.to_vec();
+        bad[from][2] = bad[from][2].wrapping_add(4);
+        let contributions = rows(&bad);
+        let c = CombinedToken {
+            token: t,
+            x,
+            experts: r.experts_of(t),
+            weights: r.weights_of(t),
+            contributions: &contributions,
+            out,
+        };
+        let err = reference::check_combined_masked(&s, 0, &c, mask).unwrap_err();
+        assert!(
+            matches!(err, Mismatch::Contribution { from_rank, h: 2, .. } if from_rank as usize == from),
+            "{err:?}"
+        );
+    });
+}
+
+fn run_config(shape: Shape) -> RunConfig {
+    RunConfig {
+        mode: Mode::Ll,
+        shape,
+        routing: RoutingKind::Skewed,
+        paths: vec![Path::Store],
+        iters: 1,
+        warmup: 0,
+        seed: 7,
+        timeout_ns: 1_000_000_000,
+        fault_timeout_ns: nixl_examples::ep::config::DEFAULT_FAULT_TIMEOUT_NS,
+        blocks: None,
+        baseline: false,
+        combine_senders: None,
+    }
+}
+
+#[test]
+fn expected_counts_and_expert_hits_leave_out_masked_sources() {
+    let s = shape(200, 4, 16, 4);
+    let cfg = run_config(s);
+    let all = routing::generate_all(&s, cfg.routing, cfg.seed);
+    for me in 0..s.ranks {
+        let m = Model::new(&cfg, me);
+        let mask = Mask::of([(me + 1) % 4, (me + 2) % 4]);
+        let counts = m.expected_counts(mask);
+        let hits = m.expert_hits(mask);
+        for src in 0..s.ranks {
+            let want = all[src as usize]
+                .experts
+                .chunks(s.topk as usize)
+                .filter(|e| e.iter().any(|&x| s.rank_of(x) == me))
+                .count() as u32;
+            let got = counts[src as usize];
+            if mask.contains(src) {
+                assert_eq!(got, None, "rank {me}: masked source {src} is checked");
+            } else {
+                assert_eq!(got, Some(want), "rank {me}: tokens from {src}");
+            }
+        }
+        assert_eq!(m.expected_counts(Mask::NONE).iter().flatten().count(), 4);
+        for (l, &h) in hits.iter().enumerate() {
+            let e = me * s.local_experts() + l as u32;
+            let want = (0..s.ranks)
+                .filter(|&src| !mask.contains(src))
+                .map(|src| {
+                    all[src as usize]
+                        .experts
+                        .iter()
+                        .filter(|&&x| x == e)
+                        .count() as u32
+                })
+                .sum::<u32>();
+            assert_eq!(h, want, "rank {me} expert {e}");
+        }
+    }
 }

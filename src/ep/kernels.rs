@@ -27,7 +27,7 @@ pub struct EpParams {
     pub report: u64,
     /// [`EpVerify`].
     pub verify: u64,
-    /// `[iterations][2]` × [`EpTiming`] (dispatch, combine).
+    /// `[timing_slots][2]` × [`EpTiming`] (dispatch, combine), by step.
     pub timing: u64,
     /// `[n_entries]` × [`super::layout::SendEntry`].
     pub entries: u64,
@@ -49,6 +49,16 @@ pub struct EpParams {
     pub grid_flags: u64,
     /// `[tokens][hidden]` bf16: the combined output.
     pub out: u64,
+    /// `[ranks]` i32 in this rank's memory (not the window): 1 = rank
+    /// masked. The host sets it between launches
+    /// ([`super::rig::Rig::set_mask`]); a wait that passes
+    /// `fault_timeout_ns` sets it (docs/EP.md §13).
+    pub mask: u64,
+    /// One u32: the global step number every kernel uses (data, counter
+    /// targets, timing slot). The host sets it once at the start of a phase
+    /// ([`super::rig::Rig::set_step`]); [`Step::Advance`], queued at the
+    /// end of every step, adds 1, so one captured graph replays every step.
+    pub step: u64,
     pub off_dispatch_count: u64,
     pub off_combine_flags: u64,
     pub off_barrier: u64,
@@ -59,8 +69,13 @@ pub struct EpParams {
     pub off_meta: u64,
     pub off_y: u64,
     pub seed: u64,
-    /// GPU-side timeout of every wait, ns.
+    /// GPU-side timeout of a wait on this rank's own blocks (fatal), and of
+    /// every wait when `fault_timeout_ns` is 0, ns.
     pub timeout_ns: u64,
+    /// A wait on another rank that lasts this long from its own start masks
+    /// that rank and goes on without it, ns; 0: never mask (every wait is
+    /// fatal after `timeout_ns`, as before masking existed).
+    pub fault_timeout_ns: u64,
     pub rank: u32,
     pub ranks: u32,
     pub tokens: u32,
@@ -73,8 +88,9 @@ pub struct EpParams {
     pub chunk_bytes: u32,
     /// [`super::config::Path::code`].
     pub path: u32,
-    /// Run-wide iteration index: drives the data and every counter target.
-    pub iteration: u32,
+    /// Steps the timing buffer holds; a kernel of a later step is not
+    /// stamped (the step number itself lives on the device, `step`).
+    pub timing_slots: u32,
     /// Slots per combine flag ([`super::config::Shape::combine_batch`]).
     pub combine_batch: u32,
     /// Flags per expert rank: ⌈tokens / combine_batch⌉.
@@ -107,6 +123,31 @@ pub struct EpReport {
     /// Ptr path: 1 + the rank whose `nixlGetPtr` returned null.
     pub null_ptr_rank: u32,
     pub reserved: u32,
+    /// Bit `r`: this launch masked rank `r` (a wait on it passed the fault
+    /// timeout). Not a failure: the kernels went on without it.
+    pub masked_bits: u64,
+    /// `%globaltimer` (ns) when the launch's first masking happened.
+    pub first_mask_ns: u64,
+    /// `%globaltimer` (ns) when the wait that made it began.
+    pub first_wait_ns: u64,
+    /// [`WAIT_BARRIER`], [`WAIT_DISPATCH`] or [`WAIT_COMBINE`]: that wait.
+    pub mask_kind: u32,
+    /// The rank it masked.
+    pub mask_rank: u32,
+}
+
+impl EpReport {
+    /// The ranks this launch masked.
+    pub fn newly_masked(&self) -> super::mask::Mask {
+        super::mask::Mask(self.masked_bits)
+    }
+
+    /// How long the wait that made the first masking had waited when it
+    /// masked, ns (the fault timeout and the polling granularity); `None`
+    /// when nothing was masked.
+    pub fn first_mask_waited_ns(&self) -> Option<u64> {
+        (self.masked_bits != 0).then(|| self.first_mask_ns.saturating_sub(self.first_wait_ns))
+    }
 }
 
 /// A rank's arrival at the phase barrier.
@@ -158,10 +199,10 @@ pub struct EpTiming {
 }
 
 const _: () = {
-    assert!(size_of::<EpParams>() == 280);
-    assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 128);
-    assert!(std::mem::offset_of!(EpParams, rank) == 216);
-    assert!(size_of::<EpReport>() == 64);
+    assert!(size_of::<EpParams>() == 304);
+    assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 144);
+    assert!(std::mem::offset_of!(EpParams, rank) == 240);
+    assert!(size_of::<EpReport>() == 96);
     assert!(std::mem::offset_of!(EpReport, base) == 0);
     assert!(size_of::<EpVerify>() == 48);
     assert!(size_of::<EpTiming>() == 32);
@@ -185,6 +226,7 @@ pub struct EpKernels {
     expert: CudaFunction,
     combine: CudaFunction,
     verify_combine: CudaFunction,
+    advance: CudaFunction,
     probe_ptrs: CudaFunction,
 }
 
@@ -197,6 +239,9 @@ pub enum Step {
     Expert,
     Combine,
     VerifyCombine,
+    /// `ep_advance`: the step word + 1, the last kernel of every step
+    /// (its first thread does it; launch it with 1 block).
+    Advance,
 }
 
 impl EpKernels {
@@ -215,6 +260,7 @@ impl EpKernels {
             expert: f("ep_expert")?,
             combine: f("ep_combine")?,
             verify_combine: f("ep_verify_combine")?,
+            advance: f("ep_advance")?,
             probe_ptrs: f("ep_probe_ptrs")?,
             _module: module,
         })
@@ -228,6 +274,7 @@ impl EpKernels {
             Step::Expert => &self.expert,
             Step::Combine => &self.combine,
             Step::VerifyCombine => &self.verify_combine,
+            Step::Advance => &self.advance,
         }
     }
 

@@ -13,10 +13,11 @@
 //!
 //! - [`config`]: modes, shapes and their limits, the memory window layout,
 //!   the launch grid;
-//! - [`rng`], [`routing`], [`layout`], [`reference`](mod@reference), [`model`]: the CPU
+//! - [`rng`], [`routing`], [`layout`], [`mask`], [`reference`](mod@reference), [`model`]: the CPU
 //!   model — the data and routing every rank can regenerate, where each
-//!   token lands, the bytes moved, the combine reference and its bf16
-//!   bound, and what one rank precomputes from them;
+//!   token lands, the bytes moved, the set of masked ranks, the combine
+//!   reference (with and without a mask) and its bf16 bound, and what one
+//!   rank precomputes from them;
 //! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
 //!   environment, the store keys, barriers, heartbeats, aborts, teardown;
 //! - [`connect`]: `--check-connection`, the wiring without a GPU;
@@ -37,6 +38,7 @@ pub mod kernels;
 pub mod keys;
 pub mod launch;
 pub mod layout;
+pub mod mask;
 pub mod model;
 pub mod nccl;
 pub mod net;

@@ -4,6 +4,7 @@
 
 use super::config::{RunConfig, Shape, meta_record};
 use super::layout::{self, PairBytes, PhaseBytes, RecvLayout, SendLayout};
+use super::mask::Mask;
 use super::routing::{self, Routing};
 
 /// One rank's view of the run.
@@ -71,6 +72,33 @@ impl Model {
     pub fn expect_count_bytes(&self) -> Vec<u8> {
         (0..self.shape.ranks)
             .flat_map(|s| self.recv.count(s).to_le_bytes())
+            .collect()
+    }
+
+    /// Tokens expected from each source under `mask` (the mask after the
+    /// step), as `ep_verify_dispatch` checks them: `None` for a masked
+    /// source (not checked: it sent nothing, or not all of it).
+    pub fn expected_counts(&self, mask: Mask) -> Vec<Option<u32>> {
+        (0..self.shape.ranks)
+            .map(|s| (!mask.contains(s)).then(|| self.recv.count(s)))
+            .collect()
+    }
+
+    /// Per local expert of this rank: the (token, k) pairs routed to it
+    /// from unmasked sources (DeepEP low-latency's per-expert counts; what
+    /// NIXL EP's elastic test checks).
+    pub fn expert_hits(&self, mask: Mask) -> Vec<u32> {
+        self.recv
+            .expert_hits
+            .iter()
+            .map(|per_src| {
+                per_src
+                    .iter()
+                    .enumerate()
+                    .filter(|&(s, _)| !mask.contains(s as u32))
+                    .map(|(_, &c)| c)
+                    .sum()
+            })
             .collect()
     }
 

@@ -24,10 +24,23 @@
 //!   i.e. two bf16 roundings of the magnitude of the terms.
 //!
 //! The slack constants (`+8`) cover the f32 rounding of `S` itself.
+//!
+//! ## Under a mask
+//!
+//! A token's contributions from experts on masked ranks are dropped
+//! ([`super::mask`]; docs/EP.md §13): the reference is the sum over the
+//! top-k experts whose owner is unmasked (the token's own rank included),
+//! 0 when none is left ([`masked_reference`], `ep_masked_reference` in
+//! `cuda/ep_common.cuh`). The derivation above holds term by term, so the
+//! bound is the same formula over the kept terms: `S` becomes the sum over
+//! kept experts and the origin adds at most `N` contributions
+//! ([`check_combined_masked`]). With nothing kept `S = 0`: the output must
+//! be exactly 0.
 
 use std::fmt;
 
 use super::config::Shape;
+use super::mask::Mask;
 use super::rng::{bf16_to_f32, f32_to_bf16};
 
 /// `a_e`: 1 + (e mod 16)/32, in [1, 1.47].
@@ -71,6 +84,21 @@ pub fn combined_bound(abs_sum: f32, topk: u32, ranks: u32) -> f32 {
     abs_sum * (2f32.powi(-7) + 2f32.powi(-16) + (2 * topk + ranks + 8) as f32 * 2f32.powi(-24))
 }
 
+/// The combine reference of one element under `mask`: `weighted` over the
+/// experts whose owner rank is not masked, with the sum of the kept terms'
+/// magnitudes for [`combined_bound`]. `(0, 0)` when none is kept.
+/// `ep_masked_reference` in `cuda/ep_common.cuh` computes the same, bit for
+/// bit (`tests/ep_abi.rs`).
+pub fn masked_reference(
+    shape: &Shape,
+    x: f32,
+    experts: &[u32],
+    weights: &[f32],
+    mask: Mask,
+) -> (f32, f32) {
+    weighted(x, experts, weights, |e| !mask.contains(shape.rank_of(e)))
+}
+
 /// What the pipeline produces for one element, step by step as the GPUs
 /// do it: each rank's contribution rounded to bf16, the origin's f32 sum
 /// over ranks in rank order, rounded to bf16. Returns (contributions by
@@ -81,10 +109,22 @@ pub fn pipeline(
     experts: &[u32],
     weights: &[f32],
 ) -> (Vec<Option<u16>>, u16) {
+    pipeline_masked(shape, x, experts, weights, Mask::NONE)
+}
+
+/// [`pipeline`] under `mask`: masked ranks contribute nothing (`None`),
+/// the origin adds the others' contributions.
+pub fn pipeline_masked(
+    shape: &Shape,
+    x: f32,
+    experts: &[u32],
+    weights: &[f32],
+    mask: Mask,
+) -> (Vec<Option<u16>>, u16) {
     let mut sum = 0.0f32;
     let parts: Vec<Option<u16>> = (0..shape.ranks)
         .map(|r| {
-            if !experts.iter().any(|&e| shape.rank_of(e) == r) {
+            if mask.contains(r) || !experts.iter().any(|&e| shape.rank_of(e) == r) {
                 return None;
             }
             let (p, _) = weighted(x, experts, weights, |e| shape.rank_of(e) == r);
@@ -198,6 +238,19 @@ pub struct CombinedToken<'a> {
 /// [`partial_bound`] of its f32 reference (a wrong one names the rank and
 /// its experts), then the output within [`combined_bound`].
 pub fn check_combined(shape: &Shape, me: u32, c: &CombinedToken) -> Result<(), Mismatch> {
+    check_combined_masked(shape, me, c, Mask::NONE)
+}
+
+/// [`check_combined`] under `mask` (the mask as it is after the step): the
+/// contributions of masked ranks are not checked (they may be partial or
+/// absent), the output is checked against [`masked_reference`] with the
+/// bound over the kept terms.
+pub fn check_combined_masked(
+    shape: &Shape,
+    me: u32,
+    c: &CombinedToken,
+    mask: Mask,
+) -> Result<(), Mismatch> {
     let on = |r: u32| {
         c.experts
             .iter()
@@ -207,6 +260,9 @@ pub fn check_combined(shape: &Shape, me: u32, c: &CombinedToken) -> Result<(), M
     for (h, &x) in c.x.iter().enumerate() {
         for (r, row) in c.contributions.iter().enumerate() {
             let Some(row) = row else { continue };
+            if mask.contains(r as u32) {
+                continue;
+            }
             let (reference, abs) =
                 weighted(x, c.experts, c.weights, |e| shape.rank_of(e) == r as u32);
             let got = bf16_to_f32(row[h]);
@@ -224,7 +280,7 @@ pub fn check_combined(shape: &Shape, me: u32, c: &CombinedToken) -> Result<(), M
                 });
             }
         }
-        let (reference, abs) = weighted(x, c.experts, c.weights, |_| true);
+        let (reference, abs) = masked_reference(shape, x, c.experts, c.weights, mask);
         let got = bf16_to_f32(c.out[h]);
         let bound = combined_bound(abs, shape.topk, shape.ranks);
         if !within(got, reference, bound) {

@@ -48,9 +48,10 @@ impl Stepper<'_> {
         probe: impl FnMut() -> Option<String>,
     ) -> Result<()> {
         let (cfg, me) = (self.cfg, self.model.rank);
-        let p = self
-            .rig
-            .params(cfg, self.model, &self.grid, views, path, iteration);
+        let p = self.rig.params(cfg, self.model, &self.grid, views, path);
+        // The kernels read the step number from the device (ep_advance
+        // moves it on at the end of the step; set here for every step).
+        self.rig.set_step(&self.gpu.stream, iteration)?;
         let deadline = Duration::from_nanos(cfg.timeout_ns) * 4;
         run_watched(
             self.gpu,
@@ -122,6 +123,7 @@ impl Stepper<'_> {
                 nan_at(p.out)?;
             }
             k.launch(s, Step::VerifyCombine, b, p)?;
+            k.launch(s, Step::Advance, 1, p)?;
         }
         Ok(())
     }
