@@ -39,6 +39,7 @@ pub mod launch;
 pub mod layout;
 pub mod model;
 pub mod nccl;
+pub mod plan;
 pub mod setup;
 pub mod reference;
 pub mod report;
