@@ -146,7 +146,7 @@ fn assert_all_connected(stdout: &str, ranks: u32) {
     for r in 0..ranks {
         for s in (0..ranks).filter(|&s| s != r) {
             assert!(
-                stdout.contains(&format!("[rank {r}] connected to rank {s} (ep-rank-{s})")),
+                stdout.contains(&format!("[rank {r}] connected to rank {s} (ep-rank-{s}.0)")),
                 "rank {r} did not connect to {s}:\n{stdout}"
             );
         }

@@ -19,6 +19,22 @@
 //! | `nccl_id` | the NCCL unique id (128 bytes) | rank 0 | every rank | before the baseline |
 //! | `rank/<r>/result` | [`RankResult`] (JSON): timings, byte counts | rank r | rank 0 | after its last iteration |
 //!
+//! The elastic membership's keys ([`super::elastic`]); `<r>.<inc>` names
+//! rank r's process started in phase `inc`, phase-scoped keys need no
+//! incarnation (one process holds a rank id during a phase):
+//!
+//! | key | value | written by | read by | when |
+//! |---|---|---|---|---|
+//! | `rank/<r>.<inc>/peer` | the caller's payload `P` (e.g. agent metadata + window) | that process | every member connecting to it | its first phase's begin |
+//! | `phase/<i>/connected/<r>` | marker | each member of phase i | every member (barrier) | connected to the phase's joiners |
+//! | `phase/<i>/step/<s>/report/<r>` | [`Report`] (JSON): the ranks r masked so far in the phase | rank r | the leader | after step s; deleted by r once decided |
+//! | `phase/<i>/step/<s>/decision` | [`Verdict`] (JSON): every rank gone in the phase so far, the leader, how many reports | the leader (compare-and-set: one decision) | every active member | after the reports; deleted at the phase's end |
+//! | `phase/<i>/halfway` | marker | the leader of the phase's middle step | the launcher, which deletes it and kills the phase's `-r` ranks | phases with kills |
+//! | `phase/<i>/killed/<r>` | u64 (JSON): the kill's wall time, unix ns | the launcher | the ranks' reports | right after the kill |
+//! | `phase/<i>/done`, `phase/<i>/out` | counters | each survivor of phase i | itself (the `ADD` answer) | the phase's end; the survivor completing `out` deletes both and `done/all` |
+//! | `phase/<i>/done/all` | marker | the survivor completing `done` | every survivor | the phase's end: all read every decision |
+//! | `phase/<i>/ended` | marker | the survivor completing `done`, when a phase follows | the launcher, which deletes it and starts phase i+1's joiners | the phase's end |
+//!
 //! The membership keys under the same prefix (heartbeats `alive/<r>`,
 //! `abort`, barriers `barrier/<name>/<r>` for `connected`, `ready`,
 //! `released` and `finished`, and the teardown counters `left`,
@@ -26,9 +42,10 @@
 //! wrote when it ends, on every path.
 
 use super::config::RunConfig;
+use super::elastic::{Report, Verdict};
 use super::setup::Setup;
 use super::report::{RankInfo, RankResult};
-use crate::group::{AgentMetadata, Bytes, Entry};
+use crate::group::{AgentMetadata, Bytes, Entry, Marker, Value};
 use crate::nixl::serdes::DescList;
 
 crate::json_value!(
@@ -36,6 +53,9 @@ crate::json_value!(
     Setup => "run setup",
     RankInfo => "rank description",
     RankResult => "rank result",
+    Report => "elastic step report",
+    Verdict => "elastic step decision",
+    u64 => "unix time (ns)",
 );
 
 /// The keys of one run.
@@ -84,6 +104,46 @@ impl Keys {
     }
     pub fn result(&self, r: u32) -> Entry<RankResult> {
         self.entry(format_args!("rank/{r}/result"))
+    }
+    /// What process `<r>.<inc>` published for the others to connect to it.
+    pub fn peer<P: Value>(&self, r: u32, inc: usize) -> Entry<P> {
+        self.entry(format_args!("rank/{r}.{inc}/peer"))
+    }
+    /// Rank `r` connected to phase `i`'s joiners (barrier).
+    pub fn connected(&self, i: usize, r: u32) -> Entry<Marker> {
+        self.entry(format_args!("phase/{i}/connected/{r}"))
+    }
+    /// Rank `r`'s report after step `s` of phase `i`.
+    pub fn report(&self, i: usize, s: u64, r: u32) -> Entry<Report> {
+        self.entry(format_args!("phase/{i}/step/{s}/report/{r}"))
+    }
+    /// The decision after step `s` of phase `i`.
+    pub fn decision(&self, i: usize, s: u64) -> Entry<Verdict> {
+        self.entry(format_args!("phase/{i}/step/{s}/decision"))
+    }
+    /// Phase `i` is past its middle step: the launcher may kill its `-r` ranks.
+    pub fn halfway(&self, i: usize) -> Entry<Marker> {
+        self.entry(format_args!("phase/{i}/halfway"))
+    }
+    /// When the launcher killed rank `r` during phase `i` (unix ns).
+    pub fn killed(&self, i: usize, r: u32) -> Entry<u64> {
+        self.entry(format_args!("phase/{i}/killed/{r}"))
+    }
+    /// Counter of phase `i`'s survivors that finished it.
+    pub fn done(&self, i: usize) -> String {
+        format!("{}phase/{i}/done", self.prefix)
+    }
+    /// Every survivor of phase `i` finished it.
+    pub fn all_done(&self, i: usize) -> Entry<Marker> {
+        self.entry(format_args!("phase/{i}/done/all"))
+    }
+    /// Counter of phase `i`'s survivors past [`Keys::all_done`].
+    pub fn out(&self, i: usize) -> String {
+        format!("{}phase/{i}/out", self.prefix)
+    }
+    /// Phase `i` ended (for the launcher, which starts phase `i+1`'s joiners).
+    pub fn ended(&self, i: usize) -> Entry<Marker> {
+        self.entry(format_args!("phase/{i}/ended"))
     }
 }
 

@@ -31,6 +31,7 @@
 
 pub mod config;
 pub mod connect;
+pub mod elastic;
 pub mod env;
 pub mod group;
 pub mod kernels;

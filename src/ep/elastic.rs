@@ -1,0 +1,560 @@
+//! Elastic membership over the store: the phases of a [`Plan`] as one
+//! rank's process lives them — who to connect to when a phase begins, the
+//! per-step agreement on who is gone, and a phase's end — on top of the
+//! run's [`Group`] (heartbeats, probes, aborts, cleanup).
+//!
+//! A process of rank `me` started in phase `inc` (its *incarnation*) lives
+//! the phases [`Elastic::life`]. For each phase `i`:
+//!
+//! 1. [`Elastic::begin_phase`]: in its first phase the process publishes its
+//!    payload (what the others need to connect to it: agent metadata, a
+//!    window descriptor) under `rank/<me>.<inc>/peer` and gets every other
+//!    member's; later it gets only the phase's joiners'. The caller drops
+//!    [`Elastic::departed`]'s incarnations and connects to the peers.
+//! 2. [`Elastic::connected`]: a barrier of the phase's members.
+//! 3. Steps; after each, [`Elastic::agree`]: every active rank reports the
+//!    ranks it masked (cumulative within the phase); the **leader** — the
+//!    lowest active rank that this process neither masked nor suspects —
+//!    waits for the report of every active rank not yet in the union; a
+//!    rank whose report does not come within the fault timeout after the
+//!    leader's own (counted in wall time *and* in the leader's heartbeats,
+//!    so the limit stretches on a loaded machine), or whose heartbeat falls
+//!    silent, joins the union. The leader publishes the union with
+//!    compare-and-set (one decision however many believe they lead), and
+//!    every rank adopts it. A rank that finds itself in the decision stops
+//!    (exit 1). A leader that publishes nothing — silent, or without its
+//!    own report after the fault timeout — is passed over: the next lowest
+//!    takes over and counts it gone.
+//! 4. After the phase's middle step, [`Elastic::halfway`]: the lowest
+//!    survivor tells the launcher (`phase/<i>/halfway`), which kills the
+//!    phase's `-r` ranks; those wait there to be killed.
+//! 5. [`Elastic::end_phase`]: every survivor counts itself done; once all
+//!    have, the launcher starts the next phase's joiners; leavers then
+//!    return and end. A rank lost without the plan killing it fails the
+//!    phase's end on every survivor (exit 1), naming it.
+//!
+//! Keys: `super::keys`' table. While a phase's steps run, silence is the
+//! agreement's to judge (it is reported, not fatal); in the other waits the
+//! group's probe watches the phase's current members, and a silent one
+//! ends the wait with its name.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+
+use super::group::{Group, process_name};
+use super::plan::Plan;
+use crate::deadline::{Pace, poll};
+use crate::group::{BEAT, Marker, PROBE_EVERY, Value};
+
+/// A rank's report after a step: the ranks it masked so far in the phase.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub masked: BTreeSet<u32>,
+}
+
+/// A step's decision as stored: every rank gone in the phase so far, who
+/// decided, and from how many reports (the leader's own included).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub gone: BTreeSet<u32>,
+    pub leader: u32,
+    pub reports: u32,
+}
+
+/// A peer to connect to: its rank, its incarnation and what it published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer<P> {
+    pub rank: u32,
+    pub incarnation: usize,
+    pub payload: P,
+}
+
+/// The decision after a step, as this process adopted it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Every rank gone in this phase so far (the same on every survivor).
+    pub gone: BTreeSet<u32>,
+    /// The ranks this decision added.
+    pub new: BTreeSet<u32>,
+    /// The rank that decided.
+    pub leader: u32,
+    /// How many reports the decision was made from (the leader's included).
+    pub reports: u32,
+    /// Members of the phase still active after it.
+    pub survivors: u32,
+    /// µs from this process's report to its reading the decision.
+    pub waited_us: u64,
+}
+
+/// What a process remembers of its current phase.
+#[derive(Default)]
+struct PhaseState {
+    phase: Option<usize>,
+    gone: BTreeSet<u32>,
+    /// Decision keys this process wrote (deleted at the phase's end).
+    decided: Vec<String>,
+}
+
+/// One process's side of the elastic membership (see the module docs).
+pub struct Elastic<'a> {
+    group: &'a Group<'a>,
+    plan: &'a Plan,
+    me: u32,
+    incarnation: usize,
+    fault_timeout: Duration,
+    state: Mutex<PhaseState>,
+}
+
+impl<'a> Elastic<'a> {
+    /// Rank `group.rank`'s process started in phase `incarnation` of
+    /// `plan`; `fault_timeout` bounds the wait for a missing report.
+    /// Errors when the plan does not start this rank in that phase.
+    pub fn new(
+        group: &'a Group<'a>,
+        plan: &'a Plan,
+        incarnation: usize,
+        fault_timeout: Duration,
+    ) -> Result<Self> {
+        let me = group.rank;
+        if plan.life(me, incarnation).is_empty() {
+            bail!(
+                "the plan does not start rank {me} in phase {incarnation} (NIXL_EP_INCARNATION): start the ranks \
+                 with `ep --plan FILE`, which starts each as the plan says"
+            );
+        }
+        Ok(Self {
+            group,
+            plan,
+            me,
+            incarnation,
+            fault_timeout,
+            state: Mutex::new(PhaseState::default()),
+        })
+    }
+
+    /// Phases this process takes part in (by index).
+    pub fn life(&self) -> Range<usize> {
+        self.plan.life(self.me, self.incarnation)
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        self.plan
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> u32 {
+        self.me
+    }
+
+    /// The phase that started this process.
+    pub fn incarnation(&self) -> usize {
+        self.incarnation
+    }
+
+    fn state(&self) -> MutexGuard<'_, PhaseState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The incarnation of member `r` of phase `i`.
+    fn inc(&self, r: u32, i: usize) -> usize {
+        self.plan.incarnation(r, i).expect("a member of the phase")
+    }
+
+    /// Makes the group's probe watch `ranks` of phase `i` (by their
+    /// processes' names); an empty set watches nobody.
+    fn watch(&self, ranks: &BTreeSet<u32>, i: usize) {
+        let who: Vec<(usize, String)> = (ranks.iter())
+            .map(|&r| (r as usize, process_name(r, self.inc(r, i))))
+            .collect();
+        self.group.watch_only(&who);
+    }
+
+    /// The processes to disconnect when phase `i` begins (not this
+    /// process's first): members of phase `i−1`, as (rank, incarnation),
+    /// that are not the same process in phase `i` (they left, were killed,
+    /// or their id was taken by a new process).
+    pub fn departed(&self, i: usize) -> Vec<(u32, usize)> {
+        if i == 0 || i == self.life().start {
+            return Vec::new();
+        }
+        (self.plan.members(i - 1).into_iter())
+            .filter(|&r| r != self.me)
+            .map(|r| (r, self.inc(r, i - 1)))
+            .filter(|&(r, inc)| self.plan.incarnation(r, i) != Some(inc))
+            .collect()
+    }
+
+    /// Phase `i` begins: publishes `mine` if `i` is this process's first
+    /// phase; returns the payloads of the ranks this process must connect
+    /// to now (its first phase: every other member; later: the phase's
+    /// joiners), by rank. Waits for each within the run's timeout; a member
+    /// that dies meanwhile is named.
+    pub fn begin_phase<P: Value>(&self, i: usize, mine: &P) -> Result<Vec<Peer<P>>> {
+        let life = self.life();
+        if !life.contains(&i) {
+            bail!("phase {i} is not in this process's life (phases {life:?})");
+        }
+        *self.state() = PhaseState {
+            phase: Some(i),
+            ..PhaseState::default()
+        };
+        let g = self.group;
+        self.watch(&self.plan.members(i), i);
+        let first = i == life.start;
+        if first {
+            g.put(&g.keys.peer(self.me, self.incarnation), mine)?;
+        }
+        let to_connect = match first {
+            true => self.plan.members(i),
+            false => self.plan.joiners(i),
+        };
+        (to_connect.into_iter().filter(|&r| r != self.me))
+            .map(|r| {
+                let incarnation = self.inc(r, i);
+                let payload = g.get(&g.keys.peer(r, incarnation), r, "connection details")?;
+                Ok(Peer {
+                    rank: r,
+                    incarnation,
+                    payload,
+                })
+            })
+            .collect()
+    }
+
+    /// After connecting: a barrier of phase `i`'s members. On timeout names
+    /// those that never arrived.
+    pub fn connected(&self, i: usize) -> Result<()> {
+        let g = self.group;
+        g.mark(&g.keys.connected(i, self.me))?;
+        let members = self.plan.members(i);
+        let keys: Vec<String> = (members.iter())
+            .map(|&r| g.keys.connected(i, r).key().to_string())
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let what = format!("the members of phase {i} to connect");
+        poll(
+            g.timeout(),
+            Pace::Every(Duration::ZERO),
+            || Ok(g.wait_a_slice(&refs, &what)?.then_some(())),
+            |waited| {
+                let missing: Vec<String> = (members.iter().zip(&refs))
+                    .filter(|(_, k)| !g.try_get(&crate::group::Entry::<Marker>::new(**k)).is_ok_and(|v| v.is_some()))
+                    .map(|(r, _)| format!("rank {r}"))
+                    .collect();
+                anyhow!(
+                    "{} did not connect in phase {i} within {waited:.0?}: slow, stuck, or never started",
+                    missing.join(", ")
+                )
+            },
+        )
+    }
+
+    /// After step `step` (the global number every rank computes alike) of
+    /// phase `i`: agrees with the other active ranks on who is gone (module
+    /// docs). `masked` = the ranks this process masked so far in the phase.
+    /// Returns the decision, the same on every survivor. Errors: this rank
+    /// is in the decision (the others gave up on it), no decision within
+    /// the run's timeout, the store or an abort.
+    pub fn agree(&self, i: usize, step: u64, masked: &BTreeSet<u32>) -> Result<Decision> {
+        let g = self.group;
+        let gone = self.phase_gone(i)?;
+        let active: BTreeSet<u32> = &self.plan.members(i) - &gone;
+        let mine: BTreeSet<u32> = masked.intersection(&active).copied().collect();
+        // Silence is judged here, not by the probe: it names, it does not stop.
+        g.watch_only(&[]);
+        let report = g.keys.report(i, step, self.me);
+        g.put(&report, &Report { masked: mine.clone() })?;
+        let clock = Clock::start(g);
+        let verdict = self.await_verdict(i, step, &active, &mine, &clock)?;
+        g.delete_own([report.key()]);
+        let waited_us = clock.at.elapsed().as_micros() as u64;
+        if verdict.gone.contains(&self.me) {
+            bail!(
+                "the other ranks agreed that this rank (rank {}) is gone after step {step} of phase {i} (decided by \
+                 rank {}): it answered too late (raise --fault-timeout) or lost contact with them",
+                self.me,
+                verdict.leader
+            );
+        }
+        let mut st = self.state();
+        let new: BTreeSet<u32> = &verdict.gone - &st.gone;
+        st.gone.extend(verdict.gone.iter().copied());
+        let still: BTreeSet<u32> = &self.plan.members(i) - &st.gone;
+        drop(st);
+        self.watch(&still, i);
+        Ok(Decision {
+            gone: verdict.gone,
+            new,
+            leader: verdict.leader,
+            reports: verdict.reports,
+            survivors: still.len() as u32,
+            waited_us,
+        })
+    }
+
+    /// Every rank gone so far in phase `i`, which must be the current one.
+    fn phase_gone(&self, i: usize) -> Result<BTreeSet<u32>> {
+        let st = self.state();
+        match st.phase {
+            Some(p) if p == i => Ok(st.gone.clone()),
+            p => Err(anyhow!("phase {i} is not under way (current: {p:?}): call begin_phase first")),
+        }
+    }
+
+    /// Waits for the decision of (`i`, `step`), leading when this process
+    /// is the lowest active rank it neither masked nor suspects.
+    fn await_verdict(
+        &self,
+        i: usize,
+        step: u64,
+        active: &BTreeSet<u32>,
+        mine: &BTreeSet<u32>,
+        clock: &Clock,
+    ) -> Result<Verdict> {
+        let g = self.group;
+        let entry = g.keys.decision(i, step);
+        let mut suspects: BTreeSet<u32> = mine.clone();
+        let mut next_look = Instant::now();
+        poll(
+            g.timeout(),
+            Pace::Every(Duration::ZERO),
+            || {
+                if let Some(v) = g.try_get(&entry)? {
+                    return Ok(Some(v));
+                }
+                let leader = (active.iter().copied())
+                    .find(|r| !suspects.contains(r))
+                    .expect("this rank is active and not suspected");
+                if leader == self.me {
+                    return self.lead(i, step, active, mine, clock).map(Some);
+                }
+                if Instant::now() >= next_look {
+                    next_look = Instant::now() + PROBE_EVERY;
+                    if self.passed_over(i, step, leader, clock)? {
+                        tracing::info!("phase {i} step {step}: rank {leader} does not lead; the next rank takes over");
+                        suspects.insert(leader);
+                    }
+                }
+                g.wait_a_slice(&[entry.key()], &format!("the decision after step {step} of phase {i}"))?;
+                Ok(None)
+            },
+            |waited| anyhow!("no decision on who is gone after step {step} of phase {i} within {waited:.0?}"),
+        )
+    }
+
+    /// Whether `leader` will not decide: its heartbeat is silent, or it
+    /// has not even reported within the fault timeout.
+    fn passed_over(&self, i: usize, step: u64, leader: u32, clock: &Clock) -> Result<bool> {
+        let g = self.group;
+        let name = (leader as usize, process_name(leader, self.inc(leader, i)));
+        if !g.silent_among(&[name])?.is_empty() {
+            return Ok(true);
+        }
+        Ok(clock.passed(g, self.fault_timeout) && g.try_get(&g.keys.report(i, step, leader))?.is_none())
+    }
+
+    /// Leads the agreement of (`i`, `step`): the union of the reports,
+    /// waiting for every active rank not in it; one whose report does not
+    /// come within the fault timeout, or whose heartbeat is silent, joins
+    /// it. Publishes the decision (compare-and-set) and returns the one
+    /// that won.
+    fn lead(
+        &self,
+        i: usize,
+        step: u64,
+        active: &BTreeSet<u32>,
+        mine: &BTreeSet<u32>,
+        clock: &Clock,
+    ) -> Result<Verdict> {
+        let g = self.group;
+        let mut union: BTreeSet<u32> = &self.phase_gone(i)? | mine;
+        let mut heard = BTreeSet::from([self.me]);
+        let mut next_look = Instant::now();
+        loop {
+            let awaited = |union: &BTreeSet<u32>, heard: &BTreeSet<u32>| -> Vec<u32> {
+                (active.iter().copied())
+                    .filter(|r| !union.contains(r) && !heard.contains(r))
+                    .collect()
+            };
+            for r in awaited(&union, &heard) {
+                if let Some(rep) = g.try_get(&g.keys.report(i, step, r))? {
+                    heard.insert(r);
+                    union.extend(rep.masked.intersection(active).copied());
+                }
+            }
+            let missing = awaited(&union, &heard);
+            if missing.is_empty() {
+                break;
+            }
+            if clock.passed(g, self.fault_timeout) {
+                union.extend(missing);
+                break;
+            }
+            if Instant::now() >= next_look {
+                next_look = Instant::now() + PROBE_EVERY;
+                let names: Vec<(usize, String)> = (missing.iter())
+                    .map(|&r| (r as usize, process_name(r, self.inc(r, i))))
+                    .collect();
+                union.extend(g.silent_among(&names)?.into_iter().map(|r| r as u32));
+            }
+            let keys: Vec<String> = (missing.iter())
+                .map(|&r| g.keys.report(i, step, r).key().to_string())
+                .collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            g.wait_a_slice(&refs, &format!("the reports after step {step} of phase {i}"))?;
+        }
+        let verdict = Verdict {
+            gone: union,
+            leader: self.me,
+            reports: heard.len() as u32,
+        };
+        let entry = g.keys.decision(i, step);
+        match g.claim(&entry, &verdict)? {
+            None => {
+                self.state().decided.push(entry.key().to_string());
+                Ok(verdict)
+            }
+            Some(theirs) => Ok(theirs),
+        }
+    }
+
+    /// After the agreement of phase `i`'s middle step (decision `d`): the
+    /// lowest survivor tells the launcher (`phase/<i>/halfway`), which then
+    /// kills the phase's `-r` ranks; a rank the plan kills in this phase
+    /// waits here until it is killed (an error if nothing kills it within
+    /// the run's timeout). Phases without kills: nothing.
+    pub fn halfway(&self, i: usize, d: &Decision) -> Result<()> {
+        let killed = self.plan.killed(i);
+        if killed.is_empty() {
+            return Ok(());
+        }
+        let alive = &self.plan.members(i) - &d.gone;
+        if alive.iter().next() == Some(&self.me) {
+            let g = self.group;
+            g.put_final(&g.keys.halfway(i), &Marker)?;
+        }
+        if killed.contains(&self.me) {
+            return self.await_kill(i);
+        }
+        Ok(())
+    }
+
+    /// A rank the plan kills in phase `i` waits to be killed, its heartbeat
+    /// going, so that only the kill ends it.
+    fn await_kill(&self, i: usize) -> Result<()> {
+        crate::say!("[rank {}] phase {i}: waiting to be killed, as the plan says (-{})", self.me, self.me);
+        let timeout = self.group.timeout();
+        poll(
+            timeout,
+            Pace::Every(Duration::from_millis(20)),
+            || match crate::interrupt::received() {
+                Some(sig) => Err(anyhow!("{sig}")),
+                None => Ok(None::<()>),
+            },
+            |_| {
+                anyhow!(
+                    "the plan kills rank {} in phase {i}, but nothing killed it within {timeout:?}: run the plan under \
+                     `ep --plan FILE`, whose launcher kills the ranks marked -r",
+                    self.me
+                )
+            },
+        )
+    }
+
+    /// End of phase `i`: counts this process done; once every survivor is,
+    /// the launcher may start the next phase's joiners (`phase/<i>/ended`).
+    /// Returns when all survivors finished the phase; a leaver then ends.
+    /// Errors: a rank was lost during the phase without the plan killing
+    /// it (every survivor fails alike, naming it).
+    pub fn end_phase(&self, i: usize) -> Result<()> {
+        if self.plan.killed(i).contains(&self.me) {
+            return self.await_kill(i);
+        }
+        let gone = self.phase_gone(i)?;
+        let unplanned: Vec<String> = (gone.difference(&self.plan.killed(i)))
+            .map(|r| format!("rank {r}"))
+            .collect();
+        if !unplanned.is_empty() {
+            bail!(
+                "{} stopped responding during phase {i} (every survivor agreed), but the plan does not kill it: it \
+                 died, froze or fell too far behind (raise --fault-timeout if the machine is only busy)",
+                unplanned.join(", ")
+            );
+        }
+        let missed = &self.plan.killed(i) - &gone;
+        if !missed.is_empty() {
+            tracing::warn!("phase {i} ended before the planned kill of {missed:?} was noticed: give it steps after its middle one");
+        }
+        let finishing = &self.plan.survivors(i) - &gone;
+        self.watch(&finishing, i);
+        self.count_done(i, finishing.len() as i64)?;
+        let mut st = self.state();
+        let decided = std::mem::take(&mut st.decided);
+        st.phase = None;
+        drop(st);
+        let g = self.group;
+        g.delete_own(decided);
+        g.delete_own([g.keys.connected(i, self.me).key()]);
+        Ok(())
+    }
+
+    /// The phase's end among its `n` finishing survivors: `done` counts
+    /// them; the one completing it writes `done/all` (and `ended` for the
+    /// launcher when a phase follows); once all have seen `done/all`, the
+    /// one completing `out` deletes the three.
+    fn count_done(&self, i: usize, n: i64) -> Result<()> {
+        let g = self.group;
+        let all = g.keys.all_done(i);
+        if g.add(&g.keys.done(i), 1)? >= n {
+            g.put_final(&all, &Marker)?;
+            if i + 1 < self.plan.len() {
+                g.put_final(&g.keys.ended(i), &Marker)?;
+            }
+        }
+        let what = format!("every survivor of phase {i} to finish it");
+        poll(
+            g.timeout(),
+            Pace::Every(Duration::ZERO),
+            || Ok(g.wait_a_slice(&[all.key()], &what)?.then_some(())),
+            |waited| anyhow!("not every survivor of phase {i} finished it within {waited:.0?}"),
+        )?;
+        if g.add(&g.keys.out(i), 1)? >= n {
+            g.delete([g.keys.done(i), all.key().to_string(), g.keys.out(i)]);
+        }
+        Ok(())
+    }
+
+    /// When the launcher killed rank `r` during phase `i` (unix ns), if it
+    /// did and said so.
+    pub fn killed_at(&self, i: usize, r: u32) -> Result<Option<u64>> {
+        self.group.try_get(&self.group.keys.killed(i, r))
+    }
+}
+
+/// A limit counted from a moment both in wall time and in our own
+/// heartbeats, so that it stretches when the machine is too busy to run us.
+struct Clock {
+    at: Instant,
+    beats: u64,
+}
+
+impl Clock {
+    fn start(g: &Group) -> Self {
+        Self {
+            at: Instant::now(),
+            beats: g.beats(),
+        }
+    }
+
+    /// Whether `limit` passed, in wall time and in our beats.
+    fn passed(&self, g: &Group, limit: Duration) -> bool {
+        let beats = (limit.as_nanos() / BEAT.as_nanos()).max(1) as u64;
+        self.at.elapsed() >= limit && g.beats().saturating_sub(self.beats) >= beats
+    }
+}
