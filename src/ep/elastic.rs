@@ -320,7 +320,10 @@ impl<'a> Elastic<'a> {
         let g = self.group;
         let entry = g.keys.decision(i, step);
         let mut suspects: BTreeSet<u32> = mine.clone();
-        let mut next_look = Instant::now();
+        // Most decisions come within a probe interval: look at the leader
+        // only after one, and snapshot the heartbeats then.
+        let mut next_look = Instant::now() + PROBE_EVERY;
+        let mut before: Option<Beats> = None;
         poll(
             g.timeout(),
             Pace::Every(Duration::ZERO),
@@ -336,7 +339,11 @@ impl<'a> Elastic<'a> {
                 }
                 if Instant::now() >= next_look {
                     next_look = Instant::now() + PROBE_EVERY;
-                    if self.passed_over(i, step, leader, clock)? {
+                    let before = match &mut before {
+                        Some(b) => b,
+                        none => none.insert(g.heartbeats_of(&self.names(active.iter().copied(), i))?),
+                    };
+                    if self.passed_over(i, step, leader, clock, before)? {
                         tracing::info!("phase {i} step {step}: rank {leader} does not lead; the next rank takes over");
                         suspects.insert(leader);
                     }
@@ -349,21 +356,36 @@ impl<'a> Elastic<'a> {
     }
 
     /// Whether `leader` will not decide: its heartbeat is silent, or it
-    /// has not even reported within the fault timeout.
-    fn passed_over(&self, i: usize, step: u64, leader: u32, clock: &Clock) -> Result<bool> {
+    /// has not even reported within the fault timeout and its heartbeat
+    /// stood still since `before` (dead between steps; a live but slow
+    /// leader keeps beating and is waited for).
+    fn passed_over(&self, i: usize, step: u64, leader: u32, clock: &Clock, before: &Beats) -> Result<bool> {
         let g = self.group;
-        let name = (leader as usize, process_name(leader, self.inc(leader, i)));
-        if !g.silent_among(&[name])?.is_empty() {
+        let name = [(leader as usize, process_name(leader, self.inc(leader, i)))];
+        if !g.silent_among(&name)?.is_empty() {
             return Ok(true);
         }
-        Ok(clock.passed(g, self.fault_timeout) && g.try_get(&g.keys.report(i, step, leader))?.is_none())
+        if !clock.passed(g, self.fault_timeout) || g.try_get(&g.keys.report(i, step, leader))?.is_some() {
+            return Ok(false);
+        }
+        let now = g.heartbeats_of(&name)?;
+        Ok(now.get(&(leader as usize)) == before.get(&(leader as usize)))
+    }
+
+    /// The processes of `ranks` in phase `i`, as the group names them.
+    fn names(&self, ranks: impl IntoIterator<Item = u32>, i: usize) -> Vec<(usize, String)> {
+        (ranks.into_iter())
+            .map(|r| (r as usize, process_name(r, self.inc(r, i))))
+            .collect()
     }
 
     /// Leads the agreement of (`i`, `step`): the union of the reports,
-    /// waiting for every active rank not in it; one whose report does not
-    /// come within the fault timeout, or whose heartbeat is silent, joins
-    /// it. Publishes the decision (compare-and-set) and returns the one
-    /// that won.
+    /// waiting for every active rank not in it. One whose heartbeat falls
+    /// silent joins the union, and so does one whose report does not come
+    /// within the fault timeout while its heartbeat stands still (it died
+    /// between steps). Publishes the decision (compare-and-set) and returns
+    /// the one that won. Errors: a rank that keeps beating but never
+    /// reports, past the run's timeout (stuck).
     fn lead(
         &self,
         i: usize,
@@ -375,33 +397,29 @@ impl<'a> Elastic<'a> {
         let g = self.group;
         let mut union: BTreeSet<u32> = &self.phase_gone(i)? | mine;
         let mut heard = BTreeSet::from([self.me]);
+        let before = g.heartbeats_of(&self.names(active.iter().copied(), i))?;
         let mut next_look = Instant::now();
         loop {
-            let awaited = |union: &BTreeSet<u32>, heard: &BTreeSet<u32>| -> Vec<u32> {
-                (active.iter().copied())
-                    .filter(|r| !union.contains(r) && !heard.contains(r))
-                    .collect()
-            };
-            for r in awaited(&union, &heard) {
-                if let Some(rep) = g.try_get(&g.keys.report(i, step, r))? {
-                    heard.insert(r);
-                    union.extend(rep.masked.intersection(active).copied());
-                }
-            }
-            let missing = awaited(&union, &heard);
+            let missing = self.collect_reports(i, step, active, &mut union, &mut heard)?;
             if missing.is_empty() {
-                break;
-            }
-            if clock.passed(g, self.fault_timeout) {
-                union.extend(missing);
                 break;
             }
             if Instant::now() >= next_look {
                 next_look = Instant::now() + PROBE_EVERY;
-                let names: Vec<(usize, String)> = (missing.iter())
-                    .map(|&r| (r as usize, process_name(r, self.inc(r, i))))
-                    .collect();
+                let names = self.names(missing.iter().copied(), i);
                 union.extend(g.silent_among(&names)?.into_iter().map(|r| r as u32));
+                if clock.passed(g, self.fault_timeout) {
+                    let now = g.heartbeats_of(&names)?;
+                    let still = |r: &u32| now.get(&(*r as usize)) == before.get(&(*r as usize));
+                    union.extend(missing.iter().copied().filter(still));
+                }
+            }
+            if clock.at.elapsed() > g.timeout() {
+                bail!(
+                    "rank(s) {missing:?} did not report after step {step} of phase {i} within {:?}, their heartbeat going \
+                     on: stuck between steps",
+                    g.timeout()
+                );
             }
             let keys: Vec<String> = (missing.iter())
                 .map(|&r| g.keys.report(i, step, r).key().to_string())
@@ -422,6 +440,31 @@ impl<'a> Elastic<'a> {
             }
             Some(theirs) => Ok(theirs),
         }
+    }
+
+    /// Reads the reports of the active ranks not yet heard from nor in the
+    /// union, adding what they masked; returns those still missing.
+    fn collect_reports(
+        &self,
+        i: usize,
+        step: u64,
+        active: &BTreeSet<u32>,
+        union: &mut BTreeSet<u32>,
+        heard: &mut BTreeSet<u32>,
+    ) -> Result<Vec<u32>> {
+        let g = self.group;
+        let awaited = |union: &BTreeSet<u32>, heard: &BTreeSet<u32>| -> Vec<u32> {
+            (active.iter().copied())
+                .filter(|r| !union.contains(r) && !heard.contains(r))
+                .collect()
+        };
+        for r in awaited(union, heard) {
+            if let Some(rep) = g.try_get(&g.keys.report(i, step, r))? {
+                heard.insert(r);
+                union.extend(rep.masked.intersection(active).copied());
+            }
+        }
+        Ok(awaited(union, heard))
     }
 
     /// After the agreement of phase `i`'s middle step (decision `d`): the
@@ -536,6 +579,9 @@ impl<'a> Elastic<'a> {
         self.group.try_get(&self.group.keys.killed(i, r))
     }
 }
+
+/// Heartbeat counters by member, as read at one moment.
+type Beats = std::collections::BTreeMap<usize, i64>;
 
 /// A limit counted from a moment both in wall time and in our own
 /// heartbeats, so that it stretches when the machine is too busy to run us.

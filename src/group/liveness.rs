@@ -188,6 +188,20 @@ impl Member<'_> {
             .collect())
     }
 
+    /// The heartbeat counters of `who` (member, name in keys) whose keys
+    /// exist now, by member: compared later, they tell which members beat
+    /// in between. Errors: the store is lost or silent.
+    pub fn heartbeats_of(
+        &self,
+        who: &[(usize, String)],
+    ) -> anyhow::Result<std::collections::BTreeMap<usize, i64>> {
+        let values = (self.heartbeats(who, true))
+            .map_err(|e| anyhow::anyhow!("{}", self.roster.store_lost(self.me, &e)))?;
+        Ok((values.into_iter())
+            .filter_map(|((i, _), raw)| parse(&raw).map(|v| (i, v)))
+            .collect())
+    }
+
     /// How many heartbeats we sent so far: a clock that slows down with
     /// the machine (a limit counted in our beats stretches under load).
     pub fn beats(&self) -> u64 {
