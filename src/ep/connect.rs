@@ -84,7 +84,7 @@ fn live(group: &Group, elastic: &Elastic, timeout: Duration, inject: Inject) -> 
         }
         connect_phase(elastic, &nixl.agent, i, &mine, timeout, &mut known)?;
         if inject.hang_rank == Some(me) && i == elastic.life().start {
-            hang(me)?;
+            hang(group)?;
         }
         elastic.connected(i)?;
         steps(group, elastic, i)?;
@@ -167,12 +167,18 @@ pub fn decision_line(me: u32, i: usize, d: &Decision) -> String {
     )
 }
 
-/// The injected hang: stops here, heartbeat going, until interrupted or killed.
-fn hang(me: u32) -> Result<()> {
-    say!("[rank {me}] hanging (injected fault) until stopped or killed");
+/// The injected hang: stops here, heartbeat going, until killed, or until
+/// the group's probe finds a reason to stop (interrupted, an abort, the
+/// store lost). Prints the pid, so that a test can freeze this very process.
+fn hang(group: &Group) -> Result<()> {
+    say!(
+        "[rank {}] hanging (injected fault, pid {}) until stopped or killed",
+        group.rank,
+        std::process::id()
+    );
     loop {
-        if let Some(sig) = crate::interrupt::received() {
-            anyhow::bail!("{sig}");
+        if let Some(why) = group.probe() {
+            anyhow::bail!("{why}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
