@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use super::group::{Group, process_name};
 use super::plan::Plan;
 use crate::deadline::{Pace, poll};
-use crate::group::{BEAT, Marker, PROBE_EVERY, Value};
+use crate::group::{BEAT, Dismissed, Marker, PROBE_EVERY, Value};
 
 /// A rank's report after a step: the ranks it masked so far in the phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +58,7 @@ pub struct Report {
 }
 
 /// A step's decision as stored: every rank gone in the phase so far, who
-/// decided, and from how many reports (the leader's own included).
+/// decided, and from how many survivors' reports (the leader's included).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
     pub gone: BTreeSet<u32>,
@@ -83,7 +83,8 @@ pub struct Decision {
     pub new: BTreeSet<u32>,
     /// The rank that decided.
     pub leader: u32,
-    /// How many reports the decision was made from (the leader's included).
+    /// How many survivors' reports the decision was made from (the
+    /// leader's included).
     pub reports: u32,
     /// Members of the phase still active after it.
     pub survivors: u32,
@@ -96,8 +97,13 @@ pub struct Decision {
 struct PhaseState {
     phase: Option<usize>,
     gone: BTreeSet<u32>,
-    /// Decision keys this process wrote (deleted at the phase's end).
+    /// Keys of this phase this process wrote and others read (decisions,
+    /// its barrier marker): deleted at the end of the next phase, as a
+    /// rank that lags behind (and is about to learn it is gone) may still
+    /// wait for them when this one ends.
     decided: Vec<String>,
+    /// Those of the phase before.
+    stale: Vec<String>,
 }
 
 /// One process's side of the elastic membership (see the module docs).
@@ -200,10 +206,11 @@ impl<'a> Elastic<'a> {
         if !life.contains(&i) {
             bail!("phase {i} is not in this process's life (phases {life:?})");
         }
-        *self.state() = PhaseState {
-            phase: Some(i),
-            ..PhaseState::default()
-        };
+        {
+            let mut st = self.state();
+            st.phase = Some(i);
+            st.gone.clear();
+        }
         let g = self.group;
         self.watch(&self.plan.members(i), i);
         let first = i == life.start;
@@ -231,7 +238,9 @@ impl<'a> Elastic<'a> {
     /// those that never arrived.
     pub fn connected(&self, i: usize) -> Result<()> {
         let g = self.group;
-        g.mark(&g.keys.connected(i, self.me))?;
+        let mine = g.keys.connected(i, self.me);
+        g.mark(&mine)?;
+        self.state().decided.push(mine.key().to_string());
         let members = self.plan.members(i);
         let keys: Vec<String> = (members.iter())
             .map(|&r| g.keys.connected(i, r).key().to_string())
@@ -260,7 +269,8 @@ impl<'a> Elastic<'a> {
     /// docs). `masked` = the ranks this process masked so far in the phase.
     /// Returns the decision, the same on every survivor. Errors: this rank
     /// is in the decision (the others gave up on it), no decision within
-    /// the run's timeout, the store or an abort.
+    /// the run's timeout, the store or an abort. This rank's own dismissal
+    /// is a [`Dismissed`] error: the group publishes no abort for it.
     pub fn agree(&self, i: usize, step: u64, masked: &BTreeSet<u32>) -> Result<Decision> {
         let g = self.group;
         let gone = self.phase_gone(i)?;
@@ -275,12 +285,13 @@ impl<'a> Elastic<'a> {
         g.delete_own([report.key()]);
         let waited_us = clock.at.elapsed().as_micros() as u64;
         if verdict.gone.contains(&self.me) {
-            bail!(
+            return Err(Dismissed(format!(
                 "the other ranks agreed that this rank (rank {}) is gone after step {step} of phase {i} (decided by \
-                 rank {}): it answered too late (raise --fault-timeout) or lost contact with them",
-                self.me,
-                verdict.leader
-            );
+                 rank {}): it answered too late (raise --fault-timeout) or lost contact with them; they go on \
+                 without it",
+                self.me, verdict.leader
+            ))
+            .into());
         }
         let mut st = self.state();
         let new: BTreeSet<u32> = &verdict.gone - &st.gone;
@@ -428,9 +439,9 @@ impl<'a> Elastic<'a> {
             g.wait_a_slice(&refs, &format!("the reports after step {step} of phase {i}"))?;
         }
         let verdict = Verdict {
+            reports: heard.difference(&union).count() as u32,
             gone: union,
             leader: self.me,
-            reports: heard.len() as u32,
         };
         let entry = g.keys.decision(i, step);
         match g.claim(&entry, &verdict)? {
@@ -538,12 +549,11 @@ impl<'a> Elastic<'a> {
         self.watch(&finishing, i);
         self.count_done(i, finishing.len() as i64)?;
         let mut st = self.state();
-        let decided = std::mem::take(&mut st.decided);
+        let this_phase = std::mem::take(&mut st.decided);
+        let stale = std::mem::replace(&mut st.stale, this_phase);
         st.phase = None;
         drop(st);
-        let g = self.group;
-        g.delete_own(decided);
-        g.delete_own([g.keys.connected(i, self.me).key()]);
+        self.group.delete_own(stale);
         Ok(())
     }
 
@@ -602,5 +612,138 @@ impl Clock {
     fn passed(&self, g: &Group, limit: Duration) -> bool {
         let beats = (limit.as_nanos() / BEAT.as_nanos()).max(1) as u64;
         self.at.elapsed() >= limit && g.beats().saturating_sub(self.beats) >= beats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ep::env::RankEnv;
+    use crate::group::Bytes;
+    use crate::store::Store;
+    use crate::store::memory::MemoryStore;
+
+    /// Rank `r` of `world`, started by our launcher in phase 0.
+    fn env(r: u32, world: u32) -> RankEnv {
+        let vars = [
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("MASTER_PORT", "1".to_string()),
+            ("NIXL_EP_INCARNATION", "0".to_string()),
+        ];
+        RankEnv::from_vars(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Every rank of phase 0 of `plan` on a thread: begin, connected, one
+    /// agreement with `masked(r)`, then — once every rank has its decision
+    /// or its dismissal, so that no survivor's cleanup runs ahead of a rank
+    /// still reading — `rest`; their results in rank order.
+    fn phase0<T: Send>(
+        store: &MemoryStore,
+        plan: &Plan,
+        masked: impl Fn(u32) -> BTreeSet<u32> + Sync,
+        rest: impl Fn(&Elastic, Decision) -> Result<T> + Sync,
+    ) -> Vec<Result<T>> {
+        let world = plan.default_capacity();
+        let agreed = std::sync::atomic::AtomicUsize::new(0);
+        let n = plan.members(0).len();
+        std::thread::scope(|s| {
+            let runs: Vec<_> = (plan.members(0).into_iter())
+                .map(|r| {
+                    let (masked, rest, agreed) = (&masked, &rest, &agreed);
+                    s.spawn(move || {
+                        let g = Group::new(store, &env(r, world), Duration::from_secs(30));
+                        g.run(|| {
+                            let e = Elastic::new(&g, plan, 0, Duration::from_secs(30))?;
+                            let peers = e.begin_phase(0, &Bytes(vec![r as u8]))?;
+                            assert_eq!(peers.len(), plan.members(0).len() - 1);
+                            assert!(peers.iter().all(|p| p.payload.0 == [p.rank as u8]));
+                            e.connected(0)?;
+                            let d = e.agree(0, 0, &masked(r));
+                            agreed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let d = d?;
+                            while agreed.load(std::sync::atomic::Ordering::SeqCst) < n {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            rest(&e, d)
+                        })
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_quiet_phase_agrees_on_nobody_and_leaves_no_key() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::fixed(3);
+        let out = phase0(&store, &plan, |_| BTreeSet::new(), |e, d| {
+            e.end_phase(0)?;
+            Ok(d)
+        });
+        for d in &out {
+            let d = d.as_ref().unwrap();
+            assert!(d.gone.is_empty() && d.new.is_empty());
+            assert_eq!((d.leader, d.reports, d.survivors), (0, 3, 3));
+        }
+        assert_eq!(store.num_keys().unwrap(), 0, "keys left behind");
+    }
+
+    /// Rank 2 (killed by the plan) stops after connecting; rank 1 masked
+    /// it, so the union has it without waiting for anyone's clock.
+    #[test]
+    fn a_masked_rank_is_in_every_survivors_decision() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::parse("[[0,1,-2]]").unwrap();
+        let out = phase0(
+            &store,
+            &plan,
+            |r| match r {
+                1 => BTreeSet::from([2]),
+                _ => BTreeSet::new(),
+            },
+            |e, d| {
+                e.end_phase(0)?;
+                Ok(d)
+            },
+        );
+        for d in &out[..2] {
+            let d = d.as_ref().unwrap();
+            assert_eq!(d.gone, BTreeSet::from([2]));
+            assert_eq!((d.leader, d.reports, d.survivors), (0, 2, 2));
+        }
+        // Rank 2 learnt it is gone, and no abort took the others down.
+        let e = out[2].as_ref().unwrap_err();
+        assert!(e.downcast_ref::<Dismissed>().is_some(), "{e:#}");
+    }
+
+    /// A member that the others masked learns it from the decision and
+    /// stops; the survivors fail the phase's end, naming it, as the plan
+    /// does not kill it.
+    #[test]
+    fn a_rank_in_the_decision_stops_and_an_unplanned_loss_fails_the_phase() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::fixed(3);
+        let out = phase0(
+            &store,
+            &plan,
+            |r| match r {
+                0 => BTreeSet::from([1]),
+                _ => BTreeSet::new(),
+            },
+            |e, d| {
+                assert_eq!(d.gone, BTreeSet::from([1]));
+                e.end_phase(0)
+            },
+        );
+        let err = |r: usize| format!("{:#}", out[r].as_ref().unwrap_err());
+        assert!(err(1).contains("agreed that this rank (rank 1) is gone"), "{}", err(1));
+        assert!(out[1].as_ref().unwrap_err().downcast_ref::<Dismissed>().is_some());
+        for r in [0, 2] {
+            assert!(err(r).contains("rank 1 stopped responding during phase 0"), "{}", err(r));
+        }
     }
 }

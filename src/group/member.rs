@@ -239,7 +239,8 @@ impl<'a> Member<'a> {
 
     /// Runs `work` as this member, with the heartbeat going throughout;
     /// then on failure the abort (unless the error is wrong data that the
-    /// roster publishes as a verdict), and on every path our keys deleted
+    /// roster publishes as a verdict, or [`super::Dismissed`]: the others
+    /// already decided this member is gone), and on every path our keys deleted
     /// and us counted out (`count_out`); our heartbeat key goes
     /// last, once we no longer beat.
     pub fn run<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -247,7 +248,8 @@ impl<'a> Member<'a> {
             let out = work();
             if let Err(e) = &out {
                 let judged = e.downcast_ref::<DataMismatch>().is_some();
-                if !(judged && self.roster.mismatch_is_published) {
+                let dismissed = e.downcast_ref::<super::Dismissed>().is_some();
+                if !dismissed && !(judged && self.roster.mismatch_is_published) {
                     self.abort(&format!("{e:#}"));
                 }
             }

@@ -169,6 +169,13 @@ impl Roster {
     }
 }
 
+/// A member's end that the others decided (an elastic group agreed that it
+/// is gone): it stops with this error, and [`Member::run`] publishes no
+/// abort for it, so the others carry on without it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Dismissed(pub String);
+
 /// A member's failure, so the others stop waiting with the reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Abort {
