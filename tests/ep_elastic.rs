@@ -231,3 +231,27 @@ fn bad_plans_exit_2_with_the_reason() {
         assert!(err.contains(needle) && err.contains(&*plan.0.to_string_lossy()), "{text_}: {}", text(&o));
     }
 }
+
+/// A kill/rejoin loop whose ranks are frozen (SIGSTOP): rank 1 is killed
+/// twice, the second time as a new process while its frozen predecessor
+/// still holds the id's old incarnation; each kill is agreed by all.
+#[test]
+fn a_kill_loop_of_frozen_ranks_stops_each_incarnation() {
+    let loop_ = nixl_examples::ep::plan::Plan::kill_loop(3, 3);
+    assert_eq!(loop_.to_json(), "[[0,1,2],[0,-1,2],[0,1,2],[0,1,-2],[0,1,2],[0,-1,2],[0,1,2]]");
+    let plan = TempPlan::new("loop", &loop_.to_json());
+    let o = run_plan(&plan.0, &["--kill-signal", "STOP"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let mut seen = decisions(&String::from_utf8_lossy(&o.stdout));
+    seen.sort();
+    let want = vec![
+        (0, 1, "[1]".to_string()),
+        (0, 3, "[2]".to_string()),
+        (0, 5, "[1]".to_string()),
+        (1, 3, "[2]".to_string()),
+        (2, 1, "[1]".to_string()),
+        (2, 5, "[1]".to_string()),
+    ];
+    assert_eq!(seen, want, "{}", text(&o));
+    assert_killed_as_planned(&o, "rank 1 (started in phase 2)");
+}

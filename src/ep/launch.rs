@@ -119,6 +119,8 @@ pub struct LaunchOptions {
 struct Proc {
     name: String,
     rank: u32,
+    /// The phase that started it.
+    incarnation: usize,
     child: Child,
     exit: Option<RoleExit>,
     /// The signal we sent it as the plan says, if we did.
@@ -180,6 +182,7 @@ impl PlanRun<'_> {
                 Ok(child) => self.procs.push(Proc {
                     name: spec.name.clone(),
                     rank: r,
+                    incarnation: i,
                     child,
                     exit: None,
                     planned: None,
@@ -310,7 +313,9 @@ impl PlanRun<'_> {
         self.killed_in = Some(i);
         let sig = self.opts.kill_signal.signal();
         for r in self.plan.killed(i) {
-            let Some(p) = (self.procs.iter_mut()).find(|p| p.rank == r && p.exit.is_none()) else {
+            let inc = self.plan.incarnation(r, i);
+            let current = |p: &&mut Proc| p.rank == r && Some(p.incarnation) == inc && p.exit.is_none();
+            let Some(p) = self.procs.iter_mut().find(current) else {
                 anyhow::bail!("the plan kills rank {r} in phase {i}, but it is no longer running");
             };
             // SAFETY: a plain syscall on a child we spawned and have not reaped.
