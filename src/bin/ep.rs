@@ -46,7 +46,7 @@ use nixl_examples::ep::{launch, run};
 /// of phases, each a list of ranks; -r means rank r is killed during that
 /// phase (after its middle step, by --kill-signal); a rank absent from the
 /// next phase leaves cleanly; a rank id that comes back is a new process.
-/// E.g. [[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]: ranks 0 and 1; 2 and 3 join;
+/// E.g. `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]`: ranks 0 and 1; 2 and 3 join;
 /// 2 is killed mid-phase and the survivors agree it is gone; 1 leaves.
 /// Rank 0 cannot be killed (-0 is 0 in JSON). Buffers and experts are sized
 /// once for --capacity ranks. Under torchrun only the plan's first phase
@@ -115,13 +115,13 @@ struct Args {
     seed: u64,
 
     /// Rank processes to start on this machine (ignored under torchrun,
-    /// where WORLD_SIZE says) [default: 2]. The same as the plan [[0..N-1]].
+    /// where WORLD_SIZE says) [default: 2]. The same as the plan `[[0..N-1]]`.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "plan")]
     ranks: Option<u32>,
 
     /// Elastic plan: a JSON file, a list of phases, each a list of ranks;
     /// -r = rank r is killed during that phase. Example:
-    /// [[0,1],[0,1,2,3],[0,1,-2,3],[0,3]] (upstream NIXL EP's format).
+    /// `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]` (upstream NIXL EP's format).
     #[arg(long, value_name = "FILE")]
     plan: Option<PathBuf>,
 
