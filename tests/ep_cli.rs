@@ -588,7 +588,7 @@ impl Drop for Launched {
     }
 }
 
-/// The pid in `[rank R] hanging (injected fault, pid N) …`.
+/// The pid in `[rank R] hanging (injected fault) until stopped or killed (pid N)`.
 fn hanging_pid(line: &str) -> i32 {
     let rest = line.split("pid ").nth(1).expect("the line names the pid");
     rest.split(')').next().unwrap().parse().unwrap()

@@ -172,7 +172,7 @@ pub fn decision_line(me: u32, i: usize, d: &Decision) -> String {
 /// store lost). Prints the pid, so that a test can freeze this very process.
 fn hang(group: &Group) -> Result<()> {
     say!(
-        "[rank {}] hanging (injected fault, pid {}) until stopped or killed",
+        "[rank {}] hanging (injected fault) until stopped or killed (pid {})",
         group.rank,
         std::process::id()
     );
