@@ -252,9 +252,10 @@ impl<'a> Elastic<'a> {
             Pace::Every(Duration::ZERO),
             || Ok(g.wait_a_slice(&refs, &what)?.then_some(())),
             |waited| {
-                let missing: Vec<String> = (members.iter().zip(&refs))
-                    .filter(|(_, k)| !g.try_get(&crate::group::Entry::<Marker>::new(**k)).is_ok_and(|v| v.is_some()))
-                    .map(|(r, _)| format!("rank {r}"))
+                let arrived = |r: u32| g.try_get(&g.keys.connected(i, r)).is_ok_and(|v| v.is_some());
+                let missing: Vec<String> = (members.iter())
+                    .filter(|&&r| !arrived(r))
+                    .map(|r| format!("rank {r}"))
                     .collect();
                 anyhow!(
                     "{} did not connect in phase {i} within {waited:.0?}: slow, stuck, or never started",
