@@ -205,6 +205,16 @@ fn real_main(args: Args) -> Result<ExitCode> {
     } else {
         Some(run_config(&args, capacity, fault_timeout)?)
     };
+    // Until the GPU session lives a plan's phases (ep::elastic), it runs
+    // one fixed group: refuse what it would wait for in vain.
+    if cfg.is_some() && plan != Plan::fixed(capacity) {
+        return Err(UsageError(format!(
+            "the GPU run does not follow elastic plans yet (this one: {}): run it with --check-connection, or use \
+             --ranks N",
+            plan.to_json()
+        ))
+        .into());
+    }
     let Some(env) = env else {
         return launch_ranks(&args, &plan, capacity, timeout);
     };
