@@ -60,11 +60,11 @@ one() {
   else echo "ok $tag in $((SECONDS - t0)) s" >&2; fi
 }
 
-# The kill loop: ranks 0..2, rank 2 killed and started anew, CYCLES times.
+# The kill loop: ranks 0..3, rank 3 killed and started anew, CYCLES times.
 python3 - "$CYCLES" >"$OUT/kill_loop.json" <<'PY'
 import json, sys
 n = int(sys.argv[1])
-print(json.dumps([[0, 1, 2]] + [[0, 1, -2], [0, 1, 2]] * n))
+print(json.dumps([[0, 1, 2, 3]] + [[0, 1, 2, -3], [0, 1, 2, 3]] * n))
 PY
 echo '[[0,3]]' >"$OUT/fresh_0_3.json"
 

@@ -81,10 +81,14 @@ pub struct RoleExit {
     pub signal: Option<i32>,
     /// Whether we killed it.
     pub killed: bool,
+    /// Whether the signal that ended it was planned (`ep --plan`'s `-r`):
+    /// not a failure.
+    pub planned: bool,
 }
 
 impl RoleExit {
-    fn of(name: &str, status: std::process::ExitStatus) -> Self {
+    /// How `status` ended role `name` (not planned, not killed by us).
+    pub fn of(name: &str, status: std::process::ExitStatus) -> Self {
         use std::os::unix::process::ExitStatusExt as _;
         let signal = status.signal();
         Self {
@@ -92,7 +96,13 @@ impl RoleExit {
             code: status.code().unwrap_or(128 + signal.unwrap_or(0)),
             signal,
             killed: false,
+            planned: false,
         }
+    }
+
+    /// Whether it counts as a failure (a non-zero exit that was not planned).
+    pub fn failed(&self) -> bool {
+        self.code != 0 && !self.planned
     }
 }
 
@@ -114,6 +124,8 @@ pub fn signal_name(sig: i32) -> String {
         13 => "SIGPIPE",
         14 => "SIGALRM",
         15 => "SIGTERM",
+        18 => "SIGCONT",
+        19 => "SIGSTOP",
         _ => return format!("signal {sig}"),
     };
     name.to_string()
@@ -179,6 +191,7 @@ pub fn supervise(
                     code: -1,
                     signal: None,
                     killed: false,
+                    planned: false,
                 },
             };
             if exit.code != 0 && failed_at.is_none() {
@@ -203,6 +216,7 @@ pub fn supervise(
                     code: 128 + 9,
                     signal: Some(9),
                     killed: true,
+                    planned: false,
                 });
             }
         }
@@ -215,7 +229,7 @@ pub fn supervise(
 /// parent alone). SIGINT is not passed on: it comes from the terminal,
 /// which sends it to the whole process group, and a child that gets it
 /// twice exits at once, without its cleanup.
-fn forward(child: &Child, sig: i32) {
+pub fn forward(child: &Child, sig: i32) {
     if sig == libc::SIGTERM {
         // SAFETY: a plain syscall on a child we spawned and have not reaped.
         unsafe { libc::kill(child.id() as libc::pid_t, sig) };
@@ -237,11 +251,11 @@ pub fn overall(exits: &[RoleExit]) -> ExitCode {
     if let Some(sig) = crate::interrupt::received() {
         return ExitCode::from(sig.exit_code() as u8);
     }
-    if exits.iter().all(|e| e.code == 0) {
+    if !exits.iter().any(RoleExit::failed) {
         return ExitCode::SUCCESS;
     }
     for want in [EXIT_USAGE, EXIT_MISMATCH, 130, 143] {
-        if exits.iter().any(|e| e.code == want) {
+        if exits.iter().any(|e| e.failed() && e.code == want) {
             return ExitCode::from(want as u8);
         }
     }
@@ -258,10 +272,11 @@ pub fn summary(exits: &[RoleExit]) -> String {
             if let Some(first) = name.get_mut(0..1) {
                 first.make_ascii_uppercase();
             }
-            let how = match (e.signal, e.killed) {
-                (Some(sig), true) => format!(" (stopped by us: {})", signal_name(sig)),
-                (Some(sig), false) => format!(" (killed by {})", signal_name(sig)),
-                (None, _) => String::new(),
+            let how = match (e.signal, e.killed, e.planned) {
+                (Some(sig), _, true) => format!(" (killed as planned: {})", signal_name(sig)),
+                (Some(sig), true, _) => format!(" (stopped by us: {})", signal_name(sig)),
+                (Some(sig), false, _) => format!(" (killed by {})", signal_name(sig)),
+                (None, ..) => String::new(),
             };
             format!("{name}: {}{how}", e.code)
         })
@@ -280,7 +295,7 @@ pub fn finish(tag: &str, exits: &[RoleExit]) -> ExitCode {
     } else if code != ExitCode::SUCCESS {
         let failed: Vec<RoleExit> = exits
             .iter()
-            .filter(|e| e.code != 0)
+            .filter(|e| e.failed())
             .map(|e| RoleExit {
                 name: e.name.clone(),
                 ..*e
@@ -308,6 +323,7 @@ mod tests {
                 code,
                 signal: None,
                 killed: false,
+                planned: false,
             })
             .collect()
     }

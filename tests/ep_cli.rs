@@ -146,7 +146,7 @@ fn assert_all_connected(stdout: &str, ranks: u32) {
     for r in 0..ranks {
         for s in (0..ranks).filter(|&s| s != r) {
             assert!(
-                stdout.contains(&format!("[rank {r}] connected to rank {s} (ep-rank-{s})")),
+                stdout.contains(&format!("[rank {r}] connected to rank {s} (ep-rank-{s}.0)")),
                 "rank {r} did not connect to {s}:\n{stdout}"
             );
         }
@@ -183,6 +183,11 @@ fn help_documents_the_options() {
         "--json",
         "--csv",
         "--no-baseline",
+        "--plan",
+        "--capacity",
+        "--kill-signal",
+        "--fault-timeout",
+        "[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]",
         "torchrun",
         "TORCHELASTIC_USE_AGENT_STORE",
     ] {
@@ -243,6 +248,127 @@ fn bad_shapes_and_arguments_exit_2_before_any_network_or_gpu_work() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// A plan file for one test, removed when dropped.
+struct PlanFile(std::path::PathBuf);
+
+impl PlanFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("ep-cli-{tag}-{}.json", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        Self(p)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for PlanFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Every bad elastic input exits 2 with the reason, before any network or
+/// GPU work, as the launcher and under torchrun's variables.
+#[test]
+fn bad_elastic_arguments_exit_2_with_the_reason() {
+    let good = PlanFile::new("good", "[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]");
+    let plans = [
+        ("empty-phase", "[[0,1],[]]", "phase 1 is empty"),
+        ("no-phase", "[]", "no phase"),
+        ("too-many", "[[0,64]]", "names rank 64"),
+        ("twice", "[[0,1,1]]", "rank 1 twice"),
+        (
+            "not-running",
+            "[[0,1],[0,1,-2]]",
+            "not running when the phase began",
+        ),
+        (
+            "killed-twice",
+            "[[0,-1],[0,-1]]",
+            "not running when the phase began",
+        ),
+        ("no-rank", "[[0,1],[-1]]", "leaves no rank"),
+        ("all-killed", "[[1,2],[-1,-2]]", "leaves no rank"),
+        ("minus-zero", "[[0,1],[-0,1]]", "rank 0 cannot be killed"),
+        ("not-json", "[[0,1],", "not a plan"),
+        ("not-ints", "[[\"a\"]]", "not a plan"),
+    ];
+    let files: Vec<(PlanFile, &str)> = (plans.iter())
+        .map(|(tag, text, needle)| (PlanFile::new(tag, text), *needle))
+        .collect();
+    let mut cases: Vec<(Vec<String>, String)> = (files.iter())
+        .map(|(f, needle)| (vec!["--plan".into(), f.path().into()], needle.to_string()))
+        .collect();
+    for (args, needle) in [
+        (&["--plan", "/nonexistent/plan.json"][..], "cannot read"),
+        (
+            &["--plan", good.path(), "--ranks", "4"][..],
+            "cannot be used with",
+        ),
+        (
+            &["--plan", good.path(), "--capacity", "3"][..],
+            "at least 4",
+        ),
+        (
+            &["--plan", good.path(), "--capacity", "65"][..],
+            "between 1 and 64",
+        ),
+        (
+            &["--plan", good.path(), "--capacity", "0"][..],
+            "between 1 and 64",
+        ),
+        (
+            &["--plan", good.path(), "--kill-signal", "TERM"][..],
+            "TERM",
+        ),
+        (&["--fault-timeout", "0"][..], "--fault-timeout 0"),
+        (&["--fault-timeout", "-5"][..], "--fault-timeout -5"),
+        (&["--fault-timeout", "soon"][..], "soon"),
+        (&["--ranks", "2", "--capacity", "4"][..], "without --plan"),
+    ] {
+        cases.push((args.iter().map(|s| s.to_string()).collect(), needle.into()));
+    }
+    for (args, needle) in &cases {
+        for check in [true, false] {
+            let mut c = ep();
+            c.args(args);
+            if check {
+                c.arg("--check-connection");
+            }
+            let o = c.output().unwrap();
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains(needle.as_str()),
+                "{args:?} lacks {needle:?}: {}",
+                text(&o)
+            );
+        }
+    }
+    // A plan file's error names the file.
+    let o = ep().args(["--plan", files[0].0.path()]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(files[0].0.path()),
+        "{}",
+        text(&o)
+    );
+    // Under torchrun only the first phase runs, and it must be 0..WORLD_SIZE-1.
+    let o = ep()
+        .args(["--plan", good.path(), "--check-connection"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "3")
+        .env("MASTER_PORT", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("only the plan's first phase"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -403,6 +529,162 @@ fn a_frozen_rank_is_named_by_the_others() {
 #[test]
 fn a_frozen_rank_0_which_hosts_the_store_is_named_by_the_others() {
     frozen_rank_is_named(0, "lost the store, which rank 0 hosts");
+}
+
+/// `ep --ranks 3 --check-connection` whose stdout and stderr lines arrive
+/// on a channel as they are written (the ranks share the launcher's pipes).
+struct Launched {
+    child: Option<Child>,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Launched {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = ep()
+            .args(["--ranks", "3", "--check-connection", "--timeout", "60"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting ep");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let pipes: [Box<dyn std::io::Read + Send>; 2] = [
+            Box::new(child.stdout.take().unwrap()),
+            Box::new(child.stderr.take().unwrap()),
+        ];
+        for pipe in pipes {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Self {
+            child: Some(child),
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most `limit`) until `n` lines satisfy `pred`; returns the last.
+    fn until(&mut self, n: usize, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        let mut found = Vec::new();
+        for l in self.seen.iter().filter(|l| pred(l)) {
+            found.push(l.clone());
+        }
+        while found.len() < n {
+            let left = limit.saturating_sub(start.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if pred(&l) {
+                        found.push(l.clone());
+                    }
+                    self.seen.push(l);
+                }
+                Err(_) => panic!(
+                    "only {} of {n} lines after {limit:?}:\n{}",
+                    found.len(),
+                    self.seen.join("\n")
+                ),
+            }
+        }
+        found.pop().unwrap()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Waits (at most `limit`) for the launcher's exit; every line it and
+    /// the ranks wrote.
+    fn finish(mut self, limit: Duration) -> (Option<i32>, String) {
+        let mut c = self.child.take().unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the launcher still runs after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (status.code(), self.seen.join("\n"))
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The pid in `[rank R] hanging (injected fault) until stopped or killed (pid N)`.
+fn hanging_pid(line: &str) -> i32 {
+    let rest = line.split("pid ").nth(1).expect("the line names the pid");
+    rest.split(')').next().unwrap().parse().unwrap()
+}
+
+/// Under our launcher the store lives in the launcher, not in rank 0: a
+/// frozen rank 0 is named by its silence, and the others keep their store.
+#[test]
+fn a_frozen_rank_0_under_our_launcher_is_named_and_the_store_lives_on() {
+    let mut run = Launched::start(&["--inject", "hang-after-connect=0"]);
+    let line = run.until(1, Duration::from_secs(60), |l| {
+        l.starts_with("[rank 0] hanging")
+    });
+    let pid = hanging_pid(&line);
+    // SAFETY: kill(2) on a process of the launcher we started.
+    unsafe { kill(pid, 19) }; // SIGSTOP
+    let frozen_at = Instant::now();
+    run.until(2, Duration::from_secs(60), |l| {
+        l.contains("rank 0 stopped responding")
+    });
+    let took = frozen_at.elapsed();
+    // SAFETY: as above; SIGKILL reaches a stopped process.
+    unsafe { kill(pid, 9) };
+    let (code, all) = run.finish(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{all}");
+    assert!(!all.contains("lost the store"), "{all}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {all}");
+}
+
+/// The launcher hosts the store: frozen, every rank names it within the
+/// store's reply deadline (a few seconds), not the --timeout of 60 s.
+#[test]
+fn a_frozen_launcher_which_hosts_the_store_is_named_by_every_rank() {
+    let mut run = Launched::start(&["--inject", "hang-after-connect=2"]);
+    run.until(1, Duration::from_secs(60), |l| {
+        l.starts_with("[rank 2] hanging")
+    });
+    // SAFETY: kill(2) on a child we started and still own.
+    unsafe { kill(run.pid(), 19) }; // SIGSTOP
+    let frozen_at = Instant::now();
+    let named = |l: &str| l.contains("lost the store, which the ep launcher hosts");
+    run.until(3, Duration::from_secs(60), named);
+    let took = frozen_at.elapsed();
+    // SAFETY: as above; SIGKILL reaches a stopped process.
+    unsafe { kill(run.pid(), 9) };
+    let (_, all) = run.finish(Duration::from_secs(60));
+    for r in 0..3 {
+        assert!(
+            all.lines()
+                .any(|l| l.starts_with(&format!("[rank {r}]")) && named(l)),
+            "rank {r} does not name the launcher: {all}"
+        );
+    }
+    assert!(took < Duration::from_secs(30), "took {took:?}: {all}");
 }
 
 unsafe extern "C" {

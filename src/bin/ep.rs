@@ -5,6 +5,7 @@
 //! ep --ranks 2 --mode ht                          # starts 2 ranks on this machine
 //! torchrun --no-python --nproc-per-node=2 ep --mode ll
 //! ep --ranks 3 --check-connection                 # no GPU: the ranks meet and connect
+//! ep --plan tests/fixtures/elastic/expansion_fault_contraction.json --check-connection
 //! ```
 
 use std::path::PathBuf;
@@ -17,6 +18,8 @@ use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_timeout
 use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::connect::{self, Inject};
 use nixl_examples::ep::env::RankEnv;
+use nixl_examples::ep::launch::KillSignal;
+use nixl_examples::ep::plan::Plan;
 use nixl_examples::ep::{launch, run};
 
 /// Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
@@ -32,11 +35,22 @@ use nixl_examples::ep::{launch, run};
 /// checked bit for bit, every combined value within a stated bf16 bound
 /// (docs/EP.md). Timing is GPU time per phase, p50/p99 over iterations.
 ///
-/// Without RANK in the environment, `ep` starts --ranks rank processes
-/// itself; under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-/// MASTER_PORT set) each process is one rank. With
+/// Without RANK in the environment, `ep` is the launcher: it hosts the
+/// store and starts --ranks rank processes, or the ranks of an elastic
+/// --plan phase by phase; under torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+/// MASTER_ADDR, MASTER_PORT set) each process is one rank. With
 /// TORCHELASTIC_USE_AGENT_STORE=True the ranks join torchrun's store,
 /// otherwise rank 0 hosts one.
+///
+/// Elastic runs (--plan FILE): upstream NIXL EP's plan format, a JSON list
+/// of phases, each a list of ranks; -r means rank r is killed during that
+/// phase (after its middle step, by --kill-signal); a rank absent from the
+/// next phase leaves cleanly; a rank id that comes back is a new process.
+/// E.g. `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]`: ranks 0 and 1; 2 and 3 join;
+/// 2 is killed mid-phase and the survivors agree it is gone; 1 leaves.
+/// Rank 0 cannot be killed (-0 is 0 in JSON). Buffers and experts are sized
+/// once for --capacity ranks. Under torchrun only the plan's first phase
+/// runs, and it must be exactly ranks 0..WORLD_SIZE-1.
 ///
 /// Results go to stdout (rank 0), progress to stderr. Exit status: 0
 /// success, 1 failure, 2 bad arguments, 3 wrong data.
@@ -47,7 +61,9 @@ use nixl_examples::ep::{launch, run};
     ep --ranks 2 --mode ht --json ht.json          # EP2, high-throughput, both data paths\n  \
     ep --ranks 4 --gpus 2 --mode ll --path store     # 4 ranks sharing 2 GPUs (best under MPS)\n  \
     torchrun --no-python --nproc-per-node=2 $(which ep) --mode ll\n  \
-    ep --ranks 3 --check-connection                # no GPU needed\n\n\
+    ep --ranks 3 --check-connection                # no GPU needed\n  \
+    ep --plan plan.json --check-connection --kill-signal STOP   # elastic, no GPU\n\n\
+    A plan: [[0,1],[0,1,2,3],[0,1,-2,3],[0,3]] (tests/fixtures/elastic/ has upstream's four).\n\
     scripts/run_ep.sh runs the usual matrix and writes tables and a plot."
 )]
 struct Args {
@@ -99,9 +115,36 @@ struct Args {
     seed: u64,
 
     /// Rank processes to start on this machine (ignored under torchrun,
-    /// where WORLD_SIZE says) [default: 2].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// where WORLD_SIZE says) [default: 2]. The same as the plan `[[0..N-1]]`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "plan")]
     ranks: Option<u32>,
+
+    /// Elastic plan: a JSON file, a list of phases, each a list of ranks;
+    /// -r = rank r is killed during that phase. Example:
+    /// `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]` (upstream NIXL EP's format).
+    #[arg(long, value_name = "FILE")]
+    plan: Option<PathBuf>,
+
+    /// The most ranks the run will ever have: buffers, views and the expert
+    /// layout are sized once for it (1..=64) [default: the plan's largest
+    /// rank + 1].
+    #[arg(long)]
+    capacity: Option<u32>,
+
+    /// How the launcher stops a rank the plan marks -r: KILL (it dies), or
+    /// STOP (it freezes with its sockets open; killed at the end).
+    #[arg(long, value_enum, ignore_case = true, default_value = "kill")]
+    kill_signal: KillSignal,
+
+    /// Milliseconds a wait for another rank's data (or its report after a
+    /// step) may take before that rank is counted gone (elastic runs).
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value = "1000",
+        allow_negative_numbers = true
+    )]
+    fault_timeout: i64,
 
     /// GPUs to use; rank r runs on GPU LOCAL_RANK mod gpus [default: all visible].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -158,16 +201,20 @@ fn main() -> ExitCode {
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
     let env = RankEnv::from_env()?;
-    let world = RankEnv::world(env.as_ref(), args.ranks)?;
-    let inject = parse_inject(args.inject.as_deref(), world)?;
+    let (plan, capacity) = plan_and_capacity(&args, env.as_ref())?;
+    let fault_timeout = fault_timeout(args.fault_timeout)?;
+    let inject = parse_inject(args.inject.as_deref(), capacity)?;
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = if args.check_connection {
         None
     } else {
-        Some(run_config(&args, world)?)
+        Some(run_config(&args, capacity, fault_timeout)?)
     };
+    if cfg.is_some() {
+        first_rank_stays(&plan)?;
+    }
     let Some(env) = env else {
-        return launch_ranks(&args, world, timeout);
+        return launch_ranks(&args, &plan, capacity, timeout);
     };
     if let Some(cfg) = cfg {
         let opts = nixl_examples::ep::setup::RunOptions {
@@ -177,15 +224,95 @@ fn real_main(args: Args) -> Result<ExitCode> {
             ref_put_gbps: args.ref_put_gbps,
             corrupt: inject.corrupt,
         };
-        run::run(&env, &cfg, &opts)?;
+        run::run(&env, &plan, args.plan.is_some(), &cfg, &opts)?;
     } else {
-        connect::check_connection(&env, timeout, inject.connect)?;
+        connect::check_connection(&env, &plan, timeout, fault_timeout, inject.connect)?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Without RANK: start the ranks here and wait for them.
-fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> {
+/// A GPU run's configuration, setup and report live with the first
+/// phase's lowest rank: it must take part in every phase and never be
+/// killed.
+fn first_rank_stays(plan: &Plan) -> Result<(), UsageError> {
+    let first = plan.phase(0).members.iter().copied().min().unwrap_or(0);
+    match (0..plan.len()).find(|&i| !plan.survivors(i).contains(&first)) {
+        None => Ok(()),
+        Some(i) => Err(UsageError(format!(
+            "the plan's first rank ({first}) holds the run's configuration and prints the report, so it must stay in \
+             every phase, but phase {i} {} it: keep rank {first} in every phase ({})",
+            if plan.killed(i).contains(&first) {
+                "kills"
+            } else {
+                "leaves out"
+            },
+            plan.to_json()
+        ))),
+    }
+}
+
+/// The run's plan (`--plan`, or `--ranks N` as `[[0..N-1]]`) and capacity
+/// (`--capacity`, checked against it). Under torchrun (not our launcher)
+/// only the plan's first phase runs, and it must be ranks 0..WORLD_SIZE-1.
+fn plan_and_capacity(args: &Args, env: Option<&RankEnv>) -> Result<(Plan, u32), UsageError> {
+    let Some(file) = &args.plan else {
+        let world = RankEnv::world(env, args.ranks)?;
+        if let Some(c) = args.capacity.filter(|&c| c != world) {
+            return Err(UsageError(format!(
+                "--capacity {c} without --plan: the capacity is the rank count ({world})"
+            )));
+        }
+        return Ok((Plan::fixed(world), world));
+    };
+    let plan = Plan::load(file)?;
+    let capacity = plan.capacity(args.capacity)?;
+    match env {
+        Some(e) if e.launcher_store => match e.world == capacity {
+            true => Ok((plan, capacity)),
+            false => Err(UsageError(format!(
+                "WORLD_SIZE={} but the plan's capacity is {capacity}: start the ranks with `ep --plan`",
+                e.world
+            ))),
+        },
+        Some(e) => {
+            let first = plan.phase(0);
+            let want: Vec<u32> = (0..e.world).collect();
+            let mut have = first.members.clone();
+            have.sort_unstable();
+            if have != want
+                || !first.killed.is_empty()
+                || args.capacity.is_some_and(|c| c != e.world)
+            {
+                return Err(UsageError(format!(
+                    "under torchrun only the plan's first phase runs, and it must be ranks 0..{} with no kill (and \
+                     --capacity, if given, WORLD_SIZE={}); it is {}: run elastic plans with `ep --plan`, which \
+                     starts and kills the ranks",
+                    e.world - 1,
+                    e.world,
+                    plan.to_json()
+                )));
+            }
+            Ok((
+                Plan::parse(&format!("[{:?}]", first.members)).expect("one valid phase"),
+                e.world,
+            ))
+        }
+        None => Ok((plan, capacity)),
+    }
+}
+
+/// `--fault-timeout` in ms: positive.
+fn fault_timeout(ms: i64) -> Result<Duration, UsageError> {
+    match u64::try_from(ms) {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(UsageError(format!(
+            "--fault-timeout {ms}: the wait for a rank before it counts as gone must be at least 1 ms"
+        ))),
+    }
+}
+
+/// Without RANK: host the store, start the plan's ranks here and wait for them.
+fn launch_ranks(args: &Args, plan: &Plan, capacity: u32, timeout: Duration) -> Result<ExitCode> {
     let port = if args.port == 0 {
         launch::free_port()?
     } else {
@@ -196,11 +323,29 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
         // Once here, rather than the same message from every rank.
         nixl_examples::ep::run::check_machine(!args.no_baseline)?;
     }
-    tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
-    let exits = launch::run_ranks(world, port, timeout + Duration::from_secs(10))?;
-    Ok(nixl_examples::launch::finish("ep", &exits))
+    let opts = launch::LaunchOptions {
+        capacity,
+        port,
+        kill_signal: args.kill_signal,
+        grace: timeout + Duration::from_secs(10),
+        timeout,
+    };
+    let exits = launch::run_plan(plan, &opts)?;
+    let planned: Vec<String> = (exits.iter())
+        .filter(|e| e.planned)
+        .map(|e| e.name.clone())
+        .collect();
+    let code = nixl_examples::launch::finish("ep", &exits);
+    if code == ExitCode::SUCCESS && !planned.is_empty() {
+        nixl_examples::eline!(
+            "[ep] the plan ran: {} process(es); killed as planned: {}",
+            exits.len(),
+            planned.join(", ")
+        );
+    }
+    Ok(code)
 }
 
 struct Injected {
@@ -240,7 +385,7 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
 
 /// The run's configuration from the arguments and the mode's defaults;
 /// shapes that cannot work are usage errors.
-fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
+fn run_config(args: &Args, ranks: u32, fault_timeout: Duration) -> Result<RunConfig> {
     let (t, h, k, e) = args.mode.default_shape();
     let (iters, warmup) = args.mode.default_iters();
     let shape = Shape {
@@ -259,7 +404,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         warmup: args.warmup.unwrap_or(warmup),
         seed: args.seed,
         timeout_ns: args.timeout.as_nanos() as u64,
-        fault_timeout_ns: nixl_examples::ep::config::DEFAULT_FAULT_TIMEOUT_NS,
+        fault_timeout_ns: fault_timeout.as_nanos() as u64,
         blocks: args.blocks,
         baseline: !args.no_baseline,
         combine_senders: args.combine_senders,

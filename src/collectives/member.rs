@@ -109,5 +109,7 @@ pub fn launch_ranks(world: u32, port: u16, grace: Duration) -> Result<Vec<RoleEx
 /// `--check-connection`: the ranks meet and wire up their NIXL agents,
 /// no GPU used (`ep`'s check, the same wiring).
 pub fn check_connection(env: &RankEnv, timeout: Duration) -> Result<()> {
-    crate::ep::connect::check_connection(env, timeout, Inject::default())
+    let plan = crate::ep::plan::Plan::fixed(env.world);
+    let fault = Duration::from_nanos(crate::ep::config::DEFAULT_FAULT_TIMEOUT_NS);
+    crate::ep::connect::check_connection(env, &plan, timeout, fault, Inject::default())
 }

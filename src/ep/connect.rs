@@ -1,77 +1,188 @@
-//! `ep --check-connection`: the ranks meet through the store and wire up
-//! their NIXL agents — every rank loads every other rank's metadata and
-//! connects to it — without touching a GPU.
+//! `ep --check-connection`: the ranks meet through the store, wire up
+//! their NIXL agents — every rank loads its peers' metadata and connects to
+//! them — and live the plan's phases without touching a GPU.
 //!
-//! It runs the real start of a GPU run (store, keys, agent names, barriers,
-//! heartbeats, teardown), so it answers before any GPU time is spent: do
-//! the ranks find the store, do they all load NIXL, do the agents accept
-//! each other's metadata? And it is testable on any machine.
+//! It runs the real membership of a GPU run (store, keys, agent names,
+//! barriers, heartbeats, the per-step agreement on who is gone, teardown),
+//! so it answers before any GPU time is spent: do the ranks find the store,
+//! do they all load NIXL, do the agents accept each other's metadata, do
+//! joiners connect and do the survivors of a kill agree? And it is testable
+//! on any machine. Each phase runs [`STEPS`] steps of agreement in which a
+//! rank's masked set is the ranks whose heartbeat it finds silent (the
+//! process-level detector: no GPU kernels to time out).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
 
+use super::elastic::{Decision, Elastic};
 use super::env::RankEnv;
-use super::group::{Group, open_store};
+use super::group::{Group, open_store, process_name};
+use super::plan::Plan;
 use crate::group::AgentMetadata;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;
 use crate::say;
+use nixl_sys::Agent;
 
-/// The NIXL agent name of rank `r`.
+/// Steps of agreement per phase; the launcher's kills come after the
+/// agreement of step [`MIDDLE`], so two steps follow them.
+pub const STEPS: u64 = 4;
+/// The phase's middle step (0-based).
+pub const MIDDLE: u64 = 1;
+
+/// The NIXL agent name of rank `r` in a fixed run (`ep-rank-<r>`).
 pub fn agent_name(r: u32) -> String {
     format!("ep-rank-{r}")
+}
+
+/// The NIXL agent name of rank `r`'s process started in phase `inc`
+/// (`ep-rank-2.1`): a rank id taken again by a new process gets a new
+/// agent name, so its peers never confuse it with its predecessor.
+pub fn incarnation_agent(r: u32, inc: usize) -> String {
+    format!("ep-rank-{}", process_name(r, inc))
 }
 
 /// Test hooks (`--inject`, hidden).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Inject {
-    /// This rank stops after connecting (heartbeat still running) until it
-    /// is killed: the others must name it once it dies.
+    /// This rank stops after connecting in its first phase (heartbeat still
+    /// running, before the phase's barrier) until it is killed: the others
+    /// must name it once it dies.
     pub hang_rank: Option<u32>,
 }
 
-/// Runs this rank's side of the connection check.
-pub fn check_connection(env: &RankEnv, timeout: Duration, inject: Inject) -> Result<()> {
+/// Runs this rank's side of the connection check over `plan`;
+/// `fault_timeout` bounds the agreement's wait for a missing report.
+pub fn check_connection(
+    env: &RankEnv,
+    plan: &Plan,
+    timeout: Duration,
+    fault_timeout: Duration,
+    inject: Inject,
+) -> Result<()> {
     crate::nixl::runtime::load()?;
     let store = open_store(env, timeout)?;
     crate::interrupt::install()?;
     let group = Group::new(store.as_ref(), env, timeout);
-    group.run(|| wire_up(&group, timeout, inject).and_then(|()| group.leave()))
+    group.run(|| {
+        let elastic = Elastic::new(&group, plan, env.incarnation, fault_timeout)?;
+        live(&group, &elastic, timeout, inject)
+    })
 }
 
-fn wire_up(group: &Group, timeout: Duration, inject: Inject) -> Result<()> {
-    let (me, n) = (group.rank, group.world);
-    let nixl = create_ucx_agent(&agent_name(me))?;
-    group.put(
-        &group.keys.metadata(me),
-        &AgentMetadata(nixl.agent.get_local_md()?),
-    )?;
-    let peers: Vec<u32> = (0..n).filter(|&r| r != me).collect();
-    for &r in &peers {
-        let md = group.get(&group.keys.metadata(r), r, "agent metadata")?;
-        load_peer(&nixl.agent, &md.0, &agent_name(r), timeout)?;
-        nixl.agent
-            .make_connection(&agent_name(r), None)
-            .map_err(|e| anyhow::anyhow!("connecting to rank {r} ({}): {e}", agent_name(r)))?;
-        say!("[rank {me}] connected to rank {r} ({})", agent_name(r));
-    }
-    say!(
-        "[rank {me}] connected to all {} other rank(s) (agents wired up through the store; no GPU used)",
-        peers.len()
-    );
-    group.barrier("connected")?;
-    if inject.hang_rank == Some(me) {
-        say!("[rank {me}] hanging (injected fault) until stopped or killed");
-        loop {
-            if let Some(sig) = crate::interrupt::received() {
-                anyhow::bail!("{sig}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+/// Every phase of this process's life.
+fn live(group: &Group, elastic: &Elastic, timeout: Duration, inject: Inject) -> Result<()> {
+    let me = group.rank;
+    let nixl = create_ucx_agent(&incarnation_agent(me, elastic.incarnation()))?;
+    let mine = AgentMetadata(nixl.agent.get_local_md()?);
+    let mut known: Vec<String> = Vec::new();
+    for i in elastic.life() {
+        for (r, inc) in elastic.departed(i) {
+            let _ = nixl.agent.invalidate_remote_md(&incarnation_agent(r, inc));
         }
+        connect_phase(elastic, &nixl.agent, i, &mine, timeout, &mut known)?;
+        if inject.hang_rank == Some(me) && i == elastic.life().start {
+            hang(group)?;
+        }
+        elastic.connected(i)?;
+        steps(group, elastic, i)?;
+        elastic.end_phase(i)?;
     }
-    for &r in &peers {
-        let _ = nixl.agent.invalidate_remote_md(&agent_name(r));
+    for name in known {
+        let _ = nixl.agent.invalidate_remote_md(&name);
     }
     Ok(())
+}
+
+/// Phase `i` begins: this rank connects to the peers it must reach now.
+fn connect_phase(
+    elastic: &Elastic,
+    agent: &Agent,
+    i: usize,
+    mine: &AgentMetadata,
+    timeout: Duration,
+    known: &mut Vec<String>,
+) -> Result<()> {
+    let me = elastic.rank();
+    let peers = elastic.begin_phase(i, mine)?;
+    for p in &peers {
+        let name = incarnation_agent(p.rank, p.incarnation);
+        load_peer(agent, &p.payload.0, &name, timeout)?;
+        agent
+            .make_connection(&name, None)
+            .map_err(|e| anyhow::anyhow!("connecting to rank {} ({name}): {e}", p.rank))?;
+        say!("[rank {me}] connected to rank {} ({name})", p.rank);
+        known.push(name);
+    }
+    let others = elastic.plan().members(i).len() - 1;
+    match i == elastic.life().start {
+        true => say!(
+            "[rank {me}] connected to all {others} other rank(s) (agents wired up through the store; no GPU used)"
+        ),
+        false => say!(
+            "[rank {me}] phase {i}: connected to {} joiner(s)",
+            peers.len()
+        ),
+    }
+    Ok(())
+}
+
+/// The phase's steps: after each, the agreement on who is gone, with this
+/// rank's masked set from heartbeat silence; one line per decision that
+/// found a rank gone.
+fn steps(group: &Group, elastic: &Elastic, i: usize) -> Result<()> {
+    let me = group.rank;
+    let mut masked: BTreeSet<u32> = BTreeSet::new();
+    let mut gone: BTreeSet<u32> = BTreeSet::new();
+    for k in 0..STEPS {
+        let active: Vec<(usize, String)> = (elastic.plan().members(i).into_iter())
+            .filter(|r| *r != me && !gone.contains(r))
+            .map(|r| {
+                let inc = elastic.plan().incarnation(r, i).expect("a member");
+                (r as usize, process_name(r, inc))
+            })
+            .collect();
+        masked.extend(group.silent_among(&active)?.into_iter().map(|r| r as u32));
+        let d = elastic.agree(i, i as u64 * STEPS + k, &masked)?;
+        if !d.new.is_empty() {
+            say!("{}", decision_line(me, i, &d));
+        }
+        gone.clone_from(&d.gone);
+        if k == MIDDLE {
+            elastic.halfway(i, &d)?;
+        }
+    }
+    Ok(())
+}
+
+/// `[rank 1] phase 2: ranks gone: [2] (agreed by 3 of 3 survivors)`.
+pub fn decision_line(me: u32, i: usize, d: &Decision) -> String {
+    format!(
+        "[rank {me}] phase {i}: ranks gone: {:?} (agreed by {} of {} survivors, decided by rank {} {} µs after my \
+         report)",
+        d.gone.iter().collect::<Vec<_>>(),
+        d.reports,
+        d.survivors,
+        d.leader,
+        d.waited_us
+    )
+}
+
+/// The injected hang: stops here, heartbeat going, until killed, or until
+/// the group's probe finds a reason to stop (interrupted, an abort, the
+/// store lost). Prints the pid, so that a test can freeze this very process.
+fn hang(group: &Group) -> Result<()> {
+    say!(
+        "[rank {}] hanging (injected fault) until stopped or killed (pid {})",
+        group.rank,
+        std::process::id()
+    );
+    loop {
+        if let Some(why) = group.probe() {
+            anyhow::bail!("{why}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -5,7 +5,10 @@
 //! `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` set. With
 //! `TORCHELASTIC_USE_AGENT_STORE=True` (torchrun's default) torchrun's agent
 //! already hosts a c10d TCPStore at `MASTER_ADDR:MASTER_PORT` and every rank
-//! joins it as a client; otherwise rank 0 hosts the store.
+//! joins it as a client; otherwise rank 0 hosts the store. `ep --ranks N`
+//! and `ep --plan FILE` host the store in the launcher and add
+//! `NIXL_EP_INCARNATION` (the plan's phase that started the process): the
+//! ranks then join the launcher's store, so any rank may die.
 
 use crate::cli::UsageError;
 
@@ -23,7 +26,16 @@ pub struct RankEnv {
     pub agent_store: bool,
     /// `TORCHELASTIC_RESTART_COUNT`: names torch's key namespace.
     pub restart_count: u32,
+    /// `NIXL_EP_INCARNATION`: the plan's phase that started this process
+    /// (0 under torchrun).
+    pub incarnation: usize,
+    /// Started by `ep`'s own launcher (`NIXL_EP_INCARNATION` set), which
+    /// hosts the store: every rank joins it as a client.
+    pub launcher_store: bool,
 }
+
+/// The variable `ep`'s launcher sets: the phase that started the process.
+pub const INCARNATION_VAR: &str = "NIXL_EP_INCARNATION";
 
 impl RankEnv {
     /// The run's rank count: `WORLD_SIZE` under a launcher (torchrun),
@@ -113,6 +125,11 @@ impl RankEnv {
                 .map(|v| num("TORCHELASTIC_RESTART_COUNT", &v))
                 .transpose()?
                 .unwrap_or(0),
+            incarnation: get(INCARNATION_VAR)
+                .map(|v| num(INCARNATION_VAR, &v))
+                .transpose()?
+                .unwrap_or(0) as usize,
+            launcher_store: get(INCARNATION_VAR).is_some(),
         }))
     }
 

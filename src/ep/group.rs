@@ -1,7 +1,13 @@
 //! One rank as a member of the run's [`crate::group`]: the ranks meet over
 //! the store, with heartbeats, probes, aborts, barriers and a teardown
-//! after which no key is left. Rank 0 hosts the store (so it leaves
-//! last), unless torchrun's agent does.
+//! after which no key is left. `ep`'s launcher hosts the store when it
+//! started the ranks (so any rank may die); under torchrun its agent does,
+//! or rank 0 (which then leaves last) when `TORCHELASTIC_USE_AGENT_STORE`
+//! is not `True`.
+//!
+//! A rank's process is named `<rank>.<incarnation>` in the membership keys
+//! (its heartbeat is `alive/2.1`), so a rank id taken again by a new
+//! process never reads as its dead predecessor.
 
 use std::ops::Deref;
 use std::time::Duration;
@@ -58,35 +64,58 @@ impl<'a> Group<'a> {
     }
 }
 
-/// The ranks of the run; rank 0 hosts the store unless torchrun's agent does.
+/// `ep`'s launcher, as the ranks name it when its store is lost.
+pub const LAUNCHER: &str = "the ep launcher";
+
+/// The name of rank `rank`'s process started in phase `incarnation`, in
+/// membership keys: `2.1`.
+pub fn process_name(rank: u32, incarnation: usize) -> String {
+    format!("{rank}.{incarnation}")
+}
+
+/// The ranks of the run, each named as its first incarnation (`r.0`)
+/// except this process (`r.<its incarnation>`): the names the group's
+/// barriers and teardown use; an elastic run watches each phase's processes
+/// by their own names ([`super::elastic`]). The launcher hosts the store
+/// when it started us, else torchrun's agent, else rank 0.
 fn roster(env: &RankEnv) -> Roster {
-    let host = match env.agent_store {
-        true => Host::Elsewhere("torchrun's agent".into()),
-        false => Host::Member(0),
+    let host = if env.agent_store {
+        Host::Elsewhere("torchrun's agent".into())
+    } else if env.launcher_store {
+        Host::Elsewhere(LAUNCHER.into())
+    } else {
+        Host::Member(0)
     };
-    Roster::ranks(
+    let mut roster = Roster::ranks(
         &env.key_prefix(),
         env.world,
         host,
         "MASTER_ADDR:MASTER_PORT",
-    )
+    );
+    for (r, name) in roster.names.iter_mut().enumerate() {
+        *name = process_name(r as u32, 0);
+    }
+    roster.names[env.rank as usize] = process_name(env.rank, env.incarnation);
+    roster
 }
 
-/// Opens the run's store: joins torchrun's (`TORCHELASTIC_USE_AGENT_STORE=True`),
-/// or rank 0 hosts ours on `MASTER_PORT` (all interfaces) and the others
-/// join it; rank 0 then waits until all `WORLD_SIZE` ranks have.
+/// Opens the run's store: joins `ep`'s launcher's or torchrun's
+/// (`TORCHELASTIC_USE_AGENT_STORE=True`), or rank 0 hosts ours on
+/// `MASTER_PORT` (all interfaces) and the others join it; rank 0 then waits
+/// until all `WORLD_SIZE` ranks have.
 pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
-    let hosting = !env.agent_store && env.rank == 0;
+    let elsewhere = env.agent_store || env.launcher_store;
+    let hosting = !elsewhere && env.rank == 0;
     let opts = StoreOptions {
         host: env.master_addr.clone(),
         port: env.master_port,
         is_server: hosting,
-        num_workers: (!env.agent_store).then_some(env.world),
-        wait_workers: !env.agent_store,
+        num_workers: (!elsewhere).then_some(env.world),
+        wait_workers: !elsewhere,
         timeout,
     };
     let addr = format!("{}:{}", env.master_addr, env.master_port);
-    if env.rank == 0 {
+    if env.rank == 0 && !env.launcher_store {
         match hosting {
             true => tracing::info!(
                 "hosting the store on port {} (keys under {})",
@@ -112,6 +141,10 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
         StoreError::Unreachable { .. } if env.agent_store => anyhow::anyhow!(
             "no store at {addr} after {timeout:?}: TORCHELASTIC_USE_AGENT_STORE=True says torchrun's agent hosts one \
              there; start the ranks with torchrun, or unset it so that rank 0 hosts the store"
+        ),
+        StoreError::Unreachable { .. } if env.launcher_store => anyhow::anyhow!(
+            "no store at {addr} after {timeout:?}: {LAUNCHER} that started this rank hosts it there, and it has \
+             exited"
         ),
         StoreError::Unreachable { .. } => anyhow::anyhow!(
             "no store at {addr} after {timeout:?}: rank 0 hosts it; start rank 0 (same MASTER_ADDR/MASTER_PORT), or use \

@@ -20,7 +20,11 @@
 //!   rank precomputes from them;
 //! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
 //!   environment, the store keys, barriers, heartbeats, aborts, teardown;
-//! - [`connect`]: `--check-connection`, the wiring without a GPU;
+//! - [`plan`], [`elastic`]: elastic runs — upstream's plan files and their
+//!   phase arithmetic, and the membership over the store that lives them
+//!   (joiners connected, the per-step agreement on who is gone, phase ends);
+//! - [`connect`]: `--check-connection`, the wiring and the membership
+//!   without a GPU;
 //! - [`kernels`], [`rig`], [`setup`], [`session`], [`run`]: the GPU
 //!   run — the kernels of `cuda/ep.cu`, the
 //!   rank's device memory, the setup all ranks follow, its session with the
@@ -28,10 +32,12 @@
 //!   and setup;
 //! - [`nccl`]: the same-run NCCL all-to-all baseline;
 //! - [`report`]: results as lines, a table (ratios to NCCL and to simple_write's put), JSON and CSV;
-//! - [`launch`]: `ep --ranks N`, starting the ranks as child processes.
+//! - [`launch`]: `ep --ranks N` / `ep --plan FILE`, the launcher: it hosts
+//!   the store and starts and kills the ranks as the plan says.
 
 pub mod config;
 pub mod connect;
+pub mod elastic;
 pub mod env;
 pub mod group;
 pub mod kernels;
@@ -43,6 +49,7 @@ pub mod model;
 pub mod nccl;
 pub mod net;
 pub mod phase_report;
+pub mod plan;
 pub mod reference;
 pub mod report;
 pub mod rig;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use cudarc::driver::{CudaStream, result};
 
 use super::config::{Grid, Path, RunConfig, Shape, WindowLayout};
-use super::kernels::{EpKernels, EpParams, EpReport, EpTiming, EpVerify};
+use super::kernels::{EpParams, EpReport, EpTiming, EpVerify};
 use super::mask::Mask;
 use super::model::Model;
 use crate::gpu::{DeviceBuffer, Gpu};
@@ -174,28 +174,6 @@ impl Rig {
                 .combine_senders
                 .unwrap_or(super::config::COMBINE_SENDERS),
         }
-    }
-
-    /// The ranks whose window `nixlGetPtr` does not map through the remote
-    /// view `remote` (the store path needs every one): probes all `ranks`.
-    pub fn unmapped_peers(
-        &self,
-        gpu: &Gpu,
-        kernels: &EpKernels,
-        remote: u64,
-        ranks: u32,
-        rank: u32,
-    ) -> Result<Vec<usize>> {
-        // SAFETY: the view is live; the probe buffer holds `ranks` u64.
-        unsafe { kernels.launch_probe(&gpu.stream, remote, ranks, rank, self.probe.addr())? };
-        let mut raw = vec![0u8; 8 * ranks as usize];
-        self.probe.download(&gpu.stream, &mut raw)?;
-        Ok(raw
-            .chunks(8)
-            .enumerate()
-            .filter(|(_, c)| c.iter().all(|&b| b == 0))
-            .map(|(r, _)| r)
-            .collect())
     }
 
     /// Device memory this rank needs, bytes: the window plus the rest.

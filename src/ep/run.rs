@@ -9,11 +9,13 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use super::config::RunConfig;
+use super::elastic::Elastic;
 use super::env::RankEnv;
 use super::group::{Group, open_store};
 use super::kernels::{self, EpKernels};
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
+use super::plan::Plan;
 use super::report::RankInfo;
 use super::rig::Rig;
 use super::session;
@@ -22,9 +24,17 @@ use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
 
-/// Runs this rank. Errors: usage errors (exit 2), data mismatches (exit 3),
+/// Runs this rank through the phases of `plan` it lives (`elastic`: a
+/// `--plan` run, whose kernels mask a rank that stops and whose survivors
+/// agree on it; else every wait on a rank is fatal). Errors: usage errors (exit 2), data mismatches (exit 3),
 /// anything else (exit 1), each naming the cause.
-pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
+pub fn run(
+    env: &RankEnv,
+    plan: &Plan,
+    elastic: bool,
+    cfg: &RunConfig,
+    opts: &RunOptions,
+) -> Result<()> {
     // May re-execute this process (see nccl.rs): before anything else.
     let nccl_status = if cfg.baseline {
         nccl::prepare()
@@ -59,7 +69,11 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
         model: &model,
         info: &info,
     };
-    group.run(|| session::run(&group, cfg, opts, &local).and_then(|()| group.leave()))
+    let fault_timeout = Duration::from_nanos(cfg.fault_timeout_ns);
+    group.run(|| {
+        let el = Elastic::new(&group, plan, env.incarnation, fault_timeout)?;
+        session::run(&group, &el, elastic, cfg, opts, &local)
+    })
 }
 
 /// Everything local that must hold, reported together (with, when the

@@ -1,35 +1,54 @@
 //! One rank's session with its peers, written as its phases:
 //!
-//! 1. **meet** — every rank runs rank 0's configuration, introduces itself,
-//!    and follows the setup rank 0 makes from every introduction;
+//! 1. **meet** — every rank runs the first rank's configuration, introduces
+//!    itself, and follows the setup the first rank makes (the first rank:
+//!    the lowest of the plan's first phase, rank 0 unless a plan says
+//!    otherwise);
 //! 2. **open** — this rank's device memory ([`Rig`]), its NIXL agent, the
 //!    registered window and the local memory view ([`Net`]);
-//! 3. **connect** — publish this rank's card, load every peer's, prepare the
-//!    remote view (one element per rank), check that the store path can map
-//!    every peer;
-//! 4. **steps** — every data path's warm-up and timed steps
-//!    ([`super::steps`]), then the NCCL baseline;
-//! 5. **leave** — publish the results, drop the views, and release the
-//!    window only once no rank maps it any more;
-//! 6. **report** — rank 0 gathers every rank's results and prints them.
+//! 3. for each phase of the plan this process lives ([`Elastic::life`]):
+//!    - **connect** — drop the peers that departed, connect to the phase's
+//!      newcomers (every member, in this process's first phase), prepare the
+//!      remote view anew (no kernel runs), set the mask to the phase's
+//!      members and bring the newcomers' words in our window to the step
+//!      they start at; a barrier of the members;
+//!    - **steps** — every data path's warm-up and timed steps
+//!      ([`super::steps`]); in an elastic run each is followed by the
+//!      agreement on who is gone ([`Elastic::agree`]), whose decision goes
+//!      into the mask before the next step;
+//!    - **end** — publish what the phase measured, and pass the phase's end
+//!      with the other survivors ([`Elastic::end_phase`]);
+//! 4. **leave** — drop the views and the window: after the last phase's
+//!    end no rank writes into it any more;
+//! 5. **report** — the first rank gathers every rank's results and prints
+//!    them (per phase in an elastic run).
+//!
+//! A run without `--plan` is the plan of one phase of every rank, with
+//! masking off: a rank that stops is named by the waits, as always.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
-use super::config::{Grid, Path, RunConfig};
-use super::connect::agent_name;
+use super::config::{Grid, RunConfig};
+use super::connect::decision_line;
+use super::connect::incarnation_agent;
+use super::elastic::{Decision, Elastic};
 use super::group::Group;
 use super::kernels::EpKernels;
+use super::mask::Mask;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
 use super::net::{Net, PeerCard};
+use super::phase_report::{self, Detection, PhaseMembers, PhaseResult, PhaseSteps};
 use super::report::{self, PathTimes, RankInfo, RankResult};
 use super::rig::Rig;
 use super::setup::{Corrupt, RunOptions, Setup, make_setup};
-use super::steps::Stepper;
+use super::steps::{Outcome, Stepper};
 use crate::cli::UsageError;
 use crate::gpu::Gpu;
+use crate::say;
 
 /// What this rank brings: its GPU, the kernels loaded there, the CPU model
 /// of the run, and its introduction.
@@ -40,81 +59,132 @@ pub struct Local<'a> {
     pub info: &'a RankInfo,
 }
 
-/// Runs the session; on rank 0 prints the report.
-pub fn run(g: &Group, cfg: &RunConfig, opts: &RunOptions, local: &Local) -> Result<()> {
-    let (setup, infos) = meet(g, cfg, local.info)?;
-    let rig = Rig::new(local.gpu, local.model, cfg.total_iterations())?;
-    let (mut net, card) = Net::open(&agent_name(g.rank), &rig, g.rank, g.world)?;
-    connect(g, &mut net, &card)?;
-    let stepper = Stepper {
+/// Runs the session over the plan `el` follows; `elastic`: mask ranks
+/// whose waits pass the fault timeout and agree on who is gone after
+/// every step (`--plan`), else every wait is fatal. The first rank prints
+/// the report.
+pub fn run(
+    g: &Group,
+    el: &Elastic,
+    elastic: bool,
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    local: &Local,
+) -> Result<()> {
+    let first = first_rank(el);
+    let (setup, infos) = meet(g, el, cfg, local.info)?;
+    let steps_per_phase = cfg.total_iterations() as u32;
+    let rig = Rig::new(
+        local.gpu,
+        local.model,
+        u64::from(steps_per_phase) * el.plan().len() as u64,
+    )?;
+    let agent = incarnation_agent(g.rank, el.incarnation());
+    let (mut net, card) = Net::open(&agent, &rig, g.rank, g.world)?;
+    let st = Stepper {
         gpu: local.gpu,
         kernels: local.kernels,
         model: local.model,
         cfg,
         rig: &rig,
-        grid: grid(cfg, local, &setup, g.rank),
+        grid: grid(cfg, local, &setup, g.rank == first),
+        fault_timeout_ns: if elastic { cfg.fault_timeout_ns } else { 0 },
     };
-    if cfg.paths.contains(&Path::Store) {
-        check_pointers(g, &stepper, &net)?;
+    let mut whole = None;
+    for i in el.life() {
+        let connect_ms = connect(el, &st, &mut net, &card, i)?;
+        let phase = steps(g, el, elastic, &st, &net, i, opts.corrupt)?;
+        if !elastic {
+            whole = Some(baseline(
+                g,
+                local,
+                &setup,
+                cfg,
+                st.grid,
+                phase.times.clone(),
+            )?);
+        }
+        if elastic {
+            let result = phase.result(i, g.rank, connect_ms);
+            g.put_final(&g.keys.phase_result(i, g.rank), &result)?;
+        }
+        if let Some(w) = &whole {
+            g.put_final(&g.keys.result(g.rank), w)?;
+        }
+        el.end_phase(i)?;
     }
-    let measured = steps(g, &stepper, &net, opts.corrupt)
-        .and_then(|paths| baseline(g, local, &setup, cfg, stepper.grid, paths));
-    if let Err(e) = &measured {
-        // Before our memory goes: the others stop writing into it first.
-        g.abort(&format!("{e:#}"));
-        std::thread::sleep(Duration::from_millis(300));
+    // Every survivor passed the last phase's end: nobody writes into our window.
+    net.close(|| Ok(()))?;
+    if g.rank != first {
+        return Ok(());
     }
-    g.put(&g.keys.result(g.rank), &measured?)?;
-    net.close(|| g.barrier("released"))?;
-    if g.rank == 0 {
-        let results = g.gather(|r| g.keys.result(r), "results")?;
-        report::publish(cfg, opts, &setup, infos, &results, rig.window.len() as u64)?;
+    let window = rig.window.len() as u64;
+    match elastic {
+        true => report_phases(g, el, cfg, opts, infos, window),
+        false => {
+            let ranks = el.plan().members(0);
+            let results: Vec<RankResult> = (ranks.iter())
+                .map(|&r| g.get(&g.keys.result(r), r, "results"))
+                .collect::<Result<_>>()?;
+            report::publish(cfg, opts, &setup, infos, &results, window)
+        }
     }
-    Ok(())
 }
 
-/// Meet: rank 0's configuration for all, every rank's introduction, and
-/// rank 0's setup from them.
-fn meet(g: &Group, cfg: &RunConfig, info: &RankInfo) -> Result<(Setup, Vec<RankInfo>)> {
-    if g.rank == 0 {
+/// The lowest rank of the plan's first phase: it publishes the
+/// configuration and the setup, and prints the report.
+pub fn first_rank(el: &Elastic) -> u32 {
+    el.plan()
+        .phase(0)
+        .members
+        .iter()
+        .copied()
+        .min()
+        .unwrap_or(0)
+}
+
+/// Meet: the first rank's configuration for all, every rank's
+/// introduction, and the first rank's setup from the first phase's.
+fn meet(
+    g: &Group,
+    el: &Elastic,
+    cfg: &RunConfig,
+    info: &RankInfo,
+) -> Result<(Setup, Vec<RankInfo>)> {
+    let first = first_rank(el);
+    if g.rank == first && el.incarnation() == 0 {
         g.put(&g.keys.config(), cfg)?;
     } else {
-        let theirs = g.get(&g.keys.config(), 0, "run configuration")?;
+        let theirs = g.get(&g.keys.config(), first, "run configuration")?;
         if &theirs != cfg {
             return Err(UsageError(format!(
-                "rank {} was started with other arguments than rank 0 (ours: {cfg:?}; rank 0's: {theirs:?}): give every \
-                 rank the same arguments",
+                "rank {} was started with other arguments than rank {first} (ours: {cfg:?}; theirs: {theirs:?}): give \
+                 every rank the same arguments",
                 g.rank
             ))
             .into());
         }
     }
     g.put(&g.keys.info(g.rank), info)?;
-    let infos = g.gather(|r| g.keys.info(r), "GPU and NIXL info")?;
-    let setup = if g.rank == 0 {
+    let ranks = el.plan().members(0);
+    if g.rank == first && el.incarnation() == 0 {
+        let infos = gather_infos(g, &ranks)?;
         let s = make_setup(cfg, &infos)?;
         g.put(&g.keys.setup(), &s)?;
-        s
-    } else {
-        g.get(&g.keys.setup(), 0, "run setup")?
-    };
-    Ok((setup, infos))
+        return Ok((s, infos));
+    }
+    let setup = g.get(&g.keys.setup(), first, "run setup")?;
+    Ok((setup, Vec::new()))
 }
 
-/// Connect: publish our card, connect to every peer's, prepare the views.
-fn connect(g: &Group, net: &mut Net, card: &PeerCard) -> Result<()> {
-    g.put(&g.keys.card(g.rank), card)?;
-    for r in (0..g.world).filter(|&r| r != g.rank) {
-        let theirs = g.get(&g.keys.card(r), r, "agent metadata and window")?;
-        net.connect(r, &theirs, g.timeout())?;
-    }
-    // SAFETY: no kernel runs yet; peers keep their windows registered until
-    // every rank passed "released".
-    unsafe { net.rebuild(&[]) }
+fn gather_infos(g: &Group, ranks: &BTreeSet<u32>) -> Result<Vec<RankInfo>> {
+    (ranks.iter())
+        .map(|&r| g.get(&g.keys.info(r), r, "GPU and NIXL info"))
+        .collect()
 }
 
 /// The launch grid of every phase kernel, from the setup.
-fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, rank: u32) -> Grid {
+fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, log: bool) -> Grid {
     let grid = Grid::new(
         &cfg.shape,
         local.gpu.sm_count,
@@ -122,7 +192,7 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, rank: u32) -> Grid {
         Some(setup.blocks),
         local.model.send.entries.len() as u64,
     );
-    if rank == 0 {
+    if log {
         tracing::info!(
             "grid {}×{} per phase kernel, tokens in {} piece(s) of {} B",
             grid.blocks,
@@ -134,53 +204,200 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, rank: u32) -> Grid {
     grid
 }
 
-/// The store path needs every peer's window mapped into ours; every rank
-/// learns whether all can, so all stop together with the same message.
-fn check_pointers(g: &Group, st: &Stepper, net: &Net) -> Result<()> {
-    let unreachable = match net.views().1 {
-        0 => Vec::new(),
-        remote => st
-            .rig
-            .unmapped_peers(st.gpu, st.kernels, remote, g.world, g.rank)?,
-    };
-    g.put(&g.keys.unmapped(g.rank), &unreachable)?;
-    for r in 0..g.world {
-        let theirs = g.get(&g.keys.unmapped(r), r, "pointer check")?;
-        if let Some(p) = theirs.first() {
-            bail!(
-                "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got no \
-                 pointer to rank {p}'s window from nixlGetPtr (an RDMA-only transport?): use --path put"
-            );
+/// Connect, phase `i`: drop the departed, connect the newcomers, rebuild
+/// the remote view, set the mask and the newcomers' words, then the
+/// members' barrier. Returns the host time it took, ms.
+fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize) -> Result<f64> {
+    let t0 = Instant::now();
+    let departed: Vec<String> = (el.departed(i).into_iter())
+        .filter_map(|(r, _)| net.forget(r))
+        .collect();
+    let peers = el.begin_phase(i, card)?;
+    for p in &peers {
+        net.connect(p.rank, &p.payload, Duration::from_nanos(st.cfg.timeout_ns))?;
+    }
+    // SAFETY: no kernel of ours runs between steps; the phase's members keep
+    // their windows registered until they pass the phase's end.
+    unsafe { net.rebuild(&departed)? };
+    let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
+    let members = el.plan().members(i);
+    st.rig
+        .set_mask(stream, Mask::all_but(shape.ranks, members.iter().copied()))?;
+    let start = first_step(st.cfg, i, 0);
+    if i == el.life().start {
+        st.rig.reset_all(stream, shape, blocks, start)?;
+    } else {
+        for p in &peers {
+            st.rig.reset_source(stream, shape, blocks, p.rank, start)?;
         }
     }
-    Ok(())
+    if !departed.is_empty() || !peers.is_empty() {
+        tracing::info!(
+            "phase {i}: ranks {members:?}; connected to {} newcomer(s)",
+            peers.len()
+        );
+    }
+    el.connected(i)?;
+    Ok(t0.elapsed().as_secs_f64() * 1e3)
 }
 
-/// Steps: after the start barrier, every path's warm-up and timed steps;
-/// returns the timed ones' GPU times per path.
-fn steps(g: &Group, st: &Stepper, net: &Net, corrupt: Option<Corrupt>) -> Result<Vec<PathTimes>> {
-    g.barrier("ready")?;
+/// The global number of phase `i`'s first step on the `n`th path (every
+/// rank computes it alike: phases, then paths, then steps).
+fn first_step(cfg: &RunConfig, i: usize, n: usize) -> u32 {
+    let total = cfg.warmup + cfg.iters;
+    (i * cfg.paths.len() + n) as u32 * total
+}
+
+/// What one phase's steps measured on this rank.
+#[derive(Default)]
+struct PhaseRun {
+    /// Every timed step's GPU times, per path (single-phase runs report these).
+    times: Vec<PathTimes>,
+    paths: Vec<PhaseSteps>,
+    detected: Vec<Detection>,
+    agree_ms: Vec<f64>,
+    gone: BTreeSet<u32>,
+    lost: u32,
+    /// Every rank this rank's kernels masked in the phase.
+    masked: BTreeSet<u32>,
+    /// The last step's decision.
+    last: Option<Decision>,
+}
+
+impl PhaseRun {
+    fn result(self, i: usize, rank: u32, connect_ms: f64) -> PhaseResult {
+        PhaseResult {
+            phase: i,
+            rank,
+            connect_ms,
+            paths: self.paths,
+            detected: self.detected,
+            agree_ms: self.agree_ms,
+            gone: self.gone.into_iter().collect(),
+            lost_steps: self.lost,
+        }
+    }
+}
+
+/// Steps, phase `i`: every path's warm-up and timed steps; in an elastic
+/// run each followed by the agreement on who is gone, and after the first
+/// path's middle timed step the phase's halfway mark (the launcher kills
+/// the plan's `-r` ranks then).
+fn steps(
+    g: &Group,
+    el: &Elastic,
+    elastic: bool,
+    st: &Stepper,
+    net: &Net,
+    i: usize,
+    corrupt: Option<Corrupt>,
+) -> Result<PhaseRun> {
     let cfg = st.cfg;
     let total = cfg.warmup + cfg.iters;
     let every = (total / 5).max(1);
-    let mut paths = Vec::new();
+    let log = g.rank == first_rank(el);
+    let mut run = PhaseRun::default();
+    let mut epoch = 0u32;
     for (n, &path) in cfg.paths.iter().enumerate() {
-        let first = n as u32 * total;
-        for i in 0..total {
+        let first = first_step(cfg, i, n);
+        let mut kept = PhaseSteps {
+            path,
+            steps: Vec::new(),
+            dispatch_ns: Vec::new(),
+            combine_ns: Vec::new(),
+            epoch: Vec::new(),
+        };
+        for k in 0..total {
             // The injected fault: the last rank, first timed step.
-            let corrupt = corrupt.filter(|_| i == cfg.warmup && g.rank + 1 == g.world);
-            st.step(net.views(), path, first + i, corrupt, || g.probe())?;
-            if g.rank == 0 && (i + 1) % every == 0 {
-                tracing::info!("{} path: {}/{total} steps verified", path.name(), i + 1);
+            let corrupt = corrupt.filter(|_| k == cfg.warmup && g.rank + 1 == g.world);
+            let out = st.step(net.views(), path, first + k, corrupt, || g.probe())?;
+            let changed = match elastic {
+                true => agree(g, el, st, i, first + k, &out, &mut run)?,
+                false => false,
+            };
+            epoch += u32::from(changed);
+            if elastic && n == 0 && k == cfg.warmup + cfg.iters / 2 {
+                let d = run
+                    .last
+                    .clone()
+                    .expect("an elastic step ends with a decision");
+                el.halfway(i, &d)?;
+            }
+            // The step a rank was masked in waited out the fault timeout:
+            // neither before nor after; a lost step is not timed either.
+            if k >= cfg.warmup && out.masked == Mask::default() && !out.lost {
+                kept.steps.push(first + k);
+                kept.epoch.push(epoch);
+            }
+            if log && (k + 1) % every == 0 {
+                tracing::info!(
+                    "phase {i}, {} path: {}/{total} steps verified",
+                    path.name(),
+                    k + 1
+                );
             }
         }
-        paths.push(st.times(path, first + cfg.warmup, cfg.iters)?);
+        let times = st.times(path, first + cfg.warmup, cfg.iters)?;
+        for &s in &kept.steps {
+            let at = (s - first - cfg.warmup) as usize;
+            kept.dispatch_ns.push(times.dispatch_ns[at]);
+            kept.combine_ns.push(times.combine_ns[at]);
+        }
+        run.times.push(times);
+        run.paths.push(kept);
     }
-    Ok(paths)
+    Ok(run)
+}
+
+/// After a step of an elastic run: what this rank's kernels masked (with
+/// when, for the report) goes to the agreement, and the decision into the
+/// mask before the next step. Returns whether the decision removed ranks.
+fn agree(
+    g: &Group,
+    el: &Elastic,
+    st: &Stepper,
+    i: usize,
+    step: u32,
+    out: &Outcome,
+    run: &mut PhaseRun,
+) -> Result<bool> {
+    let now = unix_ns();
+    for r in out.masked.ranks() {
+        run.masked.insert(r);
+        let after_kill_ms = el
+            .killed_at(i, r)?
+            .map(|k| now.saturating_sub(k) as f64 / 1e6);
+        run.detected.push(Detection {
+            rank: r,
+            after_kill_ms,
+            wait_ms: out.waited_ns.unwrap_or(0) as f64 / 1e6,
+        });
+    }
+    run.lost += u32::from(out.lost);
+    let d = el.agree(i, u64::from(step), &run.masked)?;
+    let changed = !d.new.is_empty();
+    if changed {
+        say!("{}", decision_line(g.rank, i, &d));
+        run.agree_ms.push(d.waited_us as f64 / 1e3);
+        run.gone.clone_from(&d.gone);
+        let active = &el.plan().members(i) - &d.gone;
+        let capacity = st.cfg.shape.ranks;
+        st.rig
+            .set_mask(&st.gpu.stream, Mask::all_but(capacity, active))?;
+    }
+    run.last = Some(d);
+    Ok(changed)
+}
+
+/// Wall-clock time, ns since the Unix epoch (the launcher stamps kills so).
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The same-run NCCL all-to-all baseline, when the setup allows it; this
-/// rank's whole result.
+/// rank's whole result (single-phase runs).
 fn baseline(
     g: &Group,
     local: &Local,
@@ -212,4 +429,58 @@ fn baseline(
         paths,
         nccl,
     })
+}
+
+/// The first rank, elastic runs: every process's per-phase results, the
+/// table, JSON and CSV.
+fn report_phases(
+    g: &Group,
+    el: &Elastic,
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    infos: Vec<RankInfo>,
+    window_bytes: u64,
+) -> Result<()> {
+    let plan = el.plan();
+    let mut results = Vec::new();
+    for i in 0..plan.len() {
+        for r in &plan.survivors(i) {
+            results.push(g.get(&g.keys.phase_result(i, *r), *r, "phase results")?);
+        }
+    }
+    let members: Vec<PhaseMembers> = (0..plan.len())
+        .map(|i| PhaseMembers {
+            ranks: plan.members(i).into_iter().collect(),
+            joined: if i == 0 {
+                Vec::new()
+            } else {
+                plan.joiners(i).into_iter().collect()
+            },
+            killed: plan.killed(i).into_iter().collect(),
+        })
+        .collect();
+    let rows = phase_report::rows(&members, &cfg.paths, &results);
+    say!(
+        "[ep] {} mode, elastic plan {} (capacity {}), {} tokens × hidden {} per rank, top-{} of {} experts, fault timeout \
+         {} ms, {} timed steps per path and phase; every step verified against the mask",
+        cfg.mode.name(),
+        plan.to_json(),
+        cfg.shape.ranks,
+        cfg.shape.tokens,
+        cfg.shape.hidden,
+        cfg.shape.topk,
+        cfg.shape.experts,
+        cfg.fault_timeout_ns / 1_000_000,
+        cfg.iters
+    );
+    say!("\n{}", phase_report::table(&rows));
+    let info = report::RunInfo::collect(cfg, infos, window_bytes);
+    if let Some(p) = &opts.json {
+        let doc = serde_json::json!({ "run": info, "plan": plan.to_json(), "phases": rows, "ranks": results });
+        std::fs::write(p, serde_json::to_string_pretty(&doc)? + "\n")?;
+    }
+    if let Some(p) = &opts.csv {
+        crate::results::write_csv(p, &info, &rows)?;
+    }
+    Ok(())
 }

@@ -58,7 +58,10 @@ pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
     for i in infos {
         // A rank that counts every rank on its GPU releases at GPU scope
         // (config.rs Grid::gpu_scope): that must be true of the UUIDs.
-        if i.ranks_on_gpu > sharing(i) {
+        // (Only when every rank introduced itself: an elastic run's first
+        // phase may hold fewer ranks than share the GPU later.)
+        let all_here = infos.len() as u32 == cfg.shape.ranks;
+        if (all_here && i.ranks_on_gpu > sharing(i)) || i.ranks_on_gpu < sharing(i) {
             return Err(anyhow::anyhow!(
                 "rank {} counts {} rank(s) on its GPU, but only {} report its GPU {} on {}: the ranks see different GPUs                  under one ordinal (CUDA_VISIBLE_DEVICES differs between them); give every rank the same visible GPUs",
                 i.rank,

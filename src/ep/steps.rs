@@ -15,6 +15,7 @@ use cudarc::driver::{CudaStream, sys};
 
 use super::config::{Grid, Path, RunConfig};
 use super::kernels::{self, EpKernels, EpParams, EpReport, EpTiming, EpVerify, Step};
+use super::mask::Mask;
 use super::model::Model;
 use super::reference::Mismatch;
 use super::report::PathTimes;
@@ -33,6 +34,21 @@ pub struct Stepper<'a> {
     pub cfg: &'a RunConfig,
     pub rig: &'a Rig,
     pub grid: Grid,
+    /// How long a wait for another rank may take before the kernels mask
+    /// that rank, ns; 0: never mask (every wait fatal after `--timeout`).
+    pub fault_timeout_ns: u64,
+}
+
+/// What a step's kernels found beyond success.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Ranks this step's kernels masked (their waits passed the fault timeout).
+    pub masked: Mask,
+    /// GPU time of the first masking wait, ns.
+    pub waited_ns: Option<u64>,
+    /// The checks failed while the mask changed under the step (a rank
+    /// died mid-step): the step is lost, not wrong.
+    pub lost: bool,
 }
 
 impl Stepper<'_> {
@@ -46,9 +62,10 @@ impl Stepper<'_> {
         iteration: u32,
         corrupt: Option<Corrupt>,
         probe: impl FnMut() -> Option<String>,
-    ) -> Result<()> {
+    ) -> Result<Outcome> {
         let (cfg, me) = (self.cfg, self.model.rank);
-        let p = self.rig.params(cfg, self.model, &self.grid, views, path);
+        let mut p = self.rig.params(cfg, self.model, &self.grid, views, path);
+        p.fault_timeout_ns = self.fault_timeout_ns;
         // The kernels read the step number from the device (ep_advance
         // moves it on at the end of the step; set here for every step).
         self.rig.set_step(&self.gpu.stream, iteration)?;
@@ -62,8 +79,18 @@ impl Stepper<'_> {
             probe,
         )
         .with_context(|| format!("rank {me}, {} path, iteration {iteration}", path.name()))?;
-        self.check_report(path, iteration)?;
-        self.check_verify(path, iteration)
+        let report = self.check_report(path, iteration)?;
+        let masked = report.newly_masked();
+        let checked = self.check_verify(path, iteration);
+        let lost = checked.is_err() && masked != Mask::default();
+        if !lost {
+            checked?;
+        }
+        Ok(Outcome {
+            masked,
+            waited_ns: report.first_mask_waited_ns(),
+            lost,
+        })
     }
 
     /// The GPU times of steps `first..first + count` (their timing slots).
@@ -128,8 +155,9 @@ impl Stepper<'_> {
         Ok(())
     }
 
-    /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
-    fn check_report(&self, path: Path, i: u32) -> Result<()> {
+    /// A wait that gave up, a failed NIXL call or an unmapped peer, named;
+    /// else the report (what the kernels masked).
+    fn check_report(&self, path: Path, i: u32) -> Result<EpReport> {
         let mut r = EpReport::default();
         (self.rig.report).download(&self.gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
         let me = self.model.rank;
@@ -170,7 +198,7 @@ impl Stepper<'_> {
                 r.base.first_status
             );
         }
-        Ok(())
+        Ok(r)
     }
 
     /// Wrong data: exit 3, naming rank, token and expert.

@@ -95,31 +95,120 @@ impl Member<'_> {
         }
     }
 
-    /// The first member whose heartbeat stood still for [`super::SILENT_AFTER`]
-    /// and [`super::SILENT_BEATS`] of ours. One CHECK and one MULTI_GET for all.
+    /// The first watched member whose heartbeat stood still for
+    /// [`super::SILENT_AFTER`] and [`super::SILENT_BEATS`] of ours. One
+    /// CHECK and one MULTI_GET for all.
     fn silent_member(&self) -> Option<String> {
-        let others: Vec<usize> = (0..self.size()).filter(|&i| i != self.me).collect();
-        let keys: Vec<String> = others.iter().map(|&i| self.alive_key(i)).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        // Until every member beats (or once one has left), there is nothing
-        // to compare: MULTI_GET would wait for the missing key.
-        let values = match self.store.check(&refs) {
-            Ok(true) => self.store.multi_get(&refs),
-            Ok(false) => return None,
-            Err(e) => return Some(self.roster.store_lost(self.me, &e)),
-        };
-        let values = match values {
-            Ok(v) => v,
-            Err(crate::store::StoreError::Timeout { .. }) => return None,
-            Err(e) => return Some(self.roster.store_lost(self.me, &e)),
-        };
-        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-        for (&i, raw) in others.iter().zip(&values) {
-            if let Some(quiet) = parse(raw).and_then(|v| w.judge(i, v)) {
-                return Some(silent(self.label(i), quiet));
+        let watched = self.watched();
+        // Until every watched member beats (or once one has left), there is
+        // nothing to compare: MULTI_GET would wait for the missing key.
+        match self.heartbeats(&watched, false) {
+            Ok(values) => {
+                let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+                for ((i, name), raw) in &values {
+                    if let Some(quiet) = parse(raw).and_then(|v| w.judge(*i, name, v)) {
+                        return Some(silent(self.label(*i), quiet));
+                    }
+                }
+                None
             }
+            Err(e) => Some(self.roster.store_lost(self.me, &e)),
         }
-        None
+    }
+
+    /// The members the probe watches, as (member, name in keys).
+    fn watched(&self) -> Vec<(usize, String)> {
+        let w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        w.watched.clone().unwrap_or_else(|| {
+            (0..self.size())
+                .filter(|&i| i != self.me)
+                .map(|i| (i, self.roster.names[i].clone()))
+                .collect()
+        })
+    }
+
+    /// The heartbeat values of `who` (member, name in keys) whose keys
+    /// exist: all or none unless `each`, which asks for the missing ones
+    /// one by one (N requests more, only while some key is missing).
+    fn heartbeats(
+        &self,
+        who: &[(usize, String)],
+        each: bool,
+    ) -> Result<Vec<((usize, String), Vec<u8>)>, crate::store::StoreError> {
+        let key = |name: &str| self.roster.key(format_args!("alive/{name}"));
+        let mut present: Vec<(usize, String)> = who.to_vec();
+        let keys: Vec<String> = present.iter().map(|(_, n)| key(n)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if !self.store.check(&refs)? {
+            if !each {
+                return Ok(Vec::new());
+            }
+            let mut kept = Vec::new();
+            for (m, k) in present.into_iter().zip(&refs) {
+                if self.store.check(&[k])? {
+                    kept.push(m);
+                }
+            }
+            present = kept;
+        }
+        let keys: Vec<String> = present.iter().map(|(_, n)| key(n)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match self.store.multi_get(&refs) {
+            Ok(values) => Ok(present.into_iter().zip(values).collect()),
+            // A key deleted between CHECK and MULTI_GET: a member that left.
+            Err(crate::store::StoreError::Timeout { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the probe watch only `who` (member, name in keys: a member's
+    /// heartbeat is `alive/<name>`), e.g. the current members of an elastic
+    /// phase; an empty list watches nobody (silence is then the caller's to
+    /// judge, [`Member::silent_among`]). A name that changed (a new process
+    /// under the same member index) is judged afresh.
+    pub fn watch_only(&self, who: &[(usize, String)]) {
+        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        w.watched = Some(who.iter().filter(|(i, _)| *i != self.me).cloned().collect());
+    }
+
+    /// Which of `who` (member, name in keys) are silent now: a heartbeat
+    /// that stood still for [`super::SILENT_AFTER`] and
+    /// [`super::SILENT_BEATS`] of ours, the same judgement as the probe's,
+    /// but reported, not fatal. A member whose heartbeat key does not exist
+    /// yet is not judged. At most three requests plus one per missing key.
+    /// Errors: the store is lost or silent.
+    pub fn silent_among(
+        &self,
+        who: &[(usize, String)],
+    ) -> anyhow::Result<std::collections::BTreeSet<usize>> {
+        self.beat_if_due();
+        let values = (self.heartbeats(who, true))
+            .map_err(|e| anyhow::anyhow!("{}", self.roster.store_lost(self.me, &e)))?;
+        let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        Ok((values.iter())
+            .filter(|((i, name), raw)| parse(raw).and_then(|v| w.judge(*i, name, v)).is_some())
+            .map(|((i, _), _)| *i)
+            .collect())
+    }
+
+    /// The heartbeat counters of `who` (member, name in keys) whose keys
+    /// exist now, by member: compared later, they tell which members beat
+    /// in between. Errors: the store is lost or silent.
+    pub fn heartbeats_of(
+        &self,
+        who: &[(usize, String)],
+    ) -> anyhow::Result<std::collections::BTreeMap<usize, i64>> {
+        let values = (self.heartbeats(who, true))
+            .map_err(|e| anyhow::anyhow!("{}", self.roster.store_lost(self.me, &e)))?;
+        Ok((values.into_iter())
+            .filter_map(|((i, _), raw)| parse(&raw).map(|v| (i, v)))
+            .collect())
+    }
+
+    /// How many heartbeats we sent so far: a clock that slows down with
+    /// the machine (a limit counted in our beats stretches under load).
+    pub fn beats(&self) -> u64 {
+        self.watch.lock().unwrap_or_else(|p| p.into_inner()).beats
     }
 
     /// Whether member `i` is gone: its heartbeat key is missing (it left)
@@ -133,7 +222,7 @@ impl Member<'_> {
             return true;
         };
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-        w.judge(i, value).is_some()
+        w.judge(i, &self.roster.names[i], value).is_some()
     }
 
     /// Tells every member we failed, best effort; the first abort wins

@@ -150,6 +150,39 @@ impl<'a> Member<'a> {
         }
     }
 
+    /// Deletes keys we wrote once no one reads them any more (so they are
+    /// not deleted again when our work ends).
+    pub fn delete_own<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) {
+        let mut written = lock(&self.written);
+        for k in keys {
+            written.remove(k.as_ref());
+            let _ = self.store.delete_key(k.as_ref());
+        }
+    }
+
+    /// Adds `delta` to the shared counter `key` and returns the new value.
+    /// Not noted as ours: whoever completes a count deletes its counter.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.store.add(key, delta).map_err(|e| self.lost(e))
+    }
+
+    /// `entry`'s value if it exists now (no wait).
+    pub fn try_get<T: Value>(&self, entry: &Entry<T>) -> Result<Option<T>> {
+        if !self.store.check(&[entry.key()]).map_err(|e| self.lost(e))? {
+            return Ok(None);
+        }
+        let raw = self.store.get(entry.key()).map_err(|e| self.lost(e))?;
+        Ok(Some(entry.decode(&raw)?))
+    }
+
+    /// One slice (about 200 ms) of a wait for `keys`: `Ok(true)` once they
+    /// all exist, `Ok(false)` when the slice passed and [`Member::probe`]
+    /// found no reason to stop; errors say why to stop (`what` names what
+    /// we waited for). For waits with their own rules (elastic agreement).
+    pub fn wait_a_slice(&self, keys: &[&str], what: &str) -> Result<bool> {
+        self.wait_slice(keys, what)
+    }
+
     /// Claims `entry` with compare-and-set: `Ok(None)` when we got it (it is
     /// then ours to delete), `Ok(Some(holder))` when another holds it.
     pub fn claim<T: Value + PartialEq>(&self, entry: &Entry<T>, mine: &T) -> Result<Option<T>> {
@@ -206,7 +239,8 @@ impl<'a> Member<'a> {
 
     /// Runs `work` as this member, with the heartbeat going throughout;
     /// then on failure the abort (unless the error is wrong data that the
-    /// roster publishes as a verdict), and on every path our keys deleted
+    /// roster publishes as a verdict, or [`super::Dismissed`]: the others
+    /// already decided this member is gone), and on every path our keys deleted
     /// and us counted out (`count_out`); our heartbeat key goes
     /// last, once we no longer beat.
     pub fn run<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -214,7 +248,8 @@ impl<'a> Member<'a> {
             let out = work();
             if let Err(e) = &out {
                 let judged = e.downcast_ref::<DataMismatch>().is_some();
-                if !(judged && self.roster.mismatch_is_published) {
+                let dismissed = e.downcast_ref::<super::Dismissed>().is_some();
+                if !dismissed && !(judged && self.roster.mismatch_is_published) {
                     self.abort(&format!("{e:#}"));
                 }
             }

@@ -13,7 +13,9 @@
 //! early, naming the member, when [`Member::probe`] finds:
 //! - this process got SIGINT/SIGTERM ([`crate::interrupt`]);
 //! - a member published the abort key (the first abort wins);
-//! - a member's heartbeat stood still for [`SILENT_AFTER`] *and* for
+//! - a watched member's heartbeat (every other member's, or only those
+//!   [`Member::watch_only`] names: an elastic phase's current processes)
+//!   stood still for [`SILENT_AFTER`] *and* for
 //!   [`SILENT_BEATS`] of our own beats: it was killed or is frozen
 //!   (SIGSTOP, a debugger, a paused container), which keeps its sockets
 //!   open, so only the silence tells. Counting our own beats makes the limit
@@ -168,6 +170,13 @@ impl Roster {
         format!("{}{path}", self.prefix)
     }
 }
+
+/// A member's end that the others decided (an elastic group agreed that it
+/// is gone): it stops with this error, and [`Member::run`] publishes no
+/// abort for it, so the others carry on without it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Dismissed(pub String);
 
 /// A member's failure, so the others stop waiting with the reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,13 +15,19 @@ pub(super) struct Watch {
     /// Our own beats so far, and when the last went out.
     pub(super) beats: u64,
     pub(super) last_beat: Option<Instant>,
+    /// Whose silence the probe reports, as (member, name in keys); `None`:
+    /// every other member under its roster name.
+    pub(super) watched: Option<Vec<(usize, String)>>,
     /// Per member: its heartbeat as last read, when it moved, and our beat
     /// count then.
     seen: Vec<Option<Seen>>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Seen {
+    /// The name whose heartbeat this is (a new process under the same
+    /// member index beats under a new name and starts afresh).
+    name: String,
     value: i64,
     at: Instant,
     our_beats: u64,
@@ -34,23 +40,26 @@ impl Watch {
             found: None,
             beats: 0,
             last_beat: None,
+            watched: None,
             seen: vec![None; size],
         }
     }
 }
 
 impl Watch {
-    /// Records member `i`'s heartbeat `value`; once it has stood still for
-    /// [`SILENT_AFTER`] and [`SILENT_BEATS`] of ours, returns for how long.
-    pub(super) fn judge(&mut self, i: usize, value: i64) -> Option<Duration> {
-        match self.seen[i] {
-            Some(s) if s.value == value => {
+    /// Records member `i`'s heartbeat `value`, read under `name`; once it
+    /// has stood still for [`SILENT_AFTER`] and [`SILENT_BEATS`] of ours,
+    /// returns for how long.
+    pub(super) fn judge(&mut self, i: usize, name: &str, value: i64) -> Option<Duration> {
+        match &self.seen[i] {
+            Some(s) if s.value == value && s.name == name => {
                 let quiet = s.at.elapsed();
                 let missed = self.beats - s.our_beats;
                 (quiet >= SILENT_AFTER && missed >= SILENT_BEATS).then_some(quiet)
             }
             _ => {
                 self.seen[i] = Some(Seen {
+                    name: name.to_string(),
                     value,
                     at: Instant::now(),
                     our_beats: self.beats,
