@@ -52,7 +52,17 @@ pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
         .iter()
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
         .collect();
-    let (max_ranks_on_gpu, share) = sm_share(&gpus);
+    let (introduced, share) = sm_share(&gpus);
+    // An elastic run's first phase may hold fewer ranks than will share a
+    // GPU later; each rank counted every rank of the capacity that will
+    // run on its GPU, and the grid is sized for that many at once (the
+    // combine kernel's blocks must all be resident together).
+    let later = |i: &RankInfo| (i.sm_count / i.ranks_on_gpu.max(1)).max(1);
+    let share = infos.iter().map(later).fold(share, u32::min);
+    let max_ranks_on_gpu = infos
+        .iter()
+        .map(|i| i.ranks_on_gpu)
+        .fold(introduced, u32::max);
     let sharing = |i: &RankInfo| ranks_sharing(&gpus, (&i.host, &i.gpu_uuid));
     let blocks = cfg.blocks.unwrap_or(share);
     for i in infos {
@@ -61,9 +71,9 @@ pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
         // (Only when every rank introduced itself: an elastic run's first
         // phase may hold fewer ranks than share the GPU later.)
         let all_here = infos.len() as u32 == cfg.shape.ranks;
-        if (all_here && i.ranks_on_gpu > sharing(i)) || i.ranks_on_gpu < sharing(i) {
+        if all_here && i.ranks_on_gpu > sharing(i) {
             return Err(anyhow::anyhow!(
-                "rank {} counts {} rank(s) on its GPU, but only {} report its GPU {} on {}: the ranks see different GPUs                  under one ordinal (CUDA_VISIBLE_DEVICES differs between them); give every rank the same visible GPUs",
+                "rank {} counts {} rank(s) on its GPU, but only {} report its GPU {} on {}: the ranks see different GPUs under one ordinal (CUDA_VISIBLE_DEVICES differs between them); give every rank the same visible GPUs",
                 i.rank,
                 i.ranks_on_gpu,
                 sharing(i),
@@ -73,7 +83,7 @@ pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
         }
     }
     for i in infos {
-        let room = i.blocks_per_sm * i.sm_count / sharing(i);
+        let room = i.blocks_per_sm * i.sm_count / sharing(i).max(i.ranks_on_gpu);
         if blocks > room {
             return Err(UsageError(format!(
                 "--blocks {blocks}: rank {} can keep only {room} blocks resident at once ({} SMs × {} blocks, shared by {} \
