@@ -50,6 +50,7 @@ fn run_config(tokens: u32, ranks: u32) -> RunConfig {
         blocks: None,
         baseline: false,
         combine_senders: None,
+        graph: false,
     }
 }
 

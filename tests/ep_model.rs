@@ -506,6 +506,7 @@ fn run_config(shape: Shape) -> RunConfig {
         blocks: None,
         baseline: false,
         combine_senders: None,
+        graph: false,
     }
 }
 

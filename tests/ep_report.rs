@@ -32,6 +32,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
         blocks: None,
         baseline: true,
         combine_senders: None,
+        graph: false,
     }
 }
 
@@ -134,6 +135,8 @@ fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {
         paths: [Path::Put, Path::Store]
             .into_iter()
             .map(|path| PathTimes {
+                graph: false,
+                wall_ns: Vec::new(),
                 path,
                 dispatch_ns: times(10_000.0),
                 combine_ns: times(20_000.0),

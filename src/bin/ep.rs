@@ -169,6 +169,13 @@ struct Args {
     #[arg(long)]
     check_connection: bool,
 
+    /// Also run every path's steps replayed from a CUDA graph (captured once
+    /// per phase and path, no re-capture when the mask changes), beside the
+    /// stream launches; the report adds the host's wall time per step of
+    /// both.
+    #[arg(long)]
+    graph: bool,
+
     /// Skip the same-run NCCL all-to-all baseline.
     #[arg(long)]
     no_baseline: bool,
@@ -408,6 +415,7 @@ fn run_config(args: &Args, ranks: u32, fault_timeout: Duration) -> Result<RunCon
         blocks: args.blocks,
         baseline: !args.no_baseline,
         combine_senders: args.combine_senders,
+        graph: args.graph,
     };
     shape.validate(cfg.total_iterations())?;
     Ok(cfg)

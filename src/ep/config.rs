@@ -284,6 +284,11 @@ pub struct RunConfig {
     /// [`COMBINE_SENDERS`]).
     #[serde(default)]
     pub combine_senders: Option<u32>,
+    /// Run every path's steps a second time replayed from a CUDA graph
+    /// captured once per phase and path (`--graph`), beside the stream
+    /// launches.
+    #[serde(default)]
+    pub graph: bool,
 }
 
 /// `--fault-timeout`'s default: 1000 ms.
@@ -306,7 +311,16 @@ impl RunConfig {
     /// Iterations of every path together, warm-up included: how far the
     /// counters advance in one run.
     pub fn total_iterations(&self) -> u64 {
-        self.paths.len() as u64 * u64::from(self.iters + self.warmup)
+        self.runs().len() as u64 * u64::from(self.iters + self.warmup)
+    }
+
+    /// The runs of steps of one phase, in order: every path launched on the
+    /// stream and, with `--graph`, replayed from a CUDA graph after it.
+    pub fn runs(&self) -> Vec<(Path, bool)> {
+        let graphs: &[bool] = if self.graph { &[false, true] } else { &[false] };
+        (self.paths.iter())
+            .flat_map(|&p| graphs.iter().map(move |&g| (p, g)))
+            .collect()
     }
 }
 

@@ -33,6 +33,9 @@ pub struct Detection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PhaseSteps {
     pub path: Path,
+    /// Replayed from a CUDA graph (the table shows the stream launches).
+    #[serde(default)]
+    pub graph: bool,
     /// Global step numbers, verified ones only (lost steps left out).
     pub steps: Vec<u32>,
     pub dispatch_ns: Vec<f64>,
@@ -125,7 +128,7 @@ fn row(i: usize, m: &PhaseMembers, path: Path, rs: &[&PhaseResult]) -> PhaseRow 
     let gone: BTreeSet<u32> = rs.iter().flat_map(|r| r.gone.iter().copied()).collect();
     let steps: Vec<&PhaseSteps> = rs
         .iter()
-        .flat_map(|r| r.paths.iter().filter(|p| p.path == path))
+        .flat_map(|r| r.paths.iter().filter(|p| p.path == path && !p.graph))
         .collect();
     let last = steps.iter().flat_map(|s| s.epoch.iter().copied()).max();
     let split = |d: bool, after: bool| {
@@ -230,6 +233,7 @@ mod tests {
     fn steps(path: Path, n: &[u32], t: f64, epoch: &[u32]) -> PhaseSteps {
         PhaseSteps {
             path,
+            graph: false,
             steps: n.to_vec(),
             dispatch_ns: n.iter().map(|_| t).collect(),
             combine_ns: n.iter().map(|_| 2.0 * t).collect(),

@@ -64,6 +64,12 @@ pub struct RankInfo {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PathTimes {
     pub path: Path,
+    /// Replayed from a CUDA graph (else launched on the stream).
+    #[serde(default)]
+    pub graph: bool,
+    /// Host wall time of each step (launch, wait, checks), ns.
+    #[serde(default)]
+    pub wall_ns: Vec<f64>,
     pub dispatch_ns: Vec<f64>,
     pub combine_ns: Vec<f64>,
     /// The calibration of block 0's cycle counter against `%globaltimer`.
@@ -172,7 +178,12 @@ fn row(
 /// The rows of a run: every path's dispatch and combine, then NCCL's.
 pub fn rows(cfg: &RunConfig, results: &[RankResult]) -> Vec<Row> {
     let mut out = Vec::new();
-    for (i, path) in cfg.paths.iter().enumerate() {
+    let runs = results.first().map_or(&[][..], |r| &r.paths[..]);
+    for (i, run) in runs.iter().enumerate() {
+        let method = match run.graph {
+            true => format!("{} graph", run.path.name()),
+            false => run.path.name().to_string(),
+        };
         for phase in ["dispatch", "combine"] {
             let times: Vec<&[f64]> = results
                 .iter()
@@ -186,7 +197,7 @@ pub fn rows(cfg: &RunConfig, results: &[RankResult]) -> Vec<Row> {
                 .collect();
             out.push(row(
                 cfg.mode,
-                path.name(),
+                &method,
                 phase,
                 &times,
                 mean_bytes(results, phase),
@@ -393,6 +404,9 @@ pub fn publish(
         say!("[ep] NCCL baseline skipped: {why}");
     }
     say!("\n{}", table(&rows));
+    for line in wall_lines(results) {
+        say!("{line}");
+    }
     let info = RunInfo::collect(cfg, infos, window_bytes);
     if let Some(p) = &opts.json {
         write_json(p, &info, &rows, results)?;
@@ -401,4 +415,37 @@ pub fn publish(
         write_csv(p, &info, &rows)?;
     }
     Ok(())
+}
+
+/// Host wall time per step (launch, wait, checks; the slowest rank's p50),
+/// stream launches beside graph replays of the same path, when `--graph`
+/// ran both.
+pub fn wall_lines(results: &[RankResult]) -> Vec<String> {
+    let p50 = |i: usize| {
+        results
+            .iter()
+            .map(|r| Summary::of(&r.paths[i].wall_ns).p50_ns / 1e3)
+            .fold(0.0, f64::max)
+    };
+    let Some(first) = results.first() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (i, run) in first.paths.iter().enumerate().filter(|(_, r)| r.graph) {
+        let Some(j) = first
+            .paths
+            .iter()
+            .position(|s| s.path == run.path && !s.graph)
+        else {
+            continue;
+        };
+        let (stream, graph) = (p50(j), p50(i));
+        out.push(format!(
+            "[ep] {} path, host wall time per step (launch, wait, checks; slowest rank's p50): {stream:.1} µs launched \
+             on the stream, {graph:.1} µs replayed from a CUDA graph ({:.2}×)",
+            run.path.name(),
+            graph / stream
+        ));
+    }
+    out
 }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::config::{Grid, RunConfig};
+use super::config::{Grid, Path, RunConfig};
 use super::connect::decision_line;
 use super::connect::incarnation_agent;
 use super::elastic::{Decision, Elastic};
@@ -241,11 +241,11 @@ fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize)
     Ok(t0.elapsed().as_secs_f64() * 1e3)
 }
 
-/// The global number of phase `i`'s first step on the `n`th path (every
-/// rank computes it alike: phases, then paths, then steps).
+/// The global number of the first step of phase `i`'s `n`th run of steps
+/// (every rank computes it alike: phases, then runs, then steps).
 fn first_step(cfg: &RunConfig, i: usize, n: usize) -> u32 {
     let total = cfg.warmup + cfg.iters;
-    (i * cfg.paths.len() + n) as u32 * total
+    (i * cfg.runs().len() + n) as u32 * total
 }
 
 /// What one phase's steps measured on this rank.
@@ -279,10 +279,11 @@ impl PhaseRun {
     }
 }
 
-/// Steps, phase `i`: every path's warm-up and timed steps; in an elastic
-/// run each followed by the agreement on who is gone, and after the first
-/// path's middle timed step the phase's halfway mark (the launcher kills
-/// the plan's `-r` ranks then).
+/// Steps, phase `i`: every run of steps (each path, launched on the
+/// stream and, with `--graph`, replayed from a graph); in an elastic run
+/// each step is followed by the agreement on who is gone, and after the
+/// first run's middle timed step comes the phase's halfway mark (the
+/// launcher kills the plan's `-r` ranks then).
 fn steps(
     g: &Group,
     el: &Elastic,
@@ -292,61 +293,127 @@ fn steps(
     i: usize,
     corrupt: Option<Corrupt>,
 ) -> Result<PhaseRun> {
-    let cfg = st.cfg;
-    let total = cfg.warmup + cfg.iters;
-    let every = (total / 5).max(1);
-    let log = g.rank == first_rank(el);
-    let mut run = PhaseRun::default();
-    let mut epoch = 0u32;
-    for (n, &path) in cfg.paths.iter().enumerate() {
-        let first = first_step(cfg, i, n);
+    let mut phase = Phase {
+        g,
+        el,
+        elastic,
+        st,
+        net,
+        i,
+        run: PhaseRun::default(),
+        epoch: 0,
+    };
+    for (n, (path, graph)) in st.cfg.runs().into_iter().enumerate() {
+        phase.run_of_steps(n, path, graph, corrupt)?;
+    }
+    Ok(phase.run)
+}
+
+/// What the steps of one phase use, and what they gathered so far.
+struct Phase<'a> {
+    g: &'a Group<'a>,
+    el: &'a Elastic<'a>,
+    elastic: bool,
+    st: &'a Stepper<'a>,
+    net: &'a Net,
+    i: usize,
+    run: PhaseRun,
+    /// Agreements that removed ranks so far in the phase.
+    epoch: u32,
+}
+
+impl Phase<'_> {
+    /// The `n`th run of steps: `path`, from a graph or not.
+    fn run_of_steps(
+        &mut self,
+        n: usize,
+        path: Path,
+        graph: bool,
+        corrupt: Option<Corrupt>,
+    ) -> Result<()> {
+        let (cfg, st, g) = (self.st.cfg, self.st, self.g);
+        let (total, first) = (cfg.warmup + cfg.iters, first_step(cfg, self.i, n));
+        let replay = graph
+            .then(|| st.capture(self.net.views(), path))
+            .transpose()?;
+        st.rig.set_step(&st.gpu.stream, first)?;
         let mut kept = PhaseSteps {
             path,
+            graph,
             steps: Vec::new(),
             dispatch_ns: Vec::new(),
             combine_ns: Vec::new(),
             epoch: Vec::new(),
         };
+        let mut wall_ns = Vec::new();
         for k in 0..total {
             // The injected fault: the last rank, first timed step.
-            let corrupt = corrupt.filter(|_| k == cfg.warmup && g.rank + 1 == g.world);
-            let out = st.step(net.views(), path, first + k, corrupt, || g.probe())?;
-            let changed = match elastic {
-                true => agree(g, el, st, i, first + k, &out, &mut run)?,
-                false => false,
-            };
-            epoch += u32::from(changed);
-            if elastic && n == 0 && k == cfg.warmup + cfg.iters / 2 {
-                let d = run
-                    .last
-                    .clone()
-                    .expect("an elastic step ends with a decision");
-                el.halfway(i, &d)?;
-            }
+            let corrupt = corrupt.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
+            let t0 = Instant::now();
+            let out = st.step(
+                self.net.views(),
+                path,
+                first + k,
+                replay.as_ref(),
+                corrupt,
+                || g.probe(),
+            )?;
+            let wall = t0.elapsed().as_nanos() as f64;
+            self.after_step(n, k, first + k, &out)?;
             // The step a rank was masked in waited out the fault timeout:
             // neither before nor after; a lost step is not timed either.
             if k >= cfg.warmup && out.masked == Mask::default() && !out.lost {
                 kept.steps.push(first + k);
-                kept.epoch.push(epoch);
+                kept.epoch.push(self.epoch);
             }
-            if log && (k + 1) % every == 0 {
-                tracing::info!(
-                    "phase {i}, {} path: {}/{total} steps verified",
-                    path.name(),
-                    k + 1
-                );
+            if k >= cfg.warmup {
+                wall_ns.push(wall);
             }
+            self.progress(path, k, total);
         }
-        let times = st.times(path, first + cfg.warmup, cfg.iters)?;
+        let mut times = st.times(path, first + cfg.warmup, cfg.iters)?;
         for &s in &kept.steps {
             let at = (s - first - cfg.warmup) as usize;
             kept.dispatch_ns.push(times.dispatch_ns[at]);
             kept.combine_ns.push(times.combine_ns[at]);
         }
-        run.times.push(times);
-        run.paths.push(kept);
+        (times.graph, times.wall_ns) = (graph, wall_ns);
+        self.run.times.push(times);
+        self.run.paths.push(kept);
+        Ok(())
     }
-    Ok(run)
+
+    /// After step `k` of the `n`th run (global number `step`): the
+    /// agreement, and the halfway mark after the first run's middle timed step.
+    fn after_step(&mut self, n: usize, k: u32, step: u32, out: &Outcome) -> Result<()> {
+        if !self.elastic {
+            return Ok(());
+        }
+        let changed = agree(self.g, self.el, self.st, self.i, step, out, &mut self.run)?;
+        self.epoch += u32::from(changed);
+        let cfg = self.st.cfg;
+        if n == 0 && k == cfg.warmup + cfg.iters / 2 {
+            let d = self
+                .run
+                .last
+                .clone()
+                .expect("an elastic step ends with a decision");
+            self.el.halfway(self.i, &d)?;
+        }
+        Ok(())
+    }
+
+    fn progress(&self, path: Path, k: u32, total: u32) {
+        let every = (total / 5).max(1);
+        if self.g.rank == first_rank(self.el) && (k + 1) % every == 0 {
+            tracing::info!(
+                "phase {}, {} path: {}/{total} steps verified",
+                self.i,
+                path.name(),
+                k + 1
+            );
+        }
+    }
 }
 
 /// After a step of an elastic run: what this rank's kernels masked (with

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cudarc::driver::{CudaStream, sys};
+use cudarc::driver::{CudaGraph, CudaStream, result, sys};
 
 use super::config::{Grid, Path, RunConfig};
 use super::kernels::{self, EpKernels, EpParams, EpReport, EpTiming, EpVerify, Step};
@@ -53,32 +53,32 @@ pub struct Outcome {
 
 impl Stepper<'_> {
     /// Runs step `iteration` (global number) on `path` over `views` (local,
-    /// remote) and checks its reports; `corrupt` injects one wrong value;
+    /// remote) and checks its reports: its kernels queued on the stream, or
+    /// `graph` replayed (captured by [`Stepper::capture`] for this path and
+    /// these views). The kernels take the step number from the device word
+    /// ([`Rig::set_step`] at a run of steps' start; each step ends with
+    /// `ep_advance`). `corrupt` injects one wrong value (stream launches);
     /// `probe` says why to stop waiting (a rank gave up).
     pub fn step(
         &self,
         views: (u64, u64),
         path: Path,
         iteration: u32,
+        graph: Option<&CudaGraph>,
         corrupt: Option<Corrupt>,
         probe: impl FnMut() -> Option<String>,
     ) -> Result<Outcome> {
-        let (cfg, me) = (self.cfg, self.model.rank);
-        let mut p = self.rig.params(cfg, self.model, &self.grid, views, path);
-        p.fault_timeout_ns = self.fault_timeout_ns;
-        // The kernels read the step number from the device (ep_advance
-        // moves it on at the end of the step; set here for every step).
-        self.rig.set_step(&self.gpu.stream, iteration)?;
-        let deadline = Duration::from_nanos(cfg.timeout_ns) * 4;
-        run_watched(
-            self.gpu,
-            &self.rig.report,
-            deadline,
-            None,
-            |s| self.queue(s, &p, corrupt),
-            probe,
-        )
-        .with_context(|| format!("rank {me}, {} path, iteration {iteration}", path.name()))?;
+        let me = self.model.rank;
+        let p = self.params(views, path);
+        let deadline = Duration::from_nanos(self.cfg.timeout_ns) * 4;
+        let launch = |s: &CudaStream| match graph {
+            // SAFETY: the graph's nodes use this rig's memory and views that
+            // live until the caller drops the graph.
+            Some(g) => Ok(unsafe { result::graph::launch(g.cu_graph_exec(), s.cu_stream())? }),
+            None => self.queue(s, &p, corrupt),
+        };
+        run_watched(self.gpu, &self.rig.report, deadline, None, launch, probe)
+            .with_context(|| format!("rank {me}, {} path, step {iteration}", path.name()))?;
         let report = self.check_report(path, iteration)?;
         let masked = report.newly_masked();
         let checked = self.check_verify(path, iteration);
@@ -91,6 +91,33 @@ impl Stepper<'_> {
             waited_ns: report.first_mask_waited_ns(),
             lost,
         })
+    }
+
+    fn params(&self, views: (u64, u64), path: Path) -> EpParams {
+        let mut p = self
+            .rig
+            .params(self.cfg, self.model, &self.grid, views, path);
+        p.fault_timeout_ns = self.fault_timeout_ns;
+        p
+    }
+
+    /// One step's work on `path` over `views` captured once into a CUDA
+    /// graph (on a stream of its own): replayed for every step of a run,
+    /// with no re-capture when the mask changes (the kernels read it on the
+    /// device) or the step advances (the device word).
+    pub fn capture(&self, views: (u64, u64), path: Path) -> Result<CudaGraph> {
+        let p = self.params(views, path);
+        let cap = self.gpu.ctx.new_stream()?;
+        cap.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let queued = self.queue(&cap, &p, None);
+        // The capture ends whatever happened inside it.
+        let graph = cap.end_capture(sys::CUgraphInstantiate_flags(0));
+        queued.context("capturing a step into a CUDA graph")?;
+        let graph = graph
+            .context("instantiating the CUDA graph of a step")?
+            .context("the CUDA graph of a step is empty")?;
+        graph.upload()?;
+        Ok(graph)
     }
 
     /// The GPU times of steps `first..first + count` (their timing slots).
@@ -106,6 +133,8 @@ impl Stepper<'_> {
         let (ns_per_cycle, dispatch_ns, combine_ns) = calibrate(&timed)?;
         Ok(PathTimes {
             path,
+            graph: false,
+            wall_ns: Vec::new(),
             dispatch_ns,
             combine_ns,
             ns_per_cycle,
