@@ -52,36 +52,58 @@ pub struct Outcome {
 }
 
 impl Stepper<'_> {
-    /// Runs step `iteration` (global number) on `path` over `views` (local,
-    /// remote) and checks its reports: its kernels queued on the stream, or
+    /// Runs `count` steps from `first` (global numbers) back to back on
+    /// `path` over `views` (local, remote), watched as one piece of work,
+    /// and checks their reports: the kernels queued on the stream, or
     /// `graph` replayed (captured by [`Stepper::capture`] for this path and
     /// these views). The kernels take the step number from the device word
     /// ([`Rig::set_step`] at a run of steps' start; each step ends with
-    /// `ep_advance`). `corrupt` injects one wrong value (stream launches);
-    /// `probe` says why to stop waiting (a rank gave up).
-    pub fn step(
+    /// `ep_advance`); the check kernels count every wrong value of every
+    /// step and keep the first. `corrupt` injects one wrong value into the
+    /// first step (stream launches); `probe` says why to stop waiting (a
+    /// rank gave up).
+    pub fn steps(
         &self,
         views: (u64, u64),
         path: Path,
-        iteration: u32,
+        (first, count): (u32, u32),
         graph: Option<&CudaGraph>,
         corrupt: Option<Corrupt>,
         probe: impl FnMut() -> Option<String>,
     ) -> Result<Outcome> {
         let me = self.model.rank;
         let p = self.params(views, path);
-        let deadline = Duration::from_nanos(self.cfg.timeout_ns) * 4;
-        let launch = |s: &CudaStream| match graph {
-            // SAFETY: the graph's nodes use this rig's memory and views that
-            // live until the caller drops the graph.
-            Some(g) => Ok(unsafe { result::graph::launch(g.cu_graph_exec(), s.cu_stream())? }),
-            None => self.queue(s, &p, corrupt),
+        let deadline = Duration::from_nanos(self.cfg.timeout_ns) * 4 * count;
+        let launch = |s: &CudaStream| -> Result<()> {
+            // SAFETY: the verify report is this rig's, live until the work ends.
+            unsafe {
+                sys::cuMemsetD8Async(
+                    self.rig.verify.addr(),
+                    0,
+                    self.rig.verify.len(),
+                    s.cu_stream(),
+                )
+                .result()?
+            };
+            for k in 0..count {
+                match graph {
+                    // SAFETY: the graph's nodes use this rig's memory and views
+                    // that live until the caller drops the graph.
+                    Some(g) => unsafe { result::graph::launch(g.cu_graph_exec(), s.cu_stream())? },
+                    None => self.queue(s, &p, corrupt.filter(|_| k == 0))?,
+                }
+            }
+            Ok(())
+        };
+        let at = match count {
+            1 => format!("step {first}"),
+            _ => format!("steps {first}..{}", first + count),
         };
         run_watched(self.gpu, &self.rig.report, deadline, None, launch, probe)
-            .with_context(|| format!("rank {me}, {} path, step {iteration}", path.name()))?;
-        let report = self.check_report(path, iteration)?;
+            .with_context(|| format!("rank {me}, {} path, {at}", path.name()))?;
+        let report = self.check_report(path, &at)?;
         let masked = report.newly_masked();
-        let checked = self.check_verify(path, iteration);
+        let checked = self.check_verify(path, &at);
         let lost = checked.is_err() && masked != Mask::default();
         if !lost {
             checked?;
@@ -153,13 +175,6 @@ impl Stepper<'_> {
         // SAFETY: every address in `p` belongs to this session's rig, which
         // outlives the launch (run_watched waits for it).
         unsafe {
-            sys::cuMemsetD8Async(
-                self.rig.verify.addr(),
-                0,
-                self.rig.verify.len(),
-                s.cu_stream(),
-            )
-            .result()?;
             k.launch(s, Step::Fill, b, p)?;
             k.launch(s, Step::Dispatch, b, p)?;
             if corrupt == Some(Corrupt::Dispatch) {
@@ -186,11 +201,11 @@ impl Stepper<'_> {
 
     /// A wait that gave up, a failed NIXL call or an unmapped peer, named;
     /// else the report (what the kernels masked).
-    fn check_report(&self, path: Path, i: u32) -> Result<EpReport> {
+    fn check_report(&self, path: Path, at: &str) -> Result<EpReport> {
         let mut r = EpReport::default();
         (self.rig.report).download(&self.gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
         let me = self.model.rank;
-        let at = format!("rank {me}, {} path, iteration {i}", path.name());
+        let at = format!("rank {me}, {} path, {at}", path.name());
         if r.null_ptr_rank != 0 {
             bail!(
                 "{at}: nixlGetPtr returned no pointer to rank {}'s window: use --path put",
@@ -231,7 +246,7 @@ impl Stepper<'_> {
     }
 
     /// Wrong data: exit 3, naming rank, token and expert.
-    fn check_verify(&self, path: Path, i: u32) -> Result<()> {
+    fn check_verify(&self, path: Path, at: &str) -> Result<()> {
         let mut v = EpVerify::default();
         (self.rig.verify).download(&self.gpu.stream, bytemuck::bytes_of_mut(&mut v))?;
         if v.mismatches == 0 {
@@ -239,7 +254,7 @@ impl Stepper<'_> {
         }
         let text = describe(self.model, &v);
         Err(DataMismatch(format!(
-            "{text} ({} path, iteration {i}; {} wrong value(s) in it)",
+            "{text} ({} path, {at}; {} wrong value(s) in it)",
             path.name(),
             v.mismatches
         ))
