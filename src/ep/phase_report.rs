@@ -84,8 +84,11 @@ pub struct PhaseRow {
     pub path: Path,
     /// Slowest rank, ms.
     pub connect_ms: f64,
-    /// Fastest and slowest survivor, ms from the kill.
+    /// Fastest and slowest survivor, ms from the kill (host clock, to the
+    /// end of the step that masked it).
     pub detect_ms: Option<(f64, f64)>,
+    /// Longest GPU wait from its start to the masking, ms (the fault
+    /// timeout plus the poll period).
     pub wait_ms: Option<f64>,
     /// Slowest survivor, ms from its report to the decision.
     pub agree_ms: Option<f64>,
@@ -197,8 +200,8 @@ pub fn table(rows: &[PhaseRow]) -> String {
     let us =
         |x: Option<P50P99>| x.map_or("-".into(), |x| format!("{:.1}/{:.1}", x.p50_us, x.p99_us));
     let mut out = String::from(
-        "| phase | ranks | joined | killed | gone (agreed) | connect ms | detect ms | agree ms | path | dispatch p50/p99 µs before | after | combine p50/p99 µs before | after | lost steps | wrong |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| phase | ranks | joined | killed | gone (agreed) | connect ms | detect ms | GPU wait ms | agree ms | path | dispatch p50/p99 µs before | after | combine p50/p99 µs before | after | lost steps | wrong |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let detect = r
@@ -206,13 +209,14 @@ pub fn table(rows: &[PhaseRow]) -> String {
             .map_or("-".into(), |(a, b)| format!("{a:.1}–{b:.1}"));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {:.1} | {detect} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.1} | {detect} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.phase,
             list(&r.ranks),
             list(&r.joined),
             list(&r.killed),
             list(&r.gone),
             r.connect_ms,
+            ms(r.wait_ms),
             ms(r.agree_ms),
             r.path.name(),
             us(r.dispatch_before),
@@ -276,7 +280,12 @@ mod tests {
         let before = row.dispatch_before.unwrap();
         assert_eq!((before.p50_us, before.steps), (3.0, 2));
         assert_eq!(row.combine_after.unwrap().p50_us, 6.0);
-        assert!(table(&rows).contains("| 0 | 0,1,2 | - | 2 | 2 |"));
+        assert!(
+            table(&rows)
+                .contains("| 0 | 0,1,2 | - | 2 | 2 | 2.0 | 1001.0–1004.0 | 1000.2 | 6.0 | put |"),
+            "{}",
+            table(&rows)
+        );
     }
 
     #[test]

@@ -126,6 +126,8 @@ pub fn run(
             let results: Vec<RankResult> = (ranks.iter())
                 .map(|&r| g.get(&g.keys.result(r), r, "results"))
                 .collect::<Result<_>>()?;
+            // Their last messages: the reader deletes them.
+            g.delete(ranks.iter().map(|&r| g.keys.result(r).key().to_string()));
             report::publish(cfg, opts, &setup, infos, &results, window)
         }
     }
@@ -532,7 +534,9 @@ fn report_phases(
     let mut results = Vec::new();
     for i in 0..plan.len() {
         for r in &plan.survivors(i) {
-            results.push(g.get(&g.keys.phase_result(i, *r), *r, "phase results")?);
+            let entry = g.keys.phase_result(i, *r);
+            results.push(g.get(&entry, *r, "phase results")?);
+            g.delete([entry.key()]);
         }
     }
     let members: Vec<PhaseMembers> = (0..plan.len())
