@@ -134,3 +134,38 @@ impl NixlDescriptor for DeviceBuffer {
         self.ordinal() as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Gpu;
+
+    /// A buffer is zero when `zeroed` returns, and stays what is uploaded
+    /// into it after that. The zeroing must not land later: a large zeroing
+    /// queued just before keeps a small one waiting behind it while the
+    /// upload (on our stream) runs, and the context's sync then lets every
+    /// queued zeroing finish before we read back. Without a GPU: SKIP.
+    #[test]
+    fn an_upload_right_after_allocation_is_not_zeroed_later() {
+        let Ok(gpu) = Gpu::open(0) else {
+            println!("SKIP: no GPU here");
+            return;
+        };
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251 + 1) as u8).collect();
+        for round in 0..8 {
+            let big = DeviceBuffer::zeroed(&gpu.ctx, 1 << 30).unwrap();
+            let small = DeviceBuffer::zeroed(&gpu.ctx, data.len()).unwrap();
+            small.upload(&gpu.stream, &data).unwrap();
+            gpu.ctx.synchronize().unwrap();
+            let mut back = vec![0u8; data.len()];
+            small.download(&gpu.stream, &mut back).unwrap();
+            let zeros = back.iter().filter(|&&b| b == 0).count();
+            assert!(
+                back == data,
+                "round {round}: {zeros} of {} uploaded bytes read back as 0 (the allocation's zeroing landed after the upload)",
+                data.len()
+            );
+            drop(big);
+        }
+    }
+}
