@@ -22,7 +22,9 @@ unsafe impl Send for DeviceBuffer {}
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
-    /// Allocates `len` (≥ 1) zeroed bytes on `ctx`'s GPU.
+    /// Allocates `len` (≥ 1) zeroed bytes on `ctx`'s GPU; the zeroing is
+    /// complete on return, so work queued on any stream afterwards sees it
+    /// done.
     pub fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, DriverError> {
         assert!(len > 0, "DeviceBuffer of 0 bytes");
         ctx.bind_to_thread()?;
@@ -33,8 +35,20 @@ impl DeviceBuffer {
             len,
             ctx: ctx.clone(),
         };
-        // SAFETY: ptr is valid for len bytes.
-        unsafe { result::memset_d8_sync(ptr, 0, len)? };
+        // Zeroed means zeroed when this returns. cuMemsetD8 would return
+        // before its work is done (for device memory it is asynchronous to
+        // the host) and queue it on the legacy default stream, which nothing
+        // orders before our non-blocking streams: an upload right after the
+        // allocation could land first and be zeroed afterwards (it was: ep's
+        // tables read back as 0 with four ranks sharing one GPU under MPS).
+        // So the zeroing goes on the legacy stream and we wait for that
+        // stream alone; no other stream's work is waited for.
+        // SAFETY: ptr is valid for len bytes; the null stream is the context's
+        // legacy default stream, which always exists.
+        unsafe {
+            result::memset_d8_async(ptr, 0, len, std::ptr::null_mut())?;
+            result::stream::synchronize(std::ptr::null_mut())?;
+        }
         Ok(buf)
     }
 
