@@ -22,7 +22,9 @@ unsafe impl Send for DeviceBuffer {}
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
-    /// Allocates `len` (≥ 1) zeroed bytes on `ctx`'s GPU.
+    /// Allocates `len` (≥ 1) zeroed bytes on `ctx`'s GPU; the zeroing is
+    /// complete on return, so work queued on any stream afterwards sees it
+    /// done.
     pub fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, DriverError> {
         assert!(len > 0, "DeviceBuffer of 0 bytes");
         ctx.bind_to_thread()?;
@@ -33,8 +35,20 @@ impl DeviceBuffer {
             len,
             ctx: ctx.clone(),
         };
-        // SAFETY: ptr is valid for len bytes.
-        unsafe { result::memset_d8_sync(ptr, 0, len)? };
+        // Zeroed means zeroed when this returns. cuMemsetD8 would return
+        // before its work is done (for device memory it is asynchronous to
+        // the host) and queue it on the legacy default stream, which nothing
+        // orders before our non-blocking streams: an upload right after the
+        // allocation could land first and be zeroed afterwards (it was: ep's
+        // tables read back as 0 with four ranks sharing one GPU under MPS).
+        // So the zeroing goes on the legacy stream and we wait for that
+        // stream alone; no other stream's work is waited for.
+        // SAFETY: ptr is valid for len bytes; the null stream is the context's
+        // legacy default stream, which always exists.
+        unsafe {
+            result::memset_d8_async(ptr, 0, len, std::ptr::null_mut())?;
+            result::stream::synchronize(std::ptr::null_mut())?;
+        }
         Ok(buf)
     }
 
@@ -132,5 +146,40 @@ impl NixlDescriptor for DeviceBuffer {
     }
     fn device_id(&self) -> u64 {
         self.ordinal() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Gpu;
+
+    /// A buffer is zero when `zeroed` returns, and stays what is uploaded
+    /// into it after that. The zeroing must not land later: a large zeroing
+    /// queued just before keeps a small one waiting behind it while the
+    /// upload (on our stream) runs, and the context's sync then lets every
+    /// queued zeroing finish before we read back. Without a GPU: SKIP.
+    #[test]
+    fn an_upload_right_after_allocation_is_not_zeroed_later() {
+        let Ok(gpu) = Gpu::open(0) else {
+            println!("SKIP: no GPU here");
+            return;
+        };
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251 + 1) as u8).collect();
+        for round in 0..8 {
+            let big = DeviceBuffer::zeroed(&gpu.ctx, 1 << 30).unwrap();
+            let small = DeviceBuffer::zeroed(&gpu.ctx, data.len()).unwrap();
+            small.upload(&gpu.stream, &data).unwrap();
+            gpu.ctx.synchronize().unwrap();
+            let mut back = vec![0u8; data.len()];
+            small.download(&gpu.stream, &mut back).unwrap();
+            let zeros = back.iter().filter(|&&b| b == 0).count();
+            assert!(
+                back == data,
+                "round {round}: {zeros} of {} uploaded bytes read back as 0 (the allocation's zeroing landed after the upload)",
+                data.len()
+            );
+            drop(big);
+        }
     }
 }
