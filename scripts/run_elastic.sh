@@ -3,8 +3,10 @@
 # (tests/fixtures/elastic/*.json) in both modes over both data paths, the
 # fault plan with a frozen rank (SIGSTOP) too, a kill loop (a rank killed
 # and a new process in its place, --cycles times) in both modes and on each
-# path, and the fresh run each contraction compares with; every step
-# verified, one per-phase table, JSON and CSV per run, logs in --out.
+# path, the fresh runs each contraction compares with (ranks 0,3 and 0,1,2
+# of a capacity of 4), and two ranks with --graph (stream launches beside
+# CUDA-graph replays); every step verified, one per-phase table, JSON and
+# CSV per run, logs in --out.
 #
 #   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
@@ -67,6 +69,7 @@ n = int(sys.argv[1])
 print(json.dumps([[0, 1, 2, 3]] + [[0, 1, 2, -3], [0, 1, 2, 3]] * n))
 PY
 echo '[[0,3]]' >"$OUT/fresh_0_3.json"
+echo '[[0,1,2]]' >"$OUT/fresh_0_1_2.json"
 
 mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
 for mode in $MODES; do
@@ -76,6 +79,8 @@ for mode in $MODES; do
   done
   one "$mode-fault-stop" --plan "$PLANS/expansion_fault_contraction.json" --kill-signal STOP --mode "$mode" "${args[@]}"
   one "$mode-fresh-0-3" --plan "$OUT/fresh_0_3.json" --capacity 4 --mode "$mode" "${args[@]}"
+  one "$mode-fresh-0-1-2" --plan "$OUT/fresh_0_1_2.json" --capacity 4 --mode "$mode" "${args[@]}"
+  one "$mode-graph" --ranks 2 --mode "$mode" --graph "${args[@]}"
   for path in put store; do
     one "$mode-kill-loop-$path" --plan "$OUT/kill_loop.json" --mode "$mode" --path "$path" "${args[@]}"
   done
