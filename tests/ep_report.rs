@@ -143,6 +143,7 @@ fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {
                 ns_per_cycle: 0.5,
             })
             .collect(),
+        launch_cost: Vec::new(),
         nccl: nccl.then(|| NcclTimes {
             version: "2.27.7".into(),
             dispatch_ns: times(40_000.0),

@@ -85,6 +85,10 @@ pub struct RankResult {
     pub combine_bytes: PhaseBytes,
     pub paths: Vec<PathTimes>,
     pub nccl: Option<NcclTimes>,
+    /// `--graph`: per path, the host's wall time per step of dispatch +
+    /// combine back to back, unchecked, (stream launches, graph replays), ns.
+    #[serde(default)]
+    pub launch_cost: Vec<(Path, f64, f64)>,
 }
 
 /// One (method, phase) over all ranks.
@@ -431,6 +435,21 @@ pub fn wall_lines(results: &[RankResult]) -> Vec<String> {
         return Vec::new();
     };
     let mut out = Vec::new();
+    for (n, (path, _, _)) in first.launch_cost.iter().enumerate() {
+        let max = |f: fn(&(Path, f64, f64)) -> f64| {
+            results
+                .iter()
+                .map(|r| f(&r.launch_cost[n]) / 1e3)
+                .fold(0.0, f64::max)
+        };
+        let (stream, graph) = (max(|c| c.1), max(|c| c.2));
+        out.push(format!(
+            "[ep] {} path, dispatch + combine back to back (unchecked), host wall time per step (slowest rank): \
+             {stream:.1} µs launched on the stream, {graph:.1} µs replayed from a CUDA graph ({:.2}×)",
+            path.name(),
+            graph / stream
+        ));
+    }
     for (i, run) in first.paths.iter().enumerate().filter(|(_, r)| r.graph) {
         let Some(j) = first
             .paths

@@ -95,14 +95,11 @@ pub fn run(
         let connect_ms = connect(el, &st, &mut net, &card, i)?;
         let phase = steps(g, el, elastic, &st, &net, i, opts.corrupt)?;
         if !elastic {
-            whole = Some(baseline(
-                g,
-                local,
-                &setup,
-                cfg,
-                st.grid,
-                phase.times.clone(),
-            )?);
+            let mut w = baseline(g, local, &setup, cfg, st.grid, phase.times.clone())?;
+            if cfg.graph {
+                w.launch_cost = launch_costs(g, &st, &net, el.plan().len())?;
+            }
+            whole = Some(w);
         }
         if elastic {
             let result = phase.result(i, g.rank, connect_ms);
@@ -478,6 +475,29 @@ fn agree(
     Ok(changed)
 }
 
+/// Steps of dispatch + combine per launch-cost measurement (`--graph`).
+const LAUNCH_COST_STEPS: u32 = 200;
+
+/// `--graph`, single-phase runs: per path, the host's wall time per step of
+/// dispatch + combine back to back, launched and replayed (steps numbered
+/// after every phase's).
+fn launch_costs(
+    g: &Group,
+    st: &Stepper,
+    net: &Net,
+    phases: usize,
+) -> Result<Vec<(Path, f64, f64)>> {
+    let mut first = first_step(st.cfg, phases, 0);
+    let mut out = Vec::new();
+    for &path in &st.cfg.paths {
+        let (stream, graph) =
+            st.launch_cost(net.views(), path, (first, LAUNCH_COST_STEPS), || g.probe())?;
+        out.push((path, stream, graph));
+        first += 2 * LAUNCH_COST_STEPS;
+    }
+    Ok(out)
+}
+
 /// Wall-clock time, ns since the Unix epoch (the launcher stamps kills so).
 fn unix_ns() -> u64 {
     std::time::SystemTime::now()
@@ -517,6 +537,7 @@ fn baseline(
         combine_bytes: local.model.combine_bytes,
         paths,
         nccl,
+        launch_cost: Vec::new(),
     })
 }
 

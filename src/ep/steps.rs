@@ -163,6 +163,59 @@ impl Stepper<'_> {
         })
     }
 
+    /// The host's wall time per step of `count` dispatch + combine pairs
+    /// (each followed by the step word's advance) back to back, unchecked:
+    /// launched on the stream, then replayed from a CUDA graph of one pair;
+    /// (stream, graph) ns per step. Steps `first..first + 2·count`: every
+    /// rank runs this at the same point, after its last checked step.
+    pub fn launch_cost(
+        &self,
+        views: (u64, u64),
+        path: Path,
+        (first, count): (u32, u32),
+        mut probe: impl FnMut() -> Option<String>,
+    ) -> Result<(f64, f64)> {
+        let p = self.params(views, path);
+        let (k, b) = (self.kernels, self.grid.blocks);
+        // SAFETY: every address in `p` belongs to this rig and its views,
+        // which outlive the work (run_watched waits for it).
+        let pair = |s: &CudaStream| -> Result<()> {
+            unsafe {
+                k.launch(s, Step::Dispatch, b, &p)?;
+                k.launch(s, Step::Combine, b, &p)?;
+                k.launch(s, Step::Advance, 1, &p)?;
+            }
+            Ok(())
+        };
+        let cap = self.gpu.ctx.new_stream()?;
+        cap.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let queued = pair(&cap);
+        let graph = cap.end_capture(sys::CUgraphInstantiate_flags(0));
+        queued.context("capturing dispatch + combine into a CUDA graph")?;
+        let graph = graph?.context("the CUDA graph of dispatch + combine is empty")?;
+        graph.upload()?;
+        let deadline = Duration::from_nanos(self.cfg.timeout_ns) * 4 * count;
+        let mut time = |first: u32, launch: &dyn Fn(&CudaStream) -> Result<()>| -> Result<f64> {
+            self.rig.set_step(&self.gpu.stream, first)?;
+            let t0 = std::time::Instant::now();
+            let all = |s: &CudaStream| (0..count).try_for_each(|_| launch(s));
+            run_watched(self.gpu, &self.rig.report, deadline, None, all, &mut probe)?;
+            let ns = t0.elapsed().as_nanos() as f64 / f64::from(count);
+            self.check_report(
+                path,
+                &format!("steps {first}..{} (unchecked)", first + count),
+            )?;
+            Ok(ns)
+        };
+        let stream = time(first, &pair)?;
+        // SAFETY: as above; the graph's nodes use the same memory.
+        let replay = |s: &CudaStream| {
+            Ok(unsafe { result::graph::launch(graph.cu_graph_exec(), s.cu_stream())? })
+        };
+        let graph_ns = time(first + count, &replay)?;
+        Ok((stream, graph_ns))
+    }
+
     /// Queues one iteration's kernels (and an injected fault, if asked).
     fn queue(&self, s: &CudaStream, p: &EpParams, corrupt: Option<Corrupt>) -> Result<()> {
         let k = self.kernels;
