@@ -44,27 +44,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
-use serde::{Deserialize, Serialize};
 
 use super::group::{Group, process_name};
+pub use super::keys::{Report, Verdict};
 use super::plan::Plan;
 use crate::deadline::{Pace, poll};
 use crate::group::{BEAT, Dismissed, Marker, PROBE_EVERY, Value};
-
-/// A rank's report after a step: the ranks it masked so far in the phase.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
-    pub masked: BTreeSet<u32>,
-}
-
-/// A step's decision as stored: every rank gone in the phase so far, who
-/// decided, and from how many survivors' reports (the leader's included).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub gone: BTreeSet<u32>,
-    pub leader: u32,
-    pub reports: u32,
-}
 
 /// A peer to connect to: its rank, its incarnation and what it published.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -39,12 +39,30 @@
 //! `left/all`, `out`) are [`crate::group`]'s. Every rank deletes the keys it
 //! wrote when it ends, on every path.
 
+use serde::{Deserialize, Serialize};
+
 use super::config::RunConfig;
-use super::elastic::{Report, Verdict};
 use super::phase_report::PhaseResult;
 use super::report::{RankInfo, RankResult};
 use super::setup::Setup;
+use std::collections::BTreeSet;
+
 use crate::group::{AgentMetadata, Bytes, Entry, Marker, Value};
+
+/// A rank's report after a step: the ranks it masked so far in the phase.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub masked: BTreeSet<u32>,
+}
+
+/// A step's decision as stored: every rank gone in the phase so far, who
+/// decided, and from how many survivors' reports (the leader's included).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub gone: BTreeSet<u32>,
+    pub leader: u32,
+    pub reports: u32,
+}
 
 crate::json_value!(
     RunConfig => "run configuration",

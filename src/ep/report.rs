@@ -17,9 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{Grid, Mode, Path, RunConfig};
 use super::layout::PhaseBytes;
-use super::setup::{RunOptions, Setup};
 use crate::results::RunEnv;
-use crate::say;
 use crate::stats::Summary;
 
 /// Whether NCCL can be used in this process.
@@ -365,60 +363,6 @@ pub fn write_json(
 /// configuration (shape, routing) as `# key: value` lines.
 pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
     crate::results::write_csv(path, info, rows)
-}
-
-/// Prints the run (one line on its shape, a line per row, the table) and
-/// writes the JSON and CSV asked for, from every rank's `results`.
-pub fn publish(
-    cfg: &RunConfig,
-    opts: &RunOptions,
-    setup: &Setup,
-    infos: Vec<RankInfo>,
-    results: &[RankResult],
-    window_bytes: u64,
-) -> Result<()> {
-    let mut rows = rows(cfg, results);
-    set_vs_put(&mut rows, opts.ref_put_gbps);
-    let s = &cfg.shape;
-    let gpus: std::collections::BTreeSet<(&str, &str)> = infos
-        .iter()
-        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
-        .collect();
-    say!(
-        "[ep] {} mode: {} ranks on {} GPU(s) ({}, MPS {}), {} tokens × hidden {} per rank, top-{} of {} experts, {} \
-         routing, grid {}×{}, {} timed iterations per path",
-        cfg.mode.name(),
-        s.ranks,
-        gpus.len(),
-        infos[0].gpu_name,
-        if infos[0].mps { "on" } else { "off" },
-        s.tokens,
-        s.hidden,
-        s.topk,
-        s.experts,
-        cfg.routing.name(),
-        results[0].grid.blocks,
-        results[0].grid.threads,
-        cfg.iters
-    );
-    for r in &rows {
-        say!("{}", line(r, results.len()));
-    }
-    if let Some(why) = &setup.baseline_skip {
-        say!("[ep] NCCL baseline skipped: {why}");
-    }
-    say!("\n{}", table(&rows));
-    for line in wall_lines(results) {
-        say!("{line}");
-    }
-    let info = RunInfo::collect(cfg, infos, window_bytes);
-    if let Some(p) = &opts.json {
-        write_json(p, &info, &rows, results)?;
-    }
-    if let Some(p) = &opts.csv {
-        write_csv(p, &info, &rows)?;
-    }
-    Ok(())
 }
 
 /// Host wall time per step (launch, wait, checks; the slowest rank's p50),

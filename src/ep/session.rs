@@ -125,7 +125,7 @@ pub fn run(
                 .collect::<Result<_>>()?;
             // Their last messages: the reader deletes them.
             g.delete(ranks.iter().map(|&r| g.keys.result(r).key().to_string()));
-            report::publish(cfg, opts, &setup, infos, &results, window)
+            publish(cfg, opts, &setup, infos, &results, window)
         }
     }
 }
@@ -593,6 +593,60 @@ fn report_phases(
     }
     if let Some(p) = &opts.csv {
         crate::results::write_csv(p, &info, &rows)?;
+    }
+    Ok(())
+}
+
+/// Single-phase runs, the first rank: prints the run (one line on its shape, a line per row, the table) and
+/// writes the JSON and CSV asked for, from every rank's `results`.
+fn publish(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    setup: &Setup,
+    infos: Vec<RankInfo>,
+    results: &[RankResult],
+    window_bytes: u64,
+) -> Result<()> {
+    let mut rows = report::rows(cfg, results);
+    report::set_vs_put(&mut rows, opts.ref_put_gbps);
+    let s = &cfg.shape;
+    let gpus: std::collections::BTreeSet<(&str, &str)> = infos
+        .iter()
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
+        .collect();
+    say!(
+        "[ep] {} mode: {} ranks on {} GPU(s) ({}, MPS {}), {} tokens × hidden {} per rank, top-{} of {} experts, {} \
+         routing, grid {}×{}, {} timed iterations per path",
+        cfg.mode.name(),
+        s.ranks,
+        gpus.len(),
+        infos[0].gpu_name,
+        if infos[0].mps { "on" } else { "off" },
+        s.tokens,
+        s.hidden,
+        s.topk,
+        s.experts,
+        cfg.routing.name(),
+        results[0].grid.blocks,
+        results[0].grid.threads,
+        cfg.iters
+    );
+    for r in &rows {
+        say!("{}", report::line(r, results.len()));
+    }
+    if let Some(why) = &setup.baseline_skip {
+        say!("[ep] NCCL baseline skipped: {why}");
+    }
+    say!("\n{}", report::table(&rows));
+    for line in report::wall_lines(results) {
+        say!("{line}");
+    }
+    let info = report::RunInfo::collect(cfg, infos, window_bytes);
+    if let Some(p) = &opts.json {
+        report::write_json(p, &info, &rows, results)?;
+    }
+    if let Some(p) = &opts.csv {
+        report::write_csv(p, &info, &rows)?;
     }
     Ok(())
 }

@@ -209,8 +209,9 @@ impl Stepper<'_> {
         };
         let stream = time(first, &pair)?;
         // SAFETY: as above; the graph's nodes use the same memory.
-        let replay = |s: &CudaStream| {
-            Ok(unsafe { result::graph::launch(graph.cu_graph_exec(), s.cu_stream())? })
+        let replay = |s: &CudaStream| -> Result<()> {
+            unsafe { result::graph::launch(graph.cu_graph_exec(), s.cu_stream())? };
+            Ok(())
         };
         let graph_ns = time(first + count, &replay)?;
         Ok((stream, graph_ns))

@@ -9,6 +9,9 @@ use super::member::Member;
 use super::watch::parse;
 use super::{Abort, BEAT, PROBE_EVERY};
 
+/// A watched member: its index and its name in keys.
+type Watched = (usize, String);
+
 impl Member<'_> {
     pub(super) fn alive_key(&self, i: usize) -> String {
         self.roster
@@ -134,7 +137,7 @@ impl Member<'_> {
         &self,
         who: &[(usize, String)],
         each: bool,
-    ) -> Result<Vec<((usize, String), Vec<u8>)>, crate::store::StoreError> {
+    ) -> Result<Vec<(Watched, Vec<u8>)>, crate::store::StoreError> {
         let key = |name: &str| self.roster.key(format_args!("alive/{name}"));
         let mut present: Vec<(usize, String)> = who.to_vec();
         let keys: Vec<String> = present.iter().map(|(_, n)| key(n)).collect();

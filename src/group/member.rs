@@ -249,7 +249,7 @@ impl<'a> Member<'a> {
             if let Err(e) = &out {
                 let judged = e.downcast_ref::<DataMismatch>().is_some();
                 let dismissed = e.downcast_ref::<super::Dismissed>().is_some();
-                if !dismissed && !(judged && self.roster.mismatch_is_published) {
+                if !(dismissed || judged && self.roster.mismatch_is_published) {
                     self.abort(&format!("{e:#}"));
                 }
             }
