@@ -6,7 +6,7 @@
 # path, the fresh runs each contraction compares with (ranks 0,3 and 0,1,2
 # of a capacity of 4), and two ranks with --graph (stream launches beside
 # CUDA-graph replays); every step verified, one per-phase table, JSON and
-# CSV per run, logs in --out.
+# CSV per run, logs and a plot (scripts/plot_elastic.py) in --out.
 #
 #   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
@@ -86,4 +86,5 @@ for mode in $MODES; do
   done
 done
 ((mps)) && mps_stop
+python3 "$ROOT/scripts/plot_elastic.py" "$OUT" "$OUT/elastic.png" && echo "plot: $OUT/elastic.png" >&2
 exit $fail
