@@ -206,7 +206,12 @@ pub fn supervise(
                 forward(child, sig.0);
             }
         }
-        let give_up = start.elapsed() > deadline || failed_at.is_some_and(|t| t.elapsed() > grace);
+        // After a failure, the ones left that are stopped have nothing to say.
+        let only_stopped = failed_at.is_some()
+            && (slots.iter().filter(|s| s.2.is_none())).all(|s| is_stopped(s.1.id()));
+        let give_up = start.elapsed() > deadline
+            || failed_at.is_some_and(|t| t.elapsed() > grace)
+            || only_stopped;
         if give_up {
             for (name, child, done) in slots.iter_mut().filter(|s| s.2.is_none()) {
                 let _ = child.kill();
@@ -223,6 +228,20 @@ pub fn supervise(
         std::thread::sleep(Duration::from_millis(10));
     }
     slots.into_iter().filter_map(|s| s.2).collect()
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, a debugger: state `T` or `t`
+/// in `/proc/<pid>/stat`): it cannot report anything, so waiting out a
+/// grace period for it only delays the exit.
+pub fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may
+    // itself hold spaces or parentheses.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "T" || state == "t")
 }
 
 /// Passes SIGTERM on to `child` (a `kill` or a job runner sends it to the
@@ -349,5 +368,30 @@ mod tests {
         assert_eq!((done.code, done.signal), (3, None));
         assert_eq!(summary(&[done]), "Target: 3");
         assert_eq!(signal_name(64), "signal 64");
+    }
+
+    #[test]
+    fn a_stopped_child_is_seen_as_stopped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(!is_stopped(pid));
+        // SAFETY: a plain syscall on a child we spawned and have not reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+        // The state changes once the kernel has delivered the signal.
+        let mut seen = false;
+        for _ in 0..500 {
+            if is_stopped(pid) {
+                seen = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(seen, "a SIGSTOPped child never showed state T");
+        assert!(!is_stopped(u32::MAX));
     }
 }

@@ -28,7 +28,9 @@ use super::env::INCARNATION_VAR;
 use super::keys::Keys;
 use super::plan::Plan;
 use crate::group::{Marker, Value};
-use crate::launch::{RoleExit, RoleSpec, forward, kill_all, run_roles_with, signal_name};
+use crate::launch::{
+    RoleExit, RoleSpec, forward, is_stopped, kill_all, run_roles_with, signal_name,
+};
 use crate::store::native::TcpStore;
 use crate::store::{Store, StoreOptions};
 
@@ -228,8 +230,14 @@ impl PlanRun<'_> {
                     failed_at = Some(Instant::now());
                 }
             }
+            // After a failure, the ones left that are stopped (frozen, or
+            // stopped as planned) have nothing to say: no grace for them.
+            let only_stopped = failed_at.is_some()
+                && (self.procs.iter().filter(|p| p.exit.is_none()))
+                    .all(|p| is_stopped(p.child.id()));
             let give_up = start.elapsed() > backstop
-                || failed_at.is_some_and(|t| t.elapsed() > self.opts.grace);
+                || failed_at.is_some_and(|t| t.elapsed() > self.opts.grace)
+                || only_stopped;
             if give_up {
                 self.kill_remaining(false);
             }
