@@ -4,6 +4,8 @@
 //! hand with torchrun's variables, and against a store the test hosts as
 //! torchrun's agent would; plus a rank that dies mid-run.
 
+mod common;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -60,35 +62,7 @@ impl Rank {
 
     /// Waits at most `limit` (then kills it and panics), reading its output.
     fn output(mut self, limit: Duration) -> Output {
-        let mut c = self.0.take().unwrap();
-        let read = |r: Option<Box<dyn std::io::Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                if let Some(mut r) = r {
-                    let _ = r.read_to_end(&mut v);
-                }
-                v
-            })
-        };
-        let out = read(c.stdout.take().map(|s| Box::new(s) as _));
-        let err = read(c.stderr.take().map(|s| Box::new(s) as _));
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > limit {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("rank still running after {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        Output {
-            status,
-            stdout: out.join().unwrap(),
-            stderr: err.join().unwrap(),
-        }
+        common::Reaped::new(self.0.take().unwrap()).wait_output(limit)
     }
 }
 

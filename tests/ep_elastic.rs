@@ -9,9 +9,11 @@
 //! Nothing here waits on a clock: each run ends by itself (the plan's keys
 //! drive the launcher), and the deadlines are backstops only.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/elastic/{name}.json"))
@@ -65,35 +67,7 @@ fn run_plan(plan: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = c.spawn().expect("starting ep");
-    let read = |r: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = read(child.stdout.take().map(|s| Box::new(s) as _));
-    let err = read(child.stderr.take().map(|s| Box::new(s) as _));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(600) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("ep --plan {} still running after 600 s", plan.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
+    common::Reaped::new(c.spawn().expect("starting ep")).wait_output(Duration::from_secs(600))
 }
 
 fn text(o: &Output) -> String {

@@ -15,14 +15,16 @@
 #[path = "../build/cuda_kernels.rs"]
 mod cuda_kernels;
 
+mod common;
+
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 const PUBLIC: &str = "https://raw.githubusercontent.com/ai-dynamo/nixl/v1.4.0";
@@ -188,33 +190,8 @@ fn setup(root: &Path, url: &str, args: &[&str], env: &[(&str, &str)]) -> Output 
     )
 }
 
-fn wait_output(mut child: Child, limit: Duration) -> Output {
-    let read = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
-            v
-        })
-    };
-    let out = read(Box::new(child.stdout.take().unwrap()));
-    let err = read(Box::new(child.stderr.take().unwrap()));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("setup.sh still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
+fn wait_output(child: Child, limit: Duration) -> Output {
+    common::Reaped::new(child).wait_output(limit)
 }
 
 fn text(o: &Output) -> String {
