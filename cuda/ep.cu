@@ -987,10 +987,3 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_verify_combine(EpPar
 extern "C" __global__ void ep_advance(EpParams p) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *p.step += 1;
 }
-
-// Which peers the store path can reach: out[d] = nixlGetPtr(remote view, d)
-// (null when the transport maps no pointer, e.g. RDMA); 1 for ourselves.
-extern "C" __global__ void ep_probe_ptrs(void *remote_mvh, uint32_t ranks, uint32_t rank, uint64_t *out) {
-    for (uint32_t d = threadIdx.x; d < ranks; d += blockDim.x)
-        out[d] = d == rank ? 1 : reinterpret_cast<uint64_t>(nixlGetPtr(remote_mvh, d));
-}

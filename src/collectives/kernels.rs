@@ -276,8 +276,30 @@ impl CollKernels {
         out: u64,
     ) -> Result<(), DriverError> {
         // SAFETY: as this function's contract.
-        unsafe {
-            crate::ep::kernels::launch_ptr_probe(&self.probe, s, remote_mvh, ranks, rank, out)
-        }
+        unsafe { launch_ptr_probe(&self.probe, s, remote_mvh, ranks, rank, out) }
     }
+}
+
+/// Launches the peer-pointer probe kernel (one block of 64 threads): `nixlGetPtr(remote_mvh, r)` for every rank `r`
+/// into `out[ranks]` (u64).
+///
+/// # Safety
+/// `remote_mvh` is a live remote memory view with `ranks` entries and
+/// `out` a device buffer of at least `ranks` u64.
+unsafe fn launch_ptr_probe(
+    f: &CudaFunction,
+    stream: &CudaStream,
+    remote_mvh: u64,
+    ranks: u32,
+    rank: u32,
+    out: u64,
+) -> Result<(), DriverError> {
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (64, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(f);
+    b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
+    unsafe { b.launch(cfg) }.map(|_| ())
 }

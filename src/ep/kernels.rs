@@ -227,7 +227,6 @@ pub struct EpKernels {
     combine: CudaFunction,
     verify_combine: CudaFunction,
     advance: CudaFunction,
-    probe_ptrs: CudaFunction,
 }
 
 /// One EP kernel of an iteration, in the order they are queued.
@@ -261,7 +260,6 @@ impl EpKernels {
             combine: f("ep_combine")?,
             verify_combine: f("ep_verify_combine")?,
             advance: f("ep_advance")?,
-            probe_ptrs: f("ep_probe_ptrs")?,
             _module: module,
         })
     }
@@ -312,46 +310,4 @@ impl EpKernels {
         b.arg(p);
         unsafe { b.launch(cfg) }.map(|_| ())
     }
-
-    /// Queues `ep_probe_ptrs`: `out[d]` = `nixlGetPtr(remote, d)` (1 for
-    /// `rank` itself).
-    ///
-    /// # Safety
-    /// `remote_mvh` must be a live view and `out` hold `ranks` u64.
-    pub unsafe fn launch_probe(
-        &self,
-        stream: &CudaStream,
-        remote_mvh: u64,
-        ranks: u32,
-        rank: u32,
-        out: u64,
-    ) -> Result<(), DriverError> {
-        // SAFETY: as this function's contract.
-        unsafe { launch_ptr_probe(&self.probe_ptrs, stream, remote_mvh, ranks, rank, out) }
-    }
-}
-
-/// Launches a peer-pointer probe kernel (ep's and the collectives', one
-/// block of 64 threads): `nixlGetPtr(remote_mvh, r)` for every rank `r`
-/// into `out[ranks]` (u64).
-///
-/// # Safety
-/// `remote_mvh` is a live remote memory view with `ranks` entries and
-/// `out` a device buffer of at least `ranks` u64.
-pub unsafe fn launch_ptr_probe(
-    f: &CudaFunction,
-    stream: &CudaStream,
-    remote_mvh: u64,
-    ranks: u32,
-    rank: u32,
-    out: u64,
-) -> Result<(), DriverError> {
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (64, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut b = stream.launch_builder(f);
-    b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
-    unsafe { b.launch(cfg) }.map(|_| ())
 }

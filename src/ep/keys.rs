@@ -47,7 +47,7 @@ use super::report::{RankInfo, RankResult};
 use super::setup::Setup;
 use std::collections::BTreeSet;
 
-use crate::group::{AgentMetadata, Bytes, Entry, Marker, Value};
+use crate::group::{Bytes, Entry, Marker, Value};
 
 /// A rank's report after a step: the ranks it masked so far in the phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,9 +109,6 @@ impl Keys {
     pub fn info(&self, r: u32) -> Entry<RankInfo> {
         self.entry(format_args!("rank/{r}/info"))
     }
-    pub fn metadata(&self, r: u32) -> Entry<AgentMetadata> {
-        self.entry(format_args!("rank/{r}/metadata"))
-    }
     /// What rank `r` measured in phase `i` (elastic runs).
     pub fn phase_result(&self, i: usize, r: u32) -> Entry<PhaseResult> {
         self.entry(format_args!("phase/{i}/result/{r}"))
@@ -168,10 +165,7 @@ mod tests {
     #[test]
     fn keys_live_under_the_prefix() {
         let k = Keys::new("/worker/attempt_0/nixl_ep/");
-        assert_eq!(
-            k.metadata(1).key(),
-            "/worker/attempt_0/nixl_ep/rank/1/metadata"
-        );
+        assert_eq!(k.info(1).key(), "/worker/attempt_0/nixl_ep/rank/1/info");
         assert_eq!(k.result(2).key(), "/worker/attempt_0/nixl_ep/rank/2/result");
         assert_eq!(Keys::new("nixl_ep/").setup().key(), "nixl_ep/setup");
     }

@@ -40,8 +40,6 @@ pub struct Rig {
     /// Ranks the window and the mask are sized for (the capacity).
     ranks: u32,
     pub out: DeviceBuffer,
-    /// `ranks` u64 for [`super::kernels::EpKernels::launch_probe`].
-    pub probe: DeviceBuffer,
 }
 
 /// Copies `data` to `offset` bytes into `buf` and waits.
@@ -94,7 +92,6 @@ impl Rig {
             timing_slots: u32::try_from(iterations).context("more steps than 2^32")?,
             ranks: s.ranks,
             out: alloc(t * s.token_bytes(), "the combined output")?,
-            probe: alloc(8 * n, "the pointer probe")?,
             layout,
         };
         upload_at(gpu, &rig.window, layout.meta, &model.meta_bytes())?;
