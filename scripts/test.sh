@@ -71,6 +71,18 @@ failures() {
   ' "$1"
 }
 
+# What the failing tests of one profile's log printed (libtest's
+# "failures:" section), at most 100 lines each: CI shows only the end of
+# the output, so the summary repeats it.
+failure_output() {
+  awk '
+    /^failures:$/ { inside = 1; next }
+    /^(successes:|test result:)/ { inside = 0 }
+    inside && /^---- .* stdout ----$/ { n = 0 }
+    inside && n++ < 100 { print "  " $0 }
+  ' "$1"
+}
+
 status=0
 declare -A took result
 for p in "${profiles[@]}"; do
@@ -80,6 +92,14 @@ for p in "${profiles[@]}"; do
   took[$p]=$(( $(date +%s) - t0 ))
   result[$p]=$rc
   [[ $rc -eq 0 ]] || status=$rc
+done
+
+for p in "${profiles[@]}"; do
+  if [[ -n $(failures "$log.$p") ]]; then
+    echo
+    echo "== what the failing tests printed ($p)"
+    failure_output "$log.$p"
+  fi
 done
 
 echo

@@ -455,6 +455,27 @@ fn a_rank_that_dies_is_named_by_the_others() {
     }
 }
 
+/// A rank that dies just as the others load its metadata and connect to
+/// it: whether NIXL fails there ("UCX endpoint create failed") or the
+/// others get through and wait for it later, they name the dead rank.
+#[test]
+fn a_rank_that_dies_while_the_others_connect_is_named() {
+    let port = free_port();
+    let ranks: Vec<Rank> = (0..3)
+        .map(|r| spawn_rank(r, 3, port, false, &["--inject", "die-before-connect=2"]))
+        .collect();
+    for (r, rank) in ranks.into_iter().enumerate().take(2) {
+        let o = rank.output(Duration::from_secs(40));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "rank {r}: {}", text(&o));
+        assert!(
+            err.contains("rank 2 stopped responding"),
+            "rank {r} does not name rank 2: {}",
+            text(&o)
+        );
+    }
+}
+
 /// A rank frozen (SIGSTOP) once connected keeps its sockets open; the
 /// others must name it from the silence, long before their --timeout.
 fn frozen_rank_is_named(victim: u32, cause: &str) {

@@ -193,7 +193,8 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
 
-    /// Fault injection for tests: `hang-after-connect=R`, `corrupt=dispatch|combine`.
+    /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`,
+    /// `corrupt=dispatch|combine`.
     #[arg(long, hide = true)]
     inject: Option<String>,
 }
@@ -368,16 +369,19 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
     let Some(spec) = spec else { return Ok(out) };
     let bad = || {
         UsageError(format!(
-            "--inject {spec}: expected hang-after-connect=R or corrupt=dispatch|combine"
+            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R or corrupt=dispatch|combine"
         ))
     };
     match spec.split_once('=') {
-        Some(("hang-after-connect", r)) => {
+        Some((what @ ("hang-after-connect" | "die-before-connect"), r)) => {
             let r: u32 = r.parse().map_err(|_| bad())?;
             if r >= world {
                 return Err(bad());
             }
-            out.connect.hang_rank = Some(r);
+            match what {
+                "hang-after-connect" => out.connect.hang_rank = Some(r),
+                _ => out.connect.die_rank = Some(r),
+            }
         }
         Some(("corrupt", "dispatch")) => {
             out.corrupt = Some(nixl_examples::ep::setup::Corrupt::Dispatch)

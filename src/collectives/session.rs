@@ -126,7 +126,8 @@ impl Session {
         let mut peers = vec![None; g.world as usize];
         for r in (0..g.world).filter(|&r| r != g.rank) {
             let md: AgentMetadata = g.get(&g.rank_entry(r, "metadata"), r, "agent metadata")?;
-            load_peer(&nixl.agent, &md.0, &agent_name(r), g.timeout())?;
+            load_peer(&nixl.agent, &md.0, &agent_name(r), g.timeout())
+                .map_err(|e| g.blame_member(r as usize, e))?;
             let list: DescList = g.get(&g.rank_entry(r, "window"), r, "window descriptor")?;
             match list.descs.as_slice() {
                 [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, agent_name(r))),

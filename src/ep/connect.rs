@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::elastic::{Decision, Elastic};
+use super::elastic::{Decision, Elastic, Peer};
 use super::env::RankEnv;
 use super::group::{Group, open_store, process_name};
 use super::plan::Plan;
@@ -51,6 +51,11 @@ pub struct Inject {
     /// running, before the phase's barrier) until it is killed: the others
     /// must name it once it dies.
     pub hang_rank: Option<u32>,
+    /// This rank dies (SIGKILL to itself) in its first phase once it has
+    /// published its metadata and read the others', before connecting to
+    /// them: the others, which may be loading its metadata or connecting to
+    /// it just then, must name it as dead.
+    pub die_rank: Option<u32>,
 }
 
 /// Runs this rank's side of the connection check over `plan`;
@@ -82,8 +87,13 @@ fn live(group: &Group, elastic: &Elastic, timeout: Duration, inject: Inject) -> 
         for (r, inc) in elastic.departed(i) {
             let _ = nixl.agent.invalidate_remote_md(&incarnation_agent(r, inc));
         }
-        connect_phase(elastic, &nixl.agent, i, &mine, timeout, &mut known)?;
-        if inject.hang_rank == Some(me) && i == elastic.life().start {
+        let first = i == elastic.life().start;
+        let peers = elastic.begin_phase(i, &mine)?;
+        if inject.die_rank == Some(me) && first {
+            die(me);
+        }
+        connect_phase(elastic, &nixl.agent, i, &peers, timeout, &mut known)?;
+        if inject.hang_rank == Some(me) && first {
             hang(group)?;
         }
         elastic.connected(i)?;
@@ -100,23 +110,28 @@ fn live(group: &Group, elastic: &Elastic, timeout: Duration, inject: Inject) -> 
     Ok(())
 }
 
-/// Phase `i` begins: this rank connects to the peers it must reach now.
+/// Phase `i` begins: this rank connects to `peers`, those it must reach
+/// now ([`Elastic::begin_phase`]).
+/// A peer that cannot be reached is blamed by its heartbeat: a dead one is
+/// named as dead ([`Elastic::blame`]).
 fn connect_phase(
     elastic: &Elastic,
     agent: &Agent,
     i: usize,
-    mine: &AgentMetadata,
+    peers: &[Peer<AgentMetadata>],
     timeout: Duration,
     known: &mut Vec<String>,
 ) -> Result<()> {
     let me = elastic.rank();
-    let peers = elastic.begin_phase(i, mine)?;
-    for p in &peers {
+    for p in peers {
         let name = incarnation_agent(p.rank, p.incarnation);
-        load_peer(agent, &p.payload.0, &name, timeout)?;
-        agent
-            .make_connection(&name, None)
-            .map_err(|e| anyhow::anyhow!("connecting to rank {} ({name}): {e}", p.rank))?;
+        let reached = load_peer(agent, &p.payload.0, &name, timeout).and_then(|()| {
+            (agent.make_connection(&name, None)).map_err(|e| anyhow::anyhow!("{e}"))
+        });
+        reached.map_err(|e| {
+            let e = e.context(format!("connecting to rank {} ({name})", p.rank));
+            elastic.blame(p.rank, p.incarnation, e)
+        })?;
         say!("[rank {me}] connected to rank {} ({name})", p.rank);
         known.push(name);
     }
@@ -172,6 +187,17 @@ pub fn decision_line(me: u32, i: usize, d: &Decision) -> String {
         d.leader,
         d.waited_us
     )
+}
+
+/// The injected death: SIGKILL to ourselves, so nothing is cleaned up
+/// and our heartbeat key stays, as after a crash.
+fn die(me: u32) -> ! {
+    say!("[rank {me}] dying (injected fault)");
+    // SAFETY: kill(2) on our own pid.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// The injected hang: stops here, heartbeat going, until killed, or until

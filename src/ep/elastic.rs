@@ -401,6 +401,13 @@ impl<'a> Elastic<'a> {
         Ok(now.get(&(leader as usize)) == before.get(&(leader as usize)))
     }
 
+    /// The cause of `err`, a failure to reach rank `r`'s process started
+    /// in phase `inc`: its death if its heartbeat says so (see
+    /// [`crate::group::Member::blame`]).
+    pub fn blame(&self, r: u32, inc: usize, err: anyhow::Error) -> anyhow::Error {
+        self.group.blame(r as usize, &process_name(r, inc), err)
+    }
+
     /// The processes of `ranks` in phase `i`, as the group names them.
     fn names(&self, ranks: impl IntoIterator<Item = u32>, i: usize) -> Vec<(usize, String)> {
         (ranks.into_iter())

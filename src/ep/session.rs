@@ -213,7 +213,8 @@ fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize)
         .collect();
     let peers = el.begin_phase(i, card)?;
     for p in &peers {
-        net.connect(p.rank, &p.payload, Duration::from_nanos(st.cfg.timeout_ns))?;
+        (net.connect(p.rank, &p.payload, Duration::from_nanos(st.cfg.timeout_ns)))
+            .map_err(|e| el.blame(p.rank, p.incarnation, e))?;
     }
     // SAFETY: no kernel of ours runs between steps; the phase's members keep
     // their windows registered until they pass the phase's end.

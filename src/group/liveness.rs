@@ -228,6 +228,53 @@ impl Member<'_> {
         w.judge(i, &self.roster.names[i], value).is_some()
     }
 
+    /// The cause of `err`, a failure to reach member `i` (its process
+    /// named `name` in keys). NIXL reports a peer that died while we
+    /// loaded its metadata or connected to it only as a backend error
+    /// ("UCX endpoint create failed"), so the heartbeat decides: once it
+    /// stood still long enough (the probe's judgement), or another member
+    /// aborted, that is the cause, with `err` after it; once it moved on
+    /// by two beats, or the store is lost, or after the run's timeout,
+    /// `err` stands alone. A member that left (its heartbeat key gone) is
+    /// named as such. A dead peer takes about [`super::SILENT_AFTER`], a
+    /// live one two [`BEAT`]s.
+    pub fn blame(&self, i: usize, name: &str, err: anyhow::Error) -> anyhow::Error {
+        let who = [(i, name.to_string())];
+        let beat = |m: &Self| m.heartbeats_of(&who).ok().map(|b| b.get(&i).copied());
+        let Some(Some(first)) = beat(self) else {
+            return match beat(self) {
+                Some(None) => err.context(format!("{} left the run", self.label(i))),
+                _ => err,
+            };
+        };
+        let until = Instant::now() + self.timeout();
+        while Instant::now() < until {
+            if let Some(why) = self.probe() {
+                return err.context(why);
+            }
+            match self.silent_among(&who) {
+                Ok(s) if s.contains(&i) => {
+                    let w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+                    return err.context(silent(self.label(i), w.quiet(i)));
+                }
+                Ok(_) => {}
+                Err(_) => return err,
+            }
+            if beat(self).flatten().is_some_and(|now| now >= first + 2) {
+                return err;
+            }
+            std::thread::sleep(PROBE_EVERY / 4);
+        }
+        err
+    }
+
+    /// [`Member::blame`] for member `i` under its roster name (a run
+    /// whose members never change process).
+    pub fn blame_member(&self, i: usize, err: anyhow::Error) -> anyhow::Error {
+        let name = self.roster.names[i].clone();
+        self.blame(i, &name, err)
+    }
+
     /// Tells every member we failed, best effort; the first abort wins
     /// (compare-and-set), so every member reports the first cause.
     pub fn abort(&self, why: &str) {

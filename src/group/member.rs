@@ -428,6 +428,33 @@ mod tests {
         assert_eq!(store.num_keys().unwrap(), 0);
     }
 
+    /// A failure to reach a member is blamed on its death only when its
+    /// heartbeat stands still; a live member's failure stands as it is.
+    #[test]
+    fn blame_names_a_dead_member_and_not_a_live_one() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let (a, b) = (
+            Member::new(&store, roster(), 0, Duration::from_secs(30)),
+            Member::new(&store, roster(), 1, Duration::from_secs(30)),
+        );
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let live = std::thread::scope(|s| {
+            s.spawn(move || b.with_heartbeat(|| wait.recv()));
+            while !store.check(&["t/alive/1"]).unwrap() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let e = a.with_heartbeat(|| a.blame_member(1, anyhow!("boom")));
+            drop(done);
+            e
+        });
+        assert_eq!(format!("{live:#}"), "boom");
+        // Member 1's heartbeat key stays at its last value: it died.
+        let dead = a.with_heartbeat(|| a.blame_member(1, anyhow!("boom")));
+        let said = format!("{dead:#}");
+        assert!(said.starts_with("rank 1 stopped responding"), "{said}");
+        assert!(said.ends_with(": boom"), "{said}");
+    }
+
     #[test]
     fn the_first_abort_wins() {
         let store = MemoryStore::new(Duration::from_secs(30));

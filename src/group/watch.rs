@@ -47,6 +47,13 @@ impl Watch {
 }
 
 impl Watch {
+    /// How long member `i`'s heartbeat has stood still, as far as seen.
+    pub(super) fn quiet(&self, i: usize) -> Duration {
+        self.seen[i]
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.at.elapsed())
+    }
+
     /// Records member `i`'s heartbeat `value`, read under `name`; once it
     /// has stood still for [`SILENT_AFTER`] and [`SILENT_BEATS`] of ours,
     /// returns for how long.

@@ -29,8 +29,9 @@ pub fn initiator(member: &Member, hang: bool) -> Result<()> {
             &AgentMetadata(nixl.agent.get_local_md()?),
         )?;
         let md = member.get(&p::target_meta(), p::TARGET, "agent metadata")?;
-        load_peer(&nixl.agent, &md.0, p::TARGET_NAME, member.timeout())?;
-        nixl.agent.make_connection(p::TARGET_NAME, None)?;
+        let reached = load_peer(&nixl.agent, &md.0, p::TARGET_NAME, member.timeout())
+            .and_then(|()| Ok(nixl.agent.make_connection(p::TARGET_NAME, None)?));
+        reached.map_err(|e| member.blame_member(p::TARGET, e))?;
         say!("[initiator] Connected to target (agents wired up through the store; no GPU used)");
         hang_if(hang, "initiator")?;
         member.mark(&p::initiator_done())?;
@@ -51,7 +52,8 @@ pub fn target(member: &Member, hang: bool) -> Result<()> {
             &AgentMetadata(nixl.agent.get_local_md()?),
         )?;
         let md = member.get(&p::initiator_meta(), p::INITIATOR, "agent metadata")?;
-        load_peer(&nixl.agent, &md.0, p::INITIATOR_NAME, member.timeout())?;
+        load_peer(&nixl.agent, &md.0, p::INITIATOR_NAME, member.timeout())
+            .map_err(|e| member.blame_member(p::INITIATOR, e))?;
         say!("[target] Connected to initiator (agents wired up through the store; no GPU used)");
         hang_if(hang, "target")?;
         member.get(&p::initiator_done(), p::INITIATOR, "release")?;

@@ -215,7 +215,8 @@ fn connect(local: Local, cfg: &InitiatorConfig, member: &Member) -> Result<Held>
     say!("[initiator] Published metadata, waiting for target...");
 
     let target_md = member.get(&p::target_meta(), p::TARGET, "agent metadata")?;
-    load_peer(agent, &target_md.0, p::TARGET_NAME, cfg.timeout)?;
+    load_peer(agent, &target_md.0, p::TARGET_NAME, cfg.timeout)
+        .map_err(|e| member.blame_member(p::TARGET, e))?;
     let data = member.get(&p::target_data_descs(), p::TARGET, "data descriptors")?;
     let signal = member.get(&p::target_signal_descs(), p::TARGET, "signal descriptors")?;
     check_remote(&data, local.plan.max_wire_size(), "data")?;

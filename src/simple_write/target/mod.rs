@@ -165,7 +165,8 @@ fn set_up(cfg: &TargetConfig, plan: RunPlan, member: &Member) -> Result<Held> {
 fn connect(held: &mut Held, member: &Member) -> Result<()> {
     let agent = &held.nixl.agent;
     let md = member.get(&p::initiator_meta(), p::INITIATOR, "agent metadata")?;
-    load_peer(agent, &md.0, p::INITIATOR_NAME, held.plan.timeout())?;
+    load_peer(agent, &md.0, p::INITIATOR_NAME, held.plan.timeout())
+        .map_err(|e| member.blame_member(p::INITIATOR, e))?;
     let ack = member.get(
         &p::initiator_ack_descs(),
         p::INITIATOR,
