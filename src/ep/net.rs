@@ -76,7 +76,6 @@ pub struct Net {
     /// connected.
     peers: Vec<RankBuffer>,
     nixl: UcxAgent,
-    me: u32,
     /// Every rank's window has this many bytes (one configuration).
     window_len: u64,
 }
@@ -85,7 +84,7 @@ impl Net {
     /// Creates agent `name`, registers the rig's window and prepares the
     /// local view; returns it with this rank's card. `capacity` = elements
     /// of the remote view.
-    pub fn open(name: &str, rig: &Rig, me: u32, capacity: u32) -> Result<(Self, PeerCard)> {
+    pub fn open(name: &str, rig: &Rig, capacity: u32) -> Result<(Self, PeerCard)> {
         let nixl = create_ucx_agent(name)?;
         let reg = nixl
             .agent
@@ -105,7 +104,6 @@ impl Net {
             reg: Some(reg),
             peers: vec![None; capacity as usize],
             nixl,
-            me,
             window_len: rig.window.len() as u64,
         };
         Ok((net, card))
@@ -160,11 +158,6 @@ impl Net {
     pub fn views(&self) -> (u64, u64) {
         let local = self.local.as_ref().map_or(0, |v| v.as_ptr() as u64);
         (local, self.remote.as_ref().map_or(0, |v| v.as_ptr() as u64))
-    }
-
-    /// This rank.
-    pub fn rank(&self) -> u32 {
-        self.me
     }
 
     /// Drops both views (no kernel may run), then, after `released` (every

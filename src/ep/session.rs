@@ -80,7 +80,7 @@ pub fn run(
         u64::from(steps_per_phase) * el.plan().len() as u64,
     )?;
     let agent = incarnation_agent(g.rank, el.incarnation());
-    let (mut net, card) = Net::open(&agent, &rig, g.rank, g.world)?;
+    let (mut net, card) = Net::open(&agent, &rig, g.world)?;
     let st = Stepper {
         gpu: local.gpu,
         kernels: local.kernels,
