@@ -276,10 +276,16 @@ impl<'a> Elastic<'a> {
                 masked: mine.clone(),
             },
         )?;
-        let clock = Clock::start(g);
-        let verdict = self.await_verdict(i, step, &active, &mine, &clock)?;
+        let round = Round {
+            i,
+            step,
+            active,
+            mine,
+            clock: Clock::start(g),
+        };
+        let verdict = self.await_verdict(&round)?;
         g.delete_own([report.key()]);
-        let waited_us = clock.at.elapsed().as_micros() as u64;
+        let waited_us = round.clock.at.elapsed().as_micros() as u64;
         if verdict.gone.contains(&self.me) {
             return Err(Dismissed(format!(
                 "the other ranks agreed that this rank (rank {}) is gone after step {step} of phase {i} (decided by \
@@ -318,17 +324,11 @@ impl<'a> Elastic<'a> {
 
     /// Waits for the decision of (`i`, `step`), leading when this process
     /// is the lowest active rank it neither masked nor suspects.
-    fn await_verdict(
-        &self,
-        i: usize,
-        step: u64,
-        active: &BTreeSet<u32>,
-        mine: &BTreeSet<u32>,
-        clock: &Clock,
-    ) -> Result<Verdict> {
+    fn await_verdict(&self, round: &Round) -> Result<Verdict> {
         let g = self.group;
+        let (i, step) = (round.i, round.step);
         let entry = g.keys.decision(i, step);
-        let mut suspects: BTreeSet<u32> = mine.clone();
+        let mut suspects: BTreeSet<u32> = round.mine.clone();
         // Most decisions come within a probe interval: look at the leader
         // only after one, and snapshot the heartbeats then.
         let mut next_look = Instant::now() + PROBE_EVERY;
@@ -340,21 +340,20 @@ impl<'a> Elastic<'a> {
                 if let Some(v) = g.try_get(&entry)? {
                     return Ok(Some(v));
                 }
-                let leader = (active.iter().copied())
+                let leader = (round.active.iter().copied())
                     .find(|r| !suspects.contains(r))
                     .expect("this rank is active and not suspected");
                 if leader == self.me {
-                    return self.lead(i, step, active, mine, clock).map(Some);
+                    return self.lead(round).map(Some);
                 }
                 if Instant::now() >= next_look {
                     next_look = Instant::now() + PROBE_EVERY;
                     let before = match &mut before {
                         Some(b) => b,
-                        none => {
-                            none.insert(g.heartbeats_of(&self.names(active.iter().copied(), i))?)
-                        }
+                        none => none
+                            .insert(g.heartbeats_of(&self.names(round.active.iter().copied(), i))?),
                     };
-                    if self.passed_over(i, step, leader, clock, before)? {
+                    if self.passed_over(round, leader, before)? {
                         tracing::info!(
                             "phase {i} step {step}: rank {leader} does not lead; the next rank takes over"
                         );
@@ -379,20 +378,14 @@ impl<'a> Elastic<'a> {
     /// has not even reported within the fault timeout and its heartbeat
     /// stood still since `before` (dead between steps; a live but slow
     /// leader keeps beating and is waited for).
-    fn passed_over(
-        &self,
-        i: usize,
-        step: u64,
-        leader: u32,
-        clock: &Clock,
-        before: &Beats,
-    ) -> Result<bool> {
+    fn passed_over(&self, round: &Round, leader: u32, before: &Beats) -> Result<bool> {
         let g = self.group;
+        let (i, step) = (round.i, round.step);
         let name = [(leader as usize, process_name(leader, self.inc(leader, i)))];
         if !g.silent_among(&name)?.is_empty() {
             return Ok(true);
         }
-        if !clock.passed(g, self.fault_timeout)
+        if !round.clock.passed(g, self.fault_timeout)
             || g.try_get(&g.keys.report(i, step, leader))?.is_some()
         {
             return Ok(false);
@@ -422,21 +415,15 @@ impl<'a> Elastic<'a> {
     /// between steps). Publishes the decision (compare-and-set) and returns
     /// the one that won. Errors: a rank that keeps beating but never
     /// reports, past the run's timeout (stuck).
-    fn lead(
-        &self,
-        i: usize,
-        step: u64,
-        active: &BTreeSet<u32>,
-        mine: &BTreeSet<u32>,
-        clock: &Clock,
-    ) -> Result<Verdict> {
+    fn lead(&self, round: &Round) -> Result<Verdict> {
         let g = self.group;
-        let mut union: BTreeSet<u32> = &self.phase_gone(i)? | mine;
+        let (i, step) = (round.i, round.step);
+        let mut union: BTreeSet<u32> = &self.phase_gone(i)? | &round.mine;
         let mut heard = BTreeSet::from([self.me]);
-        let before = g.heartbeats_of(&self.names(active.iter().copied(), i))?;
+        let before = g.heartbeats_of(&self.names(round.active.iter().copied(), i))?;
         let mut next_look = Instant::now();
         loop {
-            let missing = self.collect_reports(i, step, active, &mut union, &mut heard)?;
+            let missing = self.collect_reports(round, &mut union, &mut heard)?;
             if missing.is_empty() {
                 break;
             }
@@ -444,13 +431,13 @@ impl<'a> Elastic<'a> {
                 next_look = Instant::now() + PROBE_EVERY;
                 let names = self.names(missing.iter().copied(), i);
                 union.extend(g.silent_among(&names)?.into_iter().map(|r| r as u32));
-                if clock.passed(g, self.fault_timeout) {
+                if round.clock.passed(g, self.fault_timeout) {
                     let now = g.heartbeats_of(&names)?;
                     let still = |r: &u32| now.get(&(*r as usize)) == before.get(&(*r as usize));
                     union.extend(missing.iter().copied().filter(still));
                 }
             }
-            if clock.at.elapsed() > g.timeout() {
+            if round.clock.at.elapsed() > g.timeout() {
                 bail!(
                     "rank(s) {missing:?} did not report after step {step} of phase {i} within {:?}, their heartbeat going \
                      on: stuck between steps",
@@ -485,22 +472,21 @@ impl<'a> Elastic<'a> {
     /// union, adding what they masked; returns those still missing.
     fn collect_reports(
         &self,
-        i: usize,
-        step: u64,
-        active: &BTreeSet<u32>,
+        round: &Round,
         union: &mut BTreeSet<u32>,
         heard: &mut BTreeSet<u32>,
     ) -> Result<Vec<u32>> {
         let g = self.group;
+        let (i, step) = (round.i, round.step);
         let awaited = |union: &BTreeSet<u32>, heard: &BTreeSet<u32>| -> Vec<u32> {
-            (active.iter().copied())
+            (round.active.iter().copied())
                 .filter(|r| !union.contains(r) && !heard.contains(r))
                 .collect()
         };
         for r in awaited(union, heard) {
             if let Some(rep) = g.try_get(&g.keys.report(i, step, r))? {
                 heard.insert(r);
-                union.extend(rep.masked.intersection(active).copied());
+                union.extend(rep.masked.intersection(&round.active).copied());
             }
         }
         Ok(awaited(union, heard))
@@ -626,6 +612,17 @@ impl<'a> Elastic<'a> {
 
 /// Heartbeat counters by member, as read at one moment.
 type Beats = std::collections::BTreeMap<usize, i64>;
+
+/// One round of agreement: after step `step` of phase `i`, among the
+/// `active` ranks (the phase's members not yet gone), this process having
+/// masked `mine`; `clock` started when it reported.
+struct Round {
+    i: usize,
+    step: u64,
+    active: BTreeSet<u32>,
+    mine: BTreeSet<u32>,
+    clock: Clock,
+}
 
 /// A limit counted from a moment both in wall time and in our own
 /// heartbeats, so that it stretches when the machine is too busy to run us.
