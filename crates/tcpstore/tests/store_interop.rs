@@ -9,38 +9,11 @@
 #[path = "store_suite.rs"]
 mod suite;
 
-use std::net::{Ipv4Addr, TcpListener};
+use suite::{free_port, joining};
+
 use std::time::Duration;
 
-use tcpstore::{Store, StoreOptions};
-
-fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions {
-        host: "127.0.0.1".into(),
-        port,
-        is_server,
-        num_workers: None,
-        wait_workers: false,
-        timeout,
-    }
-}
-
-fn joining(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions {
-        num_workers: Some(2),
-        wait_workers: true,
-        ..opts(port, is_server, timeout)
-    }
-}
-
-/// A port nobody listens on (just released by us).
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use tcpstore::Store;
 
 /// The value each side publishes in the two-party scenario: 1.5 MiB + 3,
 /// a pattern Python rebuilds with the same formula.
@@ -138,7 +111,8 @@ mod libtorch {
     use tcpstore::native::{TcpStore, TcpStoreServer};
     use tcpstore::{Store, StoreError};
 
-    use super::{free_port, joining, opts, peer_scenario, suite};
+    use super::suite::opts;
+    use super::{free_port, joining, peer_scenario, suite};
 
     const SUITE_TIMEOUT: Duration = Duration::from_millis(500);
 

@@ -7,44 +7,16 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use suite::{Raw, f};
+use suite::{Raw, f, free_port, joining, opts};
 use tcpstore::native::wire::{self, Request};
 use tcpstore::native::{TcpStore, TcpStoreServer};
-use tcpstore::{Store, StoreError, StoreOptions};
-
-fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions {
-        host: "127.0.0.1".into(),
-        port,
-        is_server,
-        num_workers: None,
-        wait_workers: false,
-        timeout,
-    }
-}
-
-fn joining(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
-    StoreOptions {
-        num_workers: Some(2),
-        wait_workers: true,
-        ..opts(port, is_server, timeout)
-    }
-}
+use tcpstore::{Store, StoreError};
 
 /// A hosting store on an ephemeral port, and a second client of it.
 fn server_and_client(timeout: Duration) -> (TcpStore, TcpStore) {
     let host = TcpStore::open(&opts(0, true, timeout)).unwrap();
     let client = TcpStore::open(&opts(host.port(), false, timeout)).unwrap();
     (host, client)
-}
-
-/// A port nobody listens on (just released by us).
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

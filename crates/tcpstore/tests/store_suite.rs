@@ -11,7 +11,40 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tcpstore::{Store, StoreError};
+use std::net::{Ipv4Addr, TcpListener};
+
+use tcpstore::{Store, StoreError, StoreOptions};
+
+/// Options for a store at 127.0.0.1:`port` (the server's when
+/// `is_server`) that does not count workers.
+pub fn opts(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
+    StoreOptions {
+        host: "127.0.0.1".into(),
+        port,
+        is_server,
+        num_workers: None,
+        wait_workers: false,
+        timeout,
+    }
+}
+
+/// [`opts`] for one of two workers that wait for each other.
+pub fn joining(port: u16, is_server: bool, timeout: Duration) -> StoreOptions {
+    StoreOptions {
+        num_workers: Some(2),
+        wait_workers: true,
+        ..opts(port, is_server, timeout)
+    }
+}
+
+/// A port nobody listens on (just released by us).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 /// A deterministic, non-repeating-looking byte pattern of `len` bytes.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -331,7 +364,7 @@ pub fn large_values_both_ways(a: &dyn Store, b: &dyn Store, ns: &str) {
 
 use std::borrow::Cow;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::TcpStream;
 
 use tcpstore::native::wire::{self, Request, VALIDATION_MAGIC};
 
