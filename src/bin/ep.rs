@@ -369,9 +369,13 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
     let Some(spec) = spec else { return Ok(out) };
     let bad = || {
         UsageError(format!(
-            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R or corrupt=dispatch|combine"
+            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R, die-mid-dispatch or corrupt=dispatch|combine"
         ))
     };
+    if spec == "die-mid-dispatch" {
+        out.corrupt = Some(nixl_examples::ep::setup::Corrupt::DieMidDispatch);
+        return Ok(out);
+    }
     match spec.split_once('=') {
         Some((what @ ("hang-after-connect" | "die-before-connect"), r)) => {
             let r: u32 = r.parse().map_err(|_| bad())?;

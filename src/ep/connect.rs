@@ -169,6 +169,7 @@ fn steps(group: &Group, elastic: &Elastic, i: usize) -> Result<()> {
             say!("{}", decision_line(me, i, &d));
         }
         gone.clone_from(&d.gone);
+        masked.retain(|r| d.gone.contains(r));
         if k == MIDDLE {
             elastic.halfway(i, &d)?;
         }
@@ -176,11 +177,16 @@ fn steps(group: &Group, elastic: &Elastic, i: usize) -> Result<()> {
     Ok(())
 }
 
-/// `[rank 1] phase 2: ranks gone: [2] (agreed by 3 of 3 survivors)`.
+/// `[rank 1] phase 2: ranks gone: [2] (agreed by 3 of 3 survivors, …)`,
+/// and the ranks masked but found alive, if any.
 pub fn decision_line(me: u32, i: usize, d: &Decision) -> String {
+    let forgiven = match d.forgiven.is_empty() {
+        true => String::new(),
+        false => format!("; masked but alive, only late: {:?}", d.forgiven),
+    };
     format!(
         "[rank {me}] phase {i}: ranks gone: {:?} (agreed by {} of {} survivors, decided by rank {} {} µs after my \
-         report)",
+         report{forgiven})",
         d.gone.iter().collect::<Vec<_>>(),
         d.reports,
         d.survivors,

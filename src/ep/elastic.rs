@@ -73,6 +73,10 @@ pub struct Decision {
     pub reports: u32,
     /// Members of the phase still active after it.
     pub survivors: u32,
+    /// Ranks masked in this step by some survivor that reported all the
+    /// same ([`Verdict::forgiven`]): every survivor must resynchronise
+    /// with them before the next step.
+    pub forgiven: BTreeSet<u32>,
     /// µs from this process's report to its reading the decision.
     pub waited_us: u64,
 }
@@ -308,6 +312,7 @@ impl<'a> Elastic<'a> {
             reports: verdict.reports,
             survivors: still.len() as u32,
             waited_us,
+            forgiven: verdict.forgiven,
         })
     }
 
@@ -453,9 +458,11 @@ impl<'a> Elastic<'a> {
                 &format!("the reports after step {step} of phase {i}"),
             )?;
         }
+        self.hear_the_masked(round, &union, &mut heard, &before)?;
         let verdict = Verdict {
-            reports: heard.difference(&union).count() as u32,
-            gone: union,
+            reports: heard.len() as u32,
+            gone: &union - &heard,
+            forgiven: &(&union & &heard) - &self.phase_gone(i)?,
             leader: self.me,
         };
         let entry = g.keys.decision(i, step);
@@ -466,6 +473,58 @@ impl<'a> Elastic<'a> {
             }
             Some(theirs) => Ok(theirs),
         }
+    }
+
+    /// A rank masked in this step that still reports is alive: it was only
+    /// late, because it waited out the fault timeout on the dead rank
+    /// itself (a death in the middle of a dispatch: the ranks it reached go
+    /// on, the one it did not waits, and its lateness looks like a second
+    /// death to the others). So before deciding, the leader waits for the
+    /// report of every rank in the `union` not heard from yet, until it
+    /// comes (added to `heard`) or the rank's heartbeat stood still for two
+    /// beats since `before` (dead or frozen: no longer waited for).
+    fn hear_the_masked(
+        &self,
+        round: &Round,
+        union: &BTreeSet<u32>,
+        heard: &mut BTreeSet<u32>,
+        before: &Beats,
+    ) -> Result<()> {
+        let g = self.group;
+        let (i, step) = (round.i, round.step);
+        let mut open: BTreeSet<u32> = &(union - &self.phase_gone(i)?) - heard;
+        let window = Clock::start(g);
+        while !open.is_empty() {
+            for r in open.clone() {
+                if g.try_get(&g.keys.report(i, step, r))?.is_some() {
+                    heard.insert(r);
+                    open.remove(&r);
+                }
+            }
+            if window.passed(g, 2 * BEAT) {
+                let now = g.heartbeats_of(&self.names(open.iter().copied(), i))?;
+                // Moved on: alive. Still, or its key gone (it left): not waited for.
+                open.retain(|r| {
+                    let now = now.get(&(*r as usize));
+                    now.is_some() && now != before.get(&(*r as usize))
+                });
+            }
+            if round.clock.at.elapsed() > g.timeout() {
+                bail!(
+                    "rank(s) {open:?} were masked after step {step} of phase {i} and keep beating, but did not report \
+                     within {:?}: stuck between steps",
+                    g.timeout()
+                );
+            }
+            if let Some(&r) = open.iter().next() {
+                let key = g.keys.report(i, step, r).key().to_string();
+                g.wait_a_slice(
+                    &[&key],
+                    &format!("rank {r}'s report after step {step} of phase {i}"),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// Reads the reports of the active ranks not yet heard from nor in the
@@ -670,10 +729,14 @@ mod tests {
     /// Every rank of phase 0 of `plan` on a thread: begin, connected, one
     /// agreement with `masked(r)`, then — once every rank has its decision
     /// or its dismissal, so that no survivor's cleanup runs ahead of a rank
-    /// still reading — `rest`; their results in rank order.
+    /// still reading — `rest`; their results in rank order. Rank `absent`
+    /// dies once connected, before agreeing: it never beats (it runs
+    /// outside [`Member::run`](crate::group::Member::run)) and leaves its
+    /// keys behind.
     fn phase0<T: Send>(
         store: &MemoryStore,
         plan: &Plan,
+        absent: Option<u32>,
         masked: impl Fn(u32) -> BTreeSet<u32> + Sync,
         rest: impl Fn(&Elastic, Decision) -> Result<T> + Sync,
     ) -> Vec<Result<T>> {
@@ -686,12 +749,16 @@ mod tests {
                     let (masked, rest, agreed) = (&masked, &rest, &agreed);
                     s.spawn(move || {
                         let g = Group::new(store, &env(r, world), Duration::from_secs(30));
-                        g.run(|| {
+                        let live = || {
                             let e = Elastic::new(&g, plan, 0, Duration::from_secs(30))?;
                             let peers = e.begin_phase(0, &Bytes(vec![r as u8]))?;
                             assert_eq!(peers.len(), plan.members(0).len() - 1);
                             assert!(peers.iter().all(|p| p.payload.0 == [p.rank as u8]));
                             e.connected(0)?;
+                            if absent == Some(r) {
+                                agreed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                bail!("absent");
+                            }
                             let d = e.agree(0, 0, &masked(r));
                             agreed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             let d = d?;
@@ -699,7 +766,12 @@ mod tests {
                                 std::thread::sleep(Duration::from_millis(1));
                             }
                             rest(&e, d)
-                        })
+                        };
+                        // The absent rank dies: no heartbeat, no cleanup.
+                        match absent == Some(r) {
+                            true => live(),
+                            false => g.run(live),
+                        }
                     })
                 })
                 .collect();
@@ -714,6 +786,7 @@ mod tests {
         let out = phase0(
             &store,
             &plan,
+            None,
             |_| BTreeSet::new(),
             |e, d| {
                 e.end_phase(0)?;
@@ -728,15 +801,16 @@ mod tests {
         assert_eq!(store.num_keys().unwrap(), 0, "keys left behind");
     }
 
-    /// Rank 2 (killed by the plan) stops after connecting; rank 1 masked
-    /// it, so the union has it without waiting for anyone's clock.
+    /// Rank 2 (killed by the plan) ends after connecting; rank 1 masked
+    /// it, so the union has it, and no report comes: it is gone.
     #[test]
-    fn a_masked_rank_is_in_every_survivors_decision() {
+    fn a_masked_rank_that_never_reports_is_in_every_survivors_decision() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::parse("[[0,1,-2]]").unwrap();
         let out = phase0(
             &store,
             &plan,
+            Some(2),
             |r| match r {
                 1 => BTreeSet::from([2]),
                 _ => BTreeSet::new(),
@@ -749,23 +823,50 @@ mod tests {
         for d in &out[..2] {
             let d = d.as_ref().unwrap();
             assert_eq!(d.gone, BTreeSet::from([2]));
+            assert!(d.forgiven.is_empty());
             assert_eq!((d.leader, d.reports, d.survivors), (0, 2, 2));
         }
-        // Rank 2 learnt it is gone, and no abort took the others down.
-        let e = out[2].as_ref().unwrap_err();
-        assert!(e.downcast_ref::<Dismissed>().is_some(), "{e:#}");
     }
 
-    /// A member that the others masked learns it from the decision and
-    /// stops; the survivors fail the phase's end, naming it, as the plan
-    /// does not kill it.
+    /// Rank 0 masked rank 1 (it was late, say, having waited on a dead
+    /// rank itself), but rank 1 reports: alive, so not gone; every rank
+    /// learns it was forgiven, and the phase ends normally.
     #[test]
-    fn a_rank_in_the_decision_stops_and_an_unplanned_loss_fails_the_phase() {
+    fn a_masked_rank_that_reports_is_forgiven() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::fixed(3);
         let out = phase0(
             &store,
             &plan,
+            None,
+            |r| match r {
+                0 => BTreeSet::from([1]),
+                _ => BTreeSet::new(),
+            },
+            |e, d| {
+                e.end_phase(0)?;
+                Ok(d)
+            },
+        );
+        for d in &out {
+            let d = d.as_ref().unwrap();
+            assert!(d.gone.is_empty(), "{d:?}");
+            assert_eq!(d.forgiven, BTreeSet::from([1]));
+            assert_eq!((d.reports, d.survivors), (3, 3));
+        }
+        assert_eq!(store.num_keys().unwrap(), 0, "keys left behind");
+    }
+
+    /// A member that leaves unplanned is agreed gone; the survivors fail
+    /// the phase's end, naming it, as the plan does not kill it.
+    #[test]
+    fn an_unplanned_loss_fails_the_phase() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::fixed(3);
+        let out = phase0(
+            &store,
+            &plan,
+            Some(1),
             |r| match r {
                 0 => BTreeSet::from([1]),
                 _ => BTreeSet::new(),
@@ -776,18 +877,6 @@ mod tests {
             },
         );
         let err = |r: usize| format!("{:#}", out[r].as_ref().unwrap_err());
-        assert!(
-            err(1).contains("agreed that this rank (rank 1) is gone"),
-            "{}",
-            err(1)
-        );
-        assert!(
-            out[1]
-                .as_ref()
-                .unwrap_err()
-                .downcast_ref::<Dismissed>()
-                .is_some()
-        );
         for r in [0, 2] {
             assert!(
                 err(r).contains("rank 1 stopped responding during phase 0"),

@@ -62,6 +62,11 @@ pub struct Verdict {
     pub gone: BTreeSet<u32>,
     pub leader: u32,
     pub reports: u32,
+    /// Ranks some survivor masked in this step that reported all the same:
+    /// alive, only late (they waited on the dead one), so not gone; every
+    /// survivor resynchronises with them before the next step.
+    #[serde(default)]
+    pub forgiven: BTreeSet<u32>,
 }
 
 crate::json_value!(

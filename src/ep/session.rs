@@ -360,7 +360,8 @@ impl Phase<'_> {
                 false => 1,
             };
             // The injected fault: the last rank, first timed step.
-            let corrupt = corrupt.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
+            let wrong = corrupt.filter(|c| *c != Corrupt::DieMidDispatch);
+            let wrong = wrong.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
             let t0 = Instant::now();
             let views = self.net.views();
             let out = st.steps(
@@ -368,11 +369,12 @@ impl Phase<'_> {
                 path,
                 (first + k, count),
                 replay.as_ref(),
-                corrupt,
+                wrong,
                 || g.probe(),
             )?;
             let wall = t0.elapsed().as_nanos() as f64 / f64::from(count);
-            self.after_steps(n, (k, count), first + k + count - 1, &out)?;
+            let die = (corrupt == Some(Corrupt::DieMidDispatch)).then_some(path);
+            self.after_steps(n, (k, count), first + k + count - 1, &out, die)?;
             // Steps in which a rank was masked waited out the fault timeout:
             // neither before nor after; lost steps are not timed either.
             if k >= cfg.warmup && out.masked == Mask::default() && !out.lost {
@@ -405,6 +407,7 @@ impl Phase<'_> {
         (k, count): (u32, u32),
         step: u32,
         out: &Outcome,
+        die_mid_dispatch: Option<Path>,
     ) -> Result<()> {
         if !self.elastic {
             return Ok(());
@@ -418,9 +421,37 @@ impl Phase<'_> {
                 .last
                 .clone()
                 .expect("an elastic step ends with a decision");
+            if let Some(path) = die_mid_dispatch {
+                self.dispatch_to_all_but_the_last(path, &d)?;
+            }
             self.el.halfway(self.i, &d)?;
         }
         Ok(())
+    }
+
+    /// The injected death mid-dispatch ([`Corrupt::DieMidDispatch`]): a
+    /// rank the plan kills in this phase queues the next step's dispatch
+    /// with the highest survivor masked, so that only that one misses its
+    /// data, and lets it run before it waits for its kill.
+    fn dispatch_to_all_but_the_last(&self, path: Path, d: &Decision) -> Result<()> {
+        let (plan, i, me) = (self.el.plan(), self.i, self.g.rank);
+        if !plan.killed(i).contains(&me) {
+            return Ok(());
+        }
+        let alive = &(&plan.members(i) - &d.gone) - &plan.killed(i);
+        let Some(&last) = alive.iter().next_back() else {
+            return Ok(());
+        };
+        let sent_to: Vec<u32> = (&plan.members(i) - &d.gone)
+            .into_iter()
+            .filter(|&r| r != last)
+            .collect();
+        say!(
+            "[rank {me}] dying mid-dispatch (injected fault): sending to ranks {sent_to:?}, not to rank {last}"
+        );
+        let capacity = self.st.cfg.shape.ranks;
+        self.st
+            .dispatch_only(self.net.views(), path, Mask::all_but(capacity, sent_to))
     }
 
     fn progress(&self, path: Path, (k, count): (u32, u32), total: u32) {
@@ -462,6 +493,11 @@ fn agree(
     }
     run.lost += u32::from(out.lost);
     let d = el.agree(i, u64::from(step), &run.masked)?;
+    if !d.forgiven.is_empty() {
+        run.masked.retain(|r| d.gone.contains(r));
+        run.detected.retain(|x| !d.forgiven.contains(&x.rank));
+        resync(el, st, i, step, &d)?;
+    }
     let changed = !d.new.is_empty();
     if changed {
         say!("{}", decision_line(g.rank, i, &d));
@@ -471,10 +507,38 @@ fn agree(
         let capacity = st.cfg.shape.ranks;
         st.rig
             .set_mask(&st.gpu.stream, Mask::all_but(capacity, active))?;
+    } else if !d.forgiven.is_empty() {
+        say!("{}", decision_line(g.rank, i, &d));
     }
     run.last = Some(d);
     Ok(changed)
 }
+
+/// After a decision that forgave ranks (some survivor masked them in step
+/// `step`, but they reported: alive, only late): its sends to them stopped
+/// at the mask, so the words they count in its window and it in theirs no
+/// longer match the step. Every survivor puts every source's words in its
+/// window back to their baseline before the next step and its mask to the
+/// decision's, then waits until all have (a second round of agreement,
+/// over nothing) before any writes again.
+fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Result<()> {
+    let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
+    st.rig.reset_all(stream, shape, blocks, step + 1)?;
+    let active = &el.plan().members(i) - &d.gone;
+    st.rig
+        .set_mask(stream, Mask::all_but(shape.ranks, active))?;
+    stream.synchronize()?;
+    tracing::info!(
+        "phase {i}: resynchronised with rank(s) {:?} after step {step}",
+        d.forgiven
+    );
+    el.agree(i, RESYNC | u64::from(step), &BTreeSet::new())
+        .map(drop)
+}
+
+/// Marks the agreement round that follows a resynchronisation (its step
+/// number is the step's, with this bit set).
+const RESYNC: u64 = 1 << 62;
 
 /// Steps of dispatch + combine per launch-cost measurement (`--graph`).
 const LAUNCH_COST_STEPS: u32 = 200;

@@ -18,6 +18,12 @@ pub enum Corrupt {
     Dispatch,
     /// A combined output value, on the last rank, first timed iteration.
     Combine,
+    /// Not a wrong value but a death in the middle of a dispatch: a rank
+    /// the plan kills, at its phase's halfway mark, dispatches to every
+    /// survivor but the highest and then waits for its kill, so one
+    /// survivor waits out the fault timeout on it in the dispatch and the
+    /// others only in the combine (`--inject die-mid-dispatch`).
+    DieMidDispatch,
 }
 
 /// What the run needs beyond the configuration every rank shares.

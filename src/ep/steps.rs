@@ -115,6 +115,25 @@ impl Stepper<'_> {
         })
     }
 
+    /// A test hook ([`Corrupt::DieMidDispatch`]): sets the mask to
+    /// `masked` and runs the next step's dispatch alone (its fill and
+    /// dispatch kernels; no combine, no checks, the step word not
+    /// advanced), waiting for it within the fault timeout's bound.
+    pub fn dispatch_only(&self, views: (u64, u64), path: Path, masked: Mask) -> Result<()> {
+        let s = &self.gpu.stream;
+        self.rig.set_mask(s, masked)?;
+        let p = self.params(views, path);
+        // SAFETY: every address in `p` belongs to this rig, which outlives
+        // the launch (synchronised below).
+        unsafe {
+            self.kernels.launch(s, Step::Fill, self.grid.blocks, &p)?;
+            self.kernels
+                .launch(s, Step::Dispatch, self.grid.blocks, &p)?;
+        }
+        s.synchronize()?;
+        Ok(())
+    }
+
     fn params(&self, views: (u64, u64), path: Path) -> EpParams {
         let mut p = self
             .rig
