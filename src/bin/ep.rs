@@ -193,7 +193,7 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
 
-    /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`,
+    /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`, `die-mid-dispatch`,
     /// `corrupt=dispatch|combine`.
     #[arg(long, hide = true)]
     inject: Option<String>,
