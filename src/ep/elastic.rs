@@ -458,7 +458,7 @@ impl<'a> Elastic<'a> {
                 &format!("the reports after step {step} of phase {i}"),
             )?;
         }
-        self.hear_the_masked(round, &union, &mut heard, &before)?;
+        self.hear_the_masked(round, &union, &mut heard)?;
         let verdict = Verdict {
             reports: heard.len() as u32,
             gone: &union - &heard,
@@ -481,20 +481,26 @@ impl<'a> Elastic<'a> {
     /// on, the one it did not waits, and its lateness looks like a second
     /// death to the others). So before deciding, the leader waits for the
     /// report of every rank in the `union` not heard from yet, until it
-    /// comes (added to `heard`) or the rank's heartbeat stood still for two
-    /// beats since `before` (dead or frozen: no longer waited for).
+    /// comes (added to `heard`), or the rank's heartbeat stands still for
+    /// a window of two beats (dead or frozen: no longer waited for), or
+    /// another leader has decided.
     fn hear_the_masked(
         &self,
         round: &Round,
         union: &BTreeSet<u32>,
         heard: &mut BTreeSet<u32>,
-        before: &Beats,
     ) -> Result<()> {
         let g = self.group;
         let (i, step) = (round.i, round.step);
         let mut open: BTreeSet<u32> = &(union - &self.phase_gone(i)?) - heard;
-        let window = Clock::start(g);
+        let beats = |open: &BTreeSet<u32>| g.heartbeats_of(&self.names(open.iter().copied(), i));
+        let (mut base, mut window) = (beats(&open)?, Clock::start(g));
         while !open.is_empty() {
+            // Another leader decided (and the ranks may have deleted their
+            // reports since): our claim will lose to theirs.
+            if g.try_get(&g.keys.decision(i, step))?.is_some() {
+                return Ok(());
+            }
             for r in open.clone() {
                 if g.try_get(&g.keys.report(i, step, r))?.is_some() {
                     heard.insert(r);
@@ -502,12 +508,14 @@ impl<'a> Elastic<'a> {
                 }
             }
             if window.passed(g, 2 * BEAT) {
-                let now = g.heartbeats_of(&self.names(open.iter().copied(), i))?;
-                // Moved on: alive. Still, or its key gone (it left): not waited for.
+                // Moved on within the window: alive, waited for. Still, or
+                // its key gone (it left): not waited for.
+                let now = beats(&open)?;
                 open.retain(|r| {
-                    let now = now.get(&(*r as usize));
-                    now.is_some() && now != before.get(&(*r as usize))
+                    let at = now.get(&(*r as usize));
+                    at.is_some() && at != base.get(&(*r as usize))
                 });
+                (base, window) = (now, Clock::start(g));
             }
             if round.clock.at.elapsed() > g.timeout() {
                 bail!(
