@@ -163,6 +163,7 @@ fn steps(group: &Group, elastic: &Elastic, i: usize) -> Result<()> {
                 (r as usize, process_name(r, inc))
             })
             .collect();
+        elastic.steps_begin(i)?;
         masked.extend(group.silent_among(&active)?.into_iter().map(|r| r as u32));
         let d = elastic.agree(i, i as u64 * STEPS + k, &masked)?;
         if !d.new.is_empty() {

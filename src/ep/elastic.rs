@@ -93,6 +93,9 @@ struct PhaseState {
     decided: Vec<String>,
     /// Those of the phase before.
     stale: Vec<String>,
+    /// The phase's heartbeats as the lowest active rank (the likely
+    /// leader) read them when the last steps began ([`Elastic::steps_begin`]).
+    steps_began: Option<(Clock, Beats)>,
 }
 
 /// One process's side of the elastic membership (see the module docs).
@@ -150,6 +153,26 @@ impl<'a> Elastic<'a> {
     /// The phase that started this process.
     pub fn incarnation(&self) -> usize {
         self.incarnation
+    }
+
+    /// Steps of phase `i` are about to run: the lowest active rank, which
+    /// will most likely lead the agreement after them, reads the phase's
+    /// heartbeats now (one request). A rank masked in those steps was
+    /// waited on for the fault timeout, so by the agreement its heartbeat
+    /// has had the time to show whether it still beats: the leader then
+    /// decides at once instead of watching for two more beats
+    /// ([`Elastic::hear_the_masked`]).
+    pub fn steps_begin(&self, i: usize) -> Result<()> {
+        let active = &self.plan.members(i) - &self.phase_gone(i)?;
+        let snapshot = match active.iter().next() == Some(&self.me) {
+            true => Some((
+                Clock::start(self.group),
+                self.group.heartbeats_of(&self.names(active, i))?,
+            )),
+            false => None,
+        };
+        self.state().steps_began = snapshot;
+        Ok(())
     }
 
     fn state(&self) -> MutexGuard<'_, PhaseState> {
@@ -483,7 +506,8 @@ impl<'a> Elastic<'a> {
     /// report of every rank in the `union` not heard from yet, until it
     /// comes (added to `heard`), or the rank's heartbeat stands still for
     /// a window of two beats (dead or frozen: no longer waited for), or
-    /// another leader has decided.
+    /// another leader has decided. The first window began with the steps
+    /// when this rank read the heartbeats then ([`Elastic::steps_begin`]).
     fn hear_the_masked(
         &self,
         round: &Round,
@@ -494,7 +518,11 @@ impl<'a> Elastic<'a> {
         let (i, step) = (round.i, round.step);
         let mut open: BTreeSet<u32> = &(union - &self.phase_gone(i)?) - heard;
         let beats = |open: &BTreeSet<u32>| g.heartbeats_of(&self.names(open.iter().copied(), i));
-        let (mut base, mut window) = (beats(&open)?, Clock::start(g));
+        let began = self.state().steps_began.take();
+        let (mut base, mut window) = match began {
+            Some(b) => (b.1, b.0),
+            None => (beats(&open)?, Clock::start(g)),
+        };
         while !open.is_empty() {
             // Another leader decided (and the ranks may have deleted their
             // reports since): our claim will lose to theirs.

@@ -362,6 +362,9 @@ impl Phase<'_> {
             // The injected fault: the last rank, first timed step.
             let wrong = corrupt.filter(|c| *c != Corrupt::DieMidDispatch);
             let wrong = wrong.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
+            if self.elastic {
+                self.el.steps_begin(self.i)?;
+            }
             let t0 = Instant::now();
             let views = self.net.views();
             let out = st.steps(
