@@ -19,9 +19,15 @@
 //!    rank whose report does not come within the fault timeout after the
 //!    leader's own (counted in wall time *and* in the leader's heartbeats,
 //!    so the limit stretches on a loaded machine), or whose heartbeat falls
-//!    silent, joins the union. The leader publishes the union with
-//!    compare-and-set (one decision however many believe they lead), and
-//!    every rank adopts it. A rank that finds itself in the decision stops
+//!    silent, joins the union. A rank in the union that reports all the
+//!    same is alive, only late (it waited on the dead one itself), and is
+//!    *forgiven*: the leader waits for the report of every masked rank
+//!    until it comes or the rank's heartbeat stands still for two beats
+//!    (`hear_the_masked`; the window starts when the steps
+//!    began, [`Elastic::steps_begin`]). The leader publishes the gone set
+//!    and the forgiven one with compare-and-set (one decision however many
+//!    believe they lead), and every rank adopts it; after a decision that
+//!    forgave, the caller resynchronises with the forgiven ranks. A rank that finds itself in the decision stops
 //!    (exit 1). A leader that publishes nothing — silent, or without its
 //!    own report after the fault timeout — is passed over: the next lowest
 //!    takes over and counts it gone.
@@ -161,7 +167,7 @@ impl<'a> Elastic<'a> {
     /// waited on for the fault timeout, so by the agreement its heartbeat
     /// has had the time to show whether it still beats: the leader then
     /// decides at once instead of watching for two more beats
-    /// ([`Elastic::hear_the_masked`]).
+    /// (`hear_the_masked`).
     pub fn steps_begin(&self, i: usize) -> Result<()> {
         let active = &self.plan.members(i) - &self.phase_gone(i)?;
         let snapshot = match active.iter().next() == Some(&self.me) {
