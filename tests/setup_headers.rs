@@ -172,8 +172,12 @@ impl Drop for Server {
 /// install in sight (NIXL_INCLUDE_DIR unset, NIXL_PREFIX empty), at most a
 /// minute.
 fn setup(root: &Path, url: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(root.join("scripts/setup.sh"));
-    cmd.arg("--headers-only")
+    // Through bash, not exec of the fresh copy: a child forked by another
+    // test thread while the copy was open for writing would make exec fail
+    // with ETXTBSY ("Text file busy"), as CI once saw.
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("scripts/setup.sh"))
+        .arg("--headers-only")
         .args(args)
         .env_remove("NIXL_INCLUDE_DIR")
         .env_remove("NIXL_HEADERS_DOWNLOAD")
