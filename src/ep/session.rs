@@ -495,11 +495,14 @@ fn agree(
         });
     }
     run.lost += u32::from(out.lost);
-    let d = el.agree(i, u64::from(step), &run.masked)?;
+    let mut d = el.agree(i, u64::from(step), &run.masked)?;
     if !d.forgiven.is_empty() {
         run.masked.retain(|r| d.gone.contains(r));
         run.detected.retain(|x| !d.forgiven.contains(&x.rank));
-        resync(el, st, i, step, &d)?;
+        // A rank lost during the resynchronisation is gone from here on.
+        let again = resync(el, st, i, step, &d)?;
+        d.new.extend(again.new);
+        (d.gone, d.survivors) = (again.gone, again.survivors);
     }
     let changed = !d.new.is_empty();
     if changed {
@@ -523,8 +526,8 @@ fn agree(
 /// longer match the step. Every survivor puts every source's words in its
 /// window back to their baseline before the next step and its mask to the
 /// decision's, then waits until all have (a second round of agreement,
-/// over nothing) before any writes again.
-fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Result<()> {
+/// over nothing) before any writes again. Returns that round's decision.
+fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Result<Decision> {
     let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
     st.rig.reset_all(stream, shape, blocks, step + 1)?;
     let active = &el.plan().members(i) - &d.gone;
@@ -536,7 +539,6 @@ fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Resu
         d.forgiven
     );
     el.agree(i, RESYNC | u64::from(step), &BTreeSet::new())
-        .map(drop)
 }
 
 /// Marks the agreement round that follows a resynchronisation (its step
