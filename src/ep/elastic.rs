@@ -822,20 +822,25 @@ mod tests {
         })
     }
 
+    /// Ends phase 0 and returns the decision (`phase0`'s `rest`).
+    fn end_phase(e: &Elastic, d: Decision) -> Result<Decision> {
+        e.end_phase(0)?;
+        Ok(d)
+    }
+
+    /// Rank `who` masked rank `whom`; the others masked nobody.
+    fn masks(who: u32, whom: u32) -> impl Fn(u32) -> BTreeSet<u32> + Sync {
+        move |r| match r == who {
+            true => BTreeSet::from([whom]),
+            false => BTreeSet::new(),
+        }
+    }
+
     #[test]
     fn a_quiet_phase_agrees_on_nobody_and_leaves_no_key() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::fixed(3);
-        let out = phase0(
-            &store,
-            &plan,
-            None,
-            |_| BTreeSet::new(),
-            |e, d| {
-                e.end_phase(0)?;
-                Ok(d)
-            },
-        );
+        let out = phase0(&store, &plan, None, |_| BTreeSet::new(), end_phase);
         for d in &out {
             let d = d.as_ref().unwrap();
             assert!(d.gone.is_empty() && d.new.is_empty());
@@ -850,19 +855,7 @@ mod tests {
     fn a_masked_rank_that_never_reports_is_in_every_survivors_decision() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::parse("[[0,1,-2]]").unwrap();
-        let out = phase0(
-            &store,
-            &plan,
-            Some(2),
-            |r| match r {
-                1 => BTreeSet::from([2]),
-                _ => BTreeSet::new(),
-            },
-            |e, d| {
-                e.end_phase(0)?;
-                Ok(d)
-            },
-        );
+        let out = phase0(&store, &plan, Some(2), masks(1, 2), end_phase);
         for d in &out[..2] {
             let d = d.as_ref().unwrap();
             assert_eq!(d.gone, BTreeSet::from([2]));
@@ -878,19 +871,7 @@ mod tests {
     fn a_masked_rank_that_reports_is_forgiven() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::fixed(3);
-        let out = phase0(
-            &store,
-            &plan,
-            None,
-            |r| match r {
-                0 => BTreeSet::from([1]),
-                _ => BTreeSet::new(),
-            },
-            |e, d| {
-                e.end_phase(0)?;
-                Ok(d)
-            },
-        );
+        let out = phase0(&store, &plan, None, masks(0, 1), end_phase);
         for d in &out {
             let d = d.as_ref().unwrap();
             assert!(d.gone.is_empty(), "{d:?}");
@@ -906,19 +887,10 @@ mod tests {
     fn an_unplanned_loss_fails_the_phase() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::fixed(3);
-        let out = phase0(
-            &store,
-            &plan,
-            Some(1),
-            |r| match r {
-                0 => BTreeSet::from([1]),
-                _ => BTreeSet::new(),
-            },
-            |e, d| {
-                assert_eq!(d.gone, BTreeSet::from([1]));
-                e.end_phase(0)
-            },
-        );
+        let out = phase0(&store, &plan, Some(1), masks(0, 1), |e, d| {
+            assert_eq!(d.gone, BTreeSet::from([1]));
+            e.end_phase(0)
+        });
         let err = |r: usize| format!("{:#}", out[r].as_ref().unwrap_err());
         for r in [0, 2] {
             assert!(
