@@ -231,6 +231,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
             csv: args.csv.clone(),
             ref_put_gbps: args.ref_put_gbps,
             corrupt: inject.corrupt,
+            die_mid_dispatch: inject.die_mid_dispatch,
         };
         run::run(&env, &plan, args.plan.is_some(), &cfg, &opts)?;
     } else {
@@ -359,12 +360,14 @@ fn launch_ranks(args: &Args, plan: &Plan, capacity: u32, timeout: Duration) -> R
 struct Injected {
     connect: Inject,
     corrupt: Option<nixl_examples::ep::setup::Corrupt>,
+    die_mid_dispatch: bool,
 }
 
 fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> {
     let mut out = Injected {
         connect: Inject::default(),
         corrupt: None,
+        die_mid_dispatch: false,
     };
     let Some(spec) = spec else { return Ok(out) };
     let bad = || {
@@ -373,7 +376,7 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
         ))
     };
     if spec == "die-mid-dispatch" {
-        out.corrupt = Some(nixl_examples::ep::setup::Corrupt::DieMidDispatch);
+        out.die_mid_dispatch = true;
         return Ok(out);
     }
     match spec.split_once('=') {

@@ -93,7 +93,7 @@ pub fn run(
     let mut whole = None;
     for i in el.life() {
         let connect_ms = connect(el, &st, &mut net, &card, i)?;
-        let phase = steps(g, el, elastic, &st, &net, i, opts.corrupt)?;
+        let phase = steps(g, el, elastic, &st, &net, i, opts)?;
         if !elastic {
             let mut w = baseline(g, local, &setup, cfg, st.grid, phase.times.clone())?;
             if cfg.graph {
@@ -295,7 +295,7 @@ fn steps(
     st: &Stepper,
     net: &Net,
     i: usize,
-    corrupt: Option<Corrupt>,
+    opts: &RunOptions,
 ) -> Result<PhaseRun> {
     let mut phase = Phase {
         g,
@@ -306,9 +306,10 @@ fn steps(
         i,
         run: PhaseRun::default(),
         epoch: 0,
+        die_mid_dispatch: opts.die_mid_dispatch,
     };
     for (n, (path, graph)) in st.cfg.runs().into_iter().enumerate() {
-        phase.run_of_steps(n, path, graph, corrupt)?;
+        phase.run_of_steps(n, path, graph, opts.corrupt)?;
     }
     Ok(phase.run)
 }
@@ -324,6 +325,8 @@ struct Phase<'a> {
     run: PhaseRun,
     /// Agreements that removed ranks so far in the phase.
     epoch: u32,
+    /// `--inject die-mid-dispatch` ([`RunOptions::die_mid_dispatch`]).
+    die_mid_dispatch: bool,
 }
 
 impl Phase<'_> {
@@ -360,8 +363,7 @@ impl Phase<'_> {
                 false => 1,
             };
             // The injected fault: the last rank, first timed step.
-            let wrong = corrupt.filter(|c| *c != Corrupt::DieMidDispatch);
-            let wrong = wrong.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
+            let wrong = corrupt.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
             if self.elastic {
                 self.el.steps_begin(self.i)?;
             }
@@ -376,7 +378,7 @@ impl Phase<'_> {
                 || g.probe(),
             )?;
             let wall = t0.elapsed().as_nanos() as f64 / f64::from(count);
-            let die = (corrupt == Some(Corrupt::DieMidDispatch)).then_some(path);
+            let die = self.die_mid_dispatch.then_some(path);
             self.after_steps(n, (k, count), first + k + count - 1, &out, die)?;
             // Steps in which a rank was masked waited out the fault timeout:
             // neither before nor after; lost steps are not timed either.
@@ -432,7 +434,7 @@ impl Phase<'_> {
         Ok(())
     }
 
-    /// The injected death mid-dispatch ([`Corrupt::DieMidDispatch`]): a
+    /// The injected death mid-dispatch ([`RunOptions::die_mid_dispatch`]): a
     /// rank the plan kills in this phase queues the next step's dispatch
     /// with the highest survivor masked, so that only that one misses its
     /// data, and lets it run before it waits for its kill.

@@ -18,12 +18,6 @@ pub enum Corrupt {
     Dispatch,
     /// A combined output value, on the last rank, first timed iteration.
     Combine,
-    /// Not a wrong value but a death in the middle of a dispatch: a rank
-    /// the plan kills, at its phase's halfway mark, dispatches to every
-    /// survivor but the highest and then waits for its kill, so one
-    /// survivor waits out the fault timeout on it in the dispatch and the
-    /// others only in the combine (`--inject die-mid-dispatch`).
-    DieMidDispatch,
 }
 
 /// What the run needs beyond the configuration every rank shares.
@@ -36,6 +30,12 @@ pub struct RunOptions {
     /// simple_write's best put bandwidth at the same size, GB/s (the ×put column).
     pub ref_put_gbps: Option<f64>,
     pub corrupt: Option<Corrupt>,
+    /// A death in the middle of a dispatch (`--inject die-mid-dispatch`):
+    /// a rank the plan kills, at its phase's halfway mark, dispatches to
+    /// every survivor but the highest and then waits for its kill, so one
+    /// survivor waits out the fault timeout on it in the dispatch and the
+    /// others only in the combine.
+    pub die_mid_dispatch: bool,
 }
 
 /// Decisions rank 0 makes from every rank's [`RankInfo`], which all follow.

@@ -115,7 +115,7 @@ impl Stepper<'_> {
         })
     }
 
-    /// A test hook ([`Corrupt::DieMidDispatch`]): sets the mask to
+    /// A test hook (`--inject die-mid-dispatch`): sets the mask to
     /// `masked` and runs the next step's dispatch alone (its fill and
     /// dispatch kernels; no combine, no checks, the step word not
     /// advanced), waiting for it within the fault timeout's bound.
