@@ -84,25 +84,39 @@ pub struct RoleExit {
     /// Whether the signal that ended it was planned (`ep --plan`'s `-r`):
     /// not a failure.
     pub planned: bool,
+    /// Whether it died (a signal nobody planned) and the others went on
+    /// without it (`ep`'s elastic runs): not a failure either.
+    pub survived: bool,
 }
 
 impl RoleExit {
+    /// Role `name`, exited 0 (the fields to fill in from there).
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            code: 0,
+            signal: None,
+            killed: false,
+            planned: false,
+            survived: false,
+        }
+    }
+
     /// How `status` ended role `name` (not planned, not killed by us).
     pub fn of(name: &str, status: std::process::ExitStatus) -> Self {
         use std::os::unix::process::ExitStatusExt as _;
         let signal = status.signal();
         Self {
-            name: name.to_string(),
             code: status.code().unwrap_or(128 + signal.unwrap_or(0)),
             signal,
-            killed: false,
-            planned: false,
+            ..Self::named(name)
         }
     }
 
-    /// Whether it counts as a failure (a non-zero exit that was not planned).
+    /// Whether it counts as a failure (a non-zero exit that was neither
+    /// planned nor survived).
     pub fn failed(&self) -> bool {
-        self.code != 0 && !self.planned
+        self.code != 0 && !self.planned && !self.survived
     }
 }
 
@@ -187,11 +201,8 @@ pub fn supervise(
                 Ok(None) => continue,
                 // Cannot happen for a child we spawned; count it as a failure.
                 Err(_) => RoleExit {
-                    name: name.clone(),
                     code: -1,
-                    signal: None,
-                    killed: false,
-                    planned: false,
+                    ..RoleExit::named(name)
                 },
             };
             if exit.code != 0 && failed_at.is_none() {
@@ -217,11 +228,10 @@ pub fn supervise(
                 let _ = child.kill();
                 let _ = child.wait();
                 *done = Some(RoleExit {
-                    name: name.clone(),
                     code: 128 + 9,
                     signal: Some(9),
                     killed: true,
-                    planned: false,
+                    ..RoleExit::named(name)
                 });
             }
         }
@@ -293,6 +303,9 @@ pub fn summary(exits: &[RoleExit]) -> String {
             }
             let how = match (e.signal, e.killed, e.planned) {
                 (Some(sig), _, true) => format!(" (killed as planned: {})", signal_name(sig)),
+                (Some(sig), ..) if e.survived => {
+                    format!(" (died: {}; the others went on)", signal_name(sig))
+                }
                 (Some(sig), true, _) => format!(" (stopped by us: {})", signal_name(sig)),
                 (Some(sig), false, _) => format!(" (killed by {})", signal_name(sig)),
                 (None, ..) => String::new(),
@@ -338,11 +351,8 @@ mod tests {
         codes
             .iter()
             .map(|&code| RoleExit {
-                name: "r".into(),
                 code,
-                signal: None,
-                killed: false,
-                planned: false,
+                ..RoleExit::named("r")
             })
             .collect()
     }

@@ -16,11 +16,13 @@ use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_timeout};
 use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
-use nixl_examples::ep::connect::{self, Inject};
+use nixl_examples::ep::connect::{self, Check, Inject};
+use nixl_examples::ep::elastic::OnDeath;
 use nixl_examples::ep::env::RankEnv;
 use nixl_examples::ep::launch::KillSignal;
 use nixl_examples::ep::plan::Plan;
 use nixl_examples::ep::{launch, run};
+use nixl_examples::launch::RoleExit;
 
 /// Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
 /// device API.
@@ -42,15 +44,20 @@ use nixl_examples::ep::{launch, run};
 /// TORCHELASTIC_USE_AGENT_STORE=True the ranks join torchrun's store,
 /// otherwise rank 0 hosts one.
 ///
-/// Elastic runs (--plan FILE): upstream NIXL EP's plan format, a JSON list
-/// of phases, each a list of ranks; -r means rank r is killed during that
-/// phase (after its middle step, by --kill-signal); a rank absent from the
-/// next phase leaves cleanly; a rank id that comes back is a new process.
-/// E.g. `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]`: ranks 0 and 1; 2 and 3 join;
-/// 2 is killed mid-phase and the survivors agree it is gone; 1 leaves.
-/// Rank 0 cannot be killed (-0 is 0 in JSON). Buffers and experts are sized
-/// once for --capacity ranks. Under torchrun only the plan's first phase
-/// runs, and it must be exactly ranks 0..WORLD_SIZE-1.
+/// Elastic runs (--plan FILE, or --elastic): any rank may die at any
+/// moment and the survivors go on. The kernels mask a rank whose data does
+/// not come within --fault-timeout, the survivors agree on who is gone
+/// after every step, and every finished step is verified against the
+/// mask. A plan is upstream NIXL EP's format, a JSON list of phases, each a
+/// list of ranks; -r means the launcher kills rank r at a random moment of
+/// that phase (--kill-signal, --kill-seed; the rank is not told); a rank
+/// absent from the next phase leaves cleanly; a rank id that comes back is
+/// a new process. E.g. `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]`: ranks 0 and 1;
+/// 2 and 3 join; 2 is killed mid-phase and the survivors agree it is gone;
+/// 1 leaves. Any rank may die, rank 0 too, by the plan or not (JSON reads
+/// -0 as 0, so a plan cannot kill rank 0; kill it by pid). Buffers and
+/// experts are sized once for --capacity ranks. Under torchrun only the
+/// plan's first phase runs, and it must be exactly ranks 0..WORLD_SIZE-1.
 ///
 /// Results go to stdout (rank 0), progress to stderr. Exit status: 0
 /// success, 1 failure, 2 bad arguments, 3 wrong data.
@@ -62,7 +69,8 @@ use nixl_examples::ep::{launch, run};
     ep --ranks 4 --gpus 2 --mode ll --path store     # 4 ranks sharing 2 GPUs (best under MPS)\n  \
     torchrun --no-python --nproc-per-node=2 $(which ep) --mode ll\n  \
     ep --ranks 3 --check-connection                # no GPU needed\n  \
-    ep --plan plan.json --check-connection --kill-signal STOP   # elastic, no GPU\n\n\
+    ep --plan plan.json --check-connection --kill-signal STOP   # elastic, no GPU\n  \
+    ep --ranks 4 --elastic --mode ll --iters 20000  # any rank may die (kill one by pid): the others go on\n\n\
     A plan: [[0,1],[0,1,2,3],[0,1,-2,3],[0,3]] (tests/fixtures/elastic/ has upstream's four).\n\
     scripts/run_ep.sh runs the usual matrix and writes tables and a plot."
 )]
@@ -97,7 +105,9 @@ struct Args {
     #[arg(long, value_enum, default_value_t = PathChoice::Both)]
     path: PathChoice,
 
-    /// Timed iterations per path [default: 50 in ht, 200 in ll].
+    /// Timed iterations per path [default: 50 in ht, 200 in ll]; with
+    /// --check-connection, steps of agreement per phase [default: 8 in an
+    /// elastic run, else 0].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     iters: Option<u32>,
 
@@ -136,6 +146,24 @@ struct Args {
     #[arg(long, value_enum, ignore_case = true, default_value = "kill")]
     kill_signal: KillSignal,
 
+    /// Seed of the moments the launcher kills the plan's -r ranks (one
+    /// agreement round of the phase and a fraction of a round, drawn per
+    /// kill) [default: from the clock; printed].
+    #[arg(long, value_name = "SEED")]
+    kill_seed: Option<u64>,
+
+    /// Survive deaths in a run of --ranks N (or under torchrun): the same
+    /// membership as a --plan run, with masking and agreement after every
+    /// step; the report is then per phase.
+    #[arg(long)]
+    elastic: bool,
+
+    /// What a rank's death does: survive (the others mask it and go on;
+    /// elastic runs), or fail (the run stops, every survivor naming it)
+    /// [default: survive with --plan or --elastic, else fail].
+    #[arg(long, value_enum, ignore_case = true)]
+    on_death: Option<OnDeath>,
+
     /// Milliseconds a wait for another rank's data (or its report after a
     /// step) may take before that rank is counted gone (elastic runs).
     #[arg(
@@ -165,9 +193,16 @@ struct Args {
     port: u16,
 
     /// Only check that the ranks meet through the store and wire up their
-    /// NIXL agents (load each other's metadata, connect); no GPU used.
+    /// NIXL agents (load each other's metadata, connect); no GPU used. In an
+    /// elastic run each phase then runs --iters steps of agreement.
     #[arg(long)]
     check_connection: bool,
+
+    /// With --check-connection: what one step's work takes, µs (a pause
+    /// before each agreement, standing in for the GPU's step, so that a
+    /// kill can land inside a step).
+    #[arg(long, value_name = "US", default_value_t = 2000)]
+    step_us: u64,
 
     /// Also run every path's steps replayed from a CUDA graph (captured once
     /// per phase and path, no re-capture when the mask changes), beside the
@@ -193,7 +228,7 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
 
-    /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`, `die-mid-dispatch`,
+    /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`, `die-mid-dispatch=R`,
     /// `corrupt=dispatch|combine`.
     #[arg(long, hide = true)]
     inject: Option<String>,
@@ -211,18 +246,16 @@ fn real_main(args: Args) -> Result<ExitCode> {
     let env = RankEnv::from_env()?;
     let (plan, capacity) = plan_and_capacity(&args, env.as_ref())?;
     let fault_timeout = fault_timeout(args.fault_timeout)?;
+    let on_death = on_death(&args, &plan)?;
     let inject = parse_inject(args.inject.as_deref(), capacity)?;
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = if args.check_connection {
         None
     } else {
-        Some(run_config(&args, capacity, fault_timeout)?)
+        Some(run_config(&args, capacity, fault_timeout, on_death)?)
     };
-    if cfg.is_some() {
-        first_rank_stays(&plan)?;
-    }
     let Some(env) = env else {
-        return launch_ranks(&args, &plan, capacity, timeout);
+        return launch_ranks(&args, &plan, capacity, on_death, cfg.as_ref());
     };
     if let Some(cfg) = cfg {
         let opts = nixl_examples::ep::setup::RunOptions {
@@ -233,31 +266,48 @@ fn real_main(args: Args) -> Result<ExitCode> {
             corrupt: inject.corrupt,
             die_mid_dispatch: inject.die_mid_dispatch,
         };
-        run::run(&env, &plan, args.plan.is_some(), &cfg, &opts)?;
+        run::run(&env, &plan, &cfg, &opts)?;
     } else {
-        connect::check_connection(&env, &plan, timeout, fault_timeout, inject.connect)?;
+        let check = Check {
+            timeout,
+            fault_timeout,
+            steps: check_steps(&args, on_death),
+            step_work: Duration::from_micros(args.step_us),
+            on_death,
+            inject: inject.connect,
+        };
+        connect::check_connection(&env, &plan, check)?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// A GPU run's configuration, setup and report live with the first
-/// phase's lowest rank: it must take part in every phase and never be
-/// killed.
-fn first_rank_stays(plan: &Plan) -> Result<(), UsageError> {
-    let first = plan.phase(0).members.iter().copied().min().unwrap_or(0);
-    match (0..plan.len()).find(|&i| !plan.survivors(i).contains(&first)) {
-        None => Ok(()),
-        Some(i) => Err(UsageError(format!(
-            "the plan's first rank ({first}) holds the run's configuration and prints the report, so it must stay in \
-             every phase, but phase {i} {} it: keep rank {first} in every phase ({})",
-            if plan.killed(i).contains(&first) {
-                "kills"
-            } else {
-                "leaves out"
-            },
+/// `--on-death`, or its default: survive in elastic runs (`--plan`,
+/// `--elastic`), else fail. A plan that kills needs survive.
+fn on_death(args: &Args, plan: &Plan) -> Result<OnDeath, UsageError> {
+    let elastic = args.plan.is_some() || args.elastic;
+    let chosen = args.on_death.unwrap_or(match elastic {
+        true => OnDeath::Survive,
+        false => OnDeath::Fail,
+    });
+    let kills = (0..plan.len()).any(|i| !plan.killed(i).is_empty());
+    if chosen == OnDeath::Fail && kills {
+        return Err(UsageError(format!(
+            "--on-death fail with a plan that kills ({}): its kills would stop the run; drop --on-death fail, or the \
+             -r marks",
             plan.to_json()
-        ))),
+        )));
     }
+    Ok(chosen)
+}
+
+/// `--check-connection`'s steps of agreement per phase: `--iters`, or 8
+/// in an elastic run, else none.
+fn check_steps(args: &Args, on_death: OnDeath) -> u64 {
+    let default = match on_death {
+        OnDeath::Survive => 8,
+        OnDeath::Fail => 0,
+    };
+    args.iters.map_or(default, u64::from)
 }
 
 /// The run's plan (`--plan`, or `--ranks N` as `[[0..N-1]]`) and capacity
@@ -320,8 +370,16 @@ fn fault_timeout(ms: i64) -> Result<Duration, UsageError> {
     }
 }
 
-/// Without RANK: host the store, start the plan's ranks here and wait for them.
-fn launch_ranks(args: &Args, plan: &Plan, capacity: u32, timeout: Duration) -> Result<ExitCode> {
+/// Without RANK: host the store, start the plan's ranks here and wait for
+/// them. `cfg`: a GPU run's configuration (its steps per phase time the
+/// plan's kills), none for `--check-connection`.
+fn launch_ranks(
+    args: &Args,
+    plan: &Plan,
+    capacity: u32,
+    on_death: OnDeath,
+    cfg: Option<&RunConfig>,
+) -> Result<ExitCode> {
     let port = if args.port == 0 {
         launch::free_port()?
     } else {
@@ -332,26 +390,46 @@ fn launch_ranks(args: &Args, plan: &Plan, capacity: u32, timeout: Duration) -> R
         // Once here, rather than the same message from every rank.
         nixl_examples::ep::run::check_machine(!args.no_baseline)?;
     }
+    let rounds_per_phase = match cfg {
+        Some(c) => c.runs().len() as u64 * u64::from(c.warmup + c.iters),
+        None => check_steps(args, on_death),
+    };
+    let kill_seed = args.kill_seed.unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
+    });
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
     let opts = launch::LaunchOptions {
         capacity,
         port,
         kill_signal: args.kill_signal,
-        grace: timeout + Duration::from_secs(10),
-        timeout,
+        on_death,
+        rounds_per_phase,
+        kill_seed,
+        grace: args.timeout + Duration::from_secs(10),
+        timeout: args.timeout,
     };
     let exits = launch::run_plan(plan, &opts)?;
-    let planned: Vec<String> = (exits.iter())
-        .filter(|e| e.planned)
-        .map(|e| e.name.clone())
-        .collect();
+    let named = |f: fn(&RoleExit) -> bool| -> Vec<String> {
+        exits
+            .iter()
+            .filter(|e| f(e))
+            .map(|e| e.name.clone())
+            .collect()
+    };
+    let (planned, survived) = (named(|e| e.planned), named(|e| e.survived));
     let code = nixl_examples::launch::finish("ep", &exits);
-    if code == ExitCode::SUCCESS && !planned.is_empty() {
+    if code == ExitCode::SUCCESS && !(planned.is_empty() && survived.is_empty()) {
+        let list = |v: &[String]| match v.is_empty() {
+            true => "none".to_string(),
+            false => v.join(", "),
+        };
         nixl_examples::eline!(
-            "[ep] the plan ran: {} process(es); killed as planned: {}",
+            "[ep] the run went on: {} process(es); killed as planned: {}; died unplanned, the others went on: {}",
             exits.len(),
-            planned.join(", ")
+            list(&planned),
+            list(&survived)
         );
     }
     Ok(code)
@@ -360,34 +438,32 @@ fn launch_ranks(args: &Args, plan: &Plan, capacity: u32, timeout: Duration) -> R
 struct Injected {
     connect: Inject,
     corrupt: Option<nixl_examples::ep::setup::Corrupt>,
-    die_mid_dispatch: bool,
+    die_mid_dispatch: Option<u32>,
 }
 
 fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> {
     let mut out = Injected {
         connect: Inject::default(),
         corrupt: None,
-        die_mid_dispatch: false,
+        die_mid_dispatch: None,
     };
     let Some(spec) = spec else { return Ok(out) };
     let bad = || {
         UsageError(format!(
-            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R, die-mid-dispatch or corrupt=dispatch|combine"
+            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R, die-mid-dispatch=R or \
+             corrupt=dispatch|combine"
         ))
     };
-    if spec == "die-mid-dispatch" {
-        out.die_mid_dispatch = true;
-        return Ok(out);
-    }
     match spec.split_once('=') {
-        Some((what @ ("hang-after-connect" | "die-before-connect"), r)) => {
+        Some((what @ ("hang-after-connect" | "die-before-connect" | "die-mid-dispatch"), r)) => {
             let r: u32 = r.parse().map_err(|_| bad())?;
             if r >= world {
                 return Err(bad());
             }
             match what {
                 "hang-after-connect" => out.connect.hang_rank = Some(r),
-                _ => out.connect.die_rank = Some(r),
+                "die-before-connect" => out.connect.die_rank = Some(r),
+                _ => out.die_mid_dispatch = Some(r),
             }
         }
         Some(("corrupt", "dispatch")) => {
@@ -403,7 +479,12 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
 
 /// The run's configuration from the arguments and the mode's defaults;
 /// shapes that cannot work are usage errors.
-fn run_config(args: &Args, ranks: u32, fault_timeout: Duration) -> Result<RunConfig> {
+fn run_config(
+    args: &Args,
+    ranks: u32,
+    fault_timeout: Duration,
+    on_death: OnDeath,
+) -> Result<RunConfig> {
     let (t, h, k, e) = args.mode.default_shape();
     let (iters, warmup) = args.mode.default_iters();
     let shape = Shape {
@@ -427,6 +508,7 @@ fn run_config(args: &Args, ranks: u32, fault_timeout: Duration) -> Result<RunCon
         baseline: !args.no_baseline,
         combine_senders: args.combine_senders,
         graph: args.graph,
+        on_death,
     };
     shape.validate(cfg.total_iterations())?;
     Ok(cfg)

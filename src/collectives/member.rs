@@ -111,5 +111,13 @@ pub fn launch_ranks(world: u32, port: u16, grace: Duration) -> Result<Vec<RoleEx
 pub fn check_connection(env: &RankEnv, timeout: Duration) -> Result<()> {
     let plan = crate::ep::plan::Plan::fixed(env.world);
     let fault = Duration::from_nanos(crate::ep::config::DEFAULT_FAULT_TIMEOUT_NS);
-    crate::ep::connect::check_connection(env, &plan, timeout, fault, Inject::default())
+    let check = crate::ep::connect::Check {
+        timeout,
+        fault_timeout: fault,
+        steps: 0,
+        step_work: Duration::ZERO,
+        on_death: crate::ep::elastic::OnDeath::Fail,
+        inject: Inject::default(),
+    };
+    crate::ep::connect::check_connection(env, &plan, check)
 }

@@ -289,6 +289,10 @@ pub struct RunConfig {
     /// launches.
     #[serde(default)]
     pub graph: bool,
+    /// What a rank's death does: the survivors mask it and go on (elastic
+    /// runs: `--plan`, `--elastic`), or the run stops naming it.
+    #[serde(default)]
+    pub on_death: super::elastic::OnDeath,
 }
 
 /// `--fault-timeout`'s default: 1000 ms.

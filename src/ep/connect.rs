@@ -3,20 +3,22 @@
 //! them — and live the plan's phases without touching a GPU.
 //!
 //! It runs the real membership of a GPU run (store, keys, agent names,
-//! barriers, heartbeats, the per-step agreement on who is gone, teardown),
-//! so it answers before any GPU time is spent: do the ranks find the store,
-//! do they all load NIXL, do the agents accept each other's metadata, do
-//! joiners connect and do the survivors of a kill agree? And it is testable
-//! on any machine. Each phase runs [`STEPS`] steps of agreement in which a
-//! rank's masked set is the ranks whose heartbeat it finds silent (the
-//! process-level detector: no GPU kernels to time out).
+//! heartbeats, the agreement rounds that open and end each phase and follow
+//! every step, teardown), so it answers before any GPU time is spent: do
+//! the ranks find the store, do they all load NIXL, do the agents accept
+//! each other's metadata, do joiners connect, and do the survivors of a
+//! death — planned by the launcher or not — agree on it and go on? And it
+//! is testable on any machine. Each phase runs `steps` steps of agreement
+//! ([`Check::steps`], `--iters`) in which a rank's masked set is the ranks
+//! it finds dead (the launcher's notice, or a silent heartbeat: there are
+//! no GPU kernels to time out).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::elastic::{Decision, Elastic, Peer};
+use super::elastic::{Decision, Elastic, OnDeath, Peer};
 use super::env::RankEnv;
 use super::group::{Group, open_store, process_name};
 use super::plan::Plan;
@@ -25,12 +27,6 @@ use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;
 use crate::say;
 use nixl_sys::Agent;
-
-/// Steps of agreement in a phase with kills; the launcher's kills come after the
-/// agreement of step [`MIDDLE`], so two steps follow them.
-pub const STEPS: u64 = 4;
-/// The phase's middle step (0-based).
-pub const MIDDLE: u64 = 1;
 
 /// The NIXL agent name of rank `r` in a fixed run (`ep-rank-<r>`).
 pub fn agent_name(r: u32) -> String {
@@ -58,28 +54,43 @@ pub struct Inject {
     pub die_rank: Option<u32>,
 }
 
-/// Runs this rank's side of the connection check over `plan`;
-/// `fault_timeout` bounds the agreement's wait for a missing report.
-pub fn check_connection(
-    env: &RankEnv,
-    plan: &Plan,
-    timeout: Duration,
-    fault_timeout: Duration,
-    inject: Inject,
-) -> Result<()> {
+/// How the connection check runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Check {
+    /// Every wait's limit.
+    pub timeout: Duration,
+    /// Where only heartbeats tell, the wait for a missing report.
+    pub fault_timeout: Duration,
+    /// Steps of agreement per phase (`--iters`).
+    pub steps: u64,
+    /// What one step's work takes, slept before its agreement (`--step-us`):
+    /// a GPU step's stand-in, so that a kill can land inside a step.
+    pub step_work: Duration,
+    pub on_death: OnDeath,
+    pub inject: Inject,
+}
+
+/// Runs this rank's side of the connection check over `plan`.
+pub fn check_connection(env: &RankEnv, plan: &Plan, check: Check) -> Result<()> {
     crate::nixl::runtime::load()?;
-    let store = open_store(env, timeout)?;
+    let store = open_store(env, check.timeout)?;
     crate::interrupt::install()?;
-    let group = Group::new(store.as_ref(), env, timeout);
+    let group = Group::new(store.as_ref(), env, check.timeout);
     group.run(|| {
-        let elastic = Elastic::new(&group, plan, env.incarnation, fault_timeout)?;
-        live(&group, &elastic, timeout, inject)
+        let elastic = Elastic::new(
+            &group,
+            plan,
+            env.incarnation,
+            check.fault_timeout,
+            check.on_death,
+        )?;
+        live(&group, &elastic, check)
     })
 }
 
 /// Every phase of this process's life.
-fn live(group: &Group, elastic: &Elastic, timeout: Duration, inject: Inject) -> Result<()> {
-    let me = group.rank;
+fn live(group: &Group, elastic: &Elastic, check: Check) -> Result<()> {
+    let (me, inject) = (group.rank, check.inject);
     let nixl = create_ucx_agent(&incarnation_agent(me, elastic.incarnation()))?;
     let mine = AgentMetadata(nixl.agent.get_local_md()?);
     let mut known: Vec<String> = Vec::new();
@@ -88,26 +99,36 @@ fn live(group: &Group, elastic: &Elastic, timeout: Duration, inject: Inject) -> 
             let _ = nixl.agent.invalidate_remote_md(&incarnation_agent(r, inc));
         }
         let first = i == elastic.life().start;
-        let peers = elastic.begin_phase(i, &mine)?;
+        let new = elastic.begin_phase(i, &mine)?;
         if inject.die_rank == Some(me) && first {
             die(me);
         }
-        connect_phase(elastic, &nixl.agent, i, &peers, timeout, &mut known)?;
+        connect_phase(
+            elastic,
+            &nixl.agent,
+            i,
+            &new.peers,
+            check.timeout,
+            &mut known,
+        )?;
         if inject.hang_rank == Some(me) && first {
             hang(group)?;
         }
-        elastic.connected(i)?;
-        // Steps of agreement only where the plan kills: elsewhere they would
-        // only judge the heartbeats of 64 processes on a loaded machine.
-        if !elastic.plan().killed(i).is_empty() {
-            steps(group, elastic, i)?;
-        }
-        elastic.end_phase(i)?;
+        say_gone(me, i, &elastic.opened(i, &new.gone)?);
+        steps(group, elastic, i, &check)?;
+        say_gone(me, i, &elastic.end_phase(i)?);
     }
     for name in known {
         let _ = nixl.agent.invalidate_remote_md(&name);
     }
     Ok(())
+}
+
+/// A decision's line when it found a rank gone.
+fn say_gone(me: u32, i: usize, d: &Decision) {
+    if !d.new.is_empty() {
+        say!("{}", decision_line(me, i, d));
+    }
 }
 
 /// Phase `i` begins: this rank connects to `peers`, those it must reach
@@ -148,32 +169,21 @@ fn connect_phase(
     Ok(())
 }
 
-/// The phase's steps: after each, the agreement on who is gone, with this
-/// rank's masked set from heartbeat silence; one line per decision that
+/// The phase's steps (`check.steps`), each its work (a pause) then the
+/// agreement on who is gone, with this rank's masked set from the
+/// launcher's notices and silent heartbeats; one line per decision that
 /// found a rank gone.
-fn steps(group: &Group, elastic: &Elastic, i: usize) -> Result<()> {
-    let me = group.rank;
+fn steps(group: &Group, elastic: &Elastic, i: usize, check: &Check) -> Result<()> {
+    let (me, n) = (group.rank, check.steps);
     let mut masked: BTreeSet<u32> = BTreeSet::new();
-    let mut gone: BTreeSet<u32> = BTreeSet::new();
-    for k in 0..STEPS {
-        let active: Vec<(usize, String)> = (elastic.plan().members(i).into_iter())
-            .filter(|r| *r != me && !gone.contains(r))
-            .map(|r| {
-                let inc = elastic.plan().incarnation(r, i).expect("a member");
-                (r as usize, process_name(r, inc))
-            })
-            .collect();
+    for k in 0..n {
+        let others: Vec<u32> = elastic.active(i).into_iter().filter(|&r| r != me).collect();
         elastic.steps_begin(i)?;
-        masked.extend(group.silent_among(&active)?.into_iter().map(|r| r as u32));
-        let d = elastic.agree(i, i as u64 * STEPS + k, &masked)?;
-        if !d.new.is_empty() {
-            say!("{}", decision_line(me, i, &d));
-        }
-        gone.clone_from(&d.gone);
+        std::thread::sleep(check.step_work);
+        masked.extend(elastic.found_dead(&others, i)?);
+        let d = elastic.agree(i, i as u64 * n + k, &masked)?;
+        say_gone(me, i, &d);
         masked.retain(|r| d.gone.contains(r));
-        if k == MIDDLE {
-            elastic.halfway(i, &d)?;
-        }
     }
     Ok(())
 }

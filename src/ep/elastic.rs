@@ -1,7 +1,12 @@
-//! Elastic membership over the store: the phases of a [`Plan`] as one
-//! rank's process lives them — who to connect to when a phase begins, the
-//! per-step agreement on who is gone, and a phase's end — on top of the
-//! run's [`Group`] (heartbeats, probes, aborts, cleanup).
+//! The membership of an N-rank run over the store: which processes are
+//! members of each phase, the agreement on who is gone, and how a phase
+//! opens and ends — on top of the run's [`Group`] (heartbeats, probes,
+//! aborts, cleanup). It knows no plan of deaths: any member may die or
+//! freeze at any moment (inside a kernel, during an agreement round, while
+//! the others connect to it, during its own join), and the survivors find
+//! it, agree on it and go on ([`OnDeath::Survive`]), or stop naming it
+//! ([`OnDeath::Fail`]). The [`Plan`] only says who is started when, and who
+//! leaves cleanly; the launcher alone knows whom it will kill.
 //!
 //! A process of rank `me` started in phase `inc` (its *incarnation*) lives
 //! the phases [`Elastic::life`]. For each phase `i`:
@@ -9,40 +14,37 @@
 //! 1. [`Elastic::begin_phase`]: in its first phase the process publishes its
 //!    payload (what the others need to connect to it: agent metadata, a
 //!    window descriptor) under `rank/<me>.<inc>/peer` and gets every other
-//!    member's; later it gets only the phase's joiners'. The caller drops
-//!    [`Elastic::departed`]'s incarnations and connects to the peers.
-//! 2. [`Elastic::connected`]: a barrier of the phase's members.
+//!    member's; later it gets only the phase's joiners'. A joiner first
+//!    learns from the decision that ended the phase before which processes
+//!    are dead. A peer that dies before its payload appears is returned as
+//!    gone. The caller drops [`Elastic::departed`]'s processes and connects
+//!    to the peers.
+//! 2. [`Elastic::opened`]: the first round of agreement, over the peers
+//!    this process could not reach: the barrier of the phase's members.
 //! 3. Steps; after each, [`Elastic::agree`]: every active rank reports the
 //!    ranks it masked (cumulative within the phase); the **leader** — the
 //!    lowest active rank that this process neither masked nor suspects —
-//!    waits for the report of every active rank not yet in the union; a
-//!    rank whose report does not come within the fault timeout after the
-//!    leader's own (counted in wall time *and* in the leader's heartbeats,
-//!    so the limit stretches on a loaded machine), or whose heartbeat falls
-//!    silent, joins the union. A rank in the union that reports all the
-//!    same is alive, only late (it waited on the dead one itself), and is
-//!    *forgiven*: the leader waits for the report of every masked rank
-//!    until it comes or the rank's heartbeat stands still for two beats
-//!    (`hear_the_masked`; the window starts when the steps
-//!    began, [`Elastic::steps_begin`]). The leader publishes the gone set
-//!    and the forgiven one with compare-and-set (one decision however many
-//!    believe they lead), and every rank adopts it; after a decision that
-//!    forgave, the caller resynchronises with the forgiven ranks. A rank that finds itself in the decision stops
-//!    (exit 1). A leader that publishes nothing — silent, or without its
-//!    own report after the fault timeout — is passed over: the next lowest
-//!    takes over and counts it gone.
-//! 4. After the phase's middle step, [`Elastic::halfway`]: the lowest
-//!    survivor tells the launcher (`phase/<i>/halfway`), which kills the
-//!    phase's `-r` ranks; those wait there to be killed.
-//! 5. [`Elastic::end_phase`]: every survivor counts itself done; once all
-//!    have, the launcher starts the next phase's joiners; leavers then
-//!    return and end. A rank lost without the plan killing it fails the
-//!    phase's end on every survivor (exit 1), naming it.
+//!    waits for the report of every active rank not yet in the union. A
+//!    rank joins the union when its report does not come and there is
+//!    proof that it is dead: the launcher's notice (`dead/<r>.<inc>`, a
+//!    process it saw die or stop, read at once), or, where no launcher
+//!    watches (torchrun), a heartbeat that stands still (see `lead`). A rank
+//!    in the union that reports all the same is alive, only late (it
+//!    waited on the dead one itself), and is *forgiven*. The leader
+//!    publishes the gone set and the forgiven one with compare-and-set (one
+//!    decision however many believe they lead), and every rank adopts it. A
+//!    rank that finds itself in the decision stops (exit 1). A leader that
+//!    dies is passed over: the next lowest takes over and counts it gone.
+//! 4. [`Elastic::end_phase`]: the last round of the phase, over nothing:
+//!    its decision fixes the phase's survivors, and tells the launcher and
+//!    the next phase's joiners who is dead.
 //!
-//! Keys: `super::keys`' table. While a phase's steps run, silence is the
-//! agreement's to judge (it is reported, not fatal); in the other waits the
-//! group's probe watches the phase's current members, and a silent one
-//! ends the wait with its name.
+//! Every round, those that open and end a phase included, is the same
+//! agreement, so a death at any moment is found by the next one. Keys:
+//! `super::keys`' table. Silence is the agreement's to judge: in a
+//! surviving run the group's probe watches nobody's heartbeat; under
+//! [`OnDeath::Fail`] it watches the phase's members, and a silent one ends
+//! any wait with its name.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -52,10 +54,43 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 
 use super::group::{Group, process_name};
-pub use super::keys::{Report, Verdict};
+pub use super::keys::{Death, Report, Verdict};
 use super::plan::Plan;
 use crate::deadline::{Pace, poll};
-use crate::group::{BEAT, Dismissed, Marker, PROBE_EVERY, Value};
+use crate::group::{BEAT, Dismissed, PROBE_EVERY, Value};
+
+/// The agreement round that opens phase `i` (its step number).
+pub const OPEN: u64 = 1 << 61;
+/// The agreement round that ends phase `i`.
+pub const END: u64 = 1 << 60;
+/// Marks the round that follows a resynchronisation (the step's number
+/// with this bit set).
+pub const RESYNC: u64 = 1 << 62;
+
+/// How often a wait inside the agreement looks again for the proof that a
+/// rank it waits on is dead: the launcher's notice is one request.
+const LOOK: Duration = Duration::from_millis(2);
+
+/// What the members do when one of them dies or freezes.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDeath {
+    /// The survivors mask it, agree that it is gone and go on.
+    #[default]
+    Survive,
+    /// The run stops, every survivor naming it (within about 4 s).
+    Fail,
+}
 
 /// A peer to connect to: its rank, its incarnation and what it published.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +100,16 @@ pub struct Peer<P> {
     pub payload: P,
 }
 
-/// The decision after a step, as this process adopted it.
+/// The processes to connect to when a phase begins.
+#[derive(Clone, Debug)]
+pub struct Newcomers<P> {
+    /// Those that published their payload.
+    pub peers: Vec<Peer<P>>,
+    /// Those that died before they did (the opening round agrees on them).
+    pub gone: BTreeSet<u32>,
+}
+
+/// The decision after a round, as this process adopted it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     /// Every rank gone in this phase so far (the same on every survivor).
@@ -87,42 +131,53 @@ pub struct Decision {
     pub waited_us: u64,
 }
 
-/// What a process remembers of its current phase.
+/// What a process remembers of the run and of its current phase.
 #[derive(Default)]
 struct PhaseState {
     phase: Option<usize>,
     gone: BTreeSet<u32>,
-    /// Keys of this phase this process wrote and others read (decisions,
-    /// its barrier marker): deleted at the end of the next phase, as a
-    /// rank that lags behind (and is about to learn it is gone) may still
-    /// wait for them when this one ends.
+    /// Every process agreed dead in the run so far, as (rank, incarnation).
+    dead: BTreeSet<(u32, usize)>,
+    /// Keys of this phase this process wrote and others read (step
+    /// decisions): deleted at the end of the next phase, as a rank that
+    /// lags behind (and is about to learn it is gone) may still wait for
+    /// them when this one ends.
     decided: Vec<String>,
     /// Those of the phase before.
     stale: Vec<String>,
+    /// The launcher's death counter at the last look, and the processes
+    /// whose notice was read.
+    deaths_seen: i64,
+    noticed: BTreeSet<(u32, usize)>,
+    /// When [`Elastic::found_dead`] may read the heartbeats next.
+    next_silence_look: Option<Instant>,
     /// The phase's heartbeats as the lowest active rank (the likely
     /// leader) read them when the last steps began ([`Elastic::steps_begin`]).
     steps_began: Option<(Clock, Beats)>,
 }
 
-/// One process's side of the elastic membership (see the module docs).
+/// One process's side of the membership (see the module docs).
 pub struct Elastic<'a> {
     group: &'a Group<'a>,
     plan: &'a Plan,
     me: u32,
     incarnation: usize,
     fault_timeout: Duration,
+    on_death: OnDeath,
     state: Mutex<PhaseState>,
 }
 
 impl<'a> Elastic<'a> {
     /// Rank `group.rank`'s process started in phase `incarnation` of
-    /// `plan`; `fault_timeout` bounds the wait for a missing report.
-    /// Errors when the plan does not start this rank in that phase.
+    /// `plan`; `fault_timeout` bounds the wait for a missing report where
+    /// only heartbeats tell; `on_death` says what a death does. Errors when
+    /// the plan does not start this rank in that phase.
     pub fn new(
         group: &'a Group<'a>,
         plan: &'a Plan,
         incarnation: usize,
         fault_timeout: Duration,
+        on_death: OnDeath,
     ) -> Result<Self> {
         let me = group.rank;
         if plan.life(me, incarnation).is_empty() {
@@ -131,17 +186,22 @@ impl<'a> Elastic<'a> {
                  with `ep --plan FILE`, which starts each as the plan says"
             );
         }
+        if on_death == OnDeath::Survive {
+            // Silence is the agreement's to judge from the start.
+            group.watch_only(&[]);
+        }
         Ok(Self {
             group,
             plan,
             me,
             incarnation,
             fault_timeout,
+            on_death,
             state: Mutex::new(PhaseState::default()),
         })
     }
 
-    /// Phases this process takes part in (by index).
+    /// Phases this process takes part in (by index), unless it dies.
     pub fn life(&self) -> Range<usize> {
         self.plan.life(self.me, self.incarnation)
     }
@@ -161,16 +221,36 @@ impl<'a> Elastic<'a> {
         self.incarnation
     }
 
+    /// Whether the run goes on after a death ([`OnDeath::Survive`]).
+    pub fn survives(&self) -> bool {
+        self.on_death == OnDeath::Survive
+    }
+
+    /// The members of phase `i` as this process knows them: the plan's,
+    /// without the processes agreed dead so far.
+    pub fn members(&self, i: usize) -> BTreeSet<u32> {
+        let st = self.state();
+        (self.plan.members(i).into_iter())
+            .filter(|&r| !st.dead.contains(&(r, self.inc(r, i))))
+            .collect()
+    }
+
+    /// Phase `i`'s members still active now (not gone in the phase).
+    pub fn active(&self, i: usize) -> BTreeSet<u32> {
+        let gone = self.state().gone.clone();
+        &self.members(i) - &gone
+    }
+
     /// Steps of phase `i` are about to run: the lowest active rank, which
     /// will most likely lead the agreement after them, reads the phase's
-    /// heartbeats now (one request). A rank masked in those steps was
-    /// waited on for the fault timeout, so by the agreement its heartbeat
-    /// has had the time to show whether it still beats: the leader then
-    /// decides at once instead of watching for two more beats
-    /// (`hear_the_masked`).
+    /// heartbeats now (one request). Where no launcher's notice proves a
+    /// death (torchrun), a rank masked in those steps was waited on for the
+    /// fault timeout, so by the agreement its heartbeat has had the time to
+    /// show whether it still beats: the leader then decides at once.
     pub fn steps_begin(&self, i: usize) -> Result<()> {
-        let active = &self.plan.members(i) - &self.phase_gone(i)?;
-        let snapshot = match active.iter().next() == Some(&self.me) {
+        let active = &self.members(i) - &self.phase_gone(i)?;
+        let lowest = active.iter().next() == Some(&self.me);
+        let snapshot = match lowest && !self.group.launcher {
             true => Some((
                 Clock::start(self.group),
                 self.group.heartbeats_of(&self.names(active, i))?,
@@ -192,116 +272,203 @@ impl<'a> Elastic<'a> {
         self.plan.incarnation(r, i).expect("a member of the phase")
     }
 
-    /// Makes the group's probe watch `ranks` of phase `i` (by their
-    /// processes' names); an empty set watches nobody.
+    /// Makes the group's probe watch `ranks` of phase `i` when a death
+    /// fails the run; in a surviving run it watches nobody (silence is the
+    /// agreement's to judge).
     fn watch(&self, ranks: &BTreeSet<u32>, i: usize) {
-        let who: Vec<(usize, String)> = (ranks.iter())
-            .map(|&r| (r as usize, process_name(r, self.inc(r, i))))
-            .collect();
-        self.group.watch_only(&who);
+        match self.on_death {
+            OnDeath::Fail => self.group.watch_only(&self.names(ranks.iter().copied(), i)),
+            OnDeath::Survive => self.group.watch_only(&[]),
+        }
     }
 
     /// The processes to disconnect when phase `i` begins (not this
     /// process's first): members of phase `i−1`, as (rank, incarnation),
-    /// that are not the same process in phase `i` (they left, were killed,
-    /// or their id was taken by a new process).
+    /// that are not the same live process in phase `i` (they left, died, or
+    /// their id was taken by a new process). May name a process dropped
+    /// already (dead earlier): dropping it again does nothing.
     pub fn departed(&self, i: usize) -> Vec<(u32, usize)> {
         if i == 0 || i == self.life().start {
             return Vec::new();
         }
+        let dead = self.state().dead.clone();
         (self.plan.members(i - 1).into_iter())
             .filter(|&r| r != self.me)
             .map(|r| (r, self.inc(r, i - 1)))
-            .filter(|&(r, inc)| self.plan.incarnation(r, i) != Some(inc))
+            .filter(|p| self.plan.incarnation(p.0, i) != Some(p.1) || dead.contains(p))
             .collect()
     }
 
     /// Phase `i` begins: publishes `mine` if `i` is this process's first
-    /// phase; returns the payloads of the ranks this process must connect
-    /// to now (its first phase: every other member; later: the phase's
-    /// joiners), by rank. Waits for each within the run's timeout; a member
-    /// that dies meanwhile is named.
-    pub fn begin_phase<P: Value>(&self, i: usize, mine: &P) -> Result<Vec<Peer<P>>> {
+    /// phase; returns the payloads of the processes it must connect to now
+    /// (its first phase: every other member; later: the phase's joiners),
+    /// and those that died before publishing theirs. Waits for each within
+    /// the run's timeout.
+    pub fn begin_phase<P: Value>(&self, i: usize, mine: &P) -> Result<Newcomers<P>> {
         let life = self.life();
         if !life.contains(&i) {
             bail!("phase {i} is not in this process's life (phases {life:?})");
+        }
+        let g = self.group;
+        let first = i == life.start;
+        if first && i > 0 {
+            // A joiner: who died before it came, from the last phase's end.
+            let ended = g.keys.decision(i - 1, END);
+            let from = self.plan.members(i - 1).into_iter().next().unwrap_or(0);
+            let v = g.get(&ended, from, "decision that ended the last phase")?;
+            g.share(ended.key());
+            self.state().dead = v.dead;
         }
         {
             let mut st = self.state();
             st.phase = Some(i);
             st.gone.clear();
         }
-        let g = self.group;
-        self.watch(&self.plan.members(i), i);
-        let first = i == life.start;
+        self.watch(&self.members(i), i);
         if first {
             g.put(&g.keys.peer(self.me, self.incarnation), mine)?;
         }
         let to_connect = match first {
-            true => self.plan.members(i),
-            false => self.plan.joiners(i),
+            true => self.members(i),
+            false => &self.plan.joiners(i) & &self.members(i),
         };
-        (to_connect.into_iter().filter(|&r| r != self.me))
-            .map(|r| {
-                let incarnation = self.inc(r, i);
-                let payload = g.get(&g.keys.peer(r, incarnation), r, "connection details")?;
-                Ok(Peer {
+        let mut out = Newcomers {
+            peers: Vec::new(),
+            gone: BTreeSet::new(),
+        };
+        for r in to_connect.into_iter().filter(|&r| r != self.me) {
+            let incarnation = self.inc(r, i);
+            let card = g.keys.peer(r, incarnation);
+            match self.await_entry(&card, r, i, "connection details")? {
+                Some(payload) => out.peers.push(Peer {
                     rank: r,
                     incarnation,
                     payload,
-                })
-            })
-            .collect()
+                }),
+                None => drop(out.gone.insert(r)),
+            }
+        }
+        Ok(out)
     }
 
-    /// After connecting: a barrier of phase `i`'s members. On timeout names
-    /// those that never arrived.
-    pub fn connected(&self, i: usize) -> Result<()> {
+    /// Waits for `entry`, which rank `r`'s process of phase `i` writes;
+    /// `None` once that process is proven dead without writing it
+    /// (surviving runs; otherwise the probe names it). Errors: not written
+    /// within the run's timeout (naming `what`), the store, an abort.
+    pub fn await_entry<T: Value>(
+        &self,
+        entry: &crate::group::Entry<T>,
+        r: u32,
+        i: usize,
+        what: &str,
+    ) -> Result<Option<T>> {
         let g = self.group;
-        let mine = g.keys.connected(i, self.me);
-        g.mark(&mine)?;
-        self.state().decided.push(mine.key().to_string());
-        let members = self.plan.members(i);
-        let keys: Vec<String> = (members.iter())
-            .map(|&r| g.keys.connected(i, r).key().to_string())
-            .collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let what = format!("the members of phase {i} to connect");
+        let inc = self.inc(r, i);
+        let what = format!("rank {r}'s {what}");
+        let mut next_look = Instant::now() + PROBE_EVERY;
         poll(
             g.timeout(),
             Pace::Every(Duration::ZERO),
-            || Ok(g.wait_a_slice(&refs, &what)?.then_some(())),
+            || {
+                if let Some(p) = g.try_get(entry)? {
+                    return Ok(Some(Some(p)));
+                }
+                if self.survives() && self.proven_dead(r, inc, &mut next_look)? {
+                    return Ok(Some(None));
+                }
+                g.wait_for(&[entry.key()], WAIT, &what)?;
+                Ok(None)
+            },
             |waited| {
-                let arrived = |r: u32| {
-                    g.try_get(&g.keys.connected(i, r))
-                        .is_ok_and(|v| v.is_some())
-                };
-                let missing: Vec<String> = (members.iter())
-                    .filter(|&&r| !arrived(r))
-                    .map(|r| format!("rank {r}"))
-                    .collect();
                 anyhow!(
-                    "{} did not connect in phase {i} within {waited:.0?}: slow, stuck, or never started",
-                    missing.join(", ")
+                    "{what} (key {}) did not come within {waited:.0?}: is it running, with the same \
+                     MASTER_ADDR:MASTER_PORT? (raise --timeout if it is just slow)",
+                    entry.key()
                 )
             },
         )
+    }
+
+    /// Which of `ranks` (members of phase `i`) are proven dead now: the
+    /// launcher noticed them, or (read at most every [`PROBE_EVERY`]) their
+    /// heartbeat stood still for the probe's limit. What a process without
+    /// kernels to time out masks (`--check-connection`).
+    pub fn found_dead(&self, ranks: &[u32], i: usize) -> Result<BTreeSet<u32>> {
+        let mut dead = self.noticed_among(ranks, i)?;
+        let now = Instant::now();
+        let due = self.state().next_silence_look.is_none_or(|t| now >= t);
+        if due {
+            self.state().next_silence_look = Some(now + PROBE_EVERY);
+            let silent = self
+                .group
+                .silent_among(&self.names(ranks.iter().copied(), i))?;
+            dead.extend(silent.into_iter().map(|r| r as u32));
+        }
+        Ok(dead)
+    }
+
+    /// Whether process `<r>.<inc>` is proven dead: the launcher's notice
+    /// (one request, every call), or, at most every [`PROBE_EVERY`]
+    /// (`next_look`), a heartbeat silent for the probe's limit.
+    fn proven_dead(&self, r: u32, inc: usize, next_look: &mut Instant) -> Result<bool> {
+        if self.noticed(r, inc)? {
+            return Ok(true);
+        }
+        if Instant::now() < *next_look {
+            return Ok(false);
+        }
+        *next_look = Instant::now() + PROBE_EVERY;
+        let name = [(r as usize, process_name(r, inc))];
+        Ok(!self.group.silent_among(&name)?.is_empty())
+    }
+
+    /// Whether process `<r>.<inc>`, which we failed to reach, is dead: the
+    /// launcher's notice, or its heartbeat silent for the probe's limit;
+    /// looked for up to that limit and a second more (a live peer's
+    /// failure is then ours to report).
+    pub fn is_dead(&self, r: u32, inc: usize) -> Result<bool> {
+        let until = Instant::now() + crate::group::SILENT_AFTER + Duration::from_secs(1);
+        let mut next_look = Instant::now();
+        while Instant::now() < until {
+            if self.proven_dead(r, inc, &mut next_look)? {
+                return Ok(true);
+            }
+            std::thread::sleep(WAIT);
+        }
+        Ok(false)
+    }
+
+    /// Whether the launcher noticed process `<r>.<inc>` die or stop.
+    fn noticed(&self, r: u32, inc: usize) -> Result<bool> {
+        Ok(self.death(r, inc)?.is_some())
+    }
+
+    /// The launcher's notice of process `<r>.<inc>`'s death, if it wrote one.
+    pub fn death(&self, r: u32, inc: usize) -> Result<Option<Death>> {
+        self.group.try_get(&self.group.keys.death(r, inc))
+    }
+
+    /// After connecting in phase `i`: the round that opens it, in which
+    /// this process reports `unreachable` (the newcomers that died before
+    /// publishing) as masked. Its decision is the members' barrier: once it
+    /// is out, every survivor connected.
+    pub fn opened(&self, i: usize, unreachable: &BTreeSet<u32>) -> Result<Decision> {
+        self.agree(i, OPEN, unreachable)
     }
 
     /// After step `step` (the global number every rank computes alike) of
     /// phase `i`: agrees with the other active ranks on who is gone (module
     /// docs). `masked` = the ranks this process masked so far in the phase.
     /// Returns the decision, the same on every survivor. Errors: this rank
-    /// is in the decision (the others gave up on it), no decision within
-    /// the run's timeout, the store or an abort. This rank's own dismissal
-    /// is a [`Dismissed`] error: the group publishes no abort for it.
+    /// is in the decision (the others gave up on it; a [`Dismissed`] error,
+    /// for which the group publishes no abort), a rank is gone and deaths
+    /// fail the run ([`OnDeath::Fail`]), no decision within the run's
+    /// timeout, the store or an abort.
     pub fn agree(&self, i: usize, step: u64, masked: &BTreeSet<u32>) -> Result<Decision> {
         let g = self.group;
         let gone = self.phase_gone(i)?;
-        let active: BTreeSet<u32> = &self.plan.members(i) - &gone;
+        let active: BTreeSet<u32> = &self.members(i) - &gone;
         let mine: BTreeSet<u32> = masked.intersection(&active).copied().collect();
-        // Silence is judged here, not by the probe: it names, it does not stop.
-        g.watch_only(&[]);
         let report = g.keys.report(i, step, self.me);
         g.put(
             &report,
@@ -321,18 +488,36 @@ impl<'a> Elastic<'a> {
         let waited_us = round.clock.at.elapsed().as_micros() as u64;
         if verdict.gone.contains(&self.me) {
             return Err(Dismissed(format!(
-                "the other ranks agreed that this rank (rank {}) is gone after step {step} of phase {i} (decided by \
+                "the other ranks agreed that this rank (rank {}) is gone after round {} of phase {i} (decided by \
                  rank {}): it answered too late (raise --fault-timeout) or lost contact with them; they go on \
                  without it",
-                self.me, verdict.leader
+                self.me,
+                round_name(step),
+                verdict.leader
             ))
             .into());
         }
+        self.adopt(i, step, verdict, waited_us)
+    }
+
+    /// Takes `verdict`, the decision of round `step` of phase `i`, as ours.
+    fn adopt(&self, i: usize, step: u64, verdict: Verdict, waited_us: u64) -> Result<Decision> {
         let mut st = self.state();
         let new: BTreeSet<u32> = &verdict.gone - &st.gone;
         st.gone.extend(verdict.gone.iter().copied());
-        let still: BTreeSet<u32> = &self.plan.members(i) - &st.gone;
+        st.dead.extend(verdict.dead.iter().copied());
         drop(st);
+        let still = self.active(i);
+        if !new.is_empty() && !self.survives() {
+            bail!(
+                "{} stopped responding in phase {i} (round {}; agreed by {} survivor(s), decided by rank {}): it \
+                 died, froze or fell too far behind; --on-death survive (or --elastic) goes on without it",
+                ranks_named(&new),
+                round_name(step),
+                verdict.reports,
+                verdict.leader
+            );
+        }
         self.watch(&still, i);
         Ok(Decision {
             gone: verdict.gone,
@@ -362,11 +547,9 @@ impl<'a> Elastic<'a> {
         let g = self.group;
         let (i, step) = (round.i, round.step);
         let entry = g.keys.decision(i, step);
+        let what = format!("the decision after round {} of phase {i}", round_name(step));
         let mut suspects: BTreeSet<u32> = round.mine.clone();
-        // Most decisions come within a probe interval: look at the leader
-        // only after one, and snapshot the heartbeats then.
-        let mut next_look = Instant::now() + PROBE_EVERY;
-        let mut before: Option<Beats> = None;
+        let mut watch = Fallback::new(PROBE_EVERY);
         poll(
             g.timeout(),
             Pace::Every(Duration::ZERO),
@@ -380,45 +563,51 @@ impl<'a> Elastic<'a> {
                 if leader == self.me {
                     return self.lead(round).map(Some);
                 }
-                if Instant::now() >= next_look {
-                    next_look = Instant::now() + PROBE_EVERY;
-                    let before = match &mut before {
-                        Some(b) => b,
-                        none => none
-                            .insert(g.heartbeats_of(&self.names(round.active.iter().copied(), i))?),
-                    };
-                    if self.passed_over(round, leader, before)? {
-                        tracing::info!(
-                            "phase {i} step {step}: rank {leader} does not lead; the next rank takes over"
-                        );
-                        suspects.insert(leader);
-                    }
+                if self.passed_over(round, leader, &mut watch)? {
+                    tracing::info!(
+                        "phase {i} round {}: rank {leader} does not lead (dead); the next rank takes over",
+                        round_name(step)
+                    );
+                    suspects.insert(leader);
+                    return Ok(None);
                 }
-                g.wait_a_slice(
-                    &[entry.key()],
-                    &format!("the decision after step {step} of phase {i}"),
-                )?;
+                g.wait_for(&[entry.key()], WAIT, &what)?;
                 Ok(None)
             },
             |waited| {
                 anyhow!(
-                    "no decision on who is gone after step {step} of phase {i} within {waited:.0?}"
+                    "no decision on who is gone after round {} of phase {i} within {waited:.0?}",
+                    round_name(step)
                 )
             },
         )
     }
 
-    /// Whether `leader` will not decide: its heartbeat is silent, or it
-    /// has not even reported within the fault timeout and its heartbeat
-    /// stood still since `before` (dead between steps; a live but slow
-    /// leader keeps beating and is waited for).
-    fn passed_over(&self, round: &Round, leader: u32, before: &Beats) -> Result<bool> {
+    /// Whether `leader` will not decide: the launcher's notice says it
+    /// died; or (at most every [`PROBE_EVERY`]) its heartbeat is silent, or
+    /// it has not even reported within the fault timeout and its heartbeat
+    /// stood still since this wait's first look (dead between steps; a live
+    /// but slow leader keeps beating and is waited for).
+    fn passed_over(&self, round: &Round, leader: u32, watch: &mut Fallback) -> Result<bool> {
         let g = self.group;
         let (i, step) = (round.i, round.step);
-        let name = [(leader as usize, process_name(leader, self.inc(leader, i)))];
+        if self.noticed_among(&[leader], i)?.contains(&leader) {
+            return Ok(true);
+        }
+        if !watch.due() {
+            return Ok(false);
+        }
+        let name = self.names([leader], i);
         if !g.silent_among(&name)?.is_empty() {
             return Ok(true);
         }
+        let before = match &watch.before {
+            Some(b) => b.clone(),
+            None => {
+                watch.before = Some(g.heartbeats_of(&self.names(round.active.iter().copied(), i))?);
+                return Ok(false);
+            }
+        };
         if !round.clock.passed(g, self.fault_timeout)
             || g.try_get(&g.keys.report(i, step, leader))?.is_some()
         {
@@ -426,6 +615,33 @@ impl<'a> Elastic<'a> {
         }
         let now = g.heartbeats_of(&name)?;
         Ok(now.get(&(leader as usize)) == before.get(&(leader as usize)))
+    }
+
+    /// Which of `ranks` (members of phase `i`) the launcher noticed dead:
+    /// one request (its death counter) unless a death is new since the
+    /// last look; nothing where no launcher watches (torchrun).
+    fn noticed_among(&self, ranks: &[u32], i: usize) -> Result<BTreeSet<u32>> {
+        let g = self.group;
+        if !g.launcher {
+            return Ok(BTreeSet::new());
+        }
+        let deaths = g.add(&g.keys.deaths(), 0)?;
+        let fresh = std::mem::replace(&mut self.state().deaths_seen, deaths) != deaths;
+        if fresh {
+            // A new notice: read every member's (rare: once per death).
+            let mut found = BTreeSet::new();
+            for r in self.plan.members(i) {
+                let inc = self.inc(r, i);
+                if self.noticed(r, inc)? {
+                    found.insert((r, inc));
+                }
+            }
+            self.state().noticed.extend(found);
+        }
+        let st = self.state();
+        Ok((ranks.iter().copied())
+            .filter(|&r| st.noticed.contains(&(r, self.inc(r, i))))
+            .collect())
     }
 
     /// The cause of `err`, a failure to reach rank `r`'s process started
@@ -443,61 +659,109 @@ impl<'a> Elastic<'a> {
     }
 
     /// Leads the agreement of (`i`, `step`): the union of the reports,
-    /// waiting for every active rank not in it. One whose heartbeat falls
-    /// silent joins the union, and so does one whose report does not come
-    /// within the fault timeout while its heartbeat stands still (it died
-    /// between steps). Publishes the decision (compare-and-set) and returns
-    /// the one that won. Errors: a rank that keeps beating but never
-    /// reports, past the run's timeout (stuck).
+    /// waiting for every active rank not in it. One the launcher noticed
+    /// dead joins the union at once; where no launcher watches, one whose
+    /// heartbeat falls silent, or whose report does not come within the
+    /// fault timeout while its heartbeat stands still. Then the masked
+    /// ranks are heard (`hear_the_masked`). Publishes the decision
+    /// (compare-and-set) and returns the one that won. Errors: a rank that
+    /// keeps beating but never reports, past the run's timeout (stuck).
     fn lead(&self, round: &Round) -> Result<Verdict> {
         let g = self.group;
         let (i, step) = (round.i, round.step);
         let mut union: BTreeSet<u32> = &self.phase_gone(i)? | &round.mine;
         let mut heard = BTreeSet::from([self.me]);
-        let before = g.heartbeats_of(&self.names(round.active.iter().copied(), i))?;
-        let mut next_look = Instant::now();
+        let mut watch = Fallback::new(Duration::ZERO);
         loop {
             let missing = self.collect_reports(round, &mut union, &mut heard)?;
             if missing.is_empty() {
                 break;
             }
-            if Instant::now() >= next_look {
-                next_look = Instant::now() + PROBE_EVERY;
-                let names = self.names(missing.iter().copied(), i);
-                union.extend(g.silent_among(&names)?.into_iter().map(|r| r as u32));
-                if round.clock.passed(g, self.fault_timeout) {
-                    let now = g.heartbeats_of(&names)?;
-                    let still = |r: &u32| now.get(&(*r as usize)) == before.get(&(*r as usize));
-                    union.extend(missing.iter().copied().filter(still));
-                }
-            }
+            union.extend(self.proven_gone(round, &missing, &mut watch)?);
             if round.clock.at.elapsed() > g.timeout() {
                 bail!(
-                    "rank(s) {missing:?} did not report after step {step} of phase {i} within {:?}, their heartbeat going \
+                    "rank(s) {missing:?} did not report after round {} of phase {i} within {:?}, their heartbeat going \
                      on: stuck between steps",
+                    round_name(step),
                     g.timeout()
                 );
             }
             let keys: Vec<String> = (missing.iter())
+                .filter(|r| !union.contains(r))
                 .map(|&r| g.keys.report(i, step, r).key().to_string())
                 .collect();
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            g.wait_a_slice(
-                &refs,
-                &format!("the reports after step {step} of phase {i}"),
-            )?;
+            if !refs.is_empty() {
+                let what = format!("the reports after round {} of phase {i}", round_name(step));
+                g.wait_for(&refs, LOOK, &what)?;
+            }
         }
         self.hear_the_masked(round, &union, &mut heard)?;
+        self.decide(round, &union, &heard)
+    }
+
+    /// Of the `missing` reporters, those proven dead: the launcher's
+    /// notice at every look; where no launcher watches, at most every
+    /// [`PROBE_EVERY`], a silent heartbeat, or one that stood still since
+    /// the first look while the fault timeout passed.
+    fn proven_gone(
+        &self,
+        round: &Round,
+        missing: &[u32],
+        watch: &mut Fallback,
+    ) -> Result<BTreeSet<u32>> {
+        let g = self.group;
+        let mut gone = self.noticed_among(missing, round.i)?;
+        if g.launcher && gone.len() == missing.len() || !watch.due() {
+            return Ok(gone);
+        }
+        let names = self.names(missing.iter().copied(), round.i);
+        let before = match &watch.before {
+            Some(b) => b.clone(),
+            None => {
+                let all = self.names(round.active.iter().copied(), round.i);
+                watch.before.insert(g.heartbeats_of(&all)?).clone()
+            }
+        };
+        gone.extend(g.silent_among(&names)?.into_iter().map(|r| r as u32));
+        if !g.launcher && round.clock.passed(g, self.fault_timeout) {
+            let now = g.heartbeats_of(&names)?;
+            let still = |r: &u32| now.get(&(*r as usize)) == before.get(&(*r as usize));
+            gone.extend(missing.iter().copied().filter(still));
+        }
+        Ok(gone)
+    }
+
+    /// The leader's decision from the `union` of the masks and the ranks
+    /// `heard` from, published with compare-and-set; the one that won.
+    fn decide(
+        &self,
+        round: &Round,
+        union: &BTreeSet<u32>,
+        heard: &BTreeSet<u32>,
+    ) -> Result<Verdict> {
+        let g = self.group;
+        let (i, step) = (round.i, round.step);
+        let phase_gone = self.phase_gone(i)?;
+        let gone: BTreeSet<u32> = union - heard;
+        let mut dead = self.state().dead.clone();
+        dead.extend(gone.iter().map(|&r| (r, self.inc(r, i))));
         let verdict = Verdict {
             reports: heard.len() as u32,
-            gone: &union - &heard,
-            forgiven: &(&union & &heard) - &self.phase_gone(i)?,
+            forgiven: &(union & heard) - &phase_gone,
+            gone,
             leader: self.me,
+            dead,
         };
         let entry = g.keys.decision(i, step);
         match g.claim(&entry, &verdict)? {
             None => {
-                self.state().decided.push(entry.key().to_string());
+                if step < END {
+                    self.state().decided.push(entry.key().to_string());
+                    if g.launcher {
+                        g.add(&g.keys.rounds(i), 1)?;
+                    }
+                }
                 Ok(verdict)
             }
             Some(theirs) => Ok(theirs),
@@ -510,10 +774,12 @@ impl<'a> Elastic<'a> {
     /// on, the one it did not waits, and its lateness looks like a second
     /// death to the others). So before deciding, the leader waits for the
     /// report of every rank in the `union` not heard from yet, until it
-    /// comes (added to `heard`), or the rank's heartbeat stands still for
-    /// a window of two beats (dead or frozen: no longer waited for), or
-    /// another leader has decided. The first window began with the steps
-    /// when this rank read the heartbeats then ([`Elastic::steps_begin`]).
+    /// comes (added to `heard`), or the rank is proven dead (the launcher's
+    /// notice; its heartbeat silent for the probe's limit), or another
+    /// leader has decided. Where no launcher watches, a heartbeat that
+    /// stands still for a window of two beats is the proof; the first
+    /// window began with the steps when this rank read the heartbeats then
+    /// ([`Elastic::steps_begin`]).
     fn hear_the_masked(
         &self,
         round: &Round,
@@ -523,12 +789,8 @@ impl<'a> Elastic<'a> {
         let g = self.group;
         let (i, step) = (round.i, round.step);
         let mut open: BTreeSet<u32> = &(union - &self.phase_gone(i)?) - heard;
-        let beats = |open: &BTreeSet<u32>| g.heartbeats_of(&self.names(open.iter().copied(), i));
-        let began = self.state().steps_began.take();
-        let (mut base, mut window) = match began {
-            Some(b) => (b.1, b.0),
-            None => (beats(&open)?, Clock::start(g)),
-        };
+        let mut windows = Windows::start(self, round, &open)?;
+        let mut watch = Fallback::new(PROBE_EVERY);
         while !open.is_empty() {
             // Another leader decided (and the ranks may have deleted their
             // reports since): our claim will lose to theirs.
@@ -541,30 +803,29 @@ impl<'a> Elastic<'a> {
                     open.remove(&r);
                 }
             }
-            if window.passed(g, 2 * BEAT) {
-                // Moved on within the window: alive, waited for. Still, or
-                // its key gone (it left): not waited for.
-                let now = beats(&open)?;
-                open.retain(|r| {
-                    let at = now.get(&(*r as usize));
-                    at.is_some() && at != base.get(&(*r as usize))
-                });
-                (base, window) = (now, Clock::start(g));
+            let ranks: Vec<u32> = open.iter().copied().collect();
+            open = &open - &self.noticed_among(&ranks, i)?;
+            if watch.due() {
+                let silent = g.silent_among(&self.names(open.iter().copied(), i))?;
+                open.retain(|r| !silent.contains(&(*r as usize)));
             }
+            // The backstop where the notice is late or missing.
+            windows.judge(self, &mut open)?;
             if round.clock.at.elapsed() > g.timeout() {
                 bail!(
-                    "rank(s) {open:?} were masked after step {step} of phase {i} and keep beating, but did not report \
+                    "rank(s) {open:?} were masked after round {} of phase {i} and keep beating, but did not report \
                      within {:?}: stuck between steps",
+                    round_name(step),
                     g.timeout()
                 );
             }
-            // A short pause, not a WAIT: either a report or another
+            // A short pause, not a WAIT: a report, a notice or another
             // leader's decision may end this, and a WAIT sees only one.
             if !open.is_empty() {
                 if let Some(why) = g.probe() {
                     bail!("{why}");
                 }
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(LOOK);
             }
         }
         Ok(())
@@ -594,126 +855,128 @@ impl<'a> Elastic<'a> {
         Ok(awaited(union, heard))
     }
 
-    /// After the agreement of phase `i`'s middle step (decision `d`): the
-    /// lowest survivor tells the launcher (`phase/<i>/halfway`), which then
-    /// kills the phase's `-r` ranks; a rank the plan kills in this phase
-    /// waits here until it is killed (an error if nothing kills it within
-    /// the run's timeout). Phases without kills: nothing.
-    pub fn halfway(&self, i: usize, d: &Decision) -> Result<()> {
-        let killed = self.plan.killed(i);
-        if killed.is_empty() {
-            return Ok(());
-        }
-        let alive = &self.plan.members(i) - &d.gone;
-        if alive.iter().next() == Some(&self.me) {
-            let g = self.group;
-            g.put_final(&g.keys.halfway(i), &Marker)?;
-        }
-        if killed.contains(&self.me) {
-            return self.await_kill(i);
-        }
-        Ok(())
-    }
-
-    /// A rank the plan kills in phase `i` waits to be killed, its heartbeat
-    /// going, so that only the kill ends it.
-    fn await_kill(&self, i: usize) -> Result<()> {
-        crate::say!(
-            "[rank {}] phase {i}: waiting to be killed, as the plan says (-{})",
-            self.me,
-            self.me
-        );
-        let timeout = self.group.timeout();
-        poll(
-            timeout,
-            Pace::Every(Duration::from_millis(20)),
-            || match crate::interrupt::received() {
-                Some(sig) => Err(anyhow!("{sig}")),
-                None => Ok(None::<()>),
-            },
-            |_| {
-                anyhow!(
-                    "the plan kills rank {} in phase {i}, but nothing killed it within {timeout:?}: run the plan under \
-                     `ep --plan FILE`, whose launcher kills the ranks marked -r",
-                    self.me
-                )
-            },
-        )
-    }
-
-    /// End of phase `i`: counts this process done; once every survivor is,
-    /// the launcher may start the next phase's joiners (`phase/<i>/ended`).
-    /// Returns when all survivors finished the phase; a leaver then ends.
-    /// Errors: a rank was lost during the phase without the plan killing
-    /// it (every survivor fails alike, naming it).
-    pub fn end_phase(&self, i: usize) -> Result<()> {
-        if self.plan.killed(i).contains(&self.me) {
-            return self.await_kill(i);
-        }
-        let gone = self.phase_gone(i)?;
-        let unplanned: Vec<String> = (gone.difference(&self.plan.killed(i)))
-            .map(|r| format!("rank {r}"))
-            .collect();
-        if !unplanned.is_empty() {
-            bail!(
-                "{} stopped responding during phase {i} (every survivor agreed), but the plan does not kill it: it \
-                 died, froze or fell too far behind (raise --fault-timeout if the machine is only busy)",
-                unplanned.join(", ")
-            );
-        }
-        let missed = &self.plan.killed(i) - &gone;
-        if !missed.is_empty() {
-            tracing::warn!(
-                "phase {i} ended before the planned kill of {missed:?} was noticed: give it steps after its middle one"
-            );
-        }
-        let finishing = &self.plan.survivors(i) - &gone;
-        self.watch(&finishing, i);
-        self.count_done(i, finishing.len() as i64)?;
+    /// End of phase `i`: the phase's last round, over nothing. Its decision
+    /// fixes who finished the phase; the launcher reads it to start the
+    /// next phase's joiners, and they read it to learn who is dead, so it
+    /// is shared (deleted with the group's shared keys). A leaver then
+    /// returns and ends.
+    pub fn end_phase(&self, i: usize) -> Result<Decision> {
+        let d = self.agree(i, END, &BTreeSet::new())?;
+        let g = self.group;
+        g.share(g.keys.decision(i, END).key());
         let mut st = self.state();
         let this_phase = std::mem::take(&mut st.decided);
         let stale = std::mem::replace(&mut st.stale, this_phase);
         st.phase = None;
         drop(st);
-        self.group.delete_own(stale);
-        Ok(())
+        g.delete_own(stale);
+        Ok(d)
     }
 
-    /// The phase's end among its `n` finishing survivors: `done` counts
-    /// them; the one completing it writes `done/all` (and `ended` for the
-    /// launcher when a phase follows); once all have seen `done/all`, the
-    /// one completing `out` deletes the three.
-    fn count_done(&self, i: usize, n: i64) -> Result<()> {
-        let g = self.group;
-        let all = g.keys.all_done(i);
-        if g.add(&g.keys.done(i), 1)? >= n {
-            g.put_final(&all, &Marker)?;
-            if i + 1 < self.plan.len() {
-                g.put_final(&g.keys.ended(i), &Marker)?;
-            }
-        }
-        let what = format!("every survivor of phase {i} to finish it");
-        poll(
-            g.timeout(),
-            Pace::Every(Duration::ZERO),
-            || Ok(g.wait_a_slice(&[all.key()], &what)?.then_some(())),
-            |waited| anyhow!("not every survivor of phase {i} finished it within {waited:.0?}"),
-        )?;
-        if g.add(&g.keys.out(i), 1)? >= n {
-            g.delete([g.keys.done(i), all.key().to_string(), g.keys.out(i)]);
-        }
-        Ok(())
+    /// When the launcher killed or saw the death of rank `r`'s process of
+    /// phase `i` (unix ns), if it did and said so.
+    pub fn died_at(&self, i: usize, r: u32) -> Result<Option<u64>> {
+        Ok(self.death(r, self.inc(r, i))?.map(|d| d.at_ns))
     }
+}
 
-    /// When the launcher killed rank `r` during phase `i` (unix ns), if it
-    /// did and said so.
-    pub fn killed_at(&self, i: usize, r: u32) -> Result<Option<u64>> {
-        self.group.try_get(&self.group.keys.killed(i, r))
+/// How long one wait inside the agreement lasts before it looks at the
+/// launcher's notices again.
+const WAIT: Duration = Duration::from_millis(20);
+
+/// `812`, or what a special round is called.
+pub fn round_name(step: u64) -> String {
+    match step {
+        OPEN => "open".into(),
+        END => "end".into(),
+        s if s & RESYNC != 0 => format!("resync after {}", s & !RESYNC),
+        s => s.to_string(),
+    }
+}
+
+/// `rank 2`, `ranks 1, 3`.
+fn ranks_named(ranks: &BTreeSet<u32>) -> String {
+    let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    match list.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
     }
 }
 
 /// Heartbeat counters by member, as read at one moment.
 type Beats = std::collections::BTreeMap<usize, i64>;
+
+/// The heartbeat fallback's pace inside one wait: when it may look next,
+/// and the heartbeats at its first look.
+struct Fallback {
+    next: Instant,
+    every: Duration,
+    before: Option<Beats>,
+}
+
+impl Fallback {
+    fn new(first_after: Duration) -> Self {
+        Self {
+            next: Instant::now() + first_after,
+            every: PROBE_EVERY,
+            before: None,
+        }
+    }
+
+    /// Whether a look is due now (and if so, the next one is scheduled).
+    fn due(&mut self) -> bool {
+        if Instant::now() < self.next {
+            return false;
+        }
+        self.next = Instant::now() + self.every;
+        true
+    }
+}
+
+/// Without the launcher's notices: the windows of two beats over which a
+/// masked rank's heartbeat must move to count as alive.
+struct Windows {
+    base: Beats,
+    window: Clock,
+    round: usize,
+}
+
+impl Windows {
+    fn start(el: &Elastic, round: &Round, open: &BTreeSet<u32>) -> Result<Self> {
+        let began = el.state().steps_began.take();
+        let (base, window) = match began {
+            Some(b) => (b.1, b.0),
+            None if el.group.launcher => (Beats::new(), Clock::start(el.group)),
+            None => (
+                el.group
+                    .heartbeats_of(&el.names(open.iter().copied(), round.i))?,
+                Clock::start(el.group),
+            ),
+        };
+        Ok(Self {
+            base,
+            window,
+            round: round.i,
+        })
+    }
+
+    /// Once the window passed: keeps in `open` the ranks whose heartbeat
+    /// moved within it (alive, waited for), drops those still or whose key
+    /// is gone (they left), and starts the next window.
+    fn judge(&mut self, el: &Elastic, open: &mut BTreeSet<u32>) -> Result<()> {
+        let g = el.group;
+        if !self.window.passed(g, 2 * BEAT) {
+            return Ok(());
+        }
+        let now = g.heartbeats_of(&el.names(open.iter().copied(), self.round))?;
+        open.retain(|r| {
+            let at = now.get(&(*r as usize));
+            at.is_some() && at != self.base.get(&(*r as usize))
+        });
+        (self.base, self.window) = (now, Clock::start(g));
+        Ok(())
+    }
+}
 
 /// One round of agreement: after step `step` of phase `i`, among the
 /// `active` ranks (the phase's members not yet gone), this process having
@@ -756,13 +1019,13 @@ mod tests {
     use crate::store::Store;
     use crate::store::memory::MemoryStore;
 
-    /// Rank `r` of `world`, started by our launcher in phase 0.
+    /// Rank `r` of `world` under torchrun (no launcher's notices: the
+    /// heartbeats tell), rank 0 hosting the store.
     fn env(r: u32, world: u32) -> RankEnv {
         let vars = [
             ("RANK", r.to_string()),
             ("WORLD_SIZE", world.to_string()),
             ("MASTER_PORT", "1".to_string()),
-            ("NIXL_EP_INCARNATION", "0".to_string()),
         ];
         RankEnv::from_vars(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))
             .unwrap()
@@ -779,6 +1042,7 @@ mod tests {
     fn phase0<T: Send>(
         store: &MemoryStore,
         plan: &Plan,
+        on_death: OnDeath,
         absent: Option<u32>,
         masked: impl Fn(u32) -> BTreeSet<u32> + Sync,
         rest: impl Fn(&Elastic, Decision) -> Result<T> + Sync,
@@ -793,11 +1057,11 @@ mod tests {
                     s.spawn(move || {
                         let g = Group::new(store, &env(r, world), Duration::from_secs(30));
                         let live = || {
-                            let e = Elastic::new(&g, plan, 0, Duration::from_secs(30))?;
-                            let peers = e.begin_phase(0, &Bytes(vec![r as u8]))?;
-                            assert_eq!(peers.len(), plan.members(0).len() - 1);
-                            assert!(peers.iter().all(|p| p.payload.0 == [p.rank as u8]));
-                            e.connected(0)?;
+                            let e = Elastic::new(&g, plan, 0, Duration::from_secs(2), on_death)?;
+                            let new = e.begin_phase(0, &Bytes(vec![r as u8]))?;
+                            assert_eq!(new.peers.len(), plan.members(0).len() - 1);
+                            assert!(new.peers.iter().all(|p| p.payload.0 == [p.rank as u8]));
+                            e.opened(0, &new.gone)?;
                             if absent == Some(r) {
                                 agreed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                                 bail!("absent");
@@ -822,11 +1086,13 @@ mod tests {
         })
     }
 
-    /// Ends phase 0 and returns the decision (`phase0`'s `rest`).
+    /// Ends phase 0 and returns the step's decision (`phase0`'s `rest`).
     fn end_phase(e: &Elastic, d: Decision) -> Result<Decision> {
         e.end_phase(0)?;
         Ok(d)
     }
+
+    const SURVIVE: OnDeath = OnDeath::Survive;
 
     /// Rank `who` masked rank `whom`; the others masked nobody.
     fn masks(who: u32, whom: u32) -> impl Fn(u32) -> BTreeSet<u32> + Sync {
@@ -840,7 +1106,7 @@ mod tests {
     fn a_quiet_phase_agrees_on_nobody_and_leaves_no_key() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::fixed(3);
-        let out = phase0(&store, &plan, None, |_| BTreeSet::new(), end_phase);
+        let out = phase0(&store, &plan, SURVIVE, None, |_| BTreeSet::new(), end_phase);
         for d in &out {
             let d = d.as_ref().unwrap();
             assert!(d.gone.is_empty() && d.new.is_empty());
@@ -855,7 +1121,7 @@ mod tests {
     fn a_masked_rank_that_never_reports_is_in_every_survivors_decision() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::parse("[[0,1,-2]]").unwrap();
-        let out = phase0(&store, &plan, Some(2), masks(1, 2), end_phase);
+        let out = phase0(&store, &plan, SURVIVE, Some(2), masks(1, 2), end_phase);
         for d in &out[..2] {
             let d = d.as_ref().unwrap();
             assert_eq!(d.gone, BTreeSet::from([2]));
@@ -871,7 +1137,7 @@ mod tests {
     fn a_masked_rank_that_reports_is_forgiven() {
         let store = MemoryStore::new(Duration::from_secs(30));
         let plan = Plan::fixed(3);
-        let out = phase0(&store, &plan, None, masks(0, 1), end_phase);
+        let out = phase0(&store, &plan, SURVIVE, None, masks(0, 1), end_phase);
         for d in &out {
             let d = d.as_ref().unwrap();
             assert!(d.gone.is_empty(), "{d:?}");
@@ -881,23 +1147,30 @@ mod tests {
         assert_eq!(store.num_keys().unwrap(), 0, "keys left behind");
     }
 
-    /// A member that leaves unplanned is agreed gone; the survivors fail
-    /// the phase's end, naming it, as the plan does not kill it.
+    /// A member that dies is agreed gone and the survivors end the phase
+    /// without it (the membership knows no plan); where deaths fail the
+    /// run, every survivor fails naming it.
     #[test]
-    fn an_unplanned_loss_fails_the_phase() {
-        let store = MemoryStore::new(Duration::from_secs(30));
-        let plan = Plan::fixed(3);
-        let out = phase0(&store, &plan, Some(1), masks(0, 1), |e, d| {
-            assert_eq!(d.gone, BTreeSet::from([1]));
-            e.end_phase(0)
-        });
-        let err = |r: usize| format!("{:#}", out[r].as_ref().unwrap_err());
-        for r in [0, 2] {
-            assert!(
-                err(r).contains("rank 1 stopped responding during phase 0"),
-                "{}",
-                err(r)
-            );
+    fn a_death_is_survived_or_named() {
+        for on_death in [OnDeath::Survive, OnDeath::Fail] {
+            let store = MemoryStore::new(Duration::from_secs(30));
+            let plan = Plan::fixed(3);
+            let out = phase0(&store, &plan, on_death, Some(1), masks(0, 1), |e, d| {
+                assert_eq!(d.gone, BTreeSet::from([1]));
+                e.end_phase(0)
+            });
+            for r in [0, 2] {
+                match (on_death, &out[r]) {
+                    (OnDeath::Survive, Ok(end)) => assert_eq!(end.survivors, 2),
+                    (OnDeath::Fail, Err(e)) => {
+                        assert!(
+                            format!("{e:#}").contains("rank 1 stopped responding in phase 0"),
+                            "{e:#}"
+                        )
+                    }
+                    (_, other) => panic!("{on_death:?}: rank {r}: {other:?}"),
+                }
+            }
         }
     }
 }

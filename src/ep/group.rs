@@ -28,6 +28,10 @@ pub struct Group<'a> {
     pub keys: Keys,
     pub rank: u32,
     pub world: u32,
+    /// Started by the program's own launcher, which hosts the store and
+    /// writes a notice when a rank process dies or stops
+    /// ([`super::keys::Keys::death`]).
+    pub launcher: bool,
 }
 
 impl<'a> Deref for Group<'a> {
@@ -48,6 +52,7 @@ impl<'a> Group<'a> {
             keys,
             rank: env.rank,
             world: env.world,
+            launcher: env.launcher_store,
         }
     }
 
@@ -82,7 +87,7 @@ fn roster(env: &RankEnv) -> Roster {
     let host = if env.agent_store {
         Host::Elsewhere("torchrun's agent".into())
     } else if env.launcher_store {
-        Host::Elsewhere(LAUNCHER.into())
+        Host::Launcher(LAUNCHER.into())
     } else {
         Host::Member(0)
     };

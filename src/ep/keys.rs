@@ -10,12 +10,12 @@
 //!
 //! | key | value | written by | read by | when |
 //! |---|---|---|---|---|
-//! | `config` | [`RunConfig`] (JSON) | rank 0 | every rank, which must match it | first |
+//! | `config` | [`RunConfig`] (JSON) | the first rank to get there (compare-and-set; shared) | every rank, which must match it | first |
 //! | `rank/<r>/info` | [`RankInfo`] (JSON): host, pid, GPU, NCCL | rank r | every rank | then; rank 0 makes the setup from them |
-//! | `setup` | [`Setup`] (JSON): grid, baseline | rank 0 | every rank | after every info |
+//! | `setup` | [`Setup`] (JSON): grid, baseline, the first phase's infos | every member of the first phase makes the same one, the first to get there writes it (compare-and-set; shared) | every rank, joiners too | after every info |
 //! | `nccl_id` | the NCCL unique id (128 bytes) | rank 0 | every rank | before the baseline |
-//! | `rank/<r>/result` | [`RankResult`] (JSON): timings, byte counts | rank r | rank 0 | after its last iteration (single-phase runs) |
-//! | `phase/<i>/result/<r>` | [`PhaseResult`] (JSON): the phase's times, detections, agreements, lost steps | rank r | the first rank (the report) | at the end of phase i (elastic runs) |
+//! | `rank/<r>/result` | [`RankResult`] (JSON): timings, byte counts | rank r | the reporter (the lowest survivor) | after its last iteration (single-phase runs) |
+//! | `phase/<i>/result/<r>` | [`PhaseResult`] (JSON): the phase's times, detections, agreements, lost steps | rank r | the reporter (the lowest survivor of the last phase) | at the end of phase i (elastic runs) |
 //!
 //! The elastic membership's keys ([`super::elastic`]); `<r>.<inc>` names
 //! rank r's process started in phase `inc`, phase-scoped keys need no
@@ -24,14 +24,11 @@
 //! | key | value | written by | read by | when |
 //! |---|---|---|---|---|
 //! | `rank/<r>.<inc>/peer` | the caller's payload `P`: a [`PeerCard`](super::net::PeerCard) (agent name, window, metadata) in GPU runs, agent metadata in `--check-connection` | that process | every member connecting to it | its first phase's begin |
-//! | `phase/<i>/connected/<r>` | marker | each member of phase i | every member (barrier) | connected to the phase's joiners |
-//! | `phase/<i>/step/<s>/report/<r>` | [`Report`] (JSON): the ranks r masked so far in the phase | rank r | the leader | after step s; deleted by r once decided |
-//! | `phase/<i>/step/<s>/decision` | [`Verdict`] (JSON): every rank gone in the phase so far, the leader, how many reports | the leader (compare-and-set: one decision) | every active member | after the reports; deleted at the phase's end |
-//! | `phase/<i>/halfway` | marker | the leader of the phase's middle step | the launcher, which deletes it and kills the phase's `-r` ranks | phases with kills |
-//! | `phase/<i>/killed/<r>` | u64 (JSON): the kill's wall time, unix ns | the launcher | the ranks' reports | right after the kill |
-//! | `phase/<i>/done`, `phase/<i>/out` | counters | each survivor of phase i | itself (the `ADD` answer) | the phase's end; the survivor completing `out` deletes both and `done/all` |
-//! | `phase/<i>/done/all` | marker | the survivor completing `done` | every survivor | the phase's end: all read every decision |
-//! | `phase/<i>/ended` | marker | the survivor completing `done`, when a phase follows | the launcher, which deletes it and starts phase i+1's joiners | the phase's end |
+//! | `phase/<i>/step/<s>/report/<r>` | [`Report`] (JSON): the ranks r masked so far in the phase | rank r | the leader | after round s; deleted by r once decided |
+//! | `phase/<i>/step/<s>/decision` | [`Verdict`] (JSON): every rank gone in the phase so far, the forgiven, every process dead in the run, the leader, how many reports | the leader (compare-and-set: one decision) | every active member | after the reports; a step's is deleted by its writer at the end of the next phase; the rounds that open and end a phase (`s` = 2⁶¹ and 2⁶⁰) are shared: joiners and the launcher read them, and they go with the group's shared keys |
+//! | `phase/<i>/rounds` | counter | the leader of each step's round | the launcher, which times the plan's kills by it | after each step's decision |
+//! | `dead/<r>.<inc>` | [`Death`] (JSON): how, when, planned or not | the launcher, when it kills a process or sees one die or stop | the agreement (proof at once, no heartbeat window) | a death |
+//! | `deaths` | counter | the launcher, after each notice | every waiting agreement (`ADD 0`: one request says whether a notice is new) | a death |
 //!
 //! The membership keys under the same prefix (heartbeats `alive/<r>`,
 //! `abort`, barriers `barrier/<name>/<r>` for `connected`, `ready`,
@@ -67,6 +64,25 @@ pub struct Verdict {
     /// survivor resynchronises with them before the next step.
     #[serde(default)]
     pub forgiven: BTreeSet<u32>,
+    /// Every process agreed gone in the run so far, this decision's
+    /// included, as (rank, incarnation): a process that joins later learns
+    /// from the decision that ended the phase before it whom not to wait for.
+    #[serde(default)]
+    pub dead: BTreeSet<(u32, usize)>,
+}
+
+/// The launcher's notice that one of its rank processes died (exited
+/// through a signal) or froze (stopped): what the survivors' agreement
+/// takes as proof at once, where without it only a heartbeat that stands
+/// still for a while tells. Under torchrun no one writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Death {
+    /// What happened: `SIGKILL`, `stopped (SIGSTOP)`, `exit 1`.
+    pub how: String,
+    /// When the launcher sent or saw it, unix ns.
+    pub at_ns: u64,
+    /// Whether the launcher sent it as the plan says (`-r`).
+    pub planned: bool,
 }
 
 crate::json_value!(
@@ -77,7 +93,7 @@ crate::json_value!(
     PhaseResult => "phase result",
     Report => "elastic step report",
     Verdict => "elastic step decision",
-    u64 => "unix time (ns)",
+    Death => "death notice",
 );
 
 /// The keys of one run.
@@ -137,29 +153,19 @@ impl Keys {
     pub fn decision(&self, i: usize, s: u64) -> Entry<Verdict> {
         self.entry(format_args!("phase/{i}/step/{s}/decision"))
     }
-    /// Phase `i` is past its middle step: the launcher may kill its `-r` ranks.
-    pub fn halfway(&self, i: usize) -> Entry<Marker> {
-        self.entry(format_args!("phase/{i}/halfway"))
+    /// The launcher's notice that process `<r>.<inc>` died or froze.
+    pub fn death(&self, r: u32, inc: usize) -> Entry<Death> {
+        self.entry(format_args!("dead/{r}.{inc}"))
     }
-    /// When the launcher killed rank `r` during phase `i` (unix ns).
-    pub fn killed(&self, i: usize, r: u32) -> Entry<u64> {
-        self.entry(format_args!("phase/{i}/killed/{r}"))
+    /// Counter of the launcher's death notices: one request tells a waiting
+    /// leader whether any process died since it last looked.
+    pub fn deaths(&self) -> String {
+        format!("{}deaths", self.prefix)
     }
-    /// Counter of phase `i`'s survivors that finished it.
-    pub fn done(&self, i: usize) -> String {
-        format!("{}phase/{i}/done", self.prefix)
-    }
-    /// Every survivor of phase `i` finished it.
-    pub fn all_done(&self, i: usize) -> Entry<Marker> {
-        self.entry(format_args!("phase/{i}/done/all"))
-    }
-    /// Counter of phase `i`'s survivors past [`Keys::all_done`].
-    pub fn out(&self, i: usize) -> String {
-        format!("{}phase/{i}/out", self.prefix)
-    }
-    /// Phase `i` ended (for the launcher, which starts phase `i+1`'s joiners).
-    pub fn ended(&self, i: usize) -> Entry<Marker> {
-        self.entry(format_args!("phase/{i}/ended"))
+    /// Counter of phase `i`'s agreement rounds so far (the leader of each
+    /// adds 1): the launcher times the plan's kills by it.
+    pub fn rounds(&self, i: usize) -> String {
+        format!("{}phase/{i}/rounds", self.prefix)
     }
 }
 

@@ -1,7 +1,9 @@
 //! `ep --ranks N` and `ep --plan FILE`: the launcher. It hosts the run's
 //! store itself (so any rank may die), starts each phase's ranks as child
 //! processes of this executable with the environment torchrun would give
-//! them, kills the ranks a plan marks `-r`, and waits for all.
+//! them, kills the ranks a plan marks `-r` at a random moment of their
+//! phase, writes a notice when any rank process dies or stops, and waits
+//! for all.
 //!
 //! The children run this same executable with the same arguments; `RANK`
 //! being set is what makes them ranks, and `NIXL_EP_INCARNATION` (the
@@ -9,25 +11,36 @@
 //! `MASTER_ADDR:MASTER_PORT`. `--ranks N` is the plan `[[0..N-1]]`.
 //!
 //! The plan runs through the store (keys in [`super::keys`]): phase 0's
-//! ranks start at once; when `phase/<i>/ended` appears (every survivor of
-//! phase `i` finished it) the launcher starts phase `i+1`'s joiners; when
-//! `phase/<i>/halfway` appears (the phase is past its middle step) it sends
-//! each `-r` rank of phase `i` SIGKILL or SIGSTOP (`--kill-signal`) and
-//! writes the kill's wall time under `phase/<i>/killed/<r>`. Stopped ranks
-//! get SIGKILL once every other rank has exited. A planned kill is not a
-//! failure; any other non-zero exit is, and then the others get `grace` to
-//! say why before they are killed. Ctrl-C: the children clean up, one
-//! summary, exit 130.
+//! ranks start at once; when the decision that ends phase `i` appears
+//! (`phase/<i>/step/<end>/decision`) the launcher starts phase `i+1`'s
+//! joiners. A rank marked `-r` in phase `i` is not told: the launcher
+//! draws (from `--kill-seed`) one of the first half of the phase's
+//! agreement rounds and a
+//! fraction of a round, follows the rounds by the counter the leaders bump
+//! (`phase/<i>/rounds`), and when that round has passed and the fraction of
+//! the last round's length after it, sends SIGKILL or SIGSTOP
+//! (`--kill-signal`), so the kill lands anywhere: inside a kernel, in an
+//! agreement round, between steps. Every death it sees — its own kills,
+//! and any other process that ends through a signal or stops — it writes
+//! as a notice, `dead/<r>.<inc>`, which the survivors' agreement takes as
+//! proof at once. Stopped ranks get SIGKILL once every other rank has
+//! exited. A planned kill is not a failure, nor, when the run survives
+//! deaths ([`OnDeath::Survive`]), a death by a signal nobody planned (it is
+//! listed as died, survived); any other non-zero exit is a failure, and
+//! then the others get `grace` to say why before they are killed. Ctrl-C:
+//! the children clean up, one summary, exit 130.
 
 use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 
+use super::elastic::{END, OnDeath};
 use super::env::INCARNATION_VAR;
-use super::keys::Keys;
+use super::keys::{Death, Keys};
 use super::plan::Plan;
-use crate::group::{Marker, Value};
+use super::rng::SplitMix64;
+use crate::group::Value;
 use crate::launch::{
     RoleExit, RoleSpec, forward, is_stopped, kill_all, run_roles_with, signal_name,
 };
@@ -111,6 +124,13 @@ pub struct LaunchOptions {
     /// The store's port (0: a free one).
     pub port: u16,
     pub kill_signal: KillSignal,
+    /// What a rank's death does to the run.
+    pub on_death: OnDeath,
+    /// Agreement rounds after steps in each phase (the rounds a planned
+    /// kill is drawn among).
+    pub rounds_per_phase: u64,
+    /// Seed of the kills' moments.
+    pub kill_seed: u64,
     /// After a rank failed, how long the others may run to say why.
     pub grace: Duration,
     /// The store's request deadline (the run's `--timeout`).
@@ -127,13 +147,24 @@ struct Proc {
     exit: Option<RoleExit>,
     /// The signal we sent it as the plan says, if we did.
     planned: Option<i32>,
+    /// Whether its death notice is written.
+    noticed: bool,
+}
+
+/// A planned kill still to come: rank `rank` once the phase's round
+/// counter passed `round`, `fraction` of a round later.
+#[derive(Clone, Copy, Debug)]
+struct Kill {
+    rank: u32,
+    round: u64,
+    fraction: f64,
 }
 
 /// Runs `plan`: hosts the store, starts and kills the ranks as the plan
-/// says, waits for all (a backstop of 24 h; every wait inside the ranks has
-/// its own deadline) and returns how each ended, planned kills marked.
-/// Errors: the store cannot be hosted (port taken: a usage error), a rank
-/// cannot be started.
+/// says, writes the death notices, waits for all (a backstop of 24 h;
+/// every wait inside the ranks has its own deadline) and returns how each
+/// ended, planned kills and survived deaths marked. Errors: the store
+/// cannot be hosted (port taken: a usage error), a rank cannot be started.
 pub fn run_plan(plan: &Plan, opts: &LaunchOptions) -> Result<Vec<RoleExit>> {
     let store = TcpStore::open(&StoreOptions::server(opts.port, opts.timeout))
         .map_err(crate::cli::store_error)?;
@@ -144,6 +175,12 @@ pub fn run_plan(plan: &Plan, opts: &LaunchOptions) -> Result<Vec<RoleExit>> {
         plan.processes().len(),
         opts.capacity
     );
+    if (0..plan.len()).any(|i| !plan.killed(i).is_empty()) {
+        crate::eline!(
+            "[ep] kills land at random moments of their phase (--kill-seed {})",
+            opts.kill_seed
+        );
+    }
     crate::interrupt::install().context("routing Ctrl-C and SIGTERM")?;
     let mut run = PlanRun {
         plan,
@@ -152,7 +189,9 @@ pub fn run_plan(plan: &Plan, opts: &LaunchOptions) -> Result<Vec<RoleExit>> {
         keys: Keys::new("nixl_ep/"),
         procs: Vec::new(),
         phase: 0,
-        killed_in: None,
+        rng: SplitMix64::new(opts.kill_seed),
+        kills: Vec::new(),
+        rounds: Rounds::default(),
     };
     run.start_phase(0)?;
     Ok(run.supervise())
@@ -167,41 +206,73 @@ struct PlanRun<'a> {
     procs: Vec<Proc>,
     /// The phase under way.
     phase: usize,
-    /// The phase whose kills were sent.
-    killed_in: Option<usize>,
+    rng: SplitMix64,
+    /// The phase's planned kills still to come.
+    kills: Vec<Kill>,
+    rounds: Rounds,
+}
+
+/// The phase's round counter as last read, and when it last moved.
+#[derive(Default)]
+struct Rounds {
+    count: u64,
+    moved: Option<Instant>,
+    /// The length of the last round seen, for the kills' fractions.
+    last: Duration,
 }
 
 impl PlanRun<'_> {
-    /// Starts phase `i`'s joiners.
+    /// Starts phase `i`'s joiners and draws the moments of its kills.
     fn start_phase(&mut self, i: usize) -> Result<()> {
         for r in self.plan.joiners(i) {
-            let spec = rank_spec(r, self.opts.capacity, self.store.port(), Some(i));
-            let spawned = spec.command().and_then(|mut c| {
-                c.spawn()
-                    .with_context(|| format!("starting the {} process", spec.name))
-            });
-            match spawned {
-                Ok(child) => self.procs.push(Proc {
-                    name: spec.name.clone(),
-                    rank: r,
-                    incarnation: i,
-                    child,
-                    exit: None,
-                    planned: None,
-                }),
-                Err(e) => {
-                    let running = self.procs.drain(..).filter(|p| p.exit.is_none());
-                    kill_all(running.map(|p| (p.name, p.child)).collect());
-                    return Err(e);
-                }
-            }
+            self.spawn(r, i)?;
         }
         match self.plan.joiners(i) {
             _ if i == 0 => {}
             j if j.is_empty() => tracing::info!("phase {i} begins (no rank joins)"),
             j => tracing::info!("phase {i} begins: started rank(s) {j:?}"),
         }
+        // In the first half of the phase's rounds, so that the survivors
+        // step on after it before the phase ends.
+        let half = (self.opts.rounds_per_phase / 2).max(1);
+        self.kills = (self.plan.killed(i).into_iter())
+            .map(|rank| Kill {
+                rank,
+                round: self.rng.next_u64() % half,
+                fraction: self.rng.next_f64(),
+            })
+            .collect();
+        self.rounds = Rounds::default();
         Ok(())
+    }
+
+    /// Starts rank `r`'s process of phase `i`.
+    fn spawn(&mut self, r: u32, i: usize) -> Result<()> {
+        let spec = rank_spec(r, self.opts.capacity, self.store.port(), Some(i));
+        let spawned = spec.command().and_then(|mut c| {
+            c.spawn()
+                .with_context(|| format!("starting the {} process", spec.name))
+        });
+        match spawned {
+            Ok(child) => {
+                crate::eline!("[ep] started {} (pid {})", spec.name, child.id());
+                self.procs.push(Proc {
+                    name: spec.name.clone(),
+                    rank: r,
+                    incarnation: i,
+                    child,
+                    exit: None,
+                    planned: None,
+                    noticed: false,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                let running = self.procs.drain(..).filter(|p| p.exit.is_none());
+                kill_all(running.map(|p| (p.name, p.child)).collect());
+                Err(e)
+            }
+        }
     }
 
     /// The launcher's loop: children, the plan's keys, Ctrl-C, deadlines.
@@ -215,6 +286,7 @@ impl PlanRun<'_> {
             if self.reap() && failed_at.is_none() {
                 failed_at = Some(Instant::now());
             }
+            self.notice_deaths();
             if let Some(sig) = crate::interrupt::received().filter(|_| !interrupted) {
                 interrupted = true;
                 failed_at.get_or_insert_with(Instant::now);
@@ -222,9 +294,15 @@ impl PlanRun<'_> {
                     forward(&p.child, sig.0);
                 }
             }
-            // The store is asked at most every 50 ms: 64 ranks share it.
+            // The store is asked at most every 50 ms (64 ranks share it),
+            // every ms while a kill waits for its round or the next phase
+            // has kills (its start must not be seen late).
             if failed_at.is_none() && Instant::now() >= next_look {
-                next_look = Instant::now() + Duration::from_millis(50);
+                let pace = match self.kills_near() {
+                    false => Duration::from_millis(50),
+                    true => Duration::from_millis(1),
+                };
+                next_look = Instant::now() + pace;
                 if let Err(e) = self.follow_plan() {
                     crate::eline!("[ep] error: {e:#}");
                     failed_at = Some(Instant::now());
@@ -241,13 +319,23 @@ impl PlanRun<'_> {
             if give_up {
                 self.kill_remaining(false);
             }
-            std::thread::sleep(Duration::from_millis(10));
+            let nap = if self.kills_near() { 1 } else { 10 };
+            std::thread::sleep(Duration::from_millis(nap));
         }
         self.procs.into_iter().filter_map(|p| p.exit).collect()
     }
 
-    /// Collects the children that exited; true when one failed.
+    /// Whether a kill waits in this phase or the next one has kills.
+    fn kills_near(&self) -> bool {
+        let next = self.phase + 1;
+        !self.kills.is_empty() || next < self.plan.len() && !self.plan.killed(next).is_empty()
+    }
+
+    /// Collects the children that exited; true when one failed. A death
+    /// by a signal we did not plan is survived when the run survives
+    /// deaths.
     fn reap(&mut self) -> bool {
+        let survive = self.opts.on_death == OnDeath::Survive;
         let mut failed = false;
         for p in self.procs.iter_mut().filter(|p| p.exit.is_none()) {
             let mut exit = match p.child.try_wait() {
@@ -255,54 +343,102 @@ impl PlanRun<'_> {
                 Ok(None) => continue,
                 // Cannot happen for a child we spawned; count it as a failure.
                 Err(_) => RoleExit {
-                    name: p.name.clone(),
                     code: -1,
-                    signal: None,
-                    killed: false,
-                    planned: false,
+                    ..RoleExit::named(&p.name)
                 },
             };
             exit.planned = p.planned.is_some() && exit.signal == Some(libc::SIGKILL);
+            exit.survived = survive && !exit.planned && exit.signal.is_some();
             failed |= exit.failed();
             p.exit = Some(exit);
         }
         failed
     }
 
+    /// Writes a notice for every rank process that died through a signal
+    /// or stopped since the last look (read by the survivors' agreement).
+    fn notice_deaths(&mut self) {
+        for i in 0..self.procs.len() {
+            let p = &self.procs[i];
+            if p.noticed {
+                continue;
+            }
+            let how = match &p.exit {
+                Some(e) => match e.signal {
+                    Some(sig) => signal_name(sig),
+                    None => continue,
+                },
+                None if is_stopped(p.child.id()) => "stopped".to_string(),
+                None => continue,
+            };
+            let planned = p.planned.is_some();
+            self.notice(i, how, planned);
+        }
+    }
+
+    /// Writes process `i`'s death notice and bumps the death counter.
+    fn notice(&mut self, i: usize, how: String, planned: bool) {
+        let p = &mut self.procs[i];
+        p.noticed = true;
+        let death = Death {
+            how,
+            at_ns: unix_ns(),
+            planned,
+        };
+        let entry = self.keys.death(p.rank, p.incarnation);
+        let written = (self.store.set(entry.key(), &death.encode()))
+            .and_then(|()| self.store.add(&self.keys.deaths(), 1).map(drop));
+        if let Err(e) = written {
+            tracing::warn!("could not write the death notice of {}: {e}", p.name);
+        }
+    }
+
     /// Kills what still runs: the stopped ranks as planned (`planned`), or
     /// everything after a failure or at the backstop.
     fn kill_remaining(&mut self, planned: bool) {
+        let survive = self.opts.on_death == OnDeath::Survive;
         for p in self.procs.iter_mut().filter(|p| p.exit.is_none()) {
             let _ = p.child.kill();
             let _ = p.child.wait();
             p.exit = Some(RoleExit {
-                name: p.name.clone(),
                 code: 128 + 9,
                 signal: Some(9),
                 killed: !planned,
                 planned: planned && p.planned.is_some(),
+                // Stopped by someone else and never woken: a frozen rank
+                // the others went on without.
+                survived: planned && p.planned.is_none() && survive,
+                ..RoleExit::named(&p.name)
             });
         }
     }
 
-    /// One look at the store: the phase's kills once it is halfway, the
-    /// next phase once it ended, and the stopped ranks once nothing else
-    /// runs. Errors: the ranks of a phase all exited before it ended.
+    /// One look at the store: the phase's kills once their round came,
+    /// the next phase once this one ended, and the stopped ranks once
+    /// nothing else runs. Errors: the ranks of a phase all exited before
+    /// it ended.
     fn follow_plan(&mut self) -> Result<()> {
         let i = self.phase;
-        if self.killed_in != Some(i)
-            && !self.plan.killed(i).is_empty()
-            && self.seen(self.keys.halfway(i))?
-        {
-            self.kill_planned(i)?;
+        if !self.kills.is_empty() {
+            self.kill_when_due(i)?;
         }
-        if i + 1 < self.plan.len() && self.seen(self.keys.ended(i))? {
+        let ended = self.keys.decision(i, END);
+        if i + 1 < self.plan.len() && self.store.check(&[ended.key()])? {
+            // Kills the phase ended before: now, late.
+            let late: Vec<Kill> = self.kills.drain(..).collect();
+            for k in late {
+                crate::eline!(
+                    "[ep] phase {i} ended before the planned kill of rank {} came: killing it now",
+                    k.rank
+                );
+                self.kill(i, k)?;
+            }
             self.phase = i + 1;
             self.start_phase(i + 1)?;
             return Ok(());
         }
         let running = (self.procs.iter())
-            .filter(|p| p.exit.is_none() && p.planned != Some(libc::SIGSTOP))
+            .filter(|p| p.exit.is_none() && !is_stopped(p.child.id()))
             .count();
         if running == 0 {
             if i + 1 < self.plan.len() {
@@ -315,39 +451,62 @@ impl PlanRun<'_> {
         Ok(())
     }
 
-    /// Whether `entry` exists; if so it is deleted (the launcher is its reader).
-    fn seen(&self, entry: crate::group::Entry<Marker>) -> Result<bool> {
-        if !self.store.check(&[entry.key()])? {
-            return Ok(false);
+    /// Sends the kills of phase `i` whose moment came: the round counter
+    /// passed their round, and their fraction of the last round's length
+    /// after it.
+    fn kill_when_due(&mut self, i: usize) -> Result<()> {
+        let count = self.store.add(&self.keys.rounds(i), 0)? as u64;
+        let now = Instant::now();
+        if count != self.rounds.count {
+            if let Some(t) = self.rounds.moved {
+                self.rounds.last = (now - t) / (count - self.rounds.count).max(1) as u32;
+            }
+            (self.rounds.count, self.rounds.moved) = (count, Some(now));
         }
-        self.store.delete_key(entry.key())?;
-        Ok(true)
-    }
-
-    /// Sends phase `i`'s `-r` ranks the kill signal and records when.
-    fn kill_planned(&mut self, i: usize) -> Result<()> {
-        self.killed_in = Some(i);
-        let sig = self.opts.kill_signal.signal();
-        for r in self.plan.killed(i) {
-            let inc = self.plan.incarnation(r, i);
-            let current =
-                |p: &&mut Proc| p.rank == r && Some(p.incarnation) == inc && p.exit.is_none();
-            let Some(p) = self.procs.iter_mut().find(current) else {
-                anyhow::bail!("the plan kills rank {r} in phase {i}, but it is no longer running");
-            };
-            // SAFETY: a plain syscall on a child we spawned and have not reaped.
-            unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
-            let ns = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            p.planned = Some(sig);
-            let entry = self.keys.killed(i, r);
-            self.store.set(entry.key(), &ns.encode())?;
-            crate::eline!(
-                "[ep] phase {i}: sent {} to rank {r}, as the plan says (-{r})",
-                signal_name(sig)
-            );
+        let due = |k: &Kill, r: &Rounds| {
+            r.count > k.round
+                && r.moved
+                    .is_some_and(|t| now - t >= r.last.mul_f64(k.fraction))
+        };
+        let (now_due, later): (Vec<Kill>, Vec<Kill>) =
+            self.kills.iter().partition(|k| due(k, &self.rounds));
+        self.kills = later;
+        for k in now_due {
+            self.kill(i, k)?;
         }
         Ok(())
     }
+
+    /// Sends `k`'s rank (phase `i`'s process) the kill signal and writes
+    /// its notice.
+    fn kill(&mut self, i: usize, k: Kill) -> Result<()> {
+        let r = k.rank;
+        let sig = self.opts.kill_signal.signal();
+        let inc = self.plan.incarnation(r, i);
+        let current = |p: &Proc| p.rank == r && Some(p.incarnation) == inc && p.exit.is_none();
+        let Some(at) = self.procs.iter().position(current) else {
+            crate::eline!("[ep] phase {i}: rank {r} ended before its planned kill");
+            return Ok(());
+        };
+        let p = &mut self.procs[at];
+        // SAFETY: a plain syscall on a child we spawned and have not reaped.
+        unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
+        p.planned = Some(sig);
+        crate::eline!(
+            "[ep] phase {i}: sent {} to rank {r} (pid {}) as the plan says (-{r}), {:.2} of a round after round {}",
+            signal_name(sig),
+            p.child.id(),
+            k.fraction,
+            k.round
+        );
+        self.notice(at, signal_name(sig), true);
+        Ok(())
+    }
+}
+
+/// Wall-clock time, ns since the Unix epoch.
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }

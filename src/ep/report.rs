@@ -38,7 +38,7 @@ pub struct NcclTimes {
 }
 
 /// One rank as it introduced itself.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankInfo {
     pub rank: u32,
     pub host: String,

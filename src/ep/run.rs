@@ -24,17 +24,12 @@ use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
 
-/// Runs this rank through the phases of `plan` it lives (`elastic`: a
-/// `--plan` run, whose kernels mask a rank that stops and whose survivors
-/// agree on it; else every wait on a rank is fatal). Errors: usage errors (exit 2), data mismatches (exit 3),
-/// anything else (exit 1), each naming the cause.
-pub fn run(
-    env: &RankEnv,
-    plan: &Plan,
-    elastic: bool,
-    cfg: &RunConfig,
-    opts: &RunOptions,
-) -> Result<()> {
+/// Runs this rank through the phases of `plan` it lives (in an elastic
+/// run, `cfg.on_death` survive, the kernels mask a rank that stops and the
+/// survivors agree on it; else every wait on a rank is fatal). Errors:
+/// usage errors (exit 2), data mismatches (exit 3), anything else (exit 1),
+/// each naming the cause.
+pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     // May re-execute this process (see nccl.rs): before anything else.
     let nccl_status = if cfg.baseline {
         nccl::prepare()
@@ -71,8 +66,8 @@ pub fn run(
     };
     let fault_timeout = Duration::from_nanos(cfg.fault_timeout_ns);
     group.run(|| {
-        let el = Elastic::new(&group, plan, env.incarnation, fault_timeout)?;
-        session::run(&group, &el, elastic, cfg, opts, &local)
+        let el = Elastic::new(&group, plan, env.incarnation, fault_timeout, cfg.on_death)?;
+        session::run(&group, &el, cfg, opts, &local)
     })
 }
 

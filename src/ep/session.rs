@@ -1,9 +1,10 @@
 //! One rank's session with its peers, written as its phases:
 //!
-//! 1. **meet** — every rank runs the first rank's configuration, introduces
-//!    itself, and follows the setup the first rank makes (the first rank:
-//!    the lowest of the plan's first phase, rank 0 unless a plan says
-//!    otherwise);
+//! 1. **meet** — every rank runs one configuration (the first to get there
+//!    stores it, the others must match it), introduces itself, and follows
+//!    one setup, which every member of the first phase makes alike from
+//!    the introductions (the first to get there stores it): no rank is
+//!    special, so any may die;
 //! 2. **open** — this rank's device memory ([`Rig`]), its NIXL agent, the
 //!    registered window and the local memory view ([`Net`]);
 //! 3. for each phase of the plan this process lives ([`Elastic::life`]):
@@ -11,20 +12,22 @@
 //!      newcomers (every member, in this process's first phase), prepare the
 //!      remote view anew (no kernel runs), set the mask to the phase's
 //!      members and bring the newcomers' words in our window to the step
-//!      they start at; a barrier of the members;
+//!      they start at; the round that opens the phase ([`Elastic::opened`]),
+//!      whose decision masks those that died meanwhile;
 //!    - **steps** — every data path's warm-up and timed steps
 //!      ([`super::steps`]); in an elastic run each is followed by the
 //!      agreement on who is gone ([`Elastic::agree`]), whose decision goes
 //!      into the mask before the next step;
-//!    - **end** — publish what the phase measured, and pass the phase's end
-//!      with the other survivors ([`Elastic::end_phase`]);
+//!    - **end** — publish what the phase measured, and the round that ends
+//!      the phase with the other survivors ([`Elastic::end_phase`]);
 //! 4. **leave** — drop the views and the window: after the last phase's
 //!    end no rank writes into it any more;
-//! 5. **report** — the first rank gathers every rank's results and prints
-//!    them (per phase in an elastic run).
+//! 5. **report** — the lowest survivor of the last phase gathers every
+//!    rank's results and prints them (per phase in an elastic run).
 //!
-//! A run without `--plan` is the plan of one phase of every rank, with
-//! masking off: a rank that stops is named by the waits, as always.
+//! A run without `--plan` or `--elastic` is the plan of one phase of every
+//! rank, with masking off ([`super::elastic::OnDeath::Fail`]): a rank that
+//! stops is named by the waits, as always.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -34,7 +37,7 @@ use anyhow::Result;
 use super::config::{Grid, Path, RunConfig};
 use super::connect::decision_line;
 use super::connect::incarnation_agent;
-use super::elastic::{Decision, Elastic};
+use super::elastic::{Decision, END, Elastic, RESYNC};
 use super::group::Group;
 use super::kernels::EpKernels;
 use super::mask::Mask;
@@ -59,20 +62,18 @@ pub struct Local<'a> {
     pub info: &'a RankInfo,
 }
 
-/// Runs the session over the plan `el` follows; `elastic`: mask ranks
-/// whose waits pass the fault timeout and agree on who is gone after
-/// every step (`--plan`), else every wait is fatal. The first rank prints
-/// the report.
+/// Runs the session over the plan `el` follows. In an elastic run
+/// ([`Elastic::survives`]) the kernels mask ranks whose waits pass the
+/// fault timeout and the survivors agree on who is gone after every step;
+/// otherwise every wait is fatal. The lowest survivor prints the report.
 pub fn run(
     g: &Group,
     el: &Elastic,
-    elastic: bool,
     cfg: &RunConfig,
     opts: &RunOptions,
     local: &Local,
 ) -> Result<()> {
-    let first = first_rank(el);
-    let (setup, infos) = meet(g, el, cfg, local.info)?;
+    let setup = meet(g, el, cfg, local.info)?;
     let steps_per_phase = cfg.total_iterations() as u32;
     let rig = Rig::new(
         local.gpu,
@@ -81,105 +82,104 @@ pub fn run(
     )?;
     let agent = incarnation_agent(g.rank, el.incarnation());
     let (mut net, card) = Net::open(&agent, &rig, g.world)?;
+    let elastic = el.survives();
     let st = Stepper {
         gpu: local.gpu,
         kernels: local.kernels,
         model: local.model,
         cfg,
         rig: &rig,
-        grid: grid(cfg, local, &setup, g.rank == first),
+        grid: grid(cfg, local, &setup, g.rank == lowest(&el.plan().members(0))),
         fault_timeout_ns: if elastic { cfg.fault_timeout_ns } else { 0 },
     };
-    let mut whole = None;
+    let mut last = None;
     for i in el.life() {
         let connect_ms = connect(el, &st, &mut net, &card, i)?;
-        let phase = steps(g, el, elastic, &st, &net, i, opts)?;
-        if !elastic {
+        let phase = steps(g, el, &st, &net, i, opts)?;
+        if elastic {
+            let result = phase.result(i, g.rank, connect_ms);
+            g.put_final(&g.keys.phase_result(i, g.rank), &result)?;
+        } else {
             let mut w = baseline(g, local, &setup, cfg, st.grid, phase.times.clone())?;
             if cfg.graph {
                 w.launch_cost = launch_costs(g, &st, &net, el.plan().len())?;
             }
-            whole = Some(w);
+            g.put_final(&g.keys.result(g.rank), &w)?;
         }
-        if elastic {
-            let result = phase.result(i, g.rank, connect_ms);
-            g.put_final(&g.keys.phase_result(i, g.rank), &result)?;
+        let end = el.end_phase(i)?;
+        if !end.new.is_empty() {
+            say!("{}", decision_line(g.rank, i, &end));
         }
-        if let Some(w) = &whole {
-            g.put_final(&g.keys.result(g.rank), w)?;
-        }
-        el.end_phase(i)?;
+        last = Some(i);
     }
     // Every survivor passed the last phase's end: nobody writes into our window.
     net.close(|| Ok(()))?;
-    if g.rank != first {
+    let reports = last.is_some_and(|i| i + 1 == el.plan().len() && lowest(&el.active(i)) == g.rank);
+    if !reports {
         return Ok(());
     }
     let window = rig.window.len() as u64;
     match elastic {
-        true => report_phases(g, el, cfg, opts, infos, window),
+        true => report_phases(g, el, cfg, opts, setup.infos.clone(), window),
         false => {
-            let ranks = el.plan().members(0);
+            let ranks = el.active(0);
             let results: Vec<RankResult> = (ranks.iter())
                 .map(|&r| g.get(&g.keys.result(r), r, "results"))
                 .collect::<Result<_>>()?;
             // Their last messages: the reader deletes them.
             g.delete(ranks.iter().map(|&r| g.keys.result(r).key().to_string()));
-            publish(cfg, opts, &setup, infos, &results, window)
+            publish(cfg, opts, &setup, setup.infos.clone(), &results, window)
         }
     }
 }
 
-/// The lowest rank of the plan's first phase: it publishes the
-/// configuration and the setup, and prints the report.
-pub fn first_rank(el: &Elastic) -> u32 {
-    el.plan()
-        .phase(0)
-        .members
-        .iter()
-        .copied()
-        .min()
-        .unwrap_or(0)
+/// The lowest of `ranks` (it logs the grid, shows progress, reports).
+pub fn lowest(ranks: &BTreeSet<u32>) -> u32 {
+    ranks.iter().next().copied().unwrap_or(0)
 }
 
-/// Meet: the first rank's configuration for all, every rank's
-/// introduction, and the first rank's setup from the first phase's.
-fn meet(
-    g: &Group,
-    el: &Elastic,
-    cfg: &RunConfig,
-    info: &RankInfo,
-) -> Result<(Setup, Vec<RankInfo>)> {
-    let first = first_rank(el);
-    if g.rank == first && el.incarnation() == 0 {
-        g.put(&g.keys.config(), cfg)?;
-    } else {
-        let theirs = g.get(&g.keys.config(), first, "run configuration")?;
+/// Meet: one configuration for all (the first rank to get there stores
+/// it; every other must match it), every rank's introduction, and one
+/// setup, which every member of the first phase makes alike from the
+/// first phase's introductions (one is stored; joiners read it). Both
+/// keys are shared: they outlive any one rank.
+fn meet(g: &Group, el: &Elastic, cfg: &RunConfig, info: &RankInfo) -> Result<Setup> {
+    let entry = g.keys.config();
+    if let Some(theirs) = g.claim(&entry, cfg)? {
         if &theirs != cfg {
             return Err(UsageError(format!(
-                "rank {} was started with other arguments than rank {first} (ours: {cfg:?}; theirs: {theirs:?}): give \
-                 every rank the same arguments",
+                "rank {} was started with other arguments than the ranks before it (ours: {cfg:?}; theirs: \
+                 {theirs:?}): give every rank the same arguments",
                 g.rank
             ))
             .into());
         }
     }
+    g.share(entry.key());
     g.put(&g.keys.info(g.rank), info)?;
-    let ranks = el.plan().members(0);
-    if g.rank == first && el.incarnation() == 0 {
-        let infos = gather_infos(g, &ranks)?;
-        let s = make_setup(cfg, &infos)?;
-        g.put(&g.keys.setup(), &s)?;
-        return Ok((s, infos));
-    }
-    let setup = g.get(&g.keys.setup(), first, "run setup")?;
-    Ok((setup, Vec::new()))
+    let entry = g.keys.setup();
+    let setup = match el.incarnation() {
+        0 => {
+            let infos = gather_infos(g, el)?;
+            let mine = make_setup(cfg, &infos)?;
+            g.claim(&entry, &mine)?.unwrap_or(mine)
+        }
+        _ => g.get(&entry, lowest(&el.plan().members(0)), "run setup")?,
+    };
+    g.share(entry.key());
+    Ok(setup)
 }
 
-fn gather_infos(g: &Group, ranks: &BTreeSet<u32>) -> Result<Vec<RankInfo>> {
-    (ranks.iter())
-        .map(|&r| g.get(&g.keys.info(r), r, "GPU and NIXL info"))
-        .collect()
+/// The introductions of the first phase's ranks, in rank order, without
+/// those proven dead before they introduced themselves.
+fn gather_infos(g: &Group, el: &Elastic) -> Result<Vec<RankInfo>> {
+    let mut infos = Vec::new();
+    for r in el.plan().members(0) {
+        if let Some(i) = el.await_entry(&g.keys.info(r), r, 0, "GPU and NCCL info")? {
+            infos.push(i);
+        }
+    }
+    Ok(infos)
 }
 
 /// The launch grid of every phase kernel, from the setup.
@@ -204,25 +204,35 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, log: bool) -> Grid {
 }
 
 /// Connect, phase `i`: drop the departed, connect the newcomers, rebuild
-/// the remote view, set the mask and the newcomers' words, then the
-/// members' barrier. Returns the host time it took, ms.
+/// the remote view, set the mask and the newcomers' words, then the round
+/// that opens the phase, whose decision masks those that died meanwhile.
+/// Returns the host time it took, ms.
 fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize) -> Result<f64> {
     let t0 = Instant::now();
     let departed: Vec<String> = (el.departed(i).into_iter())
         .filter_map(|(r, _)| net.forget(r))
         .collect();
-    let peers = el.begin_phase(i, card)?;
-    for p in &peers {
-        (net.connect(p.rank, &p.payload, Duration::from_nanos(st.cfg.timeout_ns)))
-            .map_err(|e| el.blame(p.rank, p.incarnation, e))?;
+    let new = el.begin_phase(i, card)?;
+    let mut unreachable = new.gone.clone();
+    let mut peers = Vec::new();
+    for p in new.peers {
+        match net.connect(p.rank, &p.payload, Duration::from_nanos(st.cfg.timeout_ns)) {
+            Ok(()) => peers.push(p),
+            // Died while we connected: the opening round agrees on it.
+            Err(_) if el.survives() && el.is_dead(p.rank, p.incarnation)? => {
+                drop(unreachable.insert(p.rank))
+            }
+            Err(e) => return Err(el.blame(p.rank, p.incarnation, e)),
+        }
     }
     // SAFETY: no kernel of ours runs between steps; the phase's members keep
     // their windows registered until they pass the phase's end.
     unsafe { net.rebuild(&departed)? };
     let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
-    let members = el.plan().members(i);
+    let members = el.members(i);
+    let reached = &members - &unreachable;
     st.rig
-        .set_mask(stream, Mask::all_but(shape.ranks, members.iter().copied()))?;
+        .set_mask(stream, Mask::all_but(shape.ranks, reached.iter().copied()))?;
     let start = first_step(st.cfg, i, 0);
     if i == el.life().start {
         st.rig.reset_all(stream, shape, blocks, start)?;
@@ -237,7 +247,12 @@ fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize)
             peers.len()
         );
     }
-    el.connected(i)?;
+    let d = el.opened(i, &unreachable)?;
+    if !d.gone.is_empty() {
+        say!("{}", decision_line(el.rank(), i, &d));
+        st.rig
+            .set_mask(stream, Mask::all_but(shape.ranks, el.active(i)))?;
+    }
     Ok(t0.elapsed().as_secs_f64() * 1e3)
 }
 
@@ -291,7 +306,6 @@ impl PhaseRun {
 fn steps(
     g: &Group,
     el: &Elastic,
-    elastic: bool,
     st: &Stepper,
     net: &Net,
     i: usize,
@@ -300,13 +314,15 @@ fn steps(
     let mut phase = Phase {
         g,
         el,
-        elastic,
+        elastic: el.survives(),
         st,
         net,
         i,
         run: PhaseRun::default(),
         epoch: 0,
-        die_mid_dispatch: opts.die_mid_dispatch,
+        die_mid_dispatch: opts
+            .die_mid_dispatch
+            .filter(|&r| r == g.rank && i == el.life().start),
     };
     for (n, (path, graph)) in st.cfg.runs().into_iter().enumerate() {
         phase.run_of_steps(n, path, graph, opts.corrupt)?;
@@ -325,8 +341,9 @@ struct Phase<'a> {
     run: PhaseRun,
     /// Agreements that removed ranks so far in the phase.
     epoch: u32,
-    /// `--inject die-mid-dispatch` ([`RunOptions::die_mid_dispatch`]).
-    die_mid_dispatch: bool,
+    /// `--inject die-mid-dispatch=R` ([`RunOptions::die_mid_dispatch`]),
+    /// on rank R in its first phase.
+    die_mid_dispatch: Option<u32>,
 }
 
 impl Phase<'_> {
@@ -378,7 +395,7 @@ impl Phase<'_> {
                 || g.probe(),
             )?;
             let wall = t0.elapsed().as_nanos() as f64 / f64::from(count);
-            let die = self.die_mid_dispatch.then_some(path);
+            let die = self.die_mid_dispatch.map(|_| path);
             self.after_steps(n, (k, count), first + k + count - 1, &out, die)?;
             // Steps in which a rank was masked waited out the fault timeout:
             // neither before nor after; lost steps are not timed either.
@@ -404,8 +421,8 @@ impl Phase<'_> {
     }
 
     /// After steps `k..k + count` of the `n`th run (the last one's global
-    /// number `step`): the agreement, and the halfway mark after the first
-    /// run's middle timed step.
+    /// number `step`): the agreement, and after the first run's middle
+    /// timed step, the injected death mid-dispatch if asked for.
     fn after_steps(
         &mut self,
         n: usize,
@@ -421,48 +438,41 @@ impl Phase<'_> {
         self.epoch += u32::from(changed);
         let cfg = self.st.cfg;
         if n == 0 && (k..k + count).contains(&(cfg.warmup + cfg.iters / 2)) {
-            let d = self
-                .run
-                .last
-                .clone()
-                .expect("an elastic step ends with a decision");
             if let Some(path) = die_mid_dispatch {
-                self.dispatch_to_all_but_the_last(path, &d)?;
+                self.dispatch_to_all_but_the_last(path)?;
             }
-            self.el.halfway(self.i, &d)?;
         }
         Ok(())
     }
 
-    /// The injected death mid-dispatch ([`RunOptions::die_mid_dispatch`]): a
-    /// rank the plan kills in this phase queues the next step's dispatch
-    /// with the highest survivor masked, so that only that one misses its
-    /// data, and lets it run before it waits for its kill.
-    fn dispatch_to_all_but_the_last(&self, path: Path, d: &Decision) -> Result<()> {
-        let (plan, i, me) = (self.el.plan(), self.i, self.g.rank);
-        if !plan.killed(i).contains(&me) {
-            return Ok(());
-        }
-        let alive = &(&plan.members(i) - &d.gone) - &plan.killed(i);
-        let Some(&last) = alive.iter().next_back() else {
+    /// The injected death mid-dispatch ([`RunOptions::die_mid_dispatch`]):
+    /// this rank queues the next step's dispatch with the highest other
+    /// active rank masked, so that only that one misses its data, lets it
+    /// run, and kills itself (SIGKILL: nothing is cleaned up).
+    fn dispatch_to_all_but_the_last(&self, path: Path) -> Result<()> {
+        let me = self.g.rank;
+        let active = self.el.active(self.i);
+        let Some(&last) = active.iter().filter(|&&r| r != me).next_back() else {
             return Ok(());
         };
-        let sent_to: Vec<u32> = (&plan.members(i) - &d.gone)
-            .into_iter()
-            .filter(|&r| r != last)
-            .collect();
+        let sent_to: Vec<u32> = active.into_iter().filter(|&r| r != last).collect();
         say!(
             "[rank {me}] dying mid-dispatch (injected fault): sending to ranks {sent_to:?}, not to rank {last}"
         );
         let capacity = self.st.cfg.shape.ranks;
         self.st
-            .dispatch_only(self.net.views(), path, Mask::all_but(capacity, sent_to))
+            .dispatch_only(self.net.views(), path, Mask::all_but(capacity, sent_to))?;
+        // SAFETY: kill(2) on our own pid.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        Ok(())
     }
 
     fn progress(&self, path: Path, (k, count): (u32, u32), total: u32) {
         let every = (total / 5).max(1);
         let done = k + count;
-        if self.g.rank == first_rank(self.el) && (done / every > k / every || done == total) {
+        if self.g.rank == lowest(&self.el.active(self.i))
+            && (done / every > k / every || done == total)
+        {
             tracing::info!(
                 "phase {}, {} path: {done}/{total} steps verified",
                 self.i,
@@ -488,7 +498,7 @@ fn agree(
     for r in out.masked.ranks() {
         run.masked.insert(r);
         let after_kill_ms = el
-            .killed_at(i, r)?
+            .died_at(i, r)?
             .map(|k| now.saturating_sub(k) as f64 / 1e6);
         run.detected.push(Detection {
             rank: r,
@@ -511,10 +521,9 @@ fn agree(
         say!("{}", decision_line(g.rank, i, &d));
         run.agree_ms.push(d.waited_us as f64 / 1e3);
         run.gone.clone_from(&d.gone);
-        let active = &el.plan().members(i) - &d.gone;
         let capacity = st.cfg.shape.ranks;
         st.rig
-            .set_mask(&st.gpu.stream, Mask::all_but(capacity, active))?;
+            .set_mask(&st.gpu.stream, Mask::all_but(capacity, el.active(i)))?;
     } else if !d.forgiven.is_empty() {
         say!("{}", decision_line(g.rank, i, &d));
     }
@@ -532,9 +541,8 @@ fn agree(
 fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Result<Decision> {
     let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
     st.rig.reset_all(stream, shape, blocks, step + 1)?;
-    let active = &el.plan().members(i) - &d.gone;
     st.rig
-        .set_mask(stream, Mask::all_but(shape.ranks, active))?;
+        .set_mask(stream, Mask::all_but(shape.ranks, el.active(i)))?;
     stream.synchronize()?;
     tracing::info!(
         "phase {i}: resynchronised with rank(s) {:?} after step {step}",
@@ -542,10 +550,6 @@ fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Resu
     );
     el.agree(i, RESYNC | u64::from(step), &BTreeSet::new())
 }
-
-/// Marks the agreement round that follows a resynchronisation (its step
-/// number is the step's, with this bit set).
-const RESYNC: u64 = 1 << 62;
 
 /// Steps of dispatch + combine per launch-cost measurement (`--graph`).
 const LAUNCH_COST_STEPS: u32 = 200;
@@ -625,24 +629,41 @@ fn report_phases(
 ) -> Result<()> {
     let plan = el.plan();
     let mut results = Vec::new();
+    let mut members = Vec::new();
+    let mut dead_before = BTreeSet::new();
     for i in 0..plan.len() {
-        for r in &plan.survivors(i) {
+        // Who finished phase i: the decision that ended it says.
+        let ended = g.get(
+            &g.keys.decision(i, END),
+            lowest(&plan.members(i)),
+            "end of a phase",
+        )?;
+        let alive = |r: &u32, dead: &BTreeSet<(u32, usize)>| {
+            plan.incarnation(*r, i)
+                .is_some_and(|inc| !dead.contains(&(*r, inc)))
+        };
+        let ranks: Vec<u32> = plan
+            .members(i)
+            .into_iter()
+            .filter(|r| alive(r, &dead_before))
+            .collect();
+        for r in ranks.iter().filter(|r| alive(r, &ended.dead)) {
             let entry = g.keys.phase_result(i, *r);
             results.push(g.get(&entry, *r, "phase results")?);
             g.delete([entry.key()]);
         }
-    }
-    let members: Vec<PhaseMembers> = (0..plan.len())
-        .map(|i| PhaseMembers {
-            ranks: plan.members(i).into_iter().collect(),
-            joined: if i == 0 {
-                Vec::new()
-            } else {
-                plan.joiners(i).into_iter().collect()
+        members.push(PhaseMembers {
+            joined: match i {
+                0 => Vec::new(),
+                _ => (plan.joiners(i).into_iter())
+                    .filter(|r| ranks.contains(r))
+                    .collect(),
             },
-            killed: plan.killed(i).into_iter().collect(),
-        })
-        .collect();
+            ranks,
+            killed: ended.gone.iter().copied().collect(),
+        });
+        dead_before = ended.dead;
+    }
     let rows = phase_report::rows(&members, &cfg.paths, &results);
     say!(
         "[ep] {} mode, elastic plan {} (capacity {}), {} tokens × hidden {} per rank, top-{} of {} experts, fault timeout \

@@ -30,16 +30,17 @@ pub struct RunOptions {
     /// simple_write's best put bandwidth at the same size, GB/s (the ×put column).
     pub ref_put_gbps: Option<f64>,
     pub corrupt: Option<Corrupt>,
-    /// A death in the middle of a dispatch (`--inject die-mid-dispatch`):
-    /// a rank the plan kills, at its phase's halfway mark, dispatches to
-    /// every survivor but the highest and then waits for its kill, so one
-    /// survivor waits out the fault timeout on it in the dispatch and the
-    /// others only in the combine.
-    pub die_mid_dispatch: bool,
+    /// A death in the middle of a dispatch (`--inject die-mid-dispatch=R`):
+    /// rank R, after the middle timed step of its first phase, dispatches
+    /// to every active rank but the highest and then kills itself
+    /// (SIGKILL), so one survivor waits out the fault timeout on it in the
+    /// dispatch and the others only in the combine.
+    pub die_mid_dispatch: Option<u32>,
 }
 
-/// Decisions rank 0 makes from every rank's [`RankInfo`], which all follow.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// Decisions made from the first phase's [`RankInfo`]s, which all follow
+/// (every member of the first phase makes the same; one is stored).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Setup {
     /// Blocks of every phase kernel (the receivers count one signal per
     /// block, so every rank must use the same number).
@@ -48,9 +49,13 @@ pub struct Setup {
     pub max_ranks_on_gpu: u32,
     /// Why the NCCL baseline is skipped, if it is.
     pub baseline_skip: Option<String>,
+    /// The first phase's ranks as they introduced themselves, in rank
+    /// order (the report's): whoever reports at the end has them.
+    #[serde(default)]
+    pub infos: Vec<RankInfo>,
 }
 
-/// Rank 0's decisions from every rank's info: one grid for all (each
+/// The decisions from every first-phase rank's info: one grid for all (each
 /// rank's share of its GPU's SMs, the smallest share wins), and whether the
 /// NCCL baseline can run (one rank per GPU, NCCL everywhere).
 pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
@@ -118,6 +123,7 @@ pub fn make_setup(cfg: &RunConfig, infos: &[RankInfo]) -> Result<Setup> {
         blocks,
         max_ranks_on_gpu,
         baseline_skip,
+        infos: infos.to_vec(),
     })
 }
 

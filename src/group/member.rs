@@ -28,6 +28,9 @@ pub struct Member<'a> {
     pub(super) watch: Mutex<Watch>,
     /// Every key we wrote: deleted when our work ends.
     written: Mutex<BTreeSet<String>>,
+    /// Keys every member reads to the end ([`Member::share`]): deleted
+    /// with the group's shared keys, by the host or the last member out.
+    shared: Mutex<BTreeSet<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -47,6 +50,7 @@ impl<'a> Member<'a> {
             timeout_ns: AtomicU64::new(timeout.as_nanos() as u64),
             watch: Mutex::new(watch),
             written: Mutex::new(BTreeSet::new()),
+            shared: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -160,6 +164,32 @@ impl<'a> Member<'a> {
         }
     }
 
+    /// Hands `key` (ours or another member's) to the group: it is no longer
+    /// deleted when our work ends but with the group's shared keys, once
+    /// every member counted itself out (a member that leaves early must not
+    /// take with it what a later one still reads). Every member that reads
+    /// such a key shares it, so whoever deletes the shared keys knows it.
+    pub fn share(&self, key: &str) {
+        lock(&self.written).remove(key);
+        lock(&self.shared).insert(key.to_string());
+    }
+
+    /// Waits at most `max` for `keys` (bounded by the timeout): `Ok(true)`
+    /// once they all exist, `Ok(false)` when `max` passed; errors as
+    /// [`Member::wait_a_slice`], whose probe it runs when it returns false.
+    /// For waits that must also look at something else often.
+    pub fn wait_for(&self, keys: &[&str], max: Duration, what: &str) -> Result<bool> {
+        match self.store.wait(keys, max.min(self.timeout())) {
+            Ok(()) => Ok(true),
+            Err(StoreError::Timeout { .. }) => match self.probe() {
+                Some(why) => bail!("{why}"),
+                None => Ok(false),
+            },
+            Err(e @ (StoreError::NoReply { .. } | StoreError::Io(_))) => Err(self.lost(e)),
+            Err(e) => bail!("waiting for {what}: {e}"),
+        }
+    }
+
     /// Adds `delta` to the shared counter `key` and returns the new value.
     /// Not noted as ours: whoever completes a count deletes its counter.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
@@ -267,7 +297,9 @@ impl<'a> Member<'a> {
     /// with the store elsewhere, the member whose `ADD out` completes the
     /// count deletes them.
     fn count_out(&self) {
-        let shared = ["abort", "left", "left/all", "out"].map(|k| self.roster.key(k));
+        let fixed = ["abort", "left", "left/all", "out"].map(|k| self.roster.key(k));
+        let handed = std::mem::take(&mut *lock(&self.shared));
+        let shared: Vec<String> = fixed.iter().cloned().chain(handed).collect();
         match &self.roster.host {
             Host::Member(h) if *h == self.me => {
                 self.wait_for_the_others();
@@ -278,10 +310,11 @@ impl<'a> Member<'a> {
             Host::Member(_) => {
                 let _ = self.store.set(&self.out_key(self.me), b"");
             }
+            Host::Launcher(_) => {}
             Host::Elsewhere(_) => {
                 if self
                     .store
-                    .add(&shared[3], 1)
+                    .add(&fixed[3], 1)
                     .is_ok_and(|n| n >= self.size() as i64)
                 {
                     self.delete(shared);

@@ -90,6 +90,10 @@ pub enum Host {
     Member(usize),
     /// A process outside the group, e.g. `torchrun's agent`.
     Elsewhere(String),
+    /// The program's own launcher, which started every member: it outlives
+    /// them all, and its store, private to the run, goes with it, so the
+    /// members leave the shared keys to it.
+    Launcher(String),
 }
 
 /// The members of a run: their names in keys and in messages, who hosts
@@ -141,7 +145,7 @@ impl Roster {
     pub fn host_label(&self) -> &str {
         match &self.host {
             Host::Member(h) => &self.labels[*h],
-            Host::Elsewhere(what) => what,
+            Host::Elsewhere(what) | Host::Launcher(what) => what,
         }
     }
 
