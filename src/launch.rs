@@ -244,14 +244,23 @@ pub fn supervise(
 /// in `/proc/<pid>/stat`): it cannot report anything, so waiting out a
 /// grace period for it only delays the exit.
 pub fn is_stopped(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
+    state(pid).is_some_and(|s| s == "T" || s == "t")
+}
+
+/// Whether process `pid` is stopped by a signal (SIGSTOP, SIGTSTP: state
+/// `T`), not merely halted by a tracer (`t`: strace or a debugger stepping
+/// through it, which goes on by itself).
+pub fn is_frozen(pid: u32) -> bool {
+    state(pid).is_some_and(|s| s == "T")
+}
+
+/// Process `pid`'s state letter in `/proc/<pid>/stat`.
+fn state(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The state follows the command name, which is in parentheses and may
     // itself hold spaces or parentheses.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| state == "T" || state == "t")
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next().map(str::to_string)
 }
 
 /// Passes SIGTERM on to `child` (a `kill` or a job runner sends it to the

@@ -526,103 +526,12 @@ fn a_frozen_rank_0_which_hosts_the_store_is_named_by_the_others() {
     frozen_rank_is_named(0, "lost the store, which rank 0 hosts");
 }
 
-/// `ep --ranks 3 --check-connection` whose stdout and stderr lines arrive
-/// on a channel as they are written (the ranks share the launcher's pipes).
-struct Launched {
-    child: Option<Child>,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Launched {
-    fn start(extra: &[&str]) -> Self {
-        let mut child = ep()
-            .args(["--ranks", "3", "--check-connection", "--timeout", "60"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting ep");
-        let (tx, lines) = std::sync::mpsc::channel();
-        let pipes: [Box<dyn std::io::Read + Send>; 2] = [
-            Box::new(child.stdout.take().unwrap()),
-            Box::new(child.stderr.take().unwrap()),
-        ];
-        for pipe in pipes {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                use std::io::BufRead;
-                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
-        Self {
-            child: Some(child),
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (at most `limit`) until `n` lines satisfy `pred`; returns the last.
-    fn until(&mut self, n: usize, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        let mut found = Vec::new();
-        for l in self.seen.iter().filter(|l| pred(l)) {
-            found.push(l.clone());
-        }
-        while found.len() < n {
-            let left = limit.saturating_sub(start.elapsed());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    if pred(&l) {
-                        found.push(l.clone());
-                    }
-                    self.seen.push(l);
-                }
-                Err(_) => panic!(
-                    "only {} of {n} lines after {limit:?}:\n{}",
-                    found.len(),
-                    self.seen.join("\n")
-                ),
-            }
-        }
-        found.pop().unwrap()
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
-    }
-
-    /// Waits (at most `limit`) for the launcher's exit; every line it and
-    /// the ranks wrote.
-    fn finish(mut self, limit: Duration) -> (Option<i32>, String) {
-        let mut c = self.child.take().unwrap();
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "the launcher still runs after {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.seen.push(l);
-        }
-        (status.code(), self.seen.join("\n"))
-    }
-}
-
-impl Drop for Launched {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// `ep --ranks 3 --check-connection` with `extra`, its lines on a channel.
+fn launched(extra: &[&str]) -> common::Streamed {
+    let mut c = ep();
+    c.args(["--ranks", "3", "--check-connection", "--timeout", "60"])
+        .args(extra);
+    common::Streamed::start(c)
 }
 
 /// The pid in `[rank R] hanging (injected fault) until stopped or killed (pid N)`.
@@ -635,7 +544,7 @@ fn hanging_pid(line: &str) -> i32 {
 /// frozen rank 0 is named by its silence, and the others keep their store.
 #[test]
 fn a_frozen_rank_0_under_our_launcher_is_named_and_the_store_lives_on() {
-    let mut run = Launched::start(&["--inject", "hang-after-connect=0"]);
+    let mut run = launched(&["--inject", "hang-after-connect=0"]);
     let line = run.until(1, Duration::from_secs(60), |l| {
         l.starts_with("[rank 0] hanging")
     });
@@ -659,7 +568,7 @@ fn a_frozen_rank_0_under_our_launcher_is_named_and_the_store_lives_on() {
 /// store's reply deadline (a few seconds), not the --timeout of 60 s.
 #[test]
 fn a_frozen_launcher_which_hosts_the_store_is_named_by_every_rank() {
-    let mut run = Launched::start(&["--inject", "hang-after-connect=2"]);
+    let mut run = launched(&["--inject", "hang-after-connect=2"]);
     run.until(1, Duration::from_secs(60), |l| {
         l.starts_with("[rank 2] hanging")
     });

@@ -39,19 +39,7 @@ impl Drop for TempPlan {
 /// `ep --check-connection --plan plan` with `extra`; its output once it
 /// exits (killed and a panic after a generous backstop).
 fn run_plan(plan: &Path, extra: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ep"));
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_USE_AGENT_STORE",
-        "NIXL_EP_INCARNATION",
-    ] {
-        c.env_remove(v);
-    }
+    let mut c = ep_launcher();
     // The fault timeout is generous: a rank slowed down by a loaded machine
     // must never count as gone; a killed or frozen one is found by its
     // silent heartbeat anyway.
@@ -259,4 +247,84 @@ fn a_kill_loop_of_frozen_ranks_stops_each_incarnation() {
     ];
     assert_eq!(seen, want, "{}", text(&o));
     assert_killed_as_planned(&o, "rank 1 (started in phase 2)");
+}
+
+/// Any rank may die at any moment, rank 0 too, and the plan need not say
+/// so: a test kills a rank by pid at a moment it draws, SIGKILL or
+/// SIGSTOP, while four ranks run steps of agreement (each step sleeps 2 ms
+/// first, so 400 steps last at least 0.8 s: a kill drawn within 0.3 s of
+/// the ranks being connected lands inside the phase). Every survivor
+/// names the dead rank exactly once, the launcher lists it as died and the
+/// others went on, and the run exits 0. The cases are drawn from a fixed
+/// seed (printed), the victim among all ranks with rank 0 and the highest
+/// always included.
+#[test]
+fn any_rank_killed_by_pid_at_a_random_moment_is_survived() {
+    let mut rng = nixl_examples::ep::rng::SplitMix64::new(2611);
+    let mut cases: Vec<(u32, i32)> = vec![(0, 9), (3, 19)];
+    cases.push((
+        (rng.next_u64() % 4) as u32,
+        [9, 19][(rng.next_u64() % 2) as usize],
+    ));
+    for (victim, sig) in cases {
+        let delay = Duration::from_micros(rng.next_u64() % 300_000);
+        let mut c = ep_launcher();
+        c.args([
+            "--ranks",
+            "4",
+            "--elastic",
+            "--check-connection",
+            "--iters",
+            "400",
+        ])
+        .args(["--timeout", "120", "--fault-timeout", "3000"]);
+        let mut run = common::Streamed::start(c);
+        let started = format!("[ep] started rank {victim} (pid ");
+        let line = run.until(1, Duration::from_secs(120), |l| l.starts_with(&started));
+        let pid: i32 = line[started.len()..].trim_end_matches(')').parse().unwrap();
+        run.until(4, Duration::from_secs(120), |l| {
+            l.contains("] connected to all 3 other")
+        });
+        std::thread::sleep(delay);
+        // SAFETY: kill(2) on a rank process of the launcher we started.
+        unsafe { kill(pid, sig) };
+        let (code, all) = run.finish(Duration::from_secs(300));
+        let case = format!("victim {victim}, signal {sig}, {delay:?} after connecting");
+        assert_eq!(code, Some(0), "{case}:\n{all}");
+        let mut seen = decisions(&all);
+        seen.sort();
+        let want: Vec<(u32, usize, String)> = (0..4)
+            .filter(|&r| r != victim)
+            .map(|r| (r, 0, format!("[{victim}]")))
+            .collect();
+        assert_eq!(seen, want, "{case}:\n{all}");
+        assert!(
+            all.contains(&format!(
+                "died unplanned, the others went on: rank {victim}"
+            )),
+            "{case}:\n{all}"
+        );
+    }
+}
+
+/// The launcher of `ep`, none of torchrun's variables inherited.
+fn ep_launcher() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ep"));
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "NIXL_EP_INCARNATION",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
 }

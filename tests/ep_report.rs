@@ -33,6 +33,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
         baseline: true,
         combine_senders: None,
         graph: false,
+        on_death: nixl_examples::ep::elastic::OnDeath::Fail,
     }
 }
 

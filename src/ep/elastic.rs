@@ -345,7 +345,9 @@ impl<'a> Elastic<'a> {
                     incarnation,
                     payload,
                 }),
-                None => drop(out.gone.insert(r)),
+                None => {
+                    out.gone.insert(r);
+                }
             }
         }
         Ok(out)

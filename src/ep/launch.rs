@@ -42,7 +42,7 @@ use super::plan::Plan;
 use super::rng::SplitMix64;
 use crate::group::Value;
 use crate::launch::{
-    RoleExit, RoleSpec, forward, is_stopped, kill_all, run_roles_with, signal_name,
+    RoleExit, RoleSpec, forward, is_frozen, is_stopped, kill_all, run_roles_with, signal_name,
 };
 use crate::store::native::TcpStore;
 use crate::store::{Store, StoreOptions};
@@ -368,7 +368,7 @@ impl PlanRun<'_> {
                     Some(sig) => signal_name(sig),
                     None => continue,
                 },
-                None if is_stopped(p.child.id()) => "stopped".to_string(),
+                None if is_frozen(p.child.id()) => "stopped".to_string(),
                 None => continue,
             };
             let planned = p.planned.is_some();
@@ -438,7 +438,7 @@ impl PlanRun<'_> {
             return Ok(());
         }
         let running = (self.procs.iter())
-            .filter(|p| p.exit.is_none() && !is_stopped(p.child.id()))
+            .filter(|p| p.exit.is_none() && !is_frozen(p.child.id()))
             .count();
         if running == 0 {
             if i + 1 < self.plan.len() {

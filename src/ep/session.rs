@@ -220,7 +220,7 @@ fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize)
             Ok(()) => peers.push(p),
             // Died while we connected: the opening round agrees on it.
             Err(_) if el.survives() && el.is_dead(p.rank, p.incarnation)? => {
-                drop(unreachable.insert(p.rank))
+                unreachable.insert(p.rank);
             }
             Err(e) => return Err(el.blame(p.rank, p.incarnation, e)),
         }

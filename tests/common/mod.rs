@@ -230,3 +230,100 @@ impl Drop for EtcdServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A program whose stdout and stderr lines arrive on a channel as they are
+/// written (a launcher's ranks share its pipes); killed when dropped.
+pub struct Streamed {
+    child: Option<Child>,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Streamed {
+    pub fn start(mut command: Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the program");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let pipes: [Box<dyn std::io::Read + Send>; 2] = [
+            Box::new(child.stdout.take().unwrap()),
+            Box::new(child.stderr.take().unwrap()),
+        ];
+        for pipe in pipes {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Self {
+            child: Some(child),
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most `limit`) until `n` lines satisfy `pred`; returns the last.
+    pub fn until(&mut self, n: usize, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        let mut found = Vec::new();
+        for l in self.seen.iter().filter(|l| pred(l)) {
+            found.push(l.clone());
+        }
+        while found.len() < n {
+            let left = limit.saturating_sub(start.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if pred(&l) {
+                        found.push(l.clone());
+                    }
+                    self.seen.push(l);
+                }
+                Err(_) => panic!(
+                    "only {} of {n} lines after {limit:?}:\n{}",
+                    found.len(),
+                    self.seen.join("\n")
+                ),
+            }
+        }
+        found.pop().unwrap()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Waits (at most `limit`) for the launcher's exit; every line it and
+    /// the ranks wrote.
+    pub fn finish(mut self, limit: Duration) -> (Option<i32>, String) {
+        let mut c = self.child.take().unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the launcher still runs after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (status.code(), self.seen.join("\n"))
+    }
+}
+
+impl Drop for Streamed {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
