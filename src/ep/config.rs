@@ -292,7 +292,28 @@ pub struct RunConfig {
     /// What a rank's death does: the survivors mask it and go on (elastic
     /// runs: `--plan`, `--elastic`), or the run stops naming it.
     #[serde(default)]
-    pub on_death: super::elastic::OnDeath,
+    pub on_death: OnDeath,
+}
+
+/// What the members do when one of them dies or freezes.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDeath {
+    /// The survivors mask it, agree that it is gone and go on.
+    #[default]
+    Survive,
+    /// The run stops, every survivor naming it (within about 4 s).
+    Fail,
 }
 
 /// `--fault-timeout`'s default: 1000 ms.

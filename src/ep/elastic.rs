@@ -71,26 +71,7 @@ pub const RESYNC: u64 = 1 << 62;
 /// rank it waits on is dead: the launcher's notice is one request.
 const LOOK: Duration = Duration::from_millis(2);
 
-/// What the members do when one of them dies or freezes.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OnDeath {
-    /// The survivors mask it, agree that it is gone and go on.
-    #[default]
-    Survive,
-    /// The run stops, every survivor naming it (within about 4 s).
-    Fail,
-}
+pub use super::config::OnDeath;
 
 /// A peer to connect to: its rank, its incarnation and what it published.
 #[derive(Clone, Debug, PartialEq, Eq)]
