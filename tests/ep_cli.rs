@@ -10,20 +10,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn ep() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ep"));
     // The test's own environment must not make the launcher a rank.
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ] {
-        c.env_remove(v);
-    }
-    c.env_remove("TORCHELASTIC_USE_AGENT_STORE");
-    c
+    common::launcher(env!("CARGO_BIN_EXE_ep"))
 }
 
 fn text(o: &Output) -> String {

@@ -309,20 +309,7 @@ fn any_rank_killed_by_pid_at_a_random_moment_is_survived() {
 
 /// The launcher of `ep`, none of torchrun's variables inherited.
 fn ep_launcher() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ep"));
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_USE_AGENT_STORE",
-        "NIXL_EP_INCARNATION",
-    ] {
-        c.env_remove(v);
-    }
-    c
+    common::launcher(env!("CARGO_BIN_EXE_ep"))
 }
 
 unsafe extern "C" {

@@ -327,3 +327,23 @@ impl Drop for Streamed {
         }
     }
 }
+
+/// `bin` as a launcher: none of torchrun's variables (nor `ep`'s
+/// incarnation) inherited from the test's environment, which would make it
+/// a rank.
+pub fn launcher(bin: &str) -> Command {
+    let mut c = Command::new(bin);
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "NIXL_EP_INCARNATION",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
