@@ -51,7 +51,7 @@ fn run_config(tokens: u32, ranks: u32) -> RunConfig {
         baseline: false,
         combine_senders: None,
         graph: false,
-        on_death: nixl_examples::ep::elastic::OnDeath::Survive,
+        on_death: nixl_examples::ranks::membership::OnDeath::Survive,
     }
 }
 

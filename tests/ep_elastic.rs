@@ -42,7 +42,9 @@ fn run_plan(plan: &Path, extra: &[&str]) -> Output {
     let mut c = ep_launcher();
     // The fault timeout is generous: a rank slowed down by a loaded machine
     // must never count as gone; a killed or frozen one is found by its
-    // silent heartbeat anyway.
+    // silent heartbeat anyway. 20 steps of 10 ms a phase: the launcher
+    // draws a kill among the first 10 rounds, so even a launcher that
+    // looks 100 ms late (a loaded machine) kills inside the phase.
     c.arg("--plan")
         .arg(plan)
         .args([
@@ -51,6 +53,10 @@ fn run_plan(plan: &Path, extra: &[&str]) -> Output {
             "120",
             "--fault-timeout",
             "3000",
+            "--iters",
+            "20",
+            "--step-us",
+            "10000",
         ])
         .args(extra)
         .stdout(Stdio::piped())
@@ -227,7 +233,7 @@ fn bad_plans_exit_2_with_the_reason() {
 /// still holds the id's old incarnation; each kill is agreed by all.
 #[test]
 fn a_kill_loop_of_frozen_ranks_stops_each_incarnation() {
-    let loop_ = nixl_examples::ep::plan::Plan::kill_loop(3, 3);
+    let loop_ = nixl_examples::ranks::plan::Plan::kill_loop(3, 3);
     assert_eq!(
         loop_.to_json(),
         "[[0,1,2],[0,-1,2],[0,1,2],[0,1,-2],[0,1,2],[0,-1,2],[0,1,2]]"
@@ -260,7 +266,7 @@ fn a_kill_loop_of_frozen_ranks_stops_each_incarnation() {
 /// always included.
 #[test]
 fn any_rank_killed_by_pid_at_a_random_moment_is_survived() {
-    let mut rng = nixl_examples::ep::rng::SplitMix64::new(2611);
+    let mut rng = nixl_examples::rng::SplitMix64::new(2611);
     let mut cases: Vec<(u32, i32)> = vec![(0, 9), (3, 19)];
     cases.push((
         (rng.next_u64() % 4) as u32,

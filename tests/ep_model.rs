@@ -507,7 +507,7 @@ fn run_config(shape: Shape) -> RunConfig {
         baseline: false,
         combine_senders: None,
         graph: false,
-        on_death: nixl_examples::ep::elastic::OnDeath::Fail,
+        on_death: nixl_examples::ranks::membership::OnDeath::Fail,
     }
 }
 

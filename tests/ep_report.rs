@@ -33,7 +33,7 @@ fn cfg(mode: Mode, ranks: u32) -> RunConfig {
         baseline: true,
         combine_senders: None,
         graph: false,
-        on_death: nixl_examples::ep::elastic::OnDeath::Fail,
+        on_death: nixl_examples::ranks::membership::OnDeath::Fail,
     }
 }
 

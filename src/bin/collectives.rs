@@ -167,7 +167,7 @@ fn main() -> ExitCode {
 
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
-    let env = RankEnv::from_env()?;
+    let env = RankEnv::from_env(nixl_examples::collectives::PROGRAM)?;
     let world = RankEnv::world(env.as_ref(), args.ranks)?;
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = match args.check_connection {
@@ -194,7 +194,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
 /// Without RANK: start the ranks here and wait for them.
 fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> {
     let port = if args.port == 0 {
-        nixl_examples::ep::launch::free_port()?
+        nixl_examples::ranks::launch::free_port()?
     } else {
         check_port_free(args.port)?;
         args.port

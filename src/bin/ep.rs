@@ -16,13 +16,14 @@ use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_timeout};
 use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
-use nixl_examples::ep::connect::{self, Check, Inject};
-use nixl_examples::ep::elastic::OnDeath;
-use nixl_examples::ep::env::RankEnv;
-use nixl_examples::ep::launch::KillSignal;
-use nixl_examples::ep::plan::Plan;
-use nixl_examples::ep::{launch, run};
+use nixl_examples::ep::{PROGRAM, run};
 use nixl_examples::launch::RoleExit;
+use nixl_examples::ranks::check::{self, Check, Inject};
+use nixl_examples::ranks::env::RankEnv;
+use nixl_examples::ranks::launch;
+use nixl_examples::ranks::launch::KillSignal;
+use nixl_examples::ranks::membership::OnDeath;
+use nixl_examples::ranks::plan::Plan;
 
 /// Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
 /// device API.
@@ -243,7 +244,7 @@ fn main() -> ExitCode {
 
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
-    let env = RankEnv::from_env()?;
+    let env = RankEnv::from_env(PROGRAM)?;
     let (plan, capacity) = plan_and_capacity(&args, env.as_ref())?;
     let fault_timeout = fault_timeout(args.fault_timeout)?;
     let on_death = on_death(&args, &plan)?;
@@ -276,7 +277,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
             on_death,
             inject: inject.connect,
         };
-        connect::check_connection(&env, &plan, check)?;
+        check::check_connection(&env, &plan, check)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -401,6 +402,7 @@ fn launch_ranks(
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
     let opts = launch::LaunchOptions {
+        program: PROGRAM,
         capacity,
         port,
         kill_signal: args.kill_signal,

@@ -1,6 +1,6 @@
 //! One rank as a member of the run's [`crate::group`]: the ranks meet over
 //! the store (heartbeats, probes, aborts, barriers, a teardown after which
-//! no key is left), with `ep`'s rank environment, store and launcher.
+//! no key is left), with the rank environment, store and launcher of [`crate::ranks`].
 //! Rank 0 hosts the store (so it leaves last), unless torchrun's agent does.
 //!
 //! Keys, under `nixl_coll/` (in torchrun's worker namespace when its agent
@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::ep::connect::Inject;
-pub use crate::ep::env::RankEnv;
 use crate::group::{Entry, Host, Member, Roster, Value};
 use crate::launch::RoleExit;
+use crate::ranks::check::Inject;
+pub use crate::ranks::env::RankEnv;
 
 /// One rank's handle on the run: its [`Member`] (every membership call,
 /// through `Deref`) and where its keys live.
@@ -66,9 +66,10 @@ impl Group<'_> {
     }
 }
 
-/// This program's keys live under `nixl_coll/` (not `ep`'s `nixl_ep/`).
+/// This program's keys live under its namespace, `nixl_coll/`
+/// ([`super::PROGRAM`]).
 pub fn key_prefix(env: &RankEnv) -> String {
-    env.key_prefix().replace("nixl_ep/", "nixl_coll/")
+    env.key_prefix()
 }
 
 /// The NIXL agent name of rank `r`.
@@ -84,7 +85,7 @@ pub fn run_member(
     timeout: Duration,
     work: impl FnOnce(&Group) -> Result<()>,
 ) -> Result<()> {
-    let store = crate::ep::group::open_store(env, timeout)?;
+    let store = crate::ranks::group::open_store(env, timeout)?;
     crate::interrupt::install()?;
     let host = match env.agent_store {
         true => Host::Elsewhere("torchrun's agent".into()),
@@ -103,21 +104,21 @@ pub fn run_member(
 /// `collectives --ranks N`: starts the N ranks here, as torchrun would,
 /// and waits for all; a failed rank's peers get `grace` to say why.
 pub fn launch_ranks(world: u32, port: u16, grace: Duration) -> Result<Vec<RoleExit>> {
-    crate::ep::launch::run_ranks(world, port, grace)
+    crate::ranks::launch::run_ranks(world, port, grace)
 }
 
 /// `--check-connection`: the ranks meet and wire up their NIXL agents,
-/// no GPU used (`ep`'s check, the same wiring).
+/// no GPU used ([`crate::ranks::check`], the same wiring as `ep`'s).
 pub fn check_connection(env: &RankEnv, timeout: Duration) -> Result<()> {
-    let plan = crate::ep::plan::Plan::fixed(env.world);
-    let fault = Duration::from_nanos(crate::ep::config::DEFAULT_FAULT_TIMEOUT_NS);
-    let check = crate::ep::connect::Check {
+    let plan = crate::ranks::plan::Plan::fixed(env.world);
+    let fault = Duration::from_nanos(crate::ranks::membership::DEFAULT_FAULT_TIMEOUT_NS);
+    let check = crate::ranks::check::Check {
         timeout,
         fault_timeout: fault,
         steps: 0,
         step_work: Duration::ZERO,
-        on_death: crate::ep::elastic::OnDeath::Fail,
+        on_death: crate::ranks::membership::OnDeath::Fail,
         inject: Inject::default(),
     };
-    crate::ep::connect::check_connection(env, &plan, check)
+    crate::ranks::check::check_connection(env, &plan, check)
 }

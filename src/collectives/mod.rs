@@ -13,12 +13,19 @@
 //!   CPU model of each algorithm over the same offsets (tests the index
 //!   arithmetic without a GPU);
 //! - [`plan`]: the run every rank agrees on, case by case;
-//! - [`member`]: how ranks meet (a [`crate::group`] member, with `ep`'s rank
-//!   environment, store and launcher);
+//! - [`member`]: how ranks meet (a [`crate::group`] member, with the rank
+//!   environment, store and launcher of [`crate::ranks`]);
 //! - [`kernels`], [`session`], [`nccl`], [`run`]: the GPU run — the kernels
 //!   of `cuda/collectives.cu`, the rank's registered window and views, the
 //!   cases and their checks, NCCL's same calls, the entry;
 //! - [`report`]: rows, the table, JSON and CSV.
+
+/// `collectives` as the ranks layer names it: keys under `nixl_coll/`,
+/// `[collectives]` lines.
+pub const PROGRAM: crate::ranks::Program = crate::ranks::Program {
+    name: "collectives",
+    namespace: "nixl_coll",
+};
 
 pub mod kernels;
 pub mod layout;

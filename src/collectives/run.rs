@@ -15,10 +15,10 @@ use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
 use super::session::{Context, RankInfo, Session, connect_nccl};
 use crate::cli::{UsageError, fmt_bytes};
-use crate::ep::nccl::{self as ep_nccl, NcclStatus};
-use crate::ep::setup::{RankGpu, sm_share};
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
+use crate::ranks::nccl::{self as loader, NcclStatus};
+use crate::ranks::sm_share::{RankGpu, sm_share};
 use crate::say;
 
 /// Where results go besides stdout, and the GPUs to use.
@@ -34,7 +34,7 @@ pub struct Outputs {
 pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
     // May re-execute this process to load NCCL: before anything else.
     let nccl = match cfg.baseline {
-        true => ep_nccl::prepare(),
+        true => loader::prepare(),
         false => NcclStatus::Unavailable("--no-baseline".into()),
     };
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {

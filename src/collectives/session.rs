@@ -27,7 +27,6 @@ use super::nccl::{self, Comm};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
-use crate::ep::nccl::NcclStatus;
 use crate::gpu::kernels::wait_value_geq;
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
@@ -35,6 +34,7 @@ use crate::group::AgentMetadata;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
+use crate::ranks::nccl::NcclStatus;
 
 /// What each rank tells the others about itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

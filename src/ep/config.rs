@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cli::UsageError;
+use crate::ranks::membership::OnDeath;
 
 /// DeepEP's two kinds of kernels, here as two shapes of one pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -122,6 +123,7 @@ impl PathChoice {
 /// Most ranks one run may have (each block signals every rank; the wait
 /// thread walks them in turn).
 pub const MAX_RANKS: u32 = 64;
+const _: () = assert!(MAX_RANKS <= crate::ranks::plan::MAX_CAPACITY);
 /// Most experts a token may pick (the message's metadata holds them all).
 pub const MAX_TOPK: u32 = 32;
 /// Most tokens per rank.
@@ -295,29 +297,7 @@ pub struct RunConfig {
     pub on_death: OnDeath,
 }
 
-/// What the members do when one of them dies or freezes.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OnDeath {
-    /// The survivors mask it, agree that it is gone and go on.
-    #[default]
-    Survive,
-    /// The run stops, every survivor naming it (within about 4 s).
-    Fail,
-}
-
-/// `--fault-timeout`'s default: 1000 ms.
-pub const DEFAULT_FAULT_TIMEOUT_NS: u64 = 1_000_000_000;
+pub use crate::ranks::membership::DEFAULT_FAULT_TIMEOUT_NS;
 
 fn default_fault_timeout_ns() -> u64 {
     DEFAULT_FAULT_TIMEOUT_NS

@@ -1,89 +1,31 @@
-//! Every store key of an `ep` run, built in one place.
+//! `ep`'s own store keys, beside the membership's ([`crate::ranks::keys`]),
+//! all under the run's prefix `nixl_ep/`.
 //!
-//! All keys start with the run's prefix ([`super::env::RankEnv::key_prefix`]).
-//! On our own store (rank 0 hosts it) the key `nixl_ep/rank/1/metadata`
-//! goes on the wire as `/nixl_ep/rank/1/metadata` (the c10d client adds
-//! `/`); on torchrun's store it is `/worker/attempt_0/nixl_ep/rank/1/metadata`,
-//! on the wire `//worker/attempt_0/nixl_ep/rank/1/metadata` — byte for byte
-//! what a torch worker's `PrefixStore("/worker/attempt_0", TCPStore)` sends
-//! for `nixl_ep/rank/1/metadata`.
+//! On the launcher's store the key `nixl_ep/rank/1/info` goes on the wire as
+//! `/nixl_ep/rank/1/info` (the c10d client adds `/`); on torchrun's store
+//! it is `/worker/attempt_0/nixl_ep/rank/1/info`, on the wire
+//! `//worker/attempt_0/nixl_ep/rank/1/info` — byte for byte what a torch
+//! worker's `PrefixStore("/worker/attempt_0", TCPStore)` sends for
+//! `nixl_ep/rank/1/info`.
 //!
 //! | key | value | written by | read by | when |
 //! |---|---|---|---|---|
 //! | `config` | [`RunConfig`] (JSON) | the first rank to get there (compare-and-set; shared) | every rank, which must match it | first |
-//! | `rank/<r>/info` | [`RankInfo`] (JSON): host, pid, GPU, NCCL | rank r | every rank | then; rank 0 makes the setup from them |
+//! | `rank/<r>/info` | [`RankInfo`] (JSON): host, pid, GPU, NCCL | rank r | every rank | then; the setup is made from them |
 //! | `setup` | [`Setup`] (JSON): grid, baseline, the first phase's infos | every member of the first phase makes the same one, the first to get there writes it (compare-and-set; shared) | every rank, joiners too | after every info |
 //! | `nccl_id` | the NCCL unique id (128 bytes) | rank 0 | every rank | before the baseline |
 //! | `rank/<r>/result` | [`RankResult`] (JSON): timings, byte counts | rank r | the reporter (the lowest survivor) | after its last iteration (single-phase runs) |
 //! | `phase/<i>/result/<r>` | [`PhaseResult`] (JSON): the phase's times, detections, agreements, lost steps | rank r | the reporter (the lowest survivor of the last phase) | at the end of phase i (elastic runs) |
 //!
-//! The elastic membership's keys ([`super::elastic`]); `<r>.<inc>` names
-//! rank r's process started in phase `inc`, phase-scoped keys need no
-//! incarnation (one process holds a rank id during a phase):
-//!
-//! | key | value | written by | read by | when |
-//! |---|---|---|---|---|
-//! | `rank/<r>.<inc>/peer` | the caller's payload `P`: a [`PeerCard`](super::net::PeerCard) (agent name, window, metadata) in GPU runs, agent metadata in `--check-connection` | that process | every member connecting to it | its first phase's begin |
-//! | `phase/<i>/step/<s>/report/<r>` | [`Report`] (JSON): the ranks r masked so far in the phase | rank r | the leader | after round s; deleted by r once decided |
-//! | `phase/<i>/step/<s>/decision` | [`Verdict`] (JSON): every rank gone in the phase so far, the forgiven, every process dead in the run, the leader, how many reports | the leader (compare-and-set: one decision) | every active member | after the reports; a step's is deleted by its writer at the end of the next phase; the rounds that open and end a phase (`s` = 2⁶¹ and 2⁶⁰) are shared: joiners and the launcher read them, and they go with the group's shared keys |
-//! | `phase/<i>/rounds` | counter | the leader of each step's round | the launcher, which times the plan's kills by it | after each step's decision |
-//! | `dead/<r>.<inc>` | [`Death`] (JSON): how, when, planned or not | the launcher, when it kills a process or sees one die or stop | the agreement (proof at once, no heartbeat window) | a death |
-//! | `deaths` | counter | the launcher, after each notice | every waiting agreement (`ADD 0`: one request says whether a notice is new) | a death |
-//!
-//! The membership keys under the same prefix (heartbeats `alive/<r>`,
-//! `abort`, barriers `barrier/<name>/<r>` for `connected`, `ready`,
-//! `released` and `finished`, and the teardown counters `left`,
-//! `left/all`, `out`) are [`crate::group`]'s. Every rank deletes the keys it
-//! wrote when it ends, on every path.
-
-use serde::{Deserialize, Serialize};
+//! A process's `rank/<r>.<inc>/peer` is a [`PeerCard`](super::net::PeerCard)
+//! (agent name, window, metadata) in GPU runs.
 
 use super::config::RunConfig;
 use super::phase_report::PhaseResult;
 use super::report::{RankInfo, RankResult};
 use super::setup::Setup;
-use std::collections::BTreeSet;
-
-use crate::group::{Bytes, Entry, Marker, Value};
-
-/// A rank's report after a step: the ranks it masked so far in the phase.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
-    pub masked: BTreeSet<u32>,
-}
-
-/// A step's decision as stored: every rank gone in the phase so far, who
-/// decided, and from how many survivors' reports (the leader's included).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub gone: BTreeSet<u32>,
-    pub leader: u32,
-    pub reports: u32,
-    /// Ranks some survivor masked in this step that reported all the same:
-    /// alive, only late (they waited on the dead one), so not gone; every
-    /// survivor resynchronises with them before the next step.
-    #[serde(default)]
-    pub forgiven: BTreeSet<u32>,
-    /// Every process agreed gone in the run so far, this decision's
-    /// included, as (rank, incarnation): a process that joins later learns
-    /// from the decision that ended the phase before it whom not to wait for.
-    #[serde(default)]
-    pub dead: BTreeSet<(u32, usize)>,
-}
-
-/// The launcher's notice that one of its rank processes died (exited
-/// through a signal) or froze (stopped): what the survivors' agreement
-/// takes as proof at once, where without it only a heartbeat that stands
-/// still for a while tells. Under torchrun no one writes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Death {
-    /// What happened: `SIGKILL`, `stopped (SIGSTOP)`, `exit 1`.
-    pub how: String,
-    /// When the launcher sent or saw it, unix ns.
-    pub at_ns: u64,
-    /// Whether the launcher sent it as the plan says (`-r`).
-    pub planned: bool,
-}
+use crate::group::{Bytes, Entry};
+use crate::ranks::keys::Keys;
 
 crate::json_value!(
     RunConfig => "run configuration",
@@ -91,81 +33,38 @@ crate::json_value!(
     RankInfo => "rank description",
     RankResult => "rank result",
     PhaseResult => "phase result",
-    Report => "elastic step report",
-    Verdict => "elastic step decision",
-    Death => "death notice",
 );
 
-/// The keys of one run.
-#[derive(Clone, Debug)]
-pub struct Keys {
-    prefix: String,
+/// `ep`'s keys, as calls on the run's keys ([`crate::ranks::Group::keys`]):
+/// `group.keys.config()` beside the membership's `group.keys.decision(i, s)`.
+pub trait EpKeys {
+    fn config(&self) -> Entry<RunConfig>;
+    fn setup(&self) -> Entry<Setup>;
+    fn nccl_id(&self) -> Entry<Bytes>;
+    fn info(&self, r: u32) -> Entry<RankInfo>;
+    /// What rank `r` measured in phase `i` (elastic runs).
+    fn phase_result(&self, i: usize, r: u32) -> Entry<PhaseResult>;
+    fn result(&self, r: u32) -> Entry<RankResult>;
 }
 
-impl Keys {
-    pub fn new(prefix: impl Into<String>) -> Self {
-        Self {
-            prefix: prefix.into(),
-        }
-    }
-
-    /// The run's prefix, e.g. `nixl_ep/`.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    fn entry<T>(&self, rest: impl std::fmt::Display) -> Entry<T> {
-        Entry::new(format!("{}{rest}", self.prefix))
-    }
-
-    pub fn config(&self) -> Entry<RunConfig> {
+impl EpKeys for Keys {
+    fn config(&self) -> Entry<RunConfig> {
         self.entry("config")
     }
-    pub fn setup(&self) -> Entry<Setup> {
+    fn setup(&self) -> Entry<Setup> {
         self.entry("setup")
     }
-    pub fn nccl_id(&self) -> Entry<Bytes> {
+    fn nccl_id(&self) -> Entry<Bytes> {
         self.entry("nccl_id")
     }
-    pub fn info(&self, r: u32) -> Entry<RankInfo> {
+    fn info(&self, r: u32) -> Entry<RankInfo> {
         self.entry(format_args!("rank/{r}/info"))
     }
-    /// What rank `r` measured in phase `i` (elastic runs).
-    pub fn phase_result(&self, i: usize, r: u32) -> Entry<PhaseResult> {
+    fn phase_result(&self, i: usize, r: u32) -> Entry<PhaseResult> {
         self.entry(format_args!("phase/{i}/result/{r}"))
     }
-    pub fn result(&self, r: u32) -> Entry<RankResult> {
+    fn result(&self, r: u32) -> Entry<RankResult> {
         self.entry(format_args!("rank/{r}/result"))
-    }
-    /// What process `<r>.<inc>` published for the others to connect to it.
-    pub fn peer<P: Value>(&self, r: u32, inc: usize) -> Entry<P> {
-        self.entry(format_args!("rank/{r}.{inc}/peer"))
-    }
-    /// Rank `r` connected to phase `i`'s joiners (barrier).
-    pub fn connected(&self, i: usize, r: u32) -> Entry<Marker> {
-        self.entry(format_args!("phase/{i}/connected/{r}"))
-    }
-    /// Rank `r`'s report after step `s` of phase `i`.
-    pub fn report(&self, i: usize, s: u64, r: u32) -> Entry<Report> {
-        self.entry(format_args!("phase/{i}/step/{s}/report/{r}"))
-    }
-    /// The decision after step `s` of phase `i`.
-    pub fn decision(&self, i: usize, s: u64) -> Entry<Verdict> {
-        self.entry(format_args!("phase/{i}/step/{s}/decision"))
-    }
-    /// The launcher's notice that process `<r>.<inc>` died or froze.
-    pub fn death(&self, r: u32, inc: usize) -> Entry<Death> {
-        self.entry(format_args!("dead/{r}.{inc}"))
-    }
-    /// Counter of the launcher's death notices: one request tells a waiting
-    /// leader whether any process died since it last looked.
-    pub fn deaths(&self) -> String {
-        format!("{}deaths", self.prefix)
-    }
-    /// Counter of phase `i`'s agreement rounds so far (the leader of each
-    /// adds 1): the launcher times the plan's kills by it.
-    pub fn rounds(&self, i: usize) -> String {
-        format!("{}phase/{i}/rounds", self.prefix)
     }
 }
 
@@ -179,5 +78,6 @@ mod tests {
         assert_eq!(k.info(1).key(), "/worker/attempt_0/nixl_ep/rank/1/info");
         assert_eq!(k.result(2).key(), "/worker/attempt_0/nixl_ep/rank/2/result");
         assert_eq!(Keys::new("nixl_ep/").setup().key(), "nixl_ep/setup");
+        assert_eq!(k.death(0, 1).key(), "/worker/attempt_0/nixl_ep/dead/0.1");
     }
 }

@@ -18,13 +18,8 @@
 //!   token lands, the bytes moved, the set of masked ranks, the combine
 //!   reference (with and without a mask) and its bf16 bound, and what one
 //!   rank precomputes from them;
-//! - [`env`](mod@env), [`keys`], [`group`]: ranks and how they meet — torchrun's
-//!   environment, the store keys, barriers, heartbeats, aborts, teardown;
-//! - [`plan`], [`elastic`]: elastic runs — upstream's plan files and their
-//!   phase arithmetic, and the membership over the store that lives them
-//!   (joiners connected, the per-step agreement on who is gone, phase ends);
-//! - [`connect`]: `--check-connection`, the wiring and the membership
-//!   without a GPU;
+//! - [`keys`]: `ep`'s store keys, beside the membership's — the ranks, how
+//!   they meet, the membership and the launcher are [`crate::ranks`]';
 //! - [`kernels`], [`rig`], [`setup`], [`session`], [`run`]: the GPU
 //!   run — the kernels of `cuda/ep.cu`, the
 //!   rank's device memory, the setup all ranks follow, its session with the
@@ -32,24 +27,24 @@
 //!   and setup;
 //! - [`nccl`]: the same-run NCCL all-to-all baseline;
 //! - [`report`]: results as lines, a table (ratios to NCCL and to simple_write's put), JSON and CSV;
-//! - [`launch`]: `ep --ranks N` / `ep --plan FILE`, the launcher: it hosts
-//!   the store and starts and kills the ranks as the plan says.
+//! - [`phase_report`]: an elastic run's per-phase table.
+
+/// `ep` as the ranks layer names it: keys under `nixl_ep/`, `[ep]` lines,
+/// agents `ep-rank-<r>.<inc>`.
+pub const PROGRAM: crate::ranks::Program = crate::ranks::Program {
+    name: "ep",
+    namespace: "nixl_ep",
+};
 
 pub mod config;
-pub mod connect;
-pub mod elastic;
-pub mod env;
-pub mod group;
 pub mod kernels;
 pub mod keys;
-pub mod launch;
 pub mod layout;
 pub mod mask;
 pub mod model;
 pub mod nccl;
 pub mod net;
 pub mod phase_report;
-pub mod plan;
 pub mod reference;
 pub mod report;
 pub mod rig;

@@ -4,185 +4,21 @@
 //! included, `ncclGroupEnd`), each iteration timed with CUDA events,
 //! warm-up excluded. Through cudarc's NCCL bindings.
 //!
-//! ## Finding libnccl
-//!
-//! On the GPU machines NCCL comes with PyTorch's Python packages
-//! (`nvidia/nccl/lib/libnccl.so.2` from the nvidia-nccl wheel, or
-//! `torch/lib`). cudarc loads NCCL by bare names (`libnccl.so`,
-//! `libnccl.so.<CUDA major>`, …) — never `libnccl.so.2`, the only name the
-//! wheel ships — and the dynamic loader reads `LD_LIBRARY_PATH` once, at
-//! process start. So [`prepare`], first thing in a rank, finds the library
-//! (`NCCL_LIB`, then `python3`'s site-packages, then the project's `.venv`),
-//! links it as `libnccl.so` into a private folder, puts that folder on
-//! `LD_LIBRARY_PATH` and re-executes the rank (same pid, arguments and
-//! environment; torchrun does not notice). Without NCCL the baseline is
-//! skipped with a note naming every place searched.
+//! NCCL is found and loaded by [`crate::ranks::nccl::prepare`].
 
-use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cudarc::nccl::{result, sys};
 
-use super::group::Group;
+use super::keys::EpKeys;
 use super::layout::PairBytes;
-pub use super::report::{NcclStatus, NcclTimes};
+pub use super::report::NcclTimes;
 use crate::gpu::{DeviceBuffer, Gpu};
-use crate::group::Bytes;
-
-/// Set (to the library's path) in the re-executed process.
-const REEXEC_MARK: &str = "NIXL_EP_NCCL_REEXEC";
-
-/// Makes NCCL loadable by cudarc, re-executing this process once if
-/// needed (see the module docs). Call before any thread or connection
-/// exists. Never fails: an unavailable NCCL only skips the baseline.
-pub fn prepare() -> NcclStatus {
-    // SAFETY: only probes dlopen of NCCL's names.
-    if unsafe { sys::is_culib_present() } {
-        if let Some(dir) = std::env::var_os(REEXEC_MARK) {
-            // Loaded for good by now (cudarc keeps it): the link can go.
-            let _ = result::get_nccl_version();
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        return match result::get_nccl_version() {
-            Ok(v) => NcclStatus::Ready(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)),
-            Err(e) => {
-                NcclStatus::Unavailable(format!("libnccl loaded but ncclGetVersion failed: {e:?}"))
-            }
-        };
-    }
-    let lib = match find_library() {
-        Ok(lib) => lib,
-        Err(why) => return NcclStatus::Unavailable(why),
-    };
-    if let Some(done) = std::env::var_os(REEXEC_MARK) {
-        return NcclStatus::Unavailable(format!(
-            "found {} but could not load it even from LD_LIBRARY_PATH ({}): does it match this driver's CUDA?",
-            lib.display(),
-            PathBuf::from(done).display(),
-        ));
-    }
-    match reexec_with(&lib) {
-        Ok(never) => match never {},
-        Err(why) => NcclStatus::Unavailable(why),
-    }
-}
-
-/// Finds `libnccl.so.2`: `NCCL_LIB` (a file or a folder), then the
-/// site-packages of `python3` on PATH and of the project's `.venv`, under
-/// `nvidia/nccl/lib` and `torch/lib`.
-pub fn find_library() -> Result<PathBuf, String> {
-    let mut searched = Vec::new();
-    if let Some(p) = std::env::var_os("NCCL_LIB").map(PathBuf::from) {
-        for c in [p.clone(), p.join("libnccl.so.2"), p.join("libnccl.so")] {
-            if c.is_file() {
-                return Ok(c);
-            }
-        }
-        searched.push(format!("NCCL_LIB={}", p.display()));
-    }
-    let mut sites = python_site_packages();
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
-    if let Ok(dirs) = std::fs::read_dir(&venv) {
-        sites.extend(
-            dirs.filter_map(|d| d.ok())
-                .map(|d| d.path().join("site-packages")),
-        );
-    }
-    for site in sites {
-        for sub in ["nvidia/nccl/lib/libnccl.so.2", "torch/lib/libnccl.so.2"] {
-            let c = site.join(sub);
-            if c.is_file() {
-                return Ok(c);
-            }
-        }
-        searched.push(site.display().to_string());
-    }
-    Err(format!(
-        "libnccl.so.2 not found (searched: {}); set NCCL_LIB to it (PyTorch ships it in the nvidia-nccl wheel), \
-         or pass --no-baseline",
-        searched.join(", ")
-    ))
-}
-
-fn python_site_packages() -> Vec<PathBuf> {
-    let script =
-        "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
-    let Ok(out) = std::process::Command::new("python3")
-        .args(["-c", script])
-        .output()
-    else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(PathBuf::from)
-        .collect()
-}
-
-/// Links `lib` as `libnccl.so` into a private folder, prepends it to
-/// `LD_LIBRARY_PATH` and re-executes this program. Returns only on failure.
-fn reexec_with(lib: &Path) -> Result<std::convert::Infallible, String> {
-    let dir = std::env::temp_dir().join(format!("nixl-ep-nccl-{}", std::process::id()));
-    let link = dir.join("libnccl.so");
-    let made = std::fs::create_dir_all(&dir).and_then(|()| {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(lib, &link)
-    });
-    if let Err(e) = made {
-        return Err(format!(
-            "cannot link {} into {}: {e}",
-            lib.display(),
-            dir.display()
-        ));
-    }
-    let mut path = OsString::from(&dir);
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find our own executable to re-execute: {e}"))?;
-    tracing::info!(
-        "loading NCCL from {} (re-executing with it on LD_LIBRARY_PATH)",
-        lib.display()
-    );
-    let err = std::process::Command::new(exe)
-        .args(std::env::args_os().skip(1))
-        .env("LD_LIBRARY_PATH", path)
-        .env(REEXEC_MARK, &dir)
-        .exec();
-    Err(format!(
-        "re-executing with NCCL on LD_LIBRARY_PATH failed: {err}"
-    ))
-}
-
-/// The NCCL unique id, through the store: rank 0 makes it, the others read it.
-fn exchange_id(group: &Group) -> Result<sys::ncclUniqueId> {
-    let key = group.keys.nccl_id();
-    let bytes: Vec<u8> = if group.rank == 0 {
-        let id =
-            result::get_uniqueid().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
-        let b: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-        group.put(&key, &Bytes(b.clone()))?;
-        b
-    } else {
-        group.get(&key, 0, "NCCL unique id")?.0
-    };
-    let mut id = sys::ncclUniqueId { internal: [0; 128] };
-    anyhow::ensure!(
-        bytes.len() == 128,
-        "the NCCL unique id in the store has {} bytes, not 128",
-        bytes.len()
-    );
-    for (d, s) in id.internal.iter_mut().zip(&bytes) {
-        *d = *s as _;
-    }
-    Ok(id)
-}
+use crate::ranks::group::Group;
+use crate::ranks::nccl::{Comm, check, exchange_id};
+pub use crate::ranks::nccl::{NcclStatus, prepare};
 
 /// Runs the baseline for both phases. NCCL calls can block forever when a
 /// rank is gone, so they run on a worker thread; this thread waits with the
@@ -196,7 +32,7 @@ pub fn baseline(
     warmup: u32,
     iters: u32,
 ) -> Result<NcclTimes> {
-    let id = exchange_id(group)?;
+    let id = exchange_id(group, &group.keys.nccl_id(), group.rank)?;
     let send_max = pairs
         .0
         .send
@@ -268,39 +104,14 @@ struct Job {
     recv: DeviceBuffer,
 }
 
-fn nccl<T>(what: &str, r: Result<T, result::NcclError>) -> Result<T> {
-    r.map_err(|e| {
-        // SAFETY: ncclGetErrorString returns a static NUL-terminated string.
-        let text = unsafe { std::ffi::CStr::from_ptr(sys::ncclGetErrorString(e.0)) };
-        anyhow::anyhow!("{what} failed: {} ({:?})", text.to_string_lossy(), e.0)
-    })
-}
-
 impl Job {
     fn run(self) -> Result<(Vec<f64>, Vec<f64>)> {
         self.ctx
             .bind_to_thread()
             .context("binding the CUDA context for NCCL")?;
-        let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: comm is written by NCCL on success; the id came from rank 0.
-        let comm = unsafe {
-            nccl(
-                "ncclCommInitRank",
-                result::comm_init_rank(
-                    comm.as_mut_ptr(),
-                    self.world as i32,
-                    self.id,
-                    self.rank as i32,
-                ),
-            )?;
-            comm.assume_init()
-        };
-        let out = self
-            .phase(comm, &self.pairs.0)
-            .and_then(|d| Ok((d, self.phase(comm, &self.pairs.1)?)));
-        // SAFETY: the communicator is live and no longer used.
-        let _ = unsafe { result::comm_destroy(comm) };
-        out
+        let comm = Comm::init(self.world, self.id, self.rank)?;
+        let dispatch = self.phase(comm.raw(), &self.pairs.0)?;
+        Ok((dispatch, self.phase(comm.raw(), &self.pairs.1)?))
     }
 
     /// `warmup + iters` all-to-alls of `pairs`, each between two events.
@@ -320,13 +131,13 @@ impl Job {
         let mut events = Vec::new();
         for _ in 0..self.warmup + self.iters {
             let e0 = self.stream.record_event(timing)?;
-            nccl("ncclGroupStart", result::group_start())?;
+            check("ncclGroupStart", result::group_start())?;
             for peer in 0..self.world as usize {
                 // SAFETY: offsets and sizes stay within the buffers sized from these sums.
                 unsafe {
                     if pairs.send[peer] > 0 {
                         let p = (self.send.addr() + so[peer]) as *const std::ffi::c_void;
-                        nccl(
+                        check(
                             "ncclSend",
                             result::send(
                                 p,
@@ -340,7 +151,7 @@ impl Job {
                     }
                     if pairs.recv[peer] > 0 {
                         let p = (self.recv.addr() + ro[peer]) as *mut std::ffi::c_void;
-                        nccl(
+                        check(
                             "ncclRecv",
                             result::recv(
                                 p,
@@ -354,7 +165,7 @@ impl Job {
                     }
                 }
             }
-            nccl("ncclGroupEnd", result::group_end())?;
+            check("ncclGroupEnd", result::group_end())?;
             events.push((e0, self.stream.record_event(timing)?));
         }
         self.stream.synchronize()?;

@@ -17,17 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{Grid, Mode, Path, RunConfig};
 use super::layout::PhaseBytes;
+pub use crate::ranks::nccl::NcclStatus;
 use crate::results::RunEnv;
 use crate::stats::Summary;
-
-/// Whether NCCL can be used in this process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum NcclStatus {
-    /// Loaded: NCCL's version, e.g. `2.27.7`.
-    Ready(String),
-    /// Why not, with what to do about it.
-    Unavailable(String),
-}
 
 /// NCCL's per-iteration times of one run, ns (warm-up excluded).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

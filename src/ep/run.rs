@@ -9,13 +9,9 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use super::config::RunConfig;
-use super::elastic::Elastic;
-use super::env::RankEnv;
-use super::group::{Group, open_store};
 use super::kernels::{self, EpKernels};
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
-use super::plan::Plan;
 use super::report::RankInfo;
 use super::rig::Rig;
 use super::session;
@@ -23,6 +19,10 @@ use super::setup::RunOptions;
 use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
+use crate::ranks::env::RankEnv;
+use crate::ranks::group::{Group, open_store};
+use crate::ranks::membership::Membership;
+use crate::ranks::plan::Plan;
 
 /// Runs this rank through the phases of `plan` it lives (in an elastic
 /// run, `cfg.on_death` survive, the kernels mask a rank that stops and the
@@ -66,7 +66,7 @@ pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Re
     };
     let fault_timeout = Duration::from_nanos(cfg.fault_timeout_ns);
     group.run(|| {
-        let el = Elastic::new(&group, plan, env.incarnation, fault_timeout, cfg.on_death)?;
+        let el = Membership::new(&group, plan, env.incarnation, fault_timeout, cfg.on_death)?;
         session::run(&group, &el, cfg, opts, &local)
     })
 }
@@ -90,7 +90,7 @@ pub fn check_machine(baseline: bool) -> Result<()> {
     }
     problems.extend(crate::nixl::runtime::ucx_tls_problem());
     if !problems.is_empty() {
-        let nccl = match nccl::find_library() {
+        let nccl = match crate::ranks::nccl::find_library() {
             Err(why) if baseline => {
                 format!("\n  (the NCCL baseline would be skipped too: {why})")
             }

@@ -7,26 +7,26 @@
 //!    special, so any may die;
 //! 2. **open** — this rank's device memory ([`Rig`]), its NIXL agent, the
 //!    registered window and the local memory view ([`Net`]);
-//! 3. for each phase of the plan this process lives ([`Elastic::life`]):
+//! 3. for each phase of the plan this process lives ([`Membership::life`]):
 //!    - **connect** — drop the peers that departed, connect to the phase's
 //!      newcomers (every member, in this process's first phase), prepare the
 //!      remote view anew (no kernel runs), set the mask to the phase's
 //!      members and bring the newcomers' words in our window to the step
-//!      they start at; the round that opens the phase ([`Elastic::opened`]),
+//!      they start at; the round that opens the phase ([`Membership::opened`]),
 //!      whose decision masks those that died meanwhile;
 //!    - **steps** — every data path's warm-up and timed steps
 //!      ([`super::steps`]); in an elastic run each is followed by the
-//!      agreement on who is gone ([`Elastic::agree`]), whose decision goes
+//!      agreement on who is gone ([`Membership::agree`]), whose decision goes
 //!      into the mask before the next step;
 //!    - **end** — publish what the phase measured, and the round that ends
-//!      the phase with the other survivors ([`Elastic::end_phase`]);
+//!      the phase with the other survivors ([`Membership::end_phase`]);
 //! 4. **leave** — drop the views and the window: after the last phase's
 //!    end no rank writes into it any more;
 //! 5. **report** — the lowest survivor of the last phase gathers every
 //!    rank's results and prints them (per phase in an elastic run).
 //!
 //! A run without `--plan` or `--elastic` is the plan of one phase of every
-//! rank, with masking off ([`super::elastic::OnDeath::Fail`]): a rank that
+//! rank, with masking off ([`crate::ranks::membership::OnDeath::Fail`]): a rank that
 //! stops is named by the waits, as always.
 
 use std::collections::BTreeSet;
@@ -35,11 +35,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::config::{Grid, Path, RunConfig};
-use super::connect::decision_line;
-use super::connect::incarnation_agent;
-use super::elastic::{Decision, END, Elastic, RESYNC};
-use super::group::Group;
 use super::kernels::EpKernels;
+use super::keys::EpKeys;
 use super::mask::Mask;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
@@ -49,8 +46,10 @@ use super::report::{self, PathTimes, RankInfo, RankResult};
 use super::rig::Rig;
 use super::setup::{Corrupt, RunOptions, Setup, make_setup};
 use super::steps::{Outcome, Stepper};
-use crate::cli::UsageError;
 use crate::gpu::Gpu;
+use crate::ranks::check::decision_line;
+use crate::ranks::group::Group;
+use crate::ranks::membership::{Decision, END, Membership, RESYNC, lowest, unix_ns};
 use crate::say;
 
 /// What this rank brings: its GPU, the kernels loaded there, the CPU model
@@ -63,12 +62,12 @@ pub struct Local<'a> {
 }
 
 /// Runs the session over the plan `el` follows. In an elastic run
-/// ([`Elastic::survives`]) the kernels mask ranks whose waits pass the
+/// ([`Membership::survives`]) the kernels mask ranks whose waits pass the
 /// fault timeout and the survivors agree on who is gone after every step;
 /// otherwise every wait is fatal. The lowest survivor prints the report.
 pub fn run(
     g: &Group,
-    el: &Elastic,
+    el: &Membership,
     cfg: &RunConfig,
     opts: &RunOptions,
     local: &Local,
@@ -80,7 +79,7 @@ pub fn run(
         local.model,
         u64::from(steps_per_phase) * el.plan().len() as u64,
     )?;
-    let agent = incarnation_agent(g.rank, el.incarnation());
+    let agent = g.agent_name(g.rank, el.incarnation());
     let (mut net, card) = Net::open(&agent, &rig, g.world)?;
     let elastic = el.survives();
     let st = Stepper {
@@ -133,29 +132,13 @@ pub fn run(
     }
 }
 
-/// The lowest of `ranks` (it logs the grid, shows progress, reports).
-pub fn lowest(ranks: &BTreeSet<u32>) -> u32 {
-    ranks.iter().next().copied().unwrap_or(0)
-}
-
 /// Meet: one configuration for all (the first rank to get there stores
 /// it; every other must match it), every rank's introduction, and one
 /// setup, which every member of the first phase makes alike from the
 /// first phase's introductions (one is stored; joiners read it). Both
 /// keys are shared: they outlive any one rank.
-fn meet(g: &Group, el: &Elastic, cfg: &RunConfig, info: &RankInfo) -> Result<Setup> {
-    let entry = g.keys.config();
-    if let Some(theirs) = g.claim(&entry, cfg)? {
-        if &theirs != cfg {
-            return Err(UsageError(format!(
-                "rank {} was started with other arguments than the ranks before it (ours: {cfg:?}; theirs: \
-                 {theirs:?}): give every rank the same arguments",
-                g.rank
-            ))
-            .into());
-        }
-    }
-    g.share(entry.key());
+fn meet(g: &Group, el: &Membership, cfg: &RunConfig, info: &RankInfo) -> Result<Setup> {
+    g.same_config(&g.keys.config(), cfg)?;
     g.put(&g.keys.info(g.rank), info)?;
     let entry = g.keys.setup();
     let setup = match el.incarnation() {
@@ -172,7 +155,7 @@ fn meet(g: &Group, el: &Elastic, cfg: &RunConfig, info: &RankInfo) -> Result<Set
 
 /// The introductions of the first phase's ranks, in rank order, without
 /// those proven dead before they introduced themselves.
-fn gather_infos(g: &Group, el: &Elastic) -> Result<Vec<RankInfo>> {
+fn gather_infos(g: &Group, el: &Membership) -> Result<Vec<RankInfo>> {
     let mut infos = Vec::new();
     for r in el.plan().members(0) {
         if let Some(i) = el.await_entry(&g.keys.info(r), r, 0, "GPU and NCCL info")? {
@@ -207,7 +190,7 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, log: bool) -> Grid {
 /// the remote view, set the mask and the newcomers' words, then the round
 /// that opens the phase, whose decision masks those that died meanwhile.
 /// Returns the host time it took, ms.
-fn connect(el: &Elastic, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize) -> Result<f64> {
+fn connect(el: &Membership, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize) -> Result<f64> {
     let t0 = Instant::now();
     let departed: Vec<String> = (el.departed(i).into_iter())
         .filter_map(|(r, _)| net.forget(r))
@@ -305,7 +288,7 @@ impl PhaseRun {
 /// launcher kills the plan's `-r` ranks then).
 fn steps(
     g: &Group,
-    el: &Elastic,
+    el: &Membership,
     st: &Stepper,
     net: &Net,
     i: usize,
@@ -333,7 +316,7 @@ fn steps(
 /// What the steps of one phase use, and what they gathered so far.
 struct Phase<'a> {
     g: &'a Group<'a>,
-    el: &'a Elastic<'a>,
+    el: &'a Membership<'a>,
     elastic: bool,
     st: &'a Stepper<'a>,
     net: &'a Net,
@@ -487,7 +470,7 @@ impl Phase<'_> {
 /// mask before the next step. Returns whether the decision removed ranks.
 fn agree(
     g: &Group,
-    el: &Elastic,
+    el: &Membership,
     st: &Stepper,
     i: usize,
     step: u32,
@@ -538,7 +521,7 @@ fn agree(
 /// window back to their baseline before the next step and its mask to the
 /// decision's, then waits until all have (a second round of agreement,
 /// over nothing) before any writes again. Returns that round's decision.
-fn resync(el: &Elastic, st: &Stepper, i: usize, step: u32, d: &Decision) -> Result<Decision> {
+fn resync(el: &Membership, st: &Stepper, i: usize, step: u32, d: &Decision) -> Result<Decision> {
     let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
     st.rig.reset_all(stream, shape, blocks, step + 1)?;
     st.rig
@@ -572,13 +555,6 @@ fn launch_costs(
         first += 2 * LAUNCH_COST_STEPS;
     }
     Ok(out)
-}
-
-/// Wall-clock time, ns since the Unix epoch (the launcher stamps kills so).
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The same-run NCCL all-to-all baseline, when the setup allows it; this
@@ -621,7 +597,7 @@ fn baseline(
 /// table, JSON and CSV.
 fn report_phases(
     g: &Group,
-    el: &Elastic,
+    el: &Membership,
     cfg: &RunConfig,
     opts: &RunOptions,
     infos: Vec<RankInfo>,

@@ -1,7 +1,7 @@
 //! One rank as a member of the run's [`crate::group`]: the ranks meet over
 //! the store, with heartbeats, probes, aborts, barriers and a teardown
-//! after which no key is left. `ep`'s launcher hosts the store when it
-//! started the ranks (so any rank may die); under torchrun its agent does,
+//! after which no key is left. The program's launcher hosts the store when
+//! it started the ranks (so any rank may die); under torchrun its agent does,
 //! or rank 0 (which then leaves last) when `TORCHELASTIC_USE_AGENT_STORE`
 //! is not `True`.
 //!
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::env::RankEnv;
+use super::env::{Program, RankEnv};
 use super::keys::Keys;
 use crate::cli::StoreBackend;
 use crate::group::{Entry, Host, Member, Roster, Value, join_store};
@@ -26,6 +26,8 @@ use crate::store::{Store, StoreError, StoreOptions};
 pub struct Group<'a> {
     member: Member<'a>,
     pub keys: Keys,
+    /// What the ranks run (names the agents).
+    pub program: Program,
     pub rank: u32,
     pub world: u32,
     /// Started by the program's own launcher, which hosts the store and
@@ -50,10 +52,41 @@ impl<'a> Group<'a> {
         Self {
             member,
             keys,
+            program: env.program,
             rank: env.rank,
             world: env.world,
             launcher: env.launcher_store,
         }
+    }
+
+    /// The NIXL agent name of rank `r`'s process started in phase `inc`
+    /// (`ep-rank-2.1`): a rank id taken again by a new process gets a new
+    /// agent name, so its peers never confuse it with its predecessor.
+    pub fn agent_name(&self, r: u32, inc: usize) -> String {
+        format!("{}-rank-{}", self.program.name, process_name(r, inc))
+    }
+
+    /// One configuration for the whole run under `entry`: the first rank to
+    /// get there stores `mine` (compare-and-set; the key is shared, so it
+    /// outlives any rank), every other must match it. Errors: a usage error
+    /// naming both configurations when they differ.
+    pub fn same_config<T: Value + PartialEq + std::fmt::Debug>(
+        &self,
+        entry: &Entry<T>,
+        mine: &T,
+    ) -> Result<()> {
+        if let Some(theirs) = self.claim(entry, mine)? {
+            if &theirs != mine {
+                return Err(crate::cli::UsageError(format!(
+                    "rank {} was started with other arguments than the ranks before it (ours: {mine:?}; \
+                     theirs: {theirs:?}): give every rank the same arguments",
+                    self.rank
+                ))
+                .into());
+            }
+        }
+        self.share(entry.key());
+        Ok(())
     }
 
     /// Waits for `entry`, which rank `from` writes (see [`Member::get`]).
@@ -69,9 +102,6 @@ impl<'a> Group<'a> {
     }
 }
 
-/// `ep`'s launcher, as the ranks name it when its store is lost.
-pub const LAUNCHER: &str = "the ep launcher";
-
 /// The name of rank `rank`'s process started in phase `incarnation`, in
 /// membership keys: `2.1`.
 pub fn process_name(rank: u32, incarnation: usize) -> String {
@@ -81,13 +111,13 @@ pub fn process_name(rank: u32, incarnation: usize) -> String {
 /// The ranks of the run, each named as its first incarnation (`r.0`)
 /// except this process (`r.<its incarnation>`): the names the group's
 /// barriers and teardown use; an elastic run watches each phase's processes
-/// by their own names ([`super::elastic`]). The launcher hosts the store
+/// by their own names ([`super::membership`]). The launcher hosts the store
 /// when it started us, else torchrun's agent, else rank 0.
 fn roster(env: &RankEnv) -> Roster {
     let host = if env.agent_store {
         Host::Elsewhere("torchrun's agent".into())
     } else if env.launcher_store {
-        Host::Launcher(LAUNCHER.into())
+        Host::Launcher(env.launcher())
     } else {
         Host::Member(0)
     };
@@ -104,7 +134,7 @@ fn roster(env: &RankEnv) -> Roster {
     roster
 }
 
-/// Opens the run's store: joins `ep`'s launcher's or torchrun's
+/// Opens the run's store: joins our launcher's or torchrun's
 /// (`TORCHELASTIC_USE_AGENT_STORE=True`), or rank 0 hosts ours on
 /// `MASTER_PORT` (all interfaces) and the others join it; rank 0 then waits
 /// until all `WORLD_SIZE` ranks have.
@@ -148,12 +178,13 @@ pub fn open_store(env: &RankEnv, timeout: Duration) -> Result<Box<dyn Store>> {
              there; start the ranks with torchrun, or unset it so that rank 0 hosts the store"
         ),
         StoreError::Unreachable { .. } if env.launcher_store => anyhow::anyhow!(
-            "no store at {addr} after {timeout:?}: {LAUNCHER} that started this rank hosts it there, and it has \
-             exited"
+            "no store at {addr} after {timeout:?}: {} that started this rank hosts it there, and it has exited",
+            env.launcher()
         ),
         StoreError::Unreachable { .. } => anyhow::anyhow!(
             "no store at {addr} after {timeout:?}: rank 0 hosts it; start rank 0 (same MASTER_ADDR/MASTER_PORT), or use \
-             `ep --ranks N`, which starts every rank (a rank 0 stopped before it could listen looks the same)"
+             `{} --ranks N`, which starts every rank (a rank 0 stopped before it could listen looks the same)",
+            env.program.name
         ),
         StoreError::WorkersTimeout { joined, .. } => anyhow::anyhow!(
             "only {joined} of {} ranks joined the store on port {} within {timeout:?}: start the missing ranks (same \

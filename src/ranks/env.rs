@@ -2,19 +2,32 @@
 //!
 //! `torchrun --no-python --nproc-per-node=N ep …` and `ep --ranks N` both
 //! start one process per rank with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` set. With
+//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` set (so do
+//! `collectives`' and any program on this layer). With
 //! `TORCHELASTIC_USE_AGENT_STORE=True` (torchrun's default) torchrun's agent
 //! already hosts a c10d TCPStore at `MASTER_ADDR:MASTER_PORT` and every rank
-//! joins it as a client; otherwise rank 0 hosts the store. `ep --ranks N`
-//! and `ep --plan FILE` host the store in the launcher and add
-//! `NIXL_EP_INCARNATION` (the plan's phase that started the process): the
-//! ranks then join the launcher's store, so any rank may die.
+//! joins it as a client; otherwise rank 0 hosts the store. Our launcher
+//! ([`super::launch`]: `--ranks N`, `--plan FILE`) hosts the store itself
+//! and adds `NIXL_EP_INCARNATION` (the plan's phase that started the
+//! process): the ranks then join the launcher's store, so any rank may die.
 
 use crate::cli::UsageError;
+
+/// The program the ranks run: it names the store namespace its keys live
+/// in, its launcher in messages, and its NIXL agents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Program {
+    /// The command, e.g. `ep`: `[ep]` lines, "the ep launcher", `ep-rank-2`.
+    pub name: &'static str,
+    /// The key namespace, e.g. `nixl_ep` (a name torch never uses).
+    pub namespace: &'static str,
+}
 
 /// One rank's place in the run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankEnv {
+    /// What the ranks run.
+    pub program: Program,
     pub rank: u32,
     pub world: u32,
     /// Rank among the processes of this machine: picks the GPU.
@@ -62,12 +75,15 @@ impl RankEnv {
 
     /// Reads the process environment; `None` when `RANK` is unset (this
     /// process is not a rank: it launches them).
-    pub fn from_env() -> Result<Option<Self>, UsageError> {
-        Self::from_vars(|k| std::env::var(k).ok())
+    pub fn from_env(program: Program) -> Result<Option<Self>, UsageError> {
+        Self::from_vars(program, |k| std::env::var(k).ok())
     }
 
     /// As [`RankEnv::from_env`], from any lookup (testable).
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, UsageError> {
+    pub fn from_vars(
+        program: Program,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, UsageError> {
         let Some(rank) = get("RANK") else {
             return Ok(None);
         };
@@ -114,6 +130,7 @@ impl RankEnv {
             }
         };
         Ok(Some(Self {
+            program,
             rank,
             world,
             local_rank,
@@ -133,17 +150,24 @@ impl RankEnv {
         }))
     }
 
-    /// The prefix of every key this run sets. On our own store `nixl_ep/`;
-    /// on torchrun's store `/worker/attempt_<restart>/nixl_ep/`, which is
-    /// where torch's `PrefixStore(f"/worker/attempt_{n}", store)` puts a
-    /// worker's key `nixl_ep/…`, so our keys sit in the workers' namespace
-    /// under a name torch never uses.
+    /// The prefix of every key this run sets. On our own store the
+    /// program's namespace (`nixl_ep/`); on torchrun's store
+    /// `/worker/attempt_<restart>/nixl_ep/`, which is where torch's
+    /// `PrefixStore(f"/worker/attempt_{n}", store)` puts a worker's key
+    /// `nixl_ep/…`, so our keys sit in the workers' namespace under a name
+    /// torch never uses.
     pub fn key_prefix(&self) -> String {
+        let ns = self.program.namespace;
         if self.agent_store {
-            format!("/worker/attempt_{}/nixl_ep/", self.restart_count)
+            format!("/worker/attempt_{}/{ns}/", self.restart_count)
         } else {
-            "nixl_ep/".into()
+            format!("{ns}/")
         }
+    }
+
+    /// How the ranks name this program's launcher: `the ep launcher`.
+    pub fn launcher(&self) -> String {
+        format!("the {} launcher", self.program.name)
     }
 }
 
@@ -151,8 +175,13 @@ impl RankEnv {
 mod tests {
     use super::*;
 
+    const EP: Program = Program {
+        name: "ep",
+        namespace: "nixl_ep",
+    };
+
     fn env(vars: &[(&str, &str)]) -> Result<Option<RankEnv>, UsageError> {
-        RankEnv::from_vars(|k| {
+        RankEnv::from_vars(EP, |k| {
             vars.iter()
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| v.to_string())

@@ -31,8 +31,9 @@ use std::path::Path;
 
 use crate::cli::UsageError;
 
-/// Most ranks a run may have (`--capacity`, the largest rank + 1).
-pub const MAX_CAPACITY: u32 = super::config::MAX_RANKS;
+/// Most ranks a run may have (`--capacity`, the largest rank + 1): the
+/// programs' device-side masks of ranks are one 64-bit word.
+pub const MAX_CAPACITY: u32 = 64;
 
 /// One phase: its members and those killed during it.
 #[derive(Clone, Debug, PartialEq, Eq)]

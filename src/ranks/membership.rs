@@ -9,19 +9,19 @@
 //! leaves cleanly; the launcher alone knows whom it will kill.
 //!
 //! A process of rank `me` started in phase `inc` (its *incarnation*) lives
-//! the phases [`Elastic::life`]. For each phase `i`:
+//! the phases [`Membership::life`]. For each phase `i`:
 //!
-//! 1. [`Elastic::begin_phase`]: in its first phase the process publishes its
+//! 1. [`Membership::begin_phase`]: in its first phase the process publishes its
 //!    payload (what the others need to connect to it: agent metadata, a
 //!    window descriptor) under `rank/<me>.<inc>/peer` and gets every other
 //!    member's; later it gets only the phase's joiners'. A joiner first
 //!    learns from the decision that ended the phase before which processes
 //!    are dead. A peer that dies before its payload appears is returned as
-//!    gone. The caller drops [`Elastic::departed`]'s processes and connects
+//!    gone. The caller drops [`Membership::departed`]'s processes and connects
 //!    to the peers.
-//! 2. [`Elastic::opened`]: the first round of agreement, over the peers
+//! 2. [`Membership::opened`]: the first round of agreement, over the peers
 //!    this process could not reach: the barrier of the phase's members.
-//! 3. Steps; after each, [`Elastic::agree`]: every active rank reports the
+//! 3. Steps; after each, [`Membership::agree`]: every active rank reports the
 //!    ranks it masked (cumulative within the phase); the **leader** — the
 //!    lowest active rank that this process neither masked nor suspects —
 //!    waits for the report of every active rank not yet in the union. A
@@ -35,7 +35,7 @@
 //!    decision however many believe they lead), and every rank adopts it. A
 //!    rank that finds itself in the decision stops (exit 1). A leader that
 //!    dies is passed over: the next lowest takes over and counts it gone.
-//! 4. [`Elastic::end_phase`]: the last round of the phase, over nothing:
+//! 4. [`Membership::end_phase`]: the last round of the phase, over nothing:
 //!    its decision fixes the phase's survivors, and tells the launcher and
 //!    the next phase's joiners who is dead.
 //!
@@ -59,6 +59,19 @@ use super::plan::Plan;
 use crate::deadline::{Pace, poll};
 use crate::group::{BEAT, Dismissed, PROBE_EVERY, Value};
 
+/// The lowest of `ranks`: the member that logs, shows progress and writes
+/// the report (rank 0 may die too; then the next one does).
+pub fn lowest(ranks: &BTreeSet<u32>) -> u32 {
+    ranks.iter().next().copied().unwrap_or(0)
+}
+
+/// Wall-clock time, ns since the Unix epoch (how death notices are stamped).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// The agreement round that opens phase `i` (its step number).
 pub const OPEN: u64 = 1 << 61;
 /// The agreement round that ends phase `i`.
@@ -71,7 +84,30 @@ pub const RESYNC: u64 = 1 << 62;
 /// rank it waits on is dead: the launcher's notice is one request.
 const LOOK: Duration = Duration::from_millis(2);
 
-pub use super::config::OnDeath;
+/// What the members do when one of them dies or freezes.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDeath {
+    /// The survivors mask it, agree that it is gone and go on.
+    #[default]
+    Survive,
+    /// The run stops, every survivor naming it (within about 4 s).
+    Fail,
+}
+
+/// `--fault-timeout`'s default: 1000 ms (how long a member waits on a
+/// silent peer before it masks it).
+pub const DEFAULT_FAULT_TIMEOUT_NS: u64 = 1_000_000_000;
 
 /// A peer to connect to: its rank, its incarnation and what it published.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,15 +166,15 @@ struct PhaseState {
     /// whose notice was read.
     deaths_seen: i64,
     noticed: BTreeSet<(u32, usize)>,
-    /// When [`Elastic::found_dead`] may read the heartbeats next.
+    /// When [`Membership::found_dead`] may read the heartbeats next.
     next_silence_look: Option<Instant>,
     /// The phase's heartbeats as the lowest active rank (the likely
-    /// leader) read them when the last steps began ([`Elastic::steps_begin`]).
+    /// leader) read them when the last steps began ([`Membership::steps_begin`]).
     steps_began: Option<(Clock, Beats)>,
 }
 
 /// One process's side of the membership (see the module docs).
-pub struct Elastic<'a> {
+pub struct Membership<'a> {
     group: &'a Group<'a>,
     plan: &'a Plan,
     me: u32,
@@ -148,7 +184,7 @@ pub struct Elastic<'a> {
     state: Mutex<PhaseState>,
 }
 
-impl<'a> Elastic<'a> {
+impl<'a> Membership<'a> {
     /// Rank `group.rank`'s process started in phase `incarnation` of
     /// `plan`; `fault_timeout` bounds the wait for a missing report where
     /// only heartbeats tell; `on_death` says what a death does. Errors when
@@ -190,6 +226,11 @@ impl<'a> Elastic<'a> {
     /// The plan.
     pub fn plan(&self) -> &Plan {
         self.plan
+    }
+
+    /// The run's group this membership lives on.
+    pub fn group(&self) -> &'a Group<'a> {
+        self.group
     }
 
     /// This process's rank.
@@ -680,6 +721,13 @@ impl<'a> Elastic<'a> {
             }
         }
         self.hear_the_masked(round, &union, &mut heard)?;
+        // A rank that reported and died since is gone all the same: the
+        // notice is proof, and no later round may come to find it (this
+        // one may end the run).
+        let active: Vec<u32> = round.active.iter().copied().collect();
+        let died = self.noticed_among(&active, i)?;
+        union.extend(&died);
+        heard.retain(|r| !died.contains(r));
         self.decide(round, &union, &heard)
     }
 
@@ -762,7 +810,7 @@ impl<'a> Elastic<'a> {
     /// leader has decided. Where no launcher watches, a heartbeat that
     /// stands still for a window of two beats is the proof; the first
     /// window began with the steps when this rank read the heartbeats then
-    /// ([`Elastic::steps_begin`]).
+    /// ([`Membership::steps_begin`]).
     fn hear_the_masked(
         &self,
         round: &Round,
@@ -925,7 +973,7 @@ struct Windows {
 }
 
 impl Windows {
-    fn start(el: &Elastic, round: &Round, open: &BTreeSet<u32>) -> Result<Self> {
+    fn start(el: &Membership, round: &Round, open: &BTreeSet<u32>) -> Result<Self> {
         let began = el.state().steps_began.take();
         let (base, window) = match began {
             Some(b) => (b.1, b.0),
@@ -946,7 +994,7 @@ impl Windows {
     /// Once the window passed: keeps in `open` the ranks whose heartbeat
     /// moved within it (alive, waited for), drops those still or whose key
     /// is gone (they left), and starts the next window.
-    fn judge(&mut self, el: &Elastic, open: &mut BTreeSet<u32>) -> Result<()> {
+    fn judge(&mut self, el: &Membership, open: &mut BTreeSet<u32>) -> Result<()> {
         let g = el.group;
         if !self.window.passed(g, 2 * BEAT) {
             return Ok(());
@@ -997,10 +1045,15 @@ impl Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ep::env::RankEnv;
     use crate::group::Bytes;
+    use crate::ranks::env::RankEnv;
     use crate::store::Store;
     use crate::store::memory::MemoryStore;
+
+    const PROGRAM: crate::ranks::Program = crate::ranks::Program {
+        name: "test",
+        namespace: "nixl_test",
+    };
 
     /// Rank `r` of `world` under torchrun (no launcher's notices: the
     /// heartbeats tell), rank 0 hosting the store.
@@ -1010,9 +1063,11 @@ mod tests {
             ("WORLD_SIZE", world.to_string()),
             ("MASTER_PORT", "1".to_string()),
         ];
-        RankEnv::from_vars(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()))
-            .unwrap()
-            .unwrap()
+        RankEnv::from_vars(PROGRAM, |k| {
+            vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        })
+        .unwrap()
+        .unwrap()
     }
 
     /// Every rank of phase 0 of `plan` on a thread: begin, connected, one
@@ -1028,7 +1083,7 @@ mod tests {
         on_death: OnDeath,
         absent: Option<u32>,
         masked: impl Fn(u32) -> BTreeSet<u32> + Sync,
-        rest: impl Fn(&Elastic, Decision) -> Result<T> + Sync,
+        rest: impl Fn(&Membership, Decision) -> Result<T> + Sync,
     ) -> Vec<Result<T>> {
         let world = plan.default_capacity();
         let agreed = std::sync::atomic::AtomicUsize::new(0);
@@ -1040,7 +1095,7 @@ mod tests {
                     s.spawn(move || {
                         let g = Group::new(store, &env(r, world), Duration::from_secs(30));
                         let live = || {
-                            let e = Elastic::new(&g, plan, 0, Duration::from_secs(2), on_death)?;
+                            let e = Membership::new(&g, plan, 0, Duration::from_secs(2), on_death)?;
                             let new = e.begin_phase(0, &Bytes(vec![r as u8]))?;
                             assert_eq!(new.peers.len(), plan.members(0).len() - 1);
                             assert!(new.peers.iter().all(|p| p.payload.0 == [p.rank as u8]));
@@ -1070,7 +1125,7 @@ mod tests {
     }
 
     /// Ends phase 0 and returns the step's decision (`phase0`'s `rest`).
-    fn end_phase(e: &Elastic, d: Decision) -> Result<Decision> {
+    fn end_phase(e: &Membership, d: Decision) -> Result<Decision> {
         e.end_phase(0)?;
         Ok(d)
     }

@@ -1,4 +1,4 @@
-//! `ep --check-connection`: the ranks meet through the store, wire up
+//! `--check-connection` (`ep`'s, `collectives`'): the ranks meet through the store, wire up
 //! their NIXL agents — every rank loads its peers' metadata and connects to
 //! them — and live the plan's phases without touching a GPU.
 //!
@@ -18,27 +18,15 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::elastic::{Decision, Elastic, OnDeath, Peer};
 use super::env::RankEnv;
-use super::group::{Group, open_store, process_name};
+use super::group::{Group, open_store};
+use super::membership::{Decision, Membership, OnDeath, Peer};
 use super::plan::Plan;
 use crate::group::AgentMetadata;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;
 use crate::say;
 use nixl_sys::Agent;
-
-/// The NIXL agent name of rank `r` in a fixed run (`ep-rank-<r>`).
-pub fn agent_name(r: u32) -> String {
-    format!("ep-rank-{r}")
-}
-
-/// The NIXL agent name of rank `r`'s process started in phase `inc`
-/// (`ep-rank-2.1`): a rank id taken again by a new process gets a new
-/// agent name, so its peers never confuse it with its predecessor.
-pub fn incarnation_agent(r: u32, inc: usize) -> String {
-    format!("ep-rank-{}", process_name(r, inc))
-}
 
 /// Test hooks (`--inject`, hidden).
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,7 +65,7 @@ pub fn check_connection(env: &RankEnv, plan: &Plan, check: Check) -> Result<()> 
     crate::interrupt::install()?;
     let group = Group::new(store.as_ref(), env, check.timeout);
     group.run(|| {
-        let elastic = Elastic::new(
+        let elastic = Membership::new(
             &group,
             plan,
             env.incarnation,
@@ -89,14 +77,14 @@ pub fn check_connection(env: &RankEnv, plan: &Plan, check: Check) -> Result<()> 
 }
 
 /// Every phase of this process's life.
-fn live(group: &Group, elastic: &Elastic, check: Check) -> Result<()> {
+fn live(group: &Group, elastic: &Membership, check: Check) -> Result<()> {
     let (me, inject) = (group.rank, check.inject);
-    let nixl = create_ucx_agent(&incarnation_agent(me, elastic.incarnation()))?;
+    let nixl = create_ucx_agent(&group.agent_name(me, elastic.incarnation()))?;
     let mine = AgentMetadata(nixl.agent.get_local_md()?);
     let mut known: Vec<String> = Vec::new();
     for i in elastic.life() {
         for (r, inc) in elastic.departed(i) {
-            let _ = nixl.agent.invalidate_remote_md(&incarnation_agent(r, inc));
+            let _ = nixl.agent.invalidate_remote_md(&group.agent_name(r, inc));
         }
         let first = i == elastic.life().start;
         let new = elastic.begin_phase(i, &mine)?;
@@ -132,11 +120,11 @@ fn say_gone(me: u32, i: usize, d: &Decision) {
 }
 
 /// Phase `i` begins: this rank connects to `peers`, those it must reach
-/// now ([`Elastic::begin_phase`]).
+/// now ([`Membership::begin_phase`]).
 /// A peer that cannot be reached is blamed by its heartbeat: a dead one is
-/// named as dead ([`Elastic::blame`]).
+/// named as dead ([`Membership::blame`]).
 fn connect_phase(
-    elastic: &Elastic,
+    elastic: &Membership,
     agent: &Agent,
     i: usize,
     peers: &[Peer<AgentMetadata>],
@@ -145,7 +133,7 @@ fn connect_phase(
 ) -> Result<()> {
     let me = elastic.rank();
     for p in peers {
-        let name = incarnation_agent(p.rank, p.incarnation);
+        let name = elastic.group().agent_name(p.rank, p.incarnation);
         let reached = load_peer(agent, &p.payload.0, &name, timeout).and_then(|()| {
             (agent.make_connection(&name, None)).map_err(|e| anyhow::anyhow!("{e}"))
         });
@@ -173,7 +161,7 @@ fn connect_phase(
 /// agreement on who is gone, with this rank's masked set from the
 /// launcher's notices and silent heartbeats; one line per decision that
 /// found a rank gone.
-fn steps(group: &Group, elastic: &Elastic, i: usize, check: &Check) -> Result<()> {
+fn steps(group: &Group, elastic: &Membership, i: usize, check: &Check) -> Result<()> {
     let (me, n) = (group.rank, check.steps);
     let mut masked: BTreeSet<u32> = BTreeSet::new();
     for k in 0..n {

@@ -1,4 +1,5 @@
-//! `ep --ranks N` and `ep --plan FILE`: the launcher. It hosts the run's
+//! `ep --ranks N` and `ep --plan FILE` (any program on this layer): the
+//! launcher. It hosts the run's
 //! store itself (so any rank may die), starts each phase's ranks as child
 //! processes of this executable with the environment torchrun would give
 //! them, kills the ranks a plan marks `-r` at a random moment of their
@@ -31,19 +32,19 @@
 //! the children clean up, one summary, exit 130.
 
 use std::process::Child;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::elastic::{END, OnDeath};
-use super::env::INCARNATION_VAR;
+use super::env::{INCARNATION_VAR, Program};
 use super::keys::{Death, Keys};
+use super::membership::{END, OnDeath, unix_ns};
 use super::plan::Plan;
-use super::rng::SplitMix64;
 use crate::group::Value;
 use crate::launch::{
     RoleExit, RoleSpec, forward, is_frozen, is_stopped, kill_all, run_roles_with, signal_name,
 };
+use crate::rng::SplitMix64;
 use crate::store::native::TcpStore;
 use crate::store::{Store, StoreOptions};
 
@@ -119,6 +120,8 @@ fn rank_spec(r: u32, world: u32, port: u16, incarnation: Option<usize>) -> RoleS
 /// How [`run_plan`] runs.
 #[derive(Clone, Debug)]
 pub struct LaunchOptions {
+    /// The program the ranks run (its key namespace, its `[tag]`).
+    pub program: Program,
     /// Every rank's `WORLD_SIZE`: the plan's capacity.
     pub capacity: u32,
     /// The store's port (0: a free one).
@@ -177,7 +180,8 @@ pub fn run_plan(plan: &Plan, opts: &LaunchOptions) -> Result<Vec<RoleExit>> {
     );
     if (0..plan.len()).any(|i| !plan.killed(i).is_empty()) {
         crate::eline!(
-            "[ep] kills land at random moments of their phase (--kill-seed {})",
+            "[{}] kills land at random moments of their phase (--kill-seed {})",
+            opts.program.name,
             opts.kill_seed
         );
     }
@@ -186,7 +190,7 @@ pub fn run_plan(plan: &Plan, opts: &LaunchOptions) -> Result<Vec<RoleExit>> {
         plan,
         opts,
         store: &store,
-        keys: Keys::new("nixl_ep/"),
+        keys: Keys::new(format!("{}/", opts.program.namespace)),
         procs: Vec::new(),
         phase: 0,
         rng: SplitMix64::new(opts.kill_seed),
@@ -222,6 +226,11 @@ struct Rounds {
 }
 
 impl PlanRun<'_> {
+    /// The `[tag]` of the launcher's lines: the program's name.
+    fn tag(&self) -> &'static str {
+        self.opts.program.name
+    }
+
     /// Starts phase `i`'s joiners and draws the moments of its kills.
     fn start_phase(&mut self, i: usize) -> Result<()> {
         for r in self.plan.joiners(i) {
@@ -255,7 +264,12 @@ impl PlanRun<'_> {
         });
         match spawned {
             Ok(child) => {
-                crate::eline!("[ep] started {} (pid {})", spec.name, child.id());
+                crate::eline!(
+                    "[{}] started {} (pid {})",
+                    self.tag(),
+                    spec.name,
+                    child.id()
+                );
                 self.procs.push(Proc {
                     name: spec.name.clone(),
                     rank: r,
@@ -304,7 +318,7 @@ impl PlanRun<'_> {
                 };
                 next_look = Instant::now() + pace;
                 if let Err(e) = self.follow_plan() {
-                    crate::eline!("[ep] error: {e:#}");
+                    crate::eline!("[{}] error: {e:#}", self.tag());
                     failed_at = Some(Instant::now());
                 }
             }
@@ -419,16 +433,29 @@ impl PlanRun<'_> {
     /// it ended.
     fn follow_plan(&mut self) -> Result<()> {
         let i = self.phase;
+        let ended = self.keys.decision(i, END);
+        let last = i + 1 == self.plan.len();
+        if last && !self.kills.is_empty() && self.store.check(&[ended.key()])? {
+            // Every step of the run was done: a kill now would land in the
+            // teardown, after the last agreement that could name it.
+            for k in std::mem::take(&mut self.kills) {
+                crate::eline!(
+                    "[{}] phase {i}, the last, ended before the planned kill of rank {} came: not killed",
+                    self.tag(),
+                    k.rank
+                );
+            }
+        }
         if !self.kills.is_empty() {
             self.kill_when_due(i)?;
         }
-        let ended = self.keys.decision(i, END);
         if i + 1 < self.plan.len() && self.store.check(&[ended.key()])? {
             // Kills the phase ended before: now, late.
             let late: Vec<Kill> = self.kills.drain(..).collect();
             for k in late {
                 crate::eline!(
-                    "[ep] phase {i} ended before the planned kill of rank {} came: killing it now",
+                    "[{}] phase {i} ended before the planned kill of rank {} came: killing it now",
+                    self.tag(),
                     k.rank
                 );
                 self.kill(i, k)?;
@@ -485,7 +512,10 @@ impl PlanRun<'_> {
         let inc = self.plan.incarnation(r, i);
         let current = |p: &Proc| p.rank == r && Some(p.incarnation) == inc && p.exit.is_none();
         let Some(at) = self.procs.iter().position(current) else {
-            crate::eline!("[ep] phase {i}: rank {r} ended before its planned kill");
+            crate::eline!(
+                "[{}] phase {i}: rank {r} ended before its planned kill",
+                self.tag()
+            );
             return Ok(());
         };
         let p = &mut self.procs[at];
@@ -493,7 +523,8 @@ impl PlanRun<'_> {
         unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
         p.planned = Some(sig);
         crate::eline!(
-            "[ep] phase {i}: sent {} to rank {r} (pid {}) as the plan says (-{r}), {:.2} of a round after round {}",
+            "[{}] phase {i}: sent {} to rank {r} (pid {}) as the plan says (-{r}), {:.2} of a round after round {}",
+            self.opts.program.name,
             signal_name(sig),
             p.child.id(),
             k.fraction,
@@ -502,11 +533,4 @@ impl PlanRun<'_> {
         self.notice(at, signal_name(sig), true);
         Ok(())
     }
-}
-
-/// Wall-clock time, ns since the Unix epoch.
-fn unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }

@@ -1,0 +1,232 @@
+//! Finding and loading NCCL, for the same-run baselines of the programs on
+//! this layer (`ep`'s all-to-all, `collectives`' allreduce and kin).
+//!
+//! On the GPU machines NCCL comes with PyTorch's Python packages
+//! (`nvidia/nccl/lib/libnccl.so.2` from the nvidia-nccl wheel, or
+//! `torch/lib`). cudarc loads NCCL by bare names (`libnccl.so`,
+//! `libnccl.so.<CUDA major>`, …) — never `libnccl.so.2`, the only name the
+//! wheel ships — and the dynamic loader reads `LD_LIBRARY_PATH` once, at
+//! process start. So [`prepare`], first thing in a rank, finds the library
+//! (`NCCL_LIB`, then `python3`'s site-packages, then the project's `.venv`),
+//! links it as `libnccl.so` into a private folder, puts that folder on
+//! `LD_LIBRARY_PATH` and re-executes the rank (same pid, arguments and
+//! environment; torchrun does not notice). Without NCCL the baseline is
+//! skipped with a note naming every place searched.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use cudarc::nccl::{result, sys};
+use serde::{Deserialize, Serialize};
+
+use crate::group::{Bytes, Entry, Member};
+
+/// Whether NCCL can be used in this process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NcclStatus {
+    /// Loaded: NCCL's version, e.g. `2.27.7`.
+    Ready(String),
+    /// Why not, with what to do about it.
+    Unavailable(String),
+}
+
+/// Set (to the library's path) in the re-executed process.
+const REEXEC_MARK: &str = "NIXL_NCCL_REEXEC";
+
+/// Makes NCCL loadable by cudarc, re-executing this process once if
+/// needed (see the module docs). Call before any thread or connection
+/// exists. Never fails: an unavailable NCCL only skips the baseline.
+pub fn prepare() -> NcclStatus {
+    // SAFETY: only probes dlopen of NCCL's names.
+    if unsafe { sys::is_culib_present() } {
+        if let Some(dir) = std::env::var_os(REEXEC_MARK) {
+            // Loaded for good by now (cudarc keeps it): the link can go.
+            let _ = result::get_nccl_version();
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        return match result::get_nccl_version() {
+            Ok(v) => NcclStatus::Ready(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)),
+            Err(e) => {
+                NcclStatus::Unavailable(format!("libnccl loaded but ncclGetVersion failed: {e:?}"))
+            }
+        };
+    }
+    let lib = match find_library() {
+        Ok(lib) => lib,
+        Err(why) => return NcclStatus::Unavailable(why),
+    };
+    if let Some(done) = std::env::var_os(REEXEC_MARK) {
+        return NcclStatus::Unavailable(format!(
+            "found {} but could not load it even from LD_LIBRARY_PATH ({}): does it match this driver's CUDA?",
+            lib.display(),
+            PathBuf::from(done).display(),
+        ));
+    }
+    match reexec_with(&lib) {
+        Ok(never) => match never {},
+        Err(why) => NcclStatus::Unavailable(why),
+    }
+}
+
+/// Finds `libnccl.so.2`: `NCCL_LIB` (a file or a folder), then the
+/// site-packages of `python3` on PATH and of the project's `.venv`, under
+/// `nvidia/nccl/lib` and `torch/lib`.
+pub fn find_library() -> Result<PathBuf, String> {
+    let mut searched = Vec::new();
+    if let Some(p) = std::env::var_os("NCCL_LIB").map(PathBuf::from) {
+        for c in [p.clone(), p.join("libnccl.so.2"), p.join("libnccl.so")] {
+            if c.is_file() {
+                return Ok(c);
+            }
+        }
+        searched.push(format!("NCCL_LIB={}", p.display()));
+    }
+    let mut sites = python_site_packages();
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
+    if let Ok(dirs) = std::fs::read_dir(&venv) {
+        sites.extend(
+            dirs.filter_map(|d| d.ok())
+                .map(|d| d.path().join("site-packages")),
+        );
+    }
+    for site in sites {
+        for sub in ["nvidia/nccl/lib/libnccl.so.2", "torch/lib/libnccl.so.2"] {
+            let c = site.join(sub);
+            if c.is_file() {
+                return Ok(c);
+            }
+        }
+        searched.push(site.display().to_string());
+    }
+    Err(format!(
+        "libnccl.so.2 not found (searched: {}); set NCCL_LIB to it (PyTorch ships it in the nvidia-nccl wheel), \
+         or pass --no-baseline",
+        searched.join(", ")
+    ))
+}
+
+fn python_site_packages() -> Vec<PathBuf> {
+    let script =
+        "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
+    let Ok(out) = std::process::Command::new("python3")
+        .args(["-c", script])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Links `lib` as `libnccl.so` into a private folder, prepends it to
+/// `LD_LIBRARY_PATH` and re-executes this program. Returns only on failure.
+fn reexec_with(lib: &Path) -> Result<std::convert::Infallible, String> {
+    let dir = std::env::temp_dir().join(format!("nixl-nccl-{}", std::process::id()));
+    let link = dir.join("libnccl.so");
+    let made = std::fs::create_dir_all(&dir).and_then(|()| {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib, &link)
+    });
+    if let Err(e) = made {
+        return Err(format!(
+            "cannot link {} into {}: {e}",
+            lib.display(),
+            dir.display()
+        ));
+    }
+    let mut path = OsString::from(&dir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find our own executable to re-execute: {e}"))?;
+    tracing::info!(
+        "loading NCCL from {} (re-executing with it on LD_LIBRARY_PATH)",
+        lib.display()
+    );
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("LD_LIBRARY_PATH", path)
+        .env(REEXEC_MARK, &dir)
+        .exec();
+    Err(format!(
+        "re-executing with NCCL on LD_LIBRARY_PATH failed: {err}"
+    ))
+}
+
+/// NCCL's error as one naming the call and NCCL's own words:
+/// `ncclCommInitRank failed: unhandled system error (ncclSystemError)`.
+pub fn check<T>(what: &str, r: Result<T, result::NcclError>) -> Result<T> {
+    r.map_err(|e| {
+        // SAFETY: ncclGetErrorString returns a static NUL-terminated string.
+        let text = unsafe { std::ffi::CStr::from_ptr(sys::ncclGetErrorString(e.0)) };
+        anyhow::anyhow!("{what} failed: {} ({:?})", text.to_string_lossy(), e.0)
+    })
+}
+
+/// A live NCCL communicator of this rank, destroyed when dropped.
+pub struct Comm(sys::ncclComm_t);
+
+// SAFETY: an NCCL communicator may be used from any thread, one at a time;
+// it is only moved from the thread that made it to the rank's thread.
+unsafe impl Send for Comm {}
+
+impl Comm {
+    /// `ncclCommInitRank`: blocks until all `world` ranks join with `id`
+    /// (call it on a thread the caller watches). The CUDA context must be
+    /// bound to this thread.
+    pub fn init(world: u32, id: sys::ncclUniqueId, rank: u32) -> Result<Self> {
+        let mut comm = std::mem::MaybeUninit::uninit();
+        // SAFETY: NCCL writes comm on success; the id came from rank 0.
+        unsafe {
+            check(
+                "ncclCommInitRank",
+                result::comm_init_rank(comm.as_mut_ptr(), world as i32, id, rank as i32),
+            )?;
+            Ok(Self(comm.assume_init()))
+        }
+    }
+
+    /// The raw handle, for NCCL's calls.
+    pub fn raw(&self) -> sys::ncclComm_t {
+        self.0
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is live and no call on it is queued
+        // (every stream using it was synchronised first).
+        let _ = unsafe { result::comm_destroy(self.0) };
+    }
+}
+
+/// NCCL's unique id through the store under `entry`: rank 0 makes and
+/// writes it, the others wait for it (`member`'s deadline and probes).
+pub fn exchange_id(member: &Member, entry: &Entry<Bytes>, rank: u32) -> Result<sys::ncclUniqueId> {
+    let bytes = match rank {
+        0 => {
+            let id = result::get_uniqueid()
+                .map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
+            let b: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            member.put(entry, &Bytes(b.clone()))?;
+            b
+        }
+        _ => member.get(entry, 0, "NCCL unique id")?.0,
+    };
+    anyhow::ensure!(
+        bytes.len() == 128,
+        "the NCCL unique id in the store has {} bytes, not 128",
+        bytes.len()
+    );
+    let mut id = sys::ncclUniqueId { internal: [0; 128] };
+    for (d, s) in id.internal.iter_mut().zip(&bytes) {
+        *d = *s as _;
+    }
+    Ok(id)
+}
