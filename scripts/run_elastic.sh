@@ -10,16 +10,16 @@
 #
 #   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
-#                          [--campaign N [--seed S]]
+#                          [--campaign N [--seed S] [--max-ranks 6]]
 #
-# --campaign N runs, instead of the matrix, N elastic runs of four ranks
-# (`ep --ranks 4 --elastic`, the modes and both paths in turn) in each of
-# which this script kills one rank by pid, at a moment it draws, with no
-# plan naming it: the victim drawn among all ranks, rank 0 included,
-# SIGKILL or SIGSTOP, a delay after the first progress line of the steps.
-# campaign.tsv has one row per run: the draw, the exit status, how many
-# survivors named the victim, and the detection and agreement times the
-# run's JSON holds. --seed S makes the draws repeatable (default 1).
+# --campaign N runs, instead of the matrix, the fault campaign of
+# scripts/elastic_campaign.py (see its --help): N random plans of up to
+# --max-ranks ranks (default 6), their kills at random moments, and in every
+# second run a kill by pid no plan names (rank 0 included), SIGKILL and
+# SIGSTOP, the modes and both paths drawn; every death must be named by
+# every survivor, no survivor lost, no value wrong. It writes campaign.tsv,
+# deaths.tsv, summary.md (detection and agreement p50/p99/max) and
+# campaign.png in --out. --seed S makes the draws repeatable (default 1).
 #
 # With one GPU the ranks share it under MPS (a private daemon,
 # scripts/lib/mps.sh, stopped after); with more, rank r runs on GPU
@@ -29,7 +29,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/elastic; MODES="ll ht"; CYCLES=20; QUICK=0; MPS=1
-CAMPAIGN=0; SEED=1
+CAMPAIGN=0; SEED=1; MAX_RANKS=6
 while (($#)); do
   case "$1" in
     --bundle) need_value "$1" $#; BUNDLE=$2; shift 2 ;;
@@ -42,6 +42,7 @@ while (($#)); do
     --no-mps) MPS=0; shift ;;
     --campaign) need_value "$1" $#; CAMPAIGN=$2; shift 2 ;;
     --seed) need_value "$1" $#; SEED=$2; shift 2 ;;
+    --max-ranks) need_value "$1" $#; MAX_RANKS=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac
@@ -75,52 +76,13 @@ one() {
   else echo "ok $tag in $((SECONDS - t0)) s" >&2; fi
 }
 
-# One campaign run: tag, mode, path, victim, signal, delay in ms, then
-# ep's arguments. Kills the victim by pid once the steps are under way.
-kill_run() {
-  local tag=$1 mode=$2 path=$3 victim=$4 sig=$5 delay=$6; shift 6
-  local err="$OUT/el-$tag.err" pid rc
-  "$EP" --ranks 4 --elastic --mode "$mode" --path "$path" "$@" --port "$(pick_port)" \
-    --json "$OUT/el-$tag.json" >"$OUT/el-$tag.out" 2>"$err" &
-  local launcher=$!
-  for _ in $(seq 600); do grep -q "steps verified" "$err" 2>/dev/null && break; sleep 0.1; done
-  pid=$(sed -n "s/^\[ep\] started rank $victim (pid \([0-9]*\))\$/\1/p" "$err")
-  sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
-  [[ -n $pid ]] && kill -s "$sig" "$pid"
-  timeout 560 tail --pid="$launcher" -f /dev/null; wait "$launcher"; rc=$?
-  ((rc != 0)) && fail=1
-  local named; named=$(grep -c "ranks gone: \[$victim\]" "$OUT/el-$tag.out")
-  local times; times=$(python3 - "$OUT/el-$tag.json" <<'PY'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except (OSError, ValueError):
-    print("-\t-"); sys.exit()
-det = [x["after_kill_ms"] for r in d.get("ranks", []) for x in r.get("detected", []) if x.get("after_kill_ms") is not None]
-agr = [a for r in d.get("ranks", []) for a in r.get("agree_ms", [])]
-f = lambda v: "%.1f-%.1f" % (min(v), max(v)) if v else "-"
-print(f"{f(det)}\t{f(agr)}")
-PY
-)
-  printf '%s\t%s\t%s\t%s\tSIG%s\t%s\t%s\t%s\t%s\n' "$tag" "$mode" "$path" "$victim" "$sig" "$delay" "$rc" "$named" "$times" \
-    | tee -a "$OUT/campaign.tsv" >&2
-}
-
 if ((CAMPAIGN > 0)); then
   mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
-  RANDOM=$SEED
-  printf 'run\tmode\tpath\tvictim\tsignal\tdelay_ms\texit\tnamed_by\tdetect_ms\tagree_ms\n' >"$OUT/campaign.tsv"
-  read -ra modes <<<"$MODES"
-  for k in $(seq "$CAMPAIGN"); do
-    mode=${modes[$((RANDOM % ${#modes[@]}))]}; path=$([[ $((RANDOM % 2)) == 0 ]] && echo put || echo store)
-    victim=$((RANDOM % 4)); ((k == 1)) && victim=0; ((k == 2)) && victim=3
-    sig=$([[ $((RANDOM % 2)) == 0 ]] && echo KILL || echo STOP)
-    if [[ $mode == ll ]]; then delay=$((RANDOM % 1500)); args=(--iters 3000 --warmup 20)
-    else delay=$((RANDOM % 300)); args=(--iters 300 --warmup 5 --tokens 1024); fi
-    kill_run "c$k" "$mode" "$path" "$victim" "$sig" "$delay" "${args[@]}"
-  done
+  python3 "$ROOT/scripts/elastic_campaign.py" --ep "$EP" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
+    --modes "${MODES// /,}" --max-ranks "$MAX_RANKS"
+  rc=$?
   ((mps)) && mps_stop
-  exit $fail
+  exit $rc
 fi
 
 # The kill loop: ranks 0..3, rank 3 killed and started anew, CYCLES times.

@@ -123,7 +123,7 @@ impl<'a> Member<'a> {
             || {
                 if self.wait_slice(&[key], &format!("{}'s {what}", self.label(from)))? {
                     let raw = self.store.get(key).map_err(|e| self.lost(e))?;
-                    return Ok(Some(entry.decode(&raw)?));
+                    return self.read(entry, raw);
                 }
                 Ok(None)
             },
@@ -201,7 +201,23 @@ impl<'a> Member<'a> {
         if !self.store.check(&[entry.key()]).map_err(|e| self.lost(e))? {
             return Ok(None);
         }
-        let raw = self.store.get(entry.key()).map_err(|e| self.lost(e))?;
+        match self.store.get(entry.key()) {
+            Ok(raw) => self.read(entry, raw),
+            // Deleted between the CHECK and the GET's wait.
+            Err(StoreError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(self.lost(e)),
+        }
+    }
+
+    /// `raw`, just read for `entry`, decoded; `None` when the key was
+    /// deleted just before the read: a GET answers a missing key with an
+    /// empty value (torch's server does the same), and a key read between
+    /// its CHECK and its deletion (a report its writer deletes once the
+    /// round is decided) must read as gone, not as a broken value.
+    fn read<T: Value>(&self, entry: &Entry<T>, raw: Vec<u8>) -> Result<Option<T>> {
+        if raw.is_empty() && !self.store.check(&[entry.key()]).map_err(|e| self.lost(e))? {
+            return Ok(None);
+        }
         Ok(Some(entry.decode(&raw)?))
     }
 

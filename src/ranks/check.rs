@@ -91,7 +91,7 @@ fn live(group: &Group, elastic: &Membership, check: Check) -> Result<()> {
         if inject.die_rank == Some(me) && first {
             die(me);
         }
-        connect_phase(
+        let unreachable = connect_phase(
             elastic,
             &nixl.agent,
             i,
@@ -102,7 +102,7 @@ fn live(group: &Group, elastic: &Membership, check: Check) -> Result<()> {
         if inject.hang_rank == Some(me) && first {
             hang(group)?;
         }
-        say_gone(me, i, &elastic.opened(i, &new.gone)?);
+        say_gone(me, i, &elastic.opened(i, &(&new.gone | &unreachable))?);
         steps(group, elastic, i, &check)?;
         say_gone(me, i, &elastic.end_phase(i)?);
     }
@@ -120,9 +120,10 @@ fn say_gone(me: u32, i: usize, d: &Decision) {
 }
 
 /// Phase `i` begins: this rank connects to `peers`, those it must reach
-/// now ([`Membership::begin_phase`]).
-/// A peer that cannot be reached is blamed by its heartbeat: a dead one is
-/// named as dead ([`Membership::blame`]).
+/// now ([`Membership::begin_phase`]). Returns the peers that died while it
+/// connected (the launcher's notice, or a silent heartbeat), for the
+/// opening round to agree on when the run survives deaths; any other
+/// failure to reach a peer is an error naming it ([`Membership::blame`]).
 fn connect_phase(
     elastic: &Membership,
     agent: &Agent,
@@ -130,31 +131,47 @@ fn connect_phase(
     peers: &[Peer<AgentMetadata>],
     timeout: Duration,
     known: &mut Vec<String>,
-) -> Result<()> {
+) -> Result<BTreeSet<u32>> {
     let me = elastic.rank();
+    let mut unreachable = BTreeSet::new();
     for p in peers {
         let name = elastic.group().agent_name(p.rank, p.incarnation);
         let reached = load_peer(agent, &p.payload.0, &name, timeout).and_then(|()| {
             (agent.make_connection(&name, None)).map_err(|e| anyhow::anyhow!("{e}"))
         });
-        reached.map_err(|e| {
-            let e = e.context(format!("connecting to rank {} ({name})", p.rank));
-            elastic.blame(p.rank, p.incarnation, e)
-        })?;
-        say!("[rank {me}] connected to rank {} ({name})", p.rank);
+        match reached {
+            Ok(()) => say!("[rank {me}] connected to rank {} ({name})", p.rank),
+            Err(_) if elastic.survives() && elastic.is_dead(p.rank, p.incarnation)? => {
+                unreachable.insert(p.rank);
+                continue;
+            }
+            Err(e) => {
+                let e = e.context(format!("connecting to rank {} ({name})", p.rank));
+                return Err(elastic.blame(p.rank, p.incarnation, e));
+            }
+        }
         known.push(name);
     }
     let others = elastic.plan().members(i).len() - 1;
-    match i == elastic.life().start {
-        true => say!(
+    match (i == elastic.life().start, unreachable.is_empty()) {
+        (true, true) => say!(
             "[rank {me}] connected to all {others} other rank(s) (agents wired up through the store; no GPU used)"
         ),
-        false => say!(
+        (true, false) => say!(
+            "[rank {me}] connected to {} of {others} other rank(s); rank(s) {unreachable:?} died meanwhile",
+            others - unreachable.len()
+        ),
+        (false, true) => say!(
             "[rank {me}] phase {i}: connected to {} joiner(s)",
             peers.len()
         ),
+        (false, false) => say!(
+            "[rank {me}] phase {i}: connected to {} of {} joiner(s); rank(s) {unreachable:?} died meanwhile",
+            peers.len() - unreachable.len(),
+            peers.len()
+        ),
     }
-    Ok(())
+    Ok(unreachable)
 }
 
 /// The phase's steps (`check.steps`), each its work (a pause) then the

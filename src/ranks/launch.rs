@@ -333,7 +333,9 @@ impl PlanRun<'_> {
             if give_up {
                 self.kill_remaining(false);
             }
-            let nap = if self.kills_near() { 1 } else { 10 };
+            // Short: a death's notice is what the survivors' agreement waits
+            // for (a look is a waitpid and a /proc read per rank).
+            let nap = if self.kills_near() { 1 } else { 2 };
             std::thread::sleep(Duration::from_millis(nap));
         }
         self.procs.into_iter().filter_map(|p| p.exit).collect()

@@ -595,7 +595,9 @@ impl<'a> Membership<'a> {
                     suspects.insert(leader);
                     return Ok(None);
                 }
-                g.wait_for(&[entry.key()], WAIT, &what)?;
+                // Short: a dead leader is told by the launcher's notice,
+                // which this wait does not see.
+                g.wait_for(&[entry.key()], LOOK, &what)?;
                 Ok(None)
             },
             |waited| {
