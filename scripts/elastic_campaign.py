@@ -105,7 +105,8 @@ def gone_lines(stdout):
     return out
 
 
-def run_one(a, k, rng, out):
+def draw_run(rng, k, a):
+    """Run k's draws: plan, mode, path, signals, kill seed, the victim by pid."""
     cap, phases = draw_plan(rng, k, a.max_ranks)
     mode = rng.choice(a.modes)
     path = rng.choice(["put", "store"])
@@ -120,11 +121,19 @@ def run_one(a, k, rng, out):
         victim = min(spared)
     usig = rng.choice(["KILL", "STOP"])
     delay = rng.random() * (1.0 if mode == "ll" else 0.3)
+    return cap, phases, mode, path, sig, kill_seed, victim, usig, delay
+
+
+def run_one(a, k, rng, out):
+    cap, phases, mode, path, sig, kill_seed, victim, usig, delay = draw_run(rng, k, a)
+    unplanned = victim is not None
     d = os.path.join(out, f"r{k:03d}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "plan.json"), "w") as f:
         json.dump(phases, f)
     iters = ["--iters", "400", "--warmup", "10"] if mode == "ll" else ["--iters", "60", "--warmup", "3", "--tokens", "1024"]
+    # 40 experts per rank of the capacity: every rank hosts a whole number.
+    iters += ["--experts", str(40 * cap)]
     if a.check_connection:
         iters = ["--check-connection", "--iters", "40"]
     cmd = [a.ep, "--plan", os.path.join(d, "plan.json"), "--capacity", str(cap), "--mode", mode, "--path", path,
@@ -312,7 +321,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--modes", default="ll,ht", help="comma-separated: ll, ht")
     p.add_argument("--max-ranks", type=int, default=6, help="largest capacity drawn (at least 3)")
-    p.add_argument("--run-timeout", type=int, default=300, help="seconds before a run is killed")
+    p.add_argument("--run-timeout", type=int, default=180, help="seconds before a run is killed")
+    p.add_argument("--first", type=int, default=1, help="number of the first run (to go on with a campaign)")
     p.add_argument("--plan-only", action="store_true", help="print the drawn plans and stop (no GPU)")
     p.add_argument("--check-connection", action="store_true",
                    help="run ep --check-connection (no GPU: membership only; no JSON, so no times)")
@@ -331,17 +341,22 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     print(f"campaign: {a.runs} runs, seed {a.seed}, results in {a.out}", file=sys.stderr)
     runs, deaths, agree = [], [], []
-    for k in range(1, a.runs + 1):
+    for k in range(1, a.first + a.runs):
+        if k < a.first:
+            # The draws of the runs before, so that run k is the same run.
+            draw_run(rng, k, a)
+            continue
         run, drows, ag = run_one(a, k, rng, a.out)
         runs.append(run), deaths.extend(drows), agree.extend(ag)
         print(f"[{k}/{a.runs}] {'ok' if run['ok'] else 'FAILED'}: {run['mode']} {run['path']} plan {run['plan']} "
               f"(kills {run['plan_signal']}), unplanned {run['unplanned']}: exit {run['exit']}, "
               f"{run['deaths']} death(s), {run['unnamed']} unnamed, agree max {fmt(run['agree_max_ms'])} ms, "
               f"{run['seconds']} s", file=sys.stderr)
-    write_tsv(os.path.join(a.out, "campaign.tsv"), runs)
-    write_tsv(os.path.join(a.out, "deaths.tsv"), deaths)
-    text = summary(runs, deaths, agree, a)
-    open(os.path.join(a.out, "summary.md"), "w").write(text)
+        # After every run: a campaign cut short keeps what it measured.
+        write_tsv(os.path.join(a.out, "campaign.tsv"), runs)
+        write_tsv(os.path.join(a.out, "deaths.tsv"), deaths)
+        text = summary(runs, deaths, agree, a)
+        open(os.path.join(a.out, "summary.md"), "w").write(text)
     print(text)
     plot(a.out, deaths, agree)
     return 0 if all(r["ok"] for r in runs) else 1

@@ -254,6 +254,27 @@ pub fn is_frozen(pid: u32) -> bool {
     state(pid).is_some_and(|s| s == "T")
 }
 
+/// The signal that is ending process `pid` while the kernel still tears it
+/// down: a process killed with a GPU context can take tens of ms (its
+/// device memory unmapped) before it can be reaped, and a survivor waiting
+/// on it should not. `/proc/<pid>/stat` shows it: the flag `PF_EXITING`
+/// with an exit code that names a signal (a plain `exit(1)` names none).
+pub fn dying_by_signal(pid: u32) -> Option<i32> {
+    signal_of_exit(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`dying_by_signal`] of one `/proc/<pid>/stat` line.
+fn signal_of_exit(stat: &str) -> Option<i32> {
+    const PF_EXITING: u64 = 0x4;
+    // Fields after the command name (in parentheses, which may hold
+    // anything): state (3), ..., flags (9), ..., exit_code (52); proc(5).
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let flags: u64 = fields.get(6)?.parse().ok()?;
+    let code: i32 = fields.get(49)?.parse().ok()?;
+    (flags & PF_EXITING != 0 && code & 0x7f != 0).then_some(code & 0x7f)
+}
+
 /// Process `pid`'s state letter in `/proc/<pid>/stat`.
 fn state(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -354,6 +375,25 @@ pub fn finish(tag: &str, exits: &[RoleExit]) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+
+    /// A line of `/proc/<pid>/stat` with `flags` and `exit_code`.
+    fn stat(flags: u64, code: i32) -> String {
+        let mut f = vec!["0".to_string(); 50];
+        f[0] = "R".into();
+        f[6] = flags.to_string();
+        f[49] = code.to_string();
+        format!("42 (ep (rank) 1) {}", f.join(" "))
+    }
+
+    #[test]
+    fn a_process_torn_down_by_a_signal_is_told_from_one_that_exits() {
+        assert_eq!(signal_of_exit(&stat(0x4 | 0x40, 9)), Some(9));
+        assert_eq!(signal_of_exit(&stat(0x4, 0x80 | 11)), Some(11));
+        assert_eq!(signal_of_exit(&stat(0x4, 1 << 8)), None, "exit(1)");
+        assert_eq!(signal_of_exit(&stat(0x40, 0)), None, "running");
+        assert_eq!(signal_of_exit("garbage"), None);
+    }
+
     use super::*;
 
     fn exits(codes: &[i32]) -> Vec<RoleExit> {

@@ -42,7 +42,8 @@ use super::membership::{END, OnDeath, unix_ns};
 use super::plan::Plan;
 use crate::group::Value;
 use crate::launch::{
-    RoleExit, RoleSpec, forward, is_frozen, is_stopped, kill_all, run_roles_with, signal_name,
+    RoleExit, RoleSpec, dying_by_signal, forward, is_frozen, is_stopped, kill_all, run_roles_with,
+    signal_name,
 };
 use crate::rng::SplitMix64;
 use crate::store::native::TcpStore;
@@ -385,7 +386,11 @@ impl PlanRun<'_> {
                     None => continue,
                 },
                 None if is_frozen(p.child.id()) => "stopped".to_string(),
-                None => continue,
+                // Killed, and still being torn down (GPU memory unmapped).
+                None => match dying_by_signal(p.child.id()) {
+                    Some(sig) => signal_name(sig),
+                    None => continue,
+                },
             };
             let planned = p.planned.is_some();
             self.notice(i, how, planned);

@@ -1213,4 +1213,161 @@ mod tests {
             }
         }
     }
+
+    /// Rank `r` of `world` started by our launcher (which hosts the store
+    /// and writes death notices).
+    fn launched(r: u32, world: u32) -> RankEnv {
+        RankEnv {
+            incarnation: 0,
+            launcher_store: true,
+            ..env(r, world)
+        }
+    }
+
+    /// How a rank's process ends in a drawn trial: `None` lives; else it dies
+    /// at that step, before or after reporting it.
+    type Fate = Option<(u64, bool)>;
+
+    /// One drawn trial: `world` ranks step `steps` times, each reporting
+    /// late by a drawn 0-2 ms and masking the ranks it finds dead; the
+    /// doomed die at their step, before or after their report (heartbeat
+    /// stopped, keys left), and a launcher thread writes each death's
+    /// notice 0-3 ms later. Returns every rank's decisions (step, gone),
+    /// the phase's end as step `END`.
+    fn trial(
+        world: u32,
+        steps: u64,
+        fates: &[Fate],
+        seed: u64,
+    ) -> Vec<Result<Vec<(u64, BTreeSet<u32>)>>> {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::fixed(world);
+        let keys = crate::ranks::keys::Keys::new(launched(0, world).key_prefix());
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        std::thread::scope(|s| {
+            let (store, keys) = (&store, &keys);
+            s.spawn(move || {
+                let mut rng = crate::rng::SplitMix64::new(seed ^ 0xdead);
+                for r in rx {
+                    std::thread::sleep(Duration::from_micros(rng.next_u64() % 3000));
+                    let death = Death {
+                        how: "SIGKILL".into(),
+                        at_ns: unix_ns(),
+                        planned: false,
+                    };
+                    store.set(keys.death(r, 0).key(), &death.encode()).unwrap();
+                    store.add(&keys.deaths(), 1).unwrap();
+                }
+            });
+            let runs: Vec<_> = (0..world)
+                .map(|r| {
+                    let (tx, plan) = (tx.clone(), &plan);
+                    s.spawn(move || {
+                        let g = Group::new(store, &launched(r, world), Duration::from_secs(30));
+                        let fate = fates[r as usize];
+                        let mut rng = crate::rng::SplitMix64::new(seed ^ u64::from(r));
+                        let body = || steps_of(&g, plan, steps, fate, &tx, &mut rng);
+                        match fate {
+                            // Dies: its heartbeat stops, its keys stay.
+                            Some(_) => g.with_heartbeat(body),
+                            None => g.run(body),
+                        }
+                    })
+                })
+                .collect();
+            drop(tx);
+            runs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// One rank of [`trial`]: its decisions until it dies or the phase ends.
+    fn steps_of(
+        g: &Group,
+        plan: &Plan,
+        steps: u64,
+        fate: Fate,
+        dead: &std::sync::mpsc::Sender<u32>,
+        rng: &mut crate::rng::SplitMix64,
+    ) -> Result<Vec<(u64, BTreeSet<u32>)>> {
+        let e = Membership::new(g, plan, 0, Duration::from_secs(2), OnDeath::Survive)?;
+        let new = e.begin_phase(0, &Bytes(vec![g.rank as u8]))?;
+        e.opened(0, &new.gone)?;
+        let (mut seen, mut masked) = (Vec::new(), BTreeSet::new());
+        for k in 0..steps {
+            if fate == Some((k, false)) {
+                dead.send(g.rank).unwrap();
+                return Ok(seen);
+            }
+            std::thread::sleep(Duration::from_micros(rng.next_u64() % 2000));
+            let others: Vec<u32> = e.active(0).into_iter().filter(|&r| r != g.rank).collect();
+            masked.extend(e.found_dead(&others, 0)?);
+            let d = e.agree(0, k, &masked)?;
+            masked.retain(|r| d.gone.contains(r));
+            seen.push((k, d.gone));
+            if fate == Some((k, true)) {
+                dead.send(g.rank).unwrap();
+                return Ok(seen);
+            }
+        }
+        seen.push((END, e.end_phase(0)?.gone));
+        Ok(seen)
+    }
+
+    /// Drawn trials (seeds printed on failure): 3-6 ranks, any of them
+    /// doomed but one, rank 0 included, each at a drawn step, before or after
+    /// its report, with late reports. Every survivor decides the same set
+    /// after every step, no rank that lives is ever in it, and the phase's
+    /// end names every death.
+    #[test]
+    fn drawn_deaths_and_late_reports_leave_every_survivor_with_one_set() {
+        let (mut deaths, mut rank0) = (0, false);
+        for seed in 1..=12u64 {
+            let mut rng = crate::rng::SplitMix64::new(seed);
+            let world = 3 + (rng.next_u64() % 4) as u32;
+            let steps = 3 + rng.next_u64() % 5;
+            let mut fates: Vec<Fate> = vec![None; world as usize];
+            let doomed = rng.next_u64() % u64::from(world);
+            for _ in 0..doomed {
+                let r = (rng.next_u64() % u64::from(world)) as usize;
+                fates[r] = Some((rng.next_u64() % steps, rng.next_u64() % 2 == 0));
+            }
+            if fates.iter().all(Option::is_some) {
+                fates[0] = None;
+            }
+            let case = format!("seed {seed}: {world} ranks, {steps} steps, fates {fates:?}");
+            let out = trial(world, steps, &fates, seed);
+            let dead: BTreeSet<u32> = (0..world)
+                .filter(|&r| fates[r as usize].is_some())
+                .collect();
+            let lived: Vec<&Vec<(u64, BTreeSet<u32>)>> = (0..world as usize)
+                .filter(|&r| fates[r].is_none())
+                .map(|r| {
+                    out[r]
+                        .as_ref()
+                        .unwrap_or_else(|e| panic!("{case}: rank {r}: {e:#}"))
+                })
+                .collect();
+            for seen in &lived {
+                assert_eq!(*seen, lived[0], "{case}: the survivors decided differently");
+                for (_, gone) in seen.iter() {
+                    assert!(
+                        gone.is_subset(&dead),
+                        "{case}: a rank that lives was declared gone: {gone:?}"
+                    );
+                }
+                assert_eq!(
+                    seen.last().unwrap(),
+                    &(END, dead.clone()),
+                    "{case}: the end names every death"
+                );
+            }
+            deaths += dead.len();
+            rank0 |= dead.contains(&0);
+        }
+        // The draws are fixed: they must hold deaths, rank 0's among them.
+        assert!(
+            deaths >= 12 && rank0,
+            "{deaths} deaths drawn, rank 0's: {rank0}"
+        );
+    }
 }
