@@ -297,7 +297,6 @@ fn steps(
     let mut phase = Phase {
         g,
         el,
-        elastic: el.survives(),
         st,
         net,
         i,
@@ -317,7 +316,6 @@ fn steps(
 struct Phase<'a> {
     g: &'a Group<'a>,
     el: &'a Membership<'a>,
-    elastic: bool,
     st: &'a Stepper<'a>,
     net: &'a Net,
     i: usize,
@@ -364,7 +362,8 @@ impl Phase<'_> {
             };
             // The injected fault: the last rank, first timed step.
             let wrong = corrupt.filter(|_| k == cfg.warmup && g.rank + 1 == g.world && !graph);
-            if self.elastic {
+            // A run that survives deaths agrees after every step.
+            if self.el.survives() {
                 self.el.steps_begin(self.i)?;
             }
             let t0 = Instant::now();
@@ -414,7 +413,7 @@ impl Phase<'_> {
         out: &Outcome,
         die_mid_dispatch: Option<Path>,
     ) -> Result<()> {
-        if !self.elastic {
+        if !self.el.survives() {
             return Ok(());
         }
         let changed = agree(self.g, self.el, self.st, self.i, step, out, &mut self.run)?;
