@@ -232,15 +232,29 @@ impl PlanRun<'_> {
         self.opts.program.name
     }
 
-    /// Starts phase `i`'s joiners and draws the moments of its kills.
+    /// Phase `i` begins: starts the next phase's joiners now, so that
+    /// their start (CUDA context, NIXL agent, window: about 1.5 s) runs
+    /// while this phase steps and they wait at its end with their cards
+    /// published (phase 0's own are started first); draws the moments of
+    /// the phase's kills.
     fn start_phase(&mut self, i: usize) -> Result<()> {
-        for r in self.plan.joiners(i) {
-            self.spawn(r, i)?;
+        if i == 0 {
+            for r in self.plan.joiners(0) {
+                self.spawn(r, 0)?;
+            }
         }
         match self.plan.joiners(i) {
             _ if i == 0 => {}
             j if j.is_empty() => tracing::info!("phase {i} begins (no rank joins)"),
-            j => tracing::info!("phase {i} begins: started rank(s) {j:?}"),
+            j => tracing::info!(
+                "phase {i} begins: rank(s) {j:?} join (started during phase {})",
+                i - 1
+            ),
+        }
+        if i + 1 < self.plan.len() {
+            for r in self.plan.joiners(i + 1) {
+                self.spawn(r, i + 1)?;
+            }
         }
         // In the first half of the phase's rounds, so that the survivors
         // step on after it before the phase ends.
@@ -471,8 +485,9 @@ impl PlanRun<'_> {
             self.start_phase(i + 1)?;
             return Ok(());
         }
+        // The next phase's joiners, started early, wait for this one.
         let running = (self.procs.iter())
-            .filter(|p| p.exit.is_none() && !is_frozen(p.child.id()))
+            .filter(|p| p.incarnation <= i && p.exit.is_none() && !is_frozen(p.child.id()))
             .count();
         if running == 0 {
             if i + 1 < self.plan.len() {

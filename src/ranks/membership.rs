@@ -333,12 +333,16 @@ impl<'a> Membership<'a> {
         }
         let g = self.group;
         let first = i == life.start;
+        if first {
+            // Published at once: a joiner started while the phase before
+            // steps, and the members find its card ready at their phase's
+            // begin.
+            g.put(&g.keys.peer(self.me, self.incarnation), mine)?;
+        }
         if first && i > 0 {
             // A joiner: who died before it came, from the last phase's end.
-            let ended = g.keys.decision(i - 1, END);
-            let from = self.plan.members(i - 1).into_iter().next().unwrap_or(0);
-            let v = g.get(&ended, from, "decision that ended the last phase")?;
-            g.share(ended.key());
+            let v = self.await_phase_end(i - 1)?;
+            g.share(g.keys.decision(i - 1, END).key());
             self.state().dead = v.dead;
         }
         {
@@ -347,9 +351,6 @@ impl<'a> Membership<'a> {
             st.gone.clear();
         }
         self.watch(&self.members(i), i);
-        if first {
-            g.put(&g.keys.peer(self.me, self.incarnation), mine)?;
-        }
         let to_connect = match first {
             true => self.members(i),
             false => &self.plan.joiners(i) & &self.members(i),
@@ -373,6 +374,33 @@ impl<'a> Membership<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// A joiner's wait for the decision that ends phase `i`, which it
+    /// entered during: as long as the phase's agreement rounds go on (the
+    /// counter its leaders bump), however long the phase; a phase whose
+    /// rounds stand still for the run's timeout is an error naming it.
+    fn await_phase_end(&self, i: usize) -> Result<Verdict> {
+        let g = self.group;
+        let ended = g.keys.decision(i, END);
+        let what = format!("the end of phase {i}");
+        let (mut rounds, mut moved) = (-1, Instant::now());
+        loop {
+            if let Some(v) = g.try_get(&ended)? {
+                return Ok(v);
+            }
+            let now = g.add(&g.keys.rounds(i), 0)?;
+            if now != rounds {
+                (rounds, moved) = (now, Instant::now());
+            } else if moved.elapsed() > g.timeout() {
+                bail!(
+                    "phase {i} made no progress for {:?} (its agreement rounds stood still at {rounds}) while this \
+                     rank waited to join after it: are its ranks running? (raise --timeout if they are just slow)",
+                    g.timeout()
+                );
+            }
+            g.wait_for(&[ended.key()], Duration::from_millis(200), &what)?;
+        }
     }
 
     /// Waits for `entry`, which rank `r`'s process of phase `i` writes;
