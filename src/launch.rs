@@ -254,16 +254,23 @@ pub fn is_frozen(pid: u32) -> bool {
     state(pid).is_some_and(|s| s == "T")
 }
 
-/// The signal that is ending process `pid` while the kernel still tears it
-/// down: a process killed with a GPU context can take tens of ms (its
-/// device memory unmapped) before it can be reaped, and a survivor waiting
-/// on it should not. `/proc/<pid>/stat` shows it: the flag `PF_EXITING`
-/// with an exit code that names a signal (a plain `exit(1)` names none).
-pub fn dying_by_signal(pid: u32) -> Option<i32> {
-    signal_of_exit(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+/// How process `pid` is dying, from one read of `/proc/<pid>/stat`:
+/// `stopped` when frozen ([`is_frozen`]); the signal's name while a signal
+/// tears it down — a process killed with a GPU context can take tens of ms
+/// (its device memory unmapped) before it can be reaped, and a survivor
+/// waiting on it should not; `None` while it runs (or once it is gone).
+pub fn dying(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    if rest.split_whitespace().next() == Some("T") {
+        return Some("stopped".into());
+    }
+    signal_of_exit(&stat).map(signal_name)
 }
 
-/// [`dying_by_signal`] of one `/proc/<pid>/stat` line.
+/// The signal tearing down the process of one `/proc/<pid>/stat` line:
+/// the flag `PF_EXITING` with an exit code that names a signal (a plain
+/// `exit(1)` names none).
 fn signal_of_exit(stat: &str) -> Option<i32> {
     const PF_EXITING: u64 = 0x4;
     // Fields after the command name (in parentheses, which may hold

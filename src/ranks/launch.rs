@@ -42,7 +42,7 @@ use super::membership::{END, OnDeath, unix_ns};
 use super::plan::Plan;
 use crate::group::Value;
 use crate::launch::{
-    RoleExit, RoleSpec, dying_by_signal, forward, is_frozen, is_stopped, kill_all, run_roles_with,
+    RoleExit, RoleSpec, dying, forward, is_frozen, is_stopped, kill_all, run_roles_with,
     signal_name,
 };
 use crate::rng::SplitMix64;
@@ -349,8 +349,15 @@ impl PlanRun<'_> {
                 self.kill_remaining(false);
             }
             // Short: a death's notice is what the survivors' agreement waits
-            // for (a look is a waitpid and a /proc read per rank).
-            let nap = if self.kills_near() { 1 } else { 2 };
+            // for. A look is a waitpid and a /proc read per rank: 2 ms for
+            // up to 8 ranks, longer with more, so that 64 ranks on two cores
+            // are not starved by their launcher.
+            let live = self.procs.iter().filter(|p| p.exit.is_none()).count() as u64;
+            let nap = if self.kills_near() {
+                1
+            } else {
+                2 * live.div_ceil(8).max(1)
+            };
             std::thread::sleep(Duration::from_millis(nap));
         }
         self.procs.into_iter().filter_map(|p| p.exit).collect()
@@ -399,10 +406,10 @@ impl PlanRun<'_> {
                     Some(sig) => signal_name(sig),
                     None => continue,
                 },
-                None if is_frozen(p.child.id()) => "stopped".to_string(),
-                // Killed, and still being torn down (GPU memory unmapped).
-                None => match dying_by_signal(p.child.id()) {
-                    Some(sig) => signal_name(sig),
+                // Frozen, or killed and still being torn down (its GPU
+                // memory unmapped): one read of /proc per rank and look.
+                None => match dying(p.child.id()) {
+                    Some(how) => how,
                     None => continue,
                 },
             };
