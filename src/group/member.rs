@@ -198,14 +198,12 @@ impl<'a> Member<'a> {
 
     /// `entry`'s value if it exists now (no wait).
     pub fn try_get<T: Value>(&self, entry: &Entry<T>) -> Result<Option<T>> {
-        if !self.store.check(&[entry.key()]).map_err(|e| self.lost(e))? {
-            return Ok(None);
-        }
-        match self.store.get(entry.key()) {
-            Ok(raw) => self.read(entry, raw),
-            // Deleted between the CHECK and the GET's wait.
-            Err(StoreError::Timeout { .. }) => Ok(None),
-            Err(e) => Err(self.lost(e)),
+        // Never waits for the key: a report its writer deletes once the
+        // round is decided must not hold this member's connection (and its
+        // heartbeat) for the store's whole deadline.
+        match self.store.try_get(entry.key()).map_err(|e| self.lost(e))? {
+            Some(raw) => Ok(Some(entry.decode(&raw)?)),
+            None => Ok(None),
         }
     }
 

@@ -216,6 +216,11 @@ pub trait Store: Send + Sync {
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError>;
     /// Whether every key exists now, without waiting.
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError>;
+    /// `key`'s value if it exists now, `None` if not: never waits for the
+    /// key. A key deleted by another client between this client's look and
+    /// its read reads as `None` (a plain CHECK then GET would wait the
+    /// whole deadline for it, holding the connection).
+    fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Adds `delta` to the integer stored (as decimal ASCII) at `key`,
     /// creating it at 0; returns the new value.
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError>;
@@ -266,6 +271,19 @@ pub(crate) trait Bounded: Send + Sync {
         deadline: Duration,
     ) -> Result<(), StoreError>;
     fn check_by(&self, keys: &[&str], deadline: Duration) -> Result<bool, StoreError>;
+    /// [`Store::try_get`]. This default (CHECK, then a GET that waits at
+    /// most `deadline`) serves the backends that cannot read without
+    /// waiting; the native client does better.
+    fn try_get_by(&self, key: &str, deadline: Duration) -> Result<Option<Vec<u8>>, StoreError> {
+        if !self.check_by(&[key], deadline)? {
+            return Ok(None);
+        }
+        match self.get_by(key, deadline) {
+            Ok(v) => Ok(Some(v)),
+            Err(StoreError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
     fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError>;
     fn compare_set_by(
         &self,
@@ -327,6 +345,9 @@ impl<T: Deadlined> Store for T {
     }
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
         self.backend().check_by(keys, self.deadline())
+    }
+    fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.backend().try_get_by(key, self.deadline())
     }
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         self.backend().add_by(key, delta, self.deadline())

@@ -77,6 +77,7 @@ pub fn run_all(label: &str, a: &dyn Store, b: &dyn Store) {
     wait_times_out_and_connection_survives(a, &format!("{label}/waittimeout"));
     wait_for_several_keys(a, b, &format!("{label}/waitmany"));
     check_reports_presence(a, b, &format!("{label}/check"));
+    try_get_never_waits(a, b, &format!("{label}/tryget"));
     add_stores_decimal_ascii(a, b, &format!("{label}/add"));
     concurrent_adds_are_atomic(a, b, &format!("{label}/addrace"));
     delete_key_reports_existence(a, b, &format!("{label}/delete"));
@@ -234,6 +235,23 @@ pub fn check_reports_presence(a: &dyn Store, b: &dyn Store, ns: &str) {
     synced(b);
     assert!(a.check(&[&k1, &k2]).unwrap());
     assert!(a.check(&[]).unwrap(), "no keys: all present");
+}
+
+/// `try_get`: a missing key is `None` at once (no wait for it, however
+/// long the store's timeout), a value and an empty value come back as set,
+/// a deleted key is `None` again.
+pub fn try_get_never_waits(a: &dyn Store, b: &dyn Store, ns: &str) {
+    let (k, e) = (format!("{ns}/k"), format!("{ns}/empty"));
+    let t0 = Instant::now();
+    assert_eq!(a.try_get(&k).unwrap(), None);
+    assert!(t0.elapsed() < a.timeout(), "try_get waited for the key");
+    b.set(&k, b"v").unwrap();
+    b.set(&e, b"").unwrap();
+    synced(b);
+    assert_eq!(a.try_get(&k).unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(a.try_get(&e).unwrap().as_deref(), Some(&b""[..]));
+    assert!(b.delete_key(&k).unwrap());
+    assert_eq!(a.try_get(&k).unwrap(), None);
 }
 
 pub fn add_stores_decimal_ascii(a: &dyn Store, b: &dyn Store, ns: &str) {

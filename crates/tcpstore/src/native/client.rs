@@ -345,6 +345,13 @@ impl Client {
         self.recv_value(ctx).map(Some)
     }
 
+    /// GET alone, without torch's WAIT before it: a missing key reads as an
+    /// empty value (the caller CHECKs first).
+    pub(crate) fn get_now(&mut self, ctx: &Ctx<'_>, key: &[u8]) -> Result<Vec<u8>, StoreError> {
+        self.send(ctx, &Request::Get { key: key.into() })?;
+        self.recv_value(ctx)
+    }
+
     /// WAIT for all `keys` (up to `timeout`), then MULTI_GET. `Ok(None)` if
     /// the wait timed out.
     pub(crate) fn multi_get(

@@ -320,6 +320,28 @@ impl Bounded for TcpStore {
         self.client(&ctx)?.check(&ctx, &refs)
     }
 
+    /// CHECK, then a GET without the WAIT before it, on one connection
+    /// held for both: the server answers a key deleted in between with an
+    /// empty value, which a second CHECK tells from a value that is empty.
+    fn try_get_by(&self, key: &str, deadline: Duration) -> Result<Option<Vec<u8>>, StoreError> {
+        let wkey = wire_key(key);
+        check_limits(&wkey, None)?;
+        let ctx = Ctx {
+            op: "GET",
+            keys: &[key],
+            deadline,
+        };
+        let mut client = self.client(&ctx)?;
+        if !client.check(&ctx, &[&wkey])? {
+            return Ok(None);
+        }
+        let value = client.get_now(&ctx, &wkey)?;
+        if value.is_empty() && !client.check(&ctx, &[&wkey])? {
+            return Ok(None);
+        }
+        Ok(Some(value))
+    }
+
     fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError> {
         let wkey = wire_key(key);
         check_limits(&wkey, None)?;
