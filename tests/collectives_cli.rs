@@ -5,20 +5,10 @@
 
 use std::process::{Command, Output};
 
+mod common;
+
 fn collectives() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_collectives"));
-    // The test's own environment must not make the launcher a rank.
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_USE_AGENT_STORE",
-    ] {
-        c.env_remove(v);
-    }
+    let mut c = common::launcher(env!("CARGO_BIN_EXE_collectives"));
     c.env("UCX_POSIX_USE_PROC_LINK", "n");
     c
 }

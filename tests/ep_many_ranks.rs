@@ -4,22 +4,11 @@
 //! Alone in its own test binary: 64 processes load the machine, and the
 //! other tests should not share it with them.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn sixty_four_ranks_connect_under_our_launcher() {
-    let mut ep = Command::new(env!("CARGO_BIN_EXE_ep"));
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_USE_AGENT_STORE",
-    ] {
-        ep.env_remove(v);
-    }
+    let mut ep = common::launcher(env!("CARGO_BIN_EXE_ep"));
     let o = ep
         .args(["--ranks", "64", "--check-connection", "--timeout", "120"])
         .output()
