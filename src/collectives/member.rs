@@ -66,12 +66,6 @@ impl Group<'_> {
     }
 }
 
-/// This program's keys live under its namespace, `nixl_coll/`
-/// ([`super::PROGRAM`]).
-pub fn key_prefix(env: &RankEnv) -> String {
-    env.key_prefix()
-}
-
 /// The NIXL agent name of rank `r`.
 pub fn agent_name(r: u32) -> String {
     format!("coll-rank-{r}")
@@ -91,10 +85,15 @@ pub fn run_member(
         true => Host::Elsewhere("torchrun's agent".into()),
         false => Host::Member(0),
     };
-    let roster = Roster::ranks(&key_prefix(env), env.world, host, "MASTER_ADDR:MASTER_PORT");
+    let roster = Roster::ranks(
+        &env.key_prefix(),
+        env.world,
+        host,
+        "MASTER_ADDR:MASTER_PORT",
+    );
     let group = Group {
         member: Member::new(store.as_ref(), roster, env.rank as usize, timeout),
-        prefix: key_prefix(env),
+        prefix: env.key_prefix(),
         rank: env.rank,
         world: env.world,
     };
