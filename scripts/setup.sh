@@ -6,7 +6,8 @@
 #   scripts/setup.sh                     NIXL, nvcc, UCX device headers, NIXL's
 #                                        device header, libtorch, etcd
 #   scripts/setup.sh --full-torch        also a complete PyTorch in .venv, so the
-#                                        tests talk to Python's TCPStore
+#                                        tests talk to Python's TCPStore and
+#                                        launch ranks with torchrun
 #   scripts/setup.sh --no-header-download  never download NIXL's device header
 #                                        (also: NIXL_HEADERS_DOWNLOAD=0)
 #   scripts/setup.sh --headers-only      only the NIXL device header step
@@ -170,7 +171,10 @@ full_torch_step() {
     say "full torch already importable"
   else
     say "pip: installing torch==$TORCH_VERSION with its dependencies (several GB)"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+    # Not fatal: the tests that need it (Python's TCPStore, torchrun across
+    # two loopback nodes) say SKIP with the reason when torch is missing.
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" ||
+      say "WARNING: could not install torch==$TORCH_VERSION; tests needing it will SKIP"
   fi
 }
 

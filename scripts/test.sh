@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: installs what the tests need (scripts/setup.sh: NIXL,
-# libtorch, etcd...), then runs every test against the real parts.
+# libtorch, PyTorch, etcd...), then runs every test against the real parts.
 #
 #   scripts/test.sh [--profiles debug,release] [-- CARGO_TEST_ARGS...]
 #
@@ -35,7 +35,9 @@ for p in "${profiles[@]}"; do
   esac
 done
 
-scripts/setup.sh
+# --full-torch: the tests of Python's TCPStore and of torchrun across two
+# loopback nodes run against the real PyTorch (about 1 min to install).
+scripts/setup.sh --full-torch
 # The cargo-fuzz targets must keep compiling (scripts/fuzz.sh runs them).
 cargo check --quiet --manifest-path fuzz/Cargo.toml --target-dir target
 log=$(mktemp)
