@@ -18,6 +18,18 @@
 //
 // Every spin goes through coll_wait: a %globaltimer deadline, the host's
 // cancel flag, and a record of which rank, phase and block it waited for.
+//
+// The members: a call runs over `ranks` members, indexed 0..ranks-1 (the
+// "index" below), member i being rank members[i] (the "rank": the index of
+// its window in the remote view, of its flag slots and receive rows).
+// Chunks, slices and output slots follow the index, so when a rank is gone
+// the survivors recompute them over fewer members and nothing is
+// re-registered. In an elastic run (step != 0) a wait on a rank that passes
+// fault_timeout_ns does not fail the call: the rank is recorded as masked,
+// this rank tells every other member to abandon the step (its abort slot in
+// their windows gets the step's number), and every call of the step still
+// queued returns at once. The host then agrees with the survivors on who is
+// gone and carries on without it (src/collectives/elastic.rs).
 
 #include <gpu/ucx/nixl_device.cuh>
 
@@ -64,7 +76,13 @@ struct CollParams {
     uint32_t dtype;
     uint32_t same_gpu;  // 1: every rank runs on this GPU, GPU-scope ordering suffices
     uint32_t reserved;
-    const uint64_t *peer_ptrs;  // [ranks]: nixlGetPtr of each peer, looked up once; or null
+    const uint64_t *peer_ptrs;  // [rank]: nixlGetPtr of each peer's window, looked up once; or null
+    // Elastic runs (step == 0: a fixed run, every wait fatal after timeout_ns).
+    uint64_t off_abort;          // the abort slots, [rank]: the last step that rank abandoned
+    uint64_t step;               // this call's step, from 1
+    uint64_t fault_timeout_ns;   // a wait on a rank masks it after this long
+    uint64_t *abort_sent;        // [rank]: the last step this rank's abort reached that rank (put path)
+    uint8_t members[COLL_MAX_RANKS];  // [index]: the member's rank
 };
 
 // The first 40 bytes are the project's KernelReport (src/gpu/kernels.rs),
@@ -82,6 +100,12 @@ struct CollReport {
     uint32_t wait_block;
     uint32_t null_ptr_rank;  // 1 + the rank nixlGetPtr gave no pointer for
     uint64_t wait_target;
+    // Elastic runs: not failures, the step was abandoned.
+    uint32_t aborted;        // 1: this rank abandoned the step (its own mask, or a peer's abort)
+    uint32_t raised;         // 1: this rank told the others
+    uint64_t masked_bits;    // bit r: a wait on rank r passed the fault timeout
+    uint64_t first_wait_ns;  // %globaltimer when the wait that masked first began
+    uint64_t first_mask_ns;  // ... and when it masked
 };
 
 // Block 0's clock at the call's first instruction and after its last wait
@@ -110,6 +134,8 @@ struct CollData {
     uint32_t dtype;
     uint32_t call;
     uint32_t random;  // 1: random inputs, results compared within a bound
+    const struct CollReport *report;  // the calls' report: a call of an abandoned step is lost, not checked
+    uint8_t members[COLL_MAX_RANKS];  // [index]: the member's rank (whose inputs it has)
 };
 
 // The first wrong output element of any call checked since it was zeroed.
@@ -120,15 +146,18 @@ struct CollVerify {
     float expected;
     float got;
     uint64_t checked;  // elements compared
+    uint32_t lost;     // calls not checked: their step was abandoned
+    uint32_t reserved;
 };
 
-static_assert(sizeof(CollParams) == 152, "CollParams layout is shared with the host");
+static_assert(sizeof(CollParams) == 200, "CollParams layout is shared with the host");
+static_assert(offsetof(CollParams, members) == 184, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
 static_assert(sizeof(CollTiming) == 64, "CollTiming layout is shared with the host");
-static_assert(sizeof(CollReport) == 64, "CollReport layout is shared with the host");
+static_assert(sizeof(CollReport) == 96, "CollReport layout is shared with the host");
 static_assert(offsetof(CollReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
-static_assert(sizeof(CollData) == 56, "CollData layout is shared with the host");
-static_assert(sizeof(CollVerify) == 32, "CollVerify layout is shared with the host");
+static_assert(sizeof(CollData) == 80, "CollData layout is shared with the host");
+static_assert(sizeof(CollVerify) == 40, "CollVerify layout is shared with the host");
 
 // ------------------------------------------------------------- the data
 
@@ -158,22 +187,78 @@ __device__ __forceinline__ void record_status(CollReport *r, nixl_status_t s) {
 }
 
 __device__ __forceinline__ bool given_up(const CollReport *r) {
-    return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0;
+    return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0 ||
+           *static_cast<const volatile uint32_t *>(&r->aborted) != 0;
 }
+
+// The rank of member `i`.
+__device__ __forceinline__ uint32_t rank_of(const CollParams &p, uint32_t i) { return p.members[i]; }
 
 // Wrap-safe "reached": the slot's epoch is at or past the target.
 __device__ __forceinline__ bool reached(uint64_t v, uint64_t target) { return int64_t(v - target) >= 0; }
 
-// Whether a spin may go on: not past the deadline, nor once the host raised
-// the cancel flag or another thread gave up. The first to give up records
-// what it waited for (`seen`: the value it saw last). Every spin in this
-// file asks it every 64 polls.
-__device__ bool keep_waiting(CollReport *r, uint64_t deadline, uint64_t seen, uint64_t target, uint32_t phase,
+// Whether another member abandoned this step (elastic runs).
+__device__ bool peer_aborted(const CollParams &p) {
+    const uint64_t *slots = reinterpret_cast<const uint64_t *>(p.window + p.off_abort);
+    for (uint32_t i = 0; i < p.ranks; ++i)
+        if (i != p.rank && reached(load_relaxed_system(slots + rank_of(p, i)), p.step)) return true;
+    return false;
+}
+
+// Tells every member but `gone` that this rank abandons the step: its abort
+// slot in their windows gets the step (the store path stores it; the put
+// path adds the difference to what it last sent there).
+__device__ void raise_abort(const CollParams &p, uint32_t gone) {
+    const uint64_t slot = p.off_abort + 8ull * rank_of(p, p.rank);
+    for (uint32_t i = 0; i < p.ranks; ++i) {
+        const uint32_t d = rank_of(p, i);
+        if (i == p.rank || d == gone) continue;
+        if (p.path == COLL_PATH_STORE) {
+            uint8_t *w = p.peer_ptrs != nullptr ? reinterpret_cast<uint8_t *>(p.peer_ptrs[d])
+                                                : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            if (w != nullptr)
+                cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*reinterpret_cast<uint64_t *>(w + slot))
+                    .store(p.step, cuda::memory_order_release);
+        } else {
+            const nixlMemViewElem counter{p.remote_mvh, d, slot};
+            record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.step - p.abort_sent[d], counter, 0));
+            p.abort_sent[d] = p.step;
+        }
+    }
+}
+
+// A wait on rank `src` passed the fault timeout: mask it, and the first
+// thread of this rank to do so tells the others; the step is abandoned.
+__device__ void mask_and_abort(const CollParams &p, uint32_t src, uint64_t start, uint64_t now, uint32_t phase) {
+    CollReport *r = p.report;
+    atomicOr(reinterpret_cast<unsigned long long *>(&r->masked_bits), 1ull << src);
+    if (atomicCAS(&r->raised, 0u, 1u) == 0) {
+        r->first_wait_ns = start;
+        r->first_mask_ns = now;
+        r->wait_rank = src;
+        r->wait_phase = phase;
+        r->wait_block = blockIdx.x;
+        raise_abort(p, src);
+    }
+    atomicExch(&r->aborted, 1u);
+}
+
+// Whether a spin that began at `start` may go on: not past the timeout,
+// nor once the host raised the cancel flag or another thread gave up; in
+// an elastic run, not once a member abandoned the step, nor past the
+// fault timeout (which masks `rank`). The first to give up records what it
+// waited for (`seen`: the value it saw last). Every spin in this file asks
+// it every 64 polls.
+__device__ bool keep_waiting(const CollParams &p, uint64_t start, uint64_t seen, uint64_t target, uint32_t phase,
                              uint32_t rank) {
+    CollReport *r = p.report;
+    const uint64_t now = globaltimer_ns();
     uint32_t why = 0;
-    if (globaltimer_ns() > deadline) why = 1;
-    else if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
+    if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
     else if (given_up(r)) return false;
+    else if (p.step != 0 && peer_aborted(p)) return atomicExch(&r->aborted, 1u), false;
+    else if (p.step != 0 && now - start > p.fault_timeout_ns) return mask_and_abort(p, rank, start, now, phase), false;
+    else if (now - start > p.timeout_ns) why = 1;
     if (why == 0) return true;
     if (atomicCAS(&r->timed_out, 0u, why) == 0) {
         r->observed = seen;
@@ -186,11 +271,11 @@ __device__ bool keep_waiting(CollReport *r, uint64_t deadline, uint64_t seen, ui
 }
 
 // Spins (one thread) until *slot reaches `target`, or keep_waiting says stop.
-__device__ bool coll_wait(const uint64_t *slot, uint64_t target, uint64_t deadline, CollReport *r, uint32_t phase,
+__device__ bool coll_wait(const CollParams &p, const uint64_t *slot, uint64_t target, uint64_t start, uint32_t phase,
                           uint32_t rank) {
     uint64_t v = load_relaxed_system(slot);
     for (uint32_t n = 1; !reached(v, target); ++n) {
-        if ((n & 63) == 0 && !keep_waiting(r, deadline, v, target, phase, rank)) return false;
+        if ((n & 63) == 0 && !keep_waiting(p, start, v, target, phase, rank)) return false;
         v = load_relaxed_system(slot);
     }
     return true;
@@ -234,9 +319,10 @@ struct Peers {
 };
 
 __device__ void peers_setup(const CollParams &p, Peers &b) {
-    for (uint32_t d = threadIdx.x; d < p.ranks; d += blockDim.x) {
+    for (uint32_t i = threadIdx.x; i < p.ranks; i += blockDim.x) {
         uint8_t *ptr = nullptr;
-        if (d == p.rank) {
+        const uint32_t d = rank_of(p, i);
+        if (i == p.rank) {
             ptr = p.window;
         } else if (p.path == COLL_PATH_STORE) {
             // The session looked the pointers up once (coll_probe_ptrs):
@@ -245,13 +331,13 @@ __device__ void peers_setup(const CollParams &p, Peers &b) {
                                          : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
             if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
         }
-        b.ptr[d] = ptr;
+        b.ptr[i] = ptr;
     }
     if (threadIdx.x == 0) b.ok = true;
     __syncthreads();
 }
 
-// The block copies `bytes` from our window at src_off to rank `dest`'s
+// The block copies `bytes` from our window at src_off to member `dest`'s
 // window at dst_off, by the call's path. Every thread of the block calls.
 __device__ void send_to(const CollParams &p, const Peers &b, uint32_t dest, uint64_t src_off, uint64_t dst_off,
                         uint64_t bytes) {
@@ -263,14 +349,21 @@ __device__ void send_to(const CollParams &p, const Peers &b, uint32_t dest, uint
         return;
     }
     const nixlMemViewElem src{p.local_mvh, 0, src_off};
-    const nixlMemViewElem dst{p.remote_mvh, dest, dst_off};
+    const nixlMemViewElem dst{p.remote_mvh, rank_of(p, dest), dst_off};
     record_status(p.report, nixlPut<nixl_gpu_level_t::BLOCK>(src, dst, bytes, blockIdx.x));
 }
 
 // ------------------------------------------------------- signal and wait
 
+// The flag slot [phase][block][rank `src`] (by rank: a slot is only ever
+// written by one rank, whichever its index).
 __device__ __forceinline__ uint64_t flag_offset(const CollParams &p, uint32_t phase, uint32_t src) {
     return p.off_flags + 8ull * ((uint64_t(phase) * COLL_MAX_BLOCKS + blockIdx.x) * COLL_MAX_RANKS + src);
+}
+
+// The receive row rank `src` writes into (by rank, as the flags).
+__device__ __forceinline__ uint64_t row_offset(const CollParams &p, uint32_t src) {
+    return p.off_recv + rank_of(p, src) * p.recv_stride;
 }
 
 // Block 0's clock into a stamp of this call (phase 0 only).
@@ -289,10 +382,11 @@ __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase
     else __threadfence_system();
     __syncthreads();
     const uint32_t d = threadIdx.x;
-    uint64_t *sent = &p.sent[phase * COLL_MAX_BLOCKS + blockIdx.x];
-    const uint64_t last = *sent;
     if (d < p.ranks && d != p.rank) {
-        const uint64_t slot = flag_offset(p, phase, p.rank);
+        // What this block last added to that rank's slot (only it writes there).
+        uint64_t *sent = &p.sent[(phase * COLL_MAX_BLOCKS + blockIdx.x) * COLL_MAX_RANKS + rank_of(p, d)];
+        const uint64_t last = *sent;
+        const uint64_t slot = flag_offset(p, phase, rank_of(p, p.rank));
         if (p.path == COLL_PATH_STORE) {
             uint64_t *flag = b.ptr[d] == nullptr ? nullptr : reinterpret_cast<uint64_t *>(b.ptr[d] + slot);
             if (flag != nullptr && p.same_gpu) {
@@ -302,12 +396,12 @@ __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase
             }
         } else {
             // The slot holds `last` (only this rank writes it): add the difference.
-            const nixlMemViewElem counter{p.remote_mvh, d, slot};
+            const nixlMemViewElem counter{p.remote_mvh, rank_of(p, d), slot};
             record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.epoch - last, counter, blockIdx.x));
         }
+        *sent = p.epoch;
     }
     __syncthreads();
-    if (threadIdx.x == 0) *sent = p.epoch;
     stamp_phase(p, phase, &CollTiming::clock_signalled);
 }
 
@@ -316,9 +410,9 @@ __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase
 __device__ bool wait_peers(const CollParams &p, Peers &b, uint32_t phase) {
     const uint32_t s = threadIdx.x;
     if (s < p.ranks && s != p.rank) {
-        const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-        const uint64_t *slot = reinterpret_cast<const uint64_t *>(p.window + flag_offset(p, phase, s));
-        if (!coll_wait(slot, p.epoch, deadline, p.report, phase, s)) b.ok = false;
+        const uint64_t start = globaltimer_ns();
+        const uint64_t *slot = reinterpret_cast<const uint64_t *>(p.window + flag_offset(p, phase, rank_of(p, s)));
+        if (!coll_wait(p, slot, p.epoch, start, phase, rank_of(p, s))) b.ok = false;
         if (p.same_gpu) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
         else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
     }
@@ -398,7 +492,7 @@ template <typename T> __device__ void reduce_into(const CollParams &p, const Pee
 __device__ void set_sources(const CollParams &p, Peers &b, uint64_t own_off) {
     __syncthreads();
     for (uint32_t s = threadIdx.x; s < p.ranks; s += blockDim.x)
-        b.src[s] = s == p.rank ? p.window + own_off : p.window + p.off_recv + s * p.recv_stride;
+        b.src[s] = s == p.rank ? p.window + own_off : p.window + row_offset(p, s);
     __syncthreads();
 }
 
@@ -416,7 +510,7 @@ __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
     uint64_t lo, hi;
     split(p.count, gridDim.x, blockIdx.x, lo, hi);
     for (uint32_t d = 0; d < p.ranks; ++d)
-        if (d != p.rank) send_to(p, b, d, p.off_in + lo * E, p.off_recv + p.rank * p.recv_stride + lo * E, (hi - lo) * E);
+        if (d != p.rank) send_to(p, b, d, p.off_in + lo * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
     set_sources(p, b, p.off_in);
@@ -433,7 +527,7 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
         uint64_t c0, c1, lo, hi;
         split(p.count, p.ranks, d, c0, c1);
         split(c1 - c0, gridDim.x, blockIdx.x, lo, hi);
-        send_to(p, b, d, p.off_in + (c0 + lo) * E, p.off_recv + p.rank * p.recv_stride + lo * E, (hi - lo) * E);
+        send_to(p, b, d, p.off_in + (c0 + lo) * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
     }
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
@@ -473,7 +567,7 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
     split(p.count, gridDim.x, blockIdx.x, lo, hi);
     for (uint32_t d = 0; d < p.ranks; ++d)
         if (d != p.rank)
-            send_to(p, b, d, p.off_in + (d * p.count + lo) * E, p.off_recv + p.rank * p.recv_stride + lo * E,
+            send_to(p, b, d, p.off_in + (d * p.count + lo) * E, row_offset(p, p.rank) + lo * E,
                     (hi - lo) * E);
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
@@ -516,7 +610,7 @@ __device__ __forceinline__ void ll_store(uint8_t *dst, uint2 v, uint32_t epoch) 
 }
 
 // Polls a line until both halves carry `epoch`; its data into `out`.
-__device__ bool ll_wait(const uint8_t *line, uint32_t epoch, uint64_t deadline, const CollParams &p, uint32_t src,
+__device__ bool ll_wait(const uint8_t *line, uint32_t epoch, uint64_t start, const CollParams &p, uint32_t src,
                         uint2 &out) {
     uint4 v;
     for (uint32_t n = 1;; ++n) {
@@ -525,7 +619,7 @@ __device__ bool ll_wait(const uint8_t *line, uint32_t epoch, uint64_t deadline, 
                      : "l"(line)
                      : "memory");
         if (v.y == epoch && v.w == epoch) break;
-        if ((n & 63) == 0 && !keep_waiting(p.report, deadline, v.y, epoch, 0, src)) return false;
+        if ((n & 63) == 0 && !keep_waiting(p, start, v.y, epoch, 0, rank_of(p, src))) return false;
     }
     out = make_uint2(v.x, v.z);
     return true;
@@ -568,7 +662,7 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     const uint64_t k0 = lo * E / 8, k1 = (hi * E + 7) / 8;
     const uint32_t epoch = uint32_t(p.epoch);
     const uint8_t *in = p.window + p.off_in;
-    const uint64_t row = p.off_recv + p.rank * p.recv_stride;
+    const uint64_t row = row_offset(p, p.rank);
     for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
         const uint2 v = ll_payload(in, k, bytes);
         for (uint32_t d = 0; d < p.ranks; ++d)
@@ -576,13 +670,13 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     }
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const uint64_t start = globaltimer_ns();
     for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
         float a[4] = {};
         for (uint32_t s = 0; s < p.ranks; ++s) {
             uint2 w;
             if (s == p.rank) w = ll_payload(in, k, bytes);
-            else if (!ll_wait(p.window + p.off_recv + s * p.recv_stride + 16 * k, epoch, deadline, p, s, w)) return;
+            else if (!ll_wait(p.window + row_offset(p, s) + 16 * k, epoch, start, p, s, w)) return;
             ll_add(a, w, bf16);
         }
         ll_unpack(p.window + p.off_out, k, bytes, ll_pack(a, bf16));
@@ -598,7 +692,14 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p
         p.timing->gt_start = globaltimer_ns();
         p.timing->clock_start = clock64();
     }
-    if (given_up(p.report)) return;
+    // Block-uniform: every thread leaves, or none (a step another member
+    // abandoned, or a wait of an earlier call that gave up).
+    if (threadIdx.x == 0) {
+        if (p.step != 0 && !given_up(p.report) && peer_aborted(p)) atomicExch(&p.report->aborted, 1u);
+        b.ok = !given_up(p.report);
+    }
+    __syncthreads();
+    if (!b.ok) return;
     peers_setup(p, b);
     stamp_phase(p, 0, &CollTiming::clock_setup);
     if (p.op == COLL_ALLREDUCE && p.algo == COLL_LL) allreduce_ll(p, b);
@@ -642,7 +743,7 @@ __device__ float coll_value(const CollData &d, uint32_t rank, uint64_t i) {
 extern "C" __global__ void coll_fill(CollData d) {
     const uint64_t n = d.op == COLL_REDUCE_SCATTER ? d.count * d.ranks : d.count;
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
-        const float v = coll_value(d, d.rank, i);
+        const float v = coll_value(d, d.members[d.rank], i);
         if (d.dtype == COLL_BF16) Vec<__nv_bfloat16>::store(d.in, i, v);
         else Vec<float>::store(d.in, i, v);
     }
@@ -658,11 +759,11 @@ extern "C" __global__ void coll_fill(CollData d) {
 // adds in its own order.
 __device__ float expected(const CollData &d, uint64_t i, float &tol) {
     tol = 0.0f;
-    if (d.op == COLL_ALLGATHER) return coll_value(d, uint32_t(i / d.count), i % d.count);
+    if (d.op == COLL_ALLGATHER) return coll_value(d, d.members[i / d.count], i % d.count);
     const uint64_t at = d.op == COLL_REDUCE_SCATTER ? d.rank * d.count + i : i;
     float sum = 0.0f, mag = 0.0f;
-    for (uint32_t r = 0; r < d.ranks; ++r) {
-        const float x = coll_value(d, r, at);
+    for (uint32_t m = 0; m < d.ranks; ++m) {
+        const float x = coll_value(d, d.members[m], at);
         sum += x;
         mag += fabsf(x);
     }
@@ -673,6 +774,10 @@ __device__ float expected(const CollData &d, uint64_t i, float &tol) {
 // Compares every output element with the expected value; records the first
 // mismatch and counts the elements compared.
 extern "C" __global__ void coll_check(CollData d) {
+    if (d.report != nullptr && *static_cast<const volatile uint32_t *>(&d.report->aborted) != 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&d.verify->lost, 1u);
+        return;
+    }
     const uint64_t n = d.op == COLL_ALLGATHER ? d.count * d.ranks : d.count;
     uint64_t mine = 0;
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {

@@ -70,3 +70,66 @@ fn three_ranks_meet_and_connect_without_a_gpu() {
         );
     }
 }
+
+#[test]
+fn elastic_arguments_that_cannot_work_exit_2() {
+    let dir = std::env::temp_dir().join(format!("coll-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let two = dir.join("two.json");
+    std::fs::write(&two, "[[0,1],[0,1,2]]").unwrap();
+    usage_error(&["--plan", two.to_str().unwrap()], "one phase");
+    usage_error(&["--elastic", "--fault-timeout", "0"], "--fault-timeout 0");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plan of one phase kills one of 4 ranks (drawn, with the signal, from
+/// the clock; printed) during the steps of agreement: every survivor names
+/// it, and the run exits 0.
+#[test]
+fn a_rank_the_plan_kills_is_named_by_every_survivor_without_a_gpu() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let victim = 1 + seed % 3;
+    let signal = ["KILL", "STOP"][(seed / 3 % 2) as usize];
+    println!("seed {seed}: rank {victim}, SIG{signal}");
+    let dir = std::env::temp_dir().join(format!("coll-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.json");
+    let members: Vec<String> = (0..4)
+        .map(|r| match r == victim {
+            true => format!("-{r}"),
+            false => r.to_string(),
+        })
+        .collect();
+    std::fs::write(&plan, format!("[[{}]]", members.join(","))).unwrap();
+    let o = collectives()
+        .args([
+            "--plan",
+            plan.to_str().unwrap(),
+            "--check-connection",
+            "--iters",
+            "12",
+        ])
+        .args([
+            "--kill-signal",
+            signal,
+            "--kill-seed",
+            &seed.to_string(),
+            "--timeout",
+            "30",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for r in (0..4).filter(|&r| r != victim) {
+        assert!(
+            out.contains(&format!("[rank {r}] phase 0: ranks gone: [{victim}]")),
+            "rank {r} did not name rank {victim}: {}",
+            text(&o)
+        );
+    }
+}

@@ -28,9 +28,14 @@ fn torchrun() -> Result<PathBuf, String> {
         Ok(o) if o.status.success() => Ok(venv.join("torchrun")),
         Ok(o) => Err(format!(
             "torch.distributed.run not importable in .venv (run scripts/setup.sh --full-torch): {}",
-            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
         )),
-        Err(e) => Err(format!("no .venv/bin/python ({e}): run scripts/setup.sh --full-torch")),
+        Err(e) => Err(format!(
+            "no .venv/bin/python ({e}): run scripts/setup.sh --full-torch"
+        )),
     }
 }
 
@@ -71,11 +76,21 @@ fn two_nodes(bin: &str, args: &[&str]) -> Option<[String; 2]> {
         let here: Vec<u32> = (0..4)
             .filter(|r| t.contains(&format!("[rank {r}] connected to all 3 other rank(s)")))
             .collect();
-        assert_eq!(here.len(), 2, "node {n} did not run two connected ranks:\n{t}");
+        assert_eq!(
+            here.len(),
+            2,
+            "node {n} did not run two connected ranks:\n{t}"
+        );
         ranks.extend(here);
     }
     ranks.sort();
-    assert_eq!(ranks, [0, 1, 2, 3], "ranks across the nodes:\n{}\n{}", text[0], text[1]);
+    assert_eq!(
+        ranks,
+        [0, 1, 2, 3],
+        "ranks across the nodes:\n{}\n{}",
+        text[0],
+        text[1]
+    );
     Some(text)
 }
 
@@ -86,7 +101,8 @@ fn collectives_ranks_meet_across_two_torchrun_nodes() {
     };
     // The ranks joined the store the agents host, in torch's worker namespace.
     assert!(
-        text.iter().any(|t| t.contains("keys under /worker/attempt_0/nixl_coll/")),
+        text.iter()
+            .any(|t| t.contains("keys under /worker/attempt_0/nixl_coll/")),
         "{}",
         text[0]
     );
@@ -100,7 +116,8 @@ fn ep_ranks_meet_and_step_across_two_torchrun_nodes() {
         return;
     };
     assert!(
-        text.iter().any(|t| t.contains("keys under /worker/attempt_0/nixl_ep/")),
+        text.iter()
+            .any(|t| t.contains("keys under /worker/attempt_0/nixl_ep/")),
         "{}",
         text[0]
     );

@@ -17,8 +17,12 @@ use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
 use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
-use nixl_examples::collectives::plan::{DataMode, Launch, Place, RunConfig};
+use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig};
 use nixl_examples::collectives::run::{self, Outputs};
+use nixl_examples::ranks::check::{Check, Inject};
+use nixl_examples::ranks::launch;
+use nixl_examples::ranks::membership::OnDeath;
+use nixl_examples::ranks::plan::Plan;
 
 /// Collectives the GPU drives itself, over NIXL's device API.
 ///
@@ -92,7 +96,8 @@ struct Args {
     place: Place,
 
     /// Timed calls per case (at most 200: they are all queued before the
-    /// GPU starts them).
+    /// GPU starts them); in an elastic run, calls per step, each checked;
+    /// with --check-connection and --elastic, steps of agreement.
     #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200))]
     iters: u32,
 
@@ -122,9 +127,50 @@ struct Args {
     port: u16,
 
     /// Only check that the ranks meet through the store and wire up their
-    /// NIXL agents; no GPU used.
+    /// NIXL agents; no GPU used. In an elastic run each phase then runs
+    /// --iters steps of the membership's agreement (8 by default).
     #[arg(long)]
     check_connection: bool,
+
+    /// Survive deaths: a wait on a rank that passes --fault-timeout masks
+    /// it and abandons the step on every member (its calls counted lost);
+    /// the survivors agree on who is gone, shrink (chunks, slices and
+    /// output slots recomputed over fewer members; nothing re-registered)
+    /// and go on, every later call checked against the survivors' sum. Any
+    /// rank may die (kill one by pid); the report is per case and member
+    /// count. No NCCL baseline.
+    #[arg(long)]
+    elastic: bool,
+
+    /// An elastic run's plan, `ep`'s format, of one phase: `[[0,1,-2,3]]`
+    /// starts 4 ranks and kills rank 2 at a random step (ranks do not join
+    /// a collectives run).
+    #[arg(long, value_name = "FILE", conflicts_with = "ranks")]
+    plan: Option<PathBuf>,
+
+    /// Elastic runs: milliseconds a wait on a rank may take before that
+    /// rank is masked.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value = "1000",
+        allow_negative_numbers = true
+    )]
+    fault_timeout: i64,
+
+    /// Elastic runs: rounds of the sweep, one step (--iters calls) per case
+    /// each.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+
+    /// How the launcher stops a rank the plan marks -r: KILL or STOP.
+    #[arg(long, value_enum, ignore_case = true, default_value = "kill")]
+    kill_signal: nixl_examples::ranks::launch::KillSignal,
+
+    /// Seed of the steps at which the plan's -r ranks are killed [default:
+    /// from the clock; printed].
+    #[arg(long, value_name = "SEED")]
+    kill_seed: Option<u64>,
 
     /// How the timed calls (ours and NCCL's) are launched: stream (one
     /// launch each, back to back) or graph (captured once into a CUDA graph
@@ -168,31 +214,95 @@ fn main() -> ExitCode {
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
     let env = RankEnv::from_env(nixl_examples::collectives::PROGRAM)?;
-    let world = RankEnv::world(env.as_ref(), args.ranks)?;
+    let plan = elastic_plan(&args, env.as_ref())?;
+    let world = match &plan {
+        Some(p) if env.is_none() => p.capacity(None)?,
+        _ => RankEnv::world(env.as_ref(), args.ranks)?,
+    };
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = match args.check_connection {
         true => None,
         false => Some(run_config(&args, world)?),
     };
     let Some(env) = env else {
-        return launch_ranks(&args, world, timeout);
+        return launch_ranks(&args, world, plan.as_ref(), cfg.as_ref());
     };
     match cfg {
         Some(cfg) => {
             let out = Outputs {
+                plan,
                 gpus: args.gpus,
                 json: args.json.clone(),
                 csv: args.csv.clone(),
             };
             run::run(&env, &cfg, &out)?
         }
-        None => member::check_connection(&env, timeout)?,
+        None => member::check_connection(&env, plan.as_ref(), check(&args, timeout, &plan)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Without RANK: start the ranks here and wait for them.
-fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> {
+/// `--plan FILE` (one phase) or `--elastic` (every rank): the elastic
+/// run's plan; none in a fixed run.
+fn elastic_plan(args: &Args, env: Option<&RankEnv>) -> Result<Option<Plan>, UsageError> {
+    let plan = match (&args.plan, args.elastic) {
+        (Some(f), _) => Plan::load(f)?,
+        (None, true) => Plan::fixed(RankEnv::world(env, args.ranks)?),
+        (None, false) => return Ok(None),
+    };
+    if plan.len() != 1 {
+        return Err(UsageError(format!(
+            "--plan {}: a collectives run has one phase (ranks do not join it); give one list, e.g. [[0,1,-2,3]]",
+            plan.to_json()
+        )));
+    }
+    if let Some(e) = env.filter(|e| !e.launcher_store && plan.members(0).len() as u32 != e.world) {
+        return Err(UsageError(format!(
+            "--plan {} under torchrun: its phase must be ranks 0..{}",
+            plan.to_json(),
+            e.world - 1
+        )));
+    }
+    Ok(Some(plan))
+}
+
+/// `--check-connection`'s membership: survive deaths in an elastic run,
+/// with `--iters` steps of agreement, else fail on one (no steps).
+fn check(args: &Args, timeout: Duration, plan: &Option<Plan>) -> Result<Check, UsageError> {
+    let fault_timeout = fault_timeout(args.fault_timeout)?;
+    let (on_death, steps) = match plan {
+        Some(_) => (OnDeath::Survive, u64::from(args.iters)),
+        None => (OnDeath::Fail, 0),
+    };
+    Ok(Check {
+        timeout,
+        fault_timeout,
+        steps,
+        step_work: Duration::from_millis(2),
+        on_death,
+        inject: Inject::default(),
+    })
+}
+
+/// `--fault-timeout` in ms: positive.
+fn fault_timeout(ms: i64) -> Result<Duration, UsageError> {
+    match u64::try_from(ms) {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(UsageError(format!(
+            "--fault-timeout {ms}: the wait for a rank before it is masked must be at least 1 ms"
+        ))),
+    }
+}
+
+/// Without RANK: start the ranks here (the plan's, in an elastic run) and
+/// wait for them.
+fn launch_ranks(
+    args: &Args,
+    world: u32,
+    plan: Option<&Plan>,
+    cfg: Option<&RunConfig>,
+) -> Result<ExitCode> {
+    let timeout = args.timeout;
     let port = if args.port == 0 {
         nixl_examples::ranks::launch::free_port()?
     } else {
@@ -203,9 +313,41 @@ fn launch_ranks(args: &Args, world: u32, timeout: Duration) -> Result<ExitCode> 
         // Once here, rather than the same message from every rank.
         run::check_machine()?;
     }
-    tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
-    let exits = member::launch_ranks(world, port, timeout + Duration::from_secs(10))?;
-    Ok(nixl_examples::launch::finish("collectives", &exits))
+    let grace = timeout + Duration::from_secs(10);
+    let Some(plan) = plan else {
+        tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
+        let exits = member::launch_ranks(world, port, grace)?;
+        return Ok(nixl_examples::launch::finish("collectives", &exits));
+    };
+    let kill_seed = args.kill_seed.unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
+    });
+    let opts = launch::LaunchOptions {
+        program: nixl_examples::collectives::PROGRAM,
+        capacity: world,
+        port,
+        kill_signal: args.kill_signal,
+        on_death: OnDeath::Survive,
+        rounds_per_phase: cfg.map_or(8, |c| c.elastic_steps()),
+        kill_seed,
+        grace,
+        timeout,
+    };
+    let exits = launch::run_plan(plan, &opts)?;
+    let code = nixl_examples::launch::finish("collectives", &exits);
+    let gone: Vec<String> = (exits.iter())
+        .filter(|e| e.planned || e.survived)
+        .map(|e| e.name.clone())
+        .collect();
+    if code == ExitCode::SUCCESS && !gone.is_empty() {
+        nixl_examples::eline!(
+            "[collectives] the run went on: {} process(es); gone, the others went on: {}",
+            exits.len(),
+            gone.join(", ")
+        );
+    }
+    Ok(code)
 }
 
 /// The run's configuration; what cannot work is a usage error.
@@ -237,10 +379,14 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         warmup: args.warmup,
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
-        baseline: !args.no_baseline,
         launch: args.launch,
         data: args.data,
         corrupt_rank,
+        elastic: (args.elastic || args.plan.is_some()).then_some(Elastic {
+            fault_timeout_ns: fault_timeout(args.fault_timeout)?.as_nanos() as u64,
+            rounds: args.rounds,
+        }),
+        baseline: !args.no_baseline && !(args.elastic || args.plan.is_some()),
     };
     cfg.validate()?;
     Ok(cfg)

@@ -10,7 +10,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 
-use super::layout::THREADS;
+use super::layout::{MAX_RANKS, THREADS};
 
 /// `CollParams`: one call of one collective. Offsets are bytes into the
 /// rank's window ([`super::layout::WindowLayout`]).
@@ -24,8 +24,9 @@ pub struct CollParams {
     pub window: u64,
     /// [`CollReport`].
     pub report: u64,
-    /// `[2][MAX_BLOCKS]` u64: the last epoch this rank signalled per
-    /// (phase, block); local memory, zeroed once.
+    /// `[2][MAX_BLOCKS][MAX_RANKS]` u64: the last epoch this rank's block
+    /// added to each rank's flag slot, per phase (put path); local memory,
+    /// zeroed once.
     pub sent: u64,
     /// This call's [`CollTiming`].
     pub timing: u64,
@@ -41,7 +42,9 @@ pub struct CollParams {
     pub epoch: u64,
     /// GPU-side limit of every wait, ns.
     pub timeout_ns: u64,
+    /// This rank's index among the members.
     pub rank: u32,
+    /// The call's members (`members[..ranks]`).
     pub ranks: u32,
     pub op: u32,
     pub algo: u32,
@@ -50,9 +53,23 @@ pub struct CollParams {
     /// 1 when every rank runs on this GPU: fences and signals at GPU scope.
     pub same_gpu: u32,
     pub reserved: u32,
-    /// `[ranks]` u64: every peer's window as `nixlGetPtr` gave it, looked
+    /// `[rank]` u64: every peer's window as `nixlGetPtr` gave it, looked
     /// up once per session (0: the kernel calls `nixlGetPtr` itself).
     pub peer_ptrs: u64,
+    /// The abort slots in the window, `[rank]` u64: the last step that rank
+    /// abandoned (elastic runs).
+    pub off_abort: u64,
+    /// The call's step, from 1; 0: a fixed run (every wait fatal after
+    /// `timeout_ns`).
+    pub step: u64,
+    /// Elastic runs: a wait on a rank masks it after this long, ns.
+    pub fault_timeout_ns: u64,
+    /// `[MAX_RANKS]` u64: the last step this rank's abort added to each
+    /// rank's slot (put path); local memory.
+    pub abort_sent: u64,
+    /// `[index]`: member `i` is rank `members[i]` (its window, flag slots and
+    /// receive rows); chunks and output slots follow the index.
+    pub members: [u8; MAX_RANKS as usize],
 }
 
 /// `CollReport`: what went wrong in a call. Its first 40 bytes are
@@ -76,6 +93,15 @@ pub struct CollReport {
     /// 1 + the rank `nixlGetPtr` returned no pointer for.
     pub null_ptr_rank: u32,
     pub wait_target: u64,
+    /// 1: this rank abandoned the step (elastic runs; not a failure).
+    pub aborted: u32,
+    /// 1: this rank told the other members.
+    pub raised: u32,
+    /// Bit r: a wait on rank r passed the fault timeout.
+    pub masked_bits: u64,
+    /// `%globaltimer` when the wait that masked first began, and masked.
+    pub first_wait_ns: u64,
+    pub first_mask_ns: u64,
 }
 
 /// `CollTiming`: block 0's clock at a call's first instruction and after
@@ -160,6 +186,11 @@ pub struct CollData {
     pub call: u32,
     /// 1: random inputs, compared within the bound of `--data random`.
     pub random: u32,
+    /// The calls' [`CollReport`] (elastic runs: a call of an abandoned step
+    /// is counted lost instead of checked); 0: none.
+    pub report: u64,
+    /// As [`CollParams::members`]: whose inputs each index holds.
+    pub members: [u8; MAX_RANKS as usize],
 }
 
 /// `CollVerify`: the first wrong output element since it was zeroed.
@@ -173,16 +204,20 @@ pub struct CollVerify {
     pub got: f32,
     /// Output elements compared.
     pub checked: u64,
+    /// Calls not checked: their step was abandoned.
+    pub lost: u32,
+    pub reserved: u32,
 }
 
 const _: () = {
-    assert!(size_of::<CollParams>() == 152);
+    assert!(size_of::<CollParams>() == 200);
+    assert!(std::mem::offset_of!(CollParams, members) == 184);
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
     assert!(size_of::<CollTiming>() == 64);
-    assert!(size_of::<CollReport>() == 64);
+    assert!(size_of::<CollReport>() == 96);
     assert!(std::mem::offset_of!(CollReport, cancel) == 36);
-    assert!(size_of::<CollData>() == 56);
-    assert!(size_of::<CollVerify>() == 32);
+    assert!(size_of::<CollData>() == 80);
+    assert!(size_of::<CollVerify>() == 40);
 };
 
 // SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.

@@ -302,6 +302,7 @@ fn align256(v: u64) -> u64 {
 /// | region | size | written by |
 /// |---|---|---|
 /// | flags | 2 phases × [`MAX_BLOCKS`] × [`MAX_RANKS`] u64 | peers' signals |
+/// | abort | [`MAX_RANKS`] u64 | peers abandoning a step (elastic runs) |
 /// | in | the largest input | this rank |
 /// | out\[2\] | the largest output, ×2 (call parity) | this rank; peers (allgather, two-shot) |
 /// | recv\[2\] | ranks × `recv_stride`, ×2 (call parity) | peers |
@@ -309,6 +310,7 @@ fn align256(v: u64) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowLayout {
     pub flags: u64,
+    pub abort: u64,
     pub input: u64,
     pub out: [u64; 2],
     pub recv: [u64; 2],
@@ -327,7 +329,8 @@ impl WindowLayout {
         let flags = 0;
         let flag_bytes = 2 * u64::from(MAX_BLOCKS) * u64::from(MAX_RANKS) * 8;
         let data = align256(max_bytes.max(16));
-        let input = align256(flag_bytes);
+        let abort = flag_bytes;
+        let input = align256(abort + u64::from(MAX_RANKS) * 8);
         let out0 = input + data;
         let out1 = out0 + data;
         let recv_stride = data;
@@ -339,6 +342,7 @@ impl WindowLayout {
         let ll1 = ll0 + u64::from(ranks) * ll_stride;
         Self {
             flags,
+            abort,
             input,
             out: [out0, out1],
             recv: [recv0, recv1],

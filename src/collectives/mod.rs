@@ -18,7 +18,9 @@
 //! - [`kernels`], [`session`], [`nccl`], [`run`]: the GPU run — the kernels
 //!   of `cuda/collectives.cu`, the rank's registered window and views, the
 //!   cases and their checks, NCCL's same calls, the entry;
-//! - [`report`]: rows, the table, JSON and CSV.
+//! - [`report`]: rows, the table, JSON and CSV;
+//! - [`elastic`]: runs that survive a rank's death: steps, agreement,
+//!   shrink, the per-phase report.
 
 /// `collectives` as the ranks layer names it: keys under `nixl_coll/`,
 /// `[collectives]` lines.
@@ -27,6 +29,7 @@ pub const PROGRAM: crate::ranks::Program = crate::ranks::Program {
     namespace: "nixl_coll",
 };
 
+pub mod elastic;
 pub mod kernels;
 pub mod layout;
 pub mod member;

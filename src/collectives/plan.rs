@@ -87,6 +87,18 @@ pub struct RunConfig {
     pub data: DataMode,
     /// Test hook: this rank corrupts one output element of its first timed call.
     pub corrupt_rank: Option<u32>,
+    /// Survive deaths (`--elastic`, `--plan`): how; none in a fixed run.
+    #[serde(default)]
+    pub elastic: Option<Elastic>,
+}
+
+/// How an elastic run goes ([`super::elastic`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Elastic {
+    /// A wait on a rank masks it after this long, ns (`--fault-timeout`).
+    pub fault_timeout_ns: u64,
+    /// Rounds of the sweep, one step per case each (`--rounds`).
+    pub rounds: u32,
 }
 
 /// One size of one operation and type: our cases there, and NCCL's call.
@@ -154,6 +166,18 @@ impl RunConfig {
             }
         }
         out
+    }
+
+    /// The elastic run's fault timeout, ns; 0 in a fixed run.
+    pub fn fault_timeout_ns(&self) -> u64 {
+        self.elastic.map_or(0, |e| e.fault_timeout_ns)
+    }
+
+    /// Steps of an elastic run: its cases × its rounds (0 in a fixed run).
+    pub fn elastic_steps(&self) -> u64 {
+        let cases: usize = self.groups().iter().map(|g| g.cases.len()).sum();
+        self.elastic
+            .map_or(0, |e| cases as u64 * u64::from(e.rounds))
     }
 
     /// Refuses a run in which some operation has no size at all.
@@ -233,6 +257,7 @@ mod tests {
             launch: Launch::Stream,
             data: DataMode::Exact,
             corrupt_rank: None,
+            elastic: None,
         }
     }
 

@@ -6,8 +6,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use anyhow::{Result, bail};
 
+use crate::ranks::membership::{Membership, OnDeath, lowest};
+
+use super::elastic::{self, ElasticTimes};
 use super::kernels::CollKernels;
 use super::layout::{MAX_BLOCKS, Path, WindowLayout};
 use super::member::{Group, RankEnv, run_member};
@@ -24,6 +29,8 @@ use crate::say;
 /// Where results go besides stdout, and the GPUs to use.
 #[derive(Clone, Debug, Default)]
 pub struct Outputs {
+    /// An elastic run's plan (one phase; `--elastic`: every rank).
+    pub plan: Option<crate::ranks::plan::Plan>,
     pub gpus: Option<u32>,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
@@ -73,9 +80,20 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
         info.mps,
         info.nccl
     );
-    run_member(env, Duration::from_nanos(cfg.timeout_ns), |group| {
-        session(group, cfg, out, &gpu, &kernels, &info)
-    })
+    let timeout = Duration::from_nanos(cfg.timeout_ns);
+    let local = Local {
+        gpu: &gpu,
+        kernels: &kernels,
+        info: &info,
+    };
+    match &out.plan {
+        Some(plan) => run_member(env, timeout, false, |group| {
+            elastic_session(group, env, plan, cfg, out, &local)
+        }),
+        None => run_member(env, timeout, true, |group| {
+            session(group, cfg, out, &gpu, &kernels, &info)
+        }),
+    }
 }
 
 /// Everything local that must hold, reported together (the launcher runs
@@ -139,7 +157,7 @@ fn session(
 ) -> Result<()> {
     agree_config(g, cfg)?;
     g.put(&g.rank_entry(g.rank, "info"), info)?;
-    let infos: Vec<RankInfo> = g.gather("info", "GPU info")?;
+    let infos: Vec<RankInfo> = g.gather_ranks("info", "GPU info")?;
     let plan = make_plan(cfg, &infos);
     let ctx = Context {
         group: g,
@@ -176,6 +194,67 @@ fn session(
         publish(&ctx, &infos, window, &nccl_note, out)?;
     }
     Ok(())
+}
+
+/// What this rank brings: its GPU, the kernels loaded there, its
+/// introduction.
+struct Local<'a> {
+    gpu: &'a Gpu,
+    kernels: &'a CollKernels,
+    info: &'a RankInfo,
+}
+
+/// An elastic run ([`super::elastic`]): meet, steps with agreement and
+/// shrink, the phase's end, and the lowest survivor's report.
+fn elastic_session(
+    g: &Group,
+    env: &RankEnv,
+    rplan: &crate::ranks::plan::Plan,
+    cfg: &RunConfig,
+    out: &Outputs,
+    local: &Local,
+) -> Result<()> {
+    agree_config(g, cfg)?;
+    g.put(&g.rank_entry(g.rank, "info"), local.info)?;
+    let infos: Vec<RankInfo> = g.gather_ranks("info", "GPU info")?;
+    let plan = make_plan(cfg, &infos);
+    let ctx = Context {
+        group: g,
+        cfg,
+        plan: &plan,
+        gpu: local.gpu,
+        kernels: local.kernels,
+    };
+    let s = Session::open(&ctx)?;
+    if cfg.paths.contains(&Path::Store) {
+        s.check_pointers(&ctx)?;
+    }
+    let fault = Duration::from_nanos(cfg.fault_timeout_ns());
+    let el = Membership::new(g, rplan, env.incarnation, fault, OnDeath::Survive)?;
+    el.begin_phase(0, local.info)?;
+    el.opened(0, &BTreeSet::new())?;
+    let rounds = cfg.elastic.map_or(1, |e| e.rounds);
+    let measured = elastic::steps(&ctx, &s, &el, rounds);
+    if let Err(e) = &measured {
+        g.abort(&format!("{e:#}"));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    g.put_final(&g.rank_entry(g.rank, "elastic"), &measured?)?;
+    el.end_phase(0)?;
+    s.close_survived();
+    let survivors = el.active(0);
+    if g.rank != lowest(&survivors) {
+        return Ok(());
+    }
+    let all: Vec<ElasticTimes> = (survivors.iter())
+        .map(|&r| g.get(&g.rank_entry(r, "elastic"), r, "elastic results"))
+        .collect::<Result<_>>()?;
+    g.delete(
+        survivors
+            .iter()
+            .map(|&r| g.rank_entry::<ElasticTimes>(r, "elastic").key().to_string()),
+    );
+    elastic::publish(&ctx, &infos, &all, out.json.as_deref(), out.csv.as_deref())
 }
 
 /// Every rank must run rank 0's configuration.
@@ -218,7 +297,7 @@ fn publish(
     out: &Outputs,
 ) -> Result<()> {
     let g = ctx.group;
-    let all: Vec<RankTimes> = g.gather("result", "results")?;
+    let all: Vec<RankTimes> = g.gather_ranks("result", "results")?;
     let rows = rows(ctx, &all);
     let gpus: std::collections::BTreeSet<(&str, &str)> = infos
         .iter()

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use super::kernels::{
     CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, phases,
 };
-use super::layout::{Algo, Case, MAX_BLOCKS, WindowLayout};
-use super::member::{Group, agent_name};
+use super::layout::{Algo, Case, MAX_BLOCKS, MAX_RANKS, WindowLayout};
+use super::member::Group;
 use super::nccl::{self, Comm};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
@@ -59,6 +59,50 @@ crate::json_value!(
     super::report::RankTimes => "rank result",
 );
 
+/// The members a call runs over and the elastic step it belongs to: what
+/// the kernels index chunks, slices and output slots by (a fixed run's is
+/// every rank, step 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct View {
+    /// `members[..ranks]`: the members' ranks, ascending.
+    pub members: [u8; MAX_RANKS as usize],
+    pub ranks: u32,
+    /// This rank's index among them.
+    pub me: u32,
+    /// The elastic step, from 1; 0 in a fixed run.
+    pub step: u64,
+    /// Elastic runs: a wait on a rank masks it after this long, ns.
+    pub fault_timeout_ns: u64,
+}
+
+impl View {
+    /// Every rank of `world`, a fixed run's.
+    pub fn all(world: u32, rank: u32) -> Self {
+        Self::of(&(0..world).collect(), rank, 0, 0)
+    }
+
+    /// `members` (at most [`MAX_RANKS`], `rank` among them).
+    pub fn of(
+        members: &std::collections::BTreeSet<u32>,
+        rank: u32,
+        step: u64,
+        fault_timeout_ns: u64,
+    ) -> Self {
+        let mut m = [0u8; MAX_RANKS as usize];
+        for (i, &r) in members.iter().enumerate() {
+            m[i] = r as u8;
+        }
+        let me = members.iter().position(|&r| r == rank).expect("a member") as u32;
+        Self {
+            members: m,
+            ranks: members.len() as u32,
+            me,
+            step,
+            fault_timeout_ns,
+        }
+    }
+}
+
 /// What a session works with.
 pub struct Context<'a> {
     pub group: &'a Group<'a>,
@@ -79,6 +123,10 @@ pub struct Session {
     report: DeviceBuffer,
     verify: DeviceBuffer,
     sent: DeviceBuffer,
+    abort_sent: DeviceBuffer,
+    /// The calls' members and step ([`View::all`] unless an elastic run
+    /// shrinks it).
+    pub view: Cell<View>,
     /// A case's calls' [`CollTiming`] stamps.
     timing: DeviceBuffer,
     /// The gate the timed calls wait behind (see `run_case`).
@@ -98,7 +146,7 @@ impl Session {
     /// every peer's metadata and window, the views.
     pub fn open(ctx: &Context) -> Result<Self> {
         let g = ctx.group;
-        let nixl = create_ucx_agent(&agent_name(g.rank))?;
+        let nixl = create_ucx_agent(&g.agent_name(g.rank, 0))?;
         let layout = WindowLayout::new(ctx.cfg.max_bytes(), g.world);
         let alloc = |len: u64, what: &str| {
             DeviceBuffer::zeroed(&ctx.gpu.ctx, len as usize).with_context(|| {
@@ -126,11 +174,11 @@ impl Session {
         let mut peers = vec![None; g.world as usize];
         for r in (0..g.world).filter(|&r| r != g.rank) {
             let md: AgentMetadata = g.get(&g.rank_entry(r, "metadata"), r, "agent metadata")?;
-            load_peer(&nixl.agent, &md.0, &agent_name(r), g.timeout())
+            load_peer(&nixl.agent, &md.0, &g.agent_name(r, 0), g.timeout())
                 .map_err(|e| g.blame_member(r as usize, e))?;
             let list: DescList = g.get(&g.rank_entry(r, "window"), r, "window descriptor")?;
             match list.descs.as_slice() {
-                [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, agent_name(r))),
+                [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, g.agent_name(r, 0))),
                 other => bail!(
                     "rank {r} published a window of {other:?}, expected one buffer of {} bytes",
                     layout.bytes
@@ -151,7 +199,12 @@ impl Session {
             layout,
             report: alloc(size_of::<CollReport>() as u64, "the report")?,
             verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
-            sent: alloc(2 * u64::from(MAX_BLOCKS) * 8, "the epochs sent")?,
+            sent: alloc(
+                2 * u64::from(MAX_BLOCKS) * u64::from(MAX_RANKS) * 8,
+                "the epochs sent",
+            )?,
+            abort_sent: alloc(u64::from(MAX_RANKS) * 8, "the aborts sent")?,
+            view: Cell::new(View::all(g.world, g.rank)),
             gate: alloc(8, "the gate")?,
             timing: alloc(
                 (size_of::<CollTiming>() as u32 * ctx.cfg.calls()).into(),
@@ -221,7 +274,10 @@ impl Session {
         ctx.group.barrier("released")?;
         self.reg = None;
         for r in (0..ctx.group.world).filter(|&r| r != ctx.group.rank) {
-            let _ = self.nixl.agent.invalidate_remote_md(&agent_name(r));
+            let _ = self
+                .nixl
+                .agent
+                .invalidate_remote_md(&ctx.group.agent_name(r, 0));
         }
         Ok(())
     }
@@ -283,7 +339,8 @@ impl Session {
     /// The call's kernel parameters.
     fn params(&self, ctx: &Context, case: &Case, call: u64) -> CollParams {
         let (local, remote) = self.views();
-        let (off_in, off_out) = self.layout.in_out(case, ctx.group.rank, call);
+        let v = self.view.get();
+        let (off_in, off_out) = self.layout.in_out(case, v.me, call);
         CollParams {
             local_mvh: local,
             remote_mvh: remote,
@@ -306,8 +363,8 @@ impl Session {
             count: case.count,
             epoch: call + 1,
             timeout_ns: ctx.cfg.timeout_ns,
-            rank: ctx.group.rank,
-            ranks: ctx.group.world,
+            rank: v.me,
+            ranks: v.ranks,
             op: case.op.code(),
             algo: case.algo.code(),
             path: case.path.code(),
@@ -315,17 +372,28 @@ impl Session {
             same_gpu: u32::from(ctx.plan.max_ranks_on_gpu == ctx.group.world),
             reserved: 0,
             peer_ptrs: self.ptrs.get().map_or(0, |b| b.addr()),
+            off_abort: self.layout.abort,
+            step: v.step,
+            fault_timeout_ns: v.fault_timeout_ns,
+            abort_sent: self.abort_sent.addr(),
+            members: v.members,
         }
     }
 
     fn data(&self, ctx: &Context, case: &Case, input: u64, output: u64, call: u64) -> CollData {
+        let v = self.view.get();
         CollData {
             input,
             output,
             verify: self.verify.addr(),
             count: case.count,
-            rank: ctx.group.rank,
-            ranks: ctx.group.world,
+            rank: v.me,
+            ranks: v.ranks,
+            report: match v.step {
+                0 => 0,
+                _ => self.report.addr(),
+            },
+            members: v.members,
             op: case.op.code(),
             dtype: case.dtype.code(),
             call: call as u32,
@@ -666,7 +734,7 @@ pub fn connect_nccl(ctx: &Context, infos: &[RankInfo]) -> Result<Result<Comm, St
     let mine = nccl::connect(g, ctx.gpu).map_err(|e| anyhow::anyhow!("{e:#}{shared}"));
     let status = NcclOutcome(mine.as_ref().err().map(|e| format!("{e:#}")));
     g.put(&g.rank_entry(g.rank, "nccl"), &status)?;
-    let all: Vec<NcclOutcome> = g.gather("nccl", "NCCL setup outcome")?;
+    let all: Vec<NcclOutcome> = g.gather_ranks("nccl", "NCCL setup outcome")?;
     if let Some((r, why)) = all
         .iter()
         .enumerate()
@@ -675,4 +743,95 @@ pub fn connect_nccl(ctx: &Context, infos: &[RankInfo]) -> Result<Result<Comm, St
         return Ok(Err(format!("rank {r}: {why}")));
     }
     Ok(mine.map_err(|e| format!("{e:#}")))
+}
+
+/// What one elastic step left behind ([`Session::run_step`]).
+#[derive(Clone, Debug, Default)]
+pub struct StepOutcome {
+    /// GPU time of each call that completed and was checked, ns.
+    pub times_ns: Vec<f64>,
+    /// Calls of the step that were abandoned (not checked).
+    pub lost: u32,
+    /// Ranks this rank's waits masked (past the fault timeout).
+    pub masked: std::collections::BTreeSet<u32>,
+    /// GPU time the wait that masked first had waited, ns.
+    pub waited_ns: Option<u64>,
+}
+
+impl Session {
+    /// One step of an elastic run over [`Session::view`]: `calls` calls of
+    /// `case` from call number `first`, each `fill → coll_run → check` with
+    /// its own inputs and every output element compared, timed by events
+    /// around `coll_run`. A wait past the fault timeout abandons the step
+    /// on every member (the calls left return at once, their checks count
+    /// them lost); that is not an error. Errors: a wait past `--timeout`,
+    /// a failed NIXL call, an unmapped peer, a wrong element (exit 3).
+    pub fn run_step(
+        &self,
+        ctx: &Context,
+        case: &Case,
+        first: u64,
+        calls: u64,
+    ) -> Result<StepOutcome> {
+        let (g, v) = (ctx.group, self.view.get());
+        let blocks = case.blocks(v.ranks, ctx.plan.max_blocks);
+        let ev = || {
+            ctx.gpu
+                .ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        let events = (0..calls)
+            .map(|_| Ok((ev()?, ev()?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.verify.zero(&ctx.gpu.stream)?;
+        let queue = |s: &CudaStream| -> Result<()> {
+            for (k, (a, b)) in events.iter().enumerate() {
+                let c = first + k as u64;
+                let p = self.params(ctx, case, c);
+                let d = self.data(ctx, case, p.window + p.off_in, p.window + p.off_out, c);
+                // SAFETY: every address belongs to this session, which
+                // outlives the work (run_watched waits for it).
+                unsafe {
+                    ctx.kernels.launch_data(s, false, &d)?;
+                    a.record(s)?;
+                    ctx.kernels.launch_run(s, blocks, &p)?;
+                    b.record(s)?;
+                    ctx.kernels.launch_data(s, true, &d)?;
+                }
+            }
+            Ok(())
+        };
+        let what = describe(case, v.ranks);
+        let timeout = Duration::from_nanos(ctx.cfg.timeout_ns);
+        run_watched(ctx.gpu, &self.report, timeout, None, queue, || g.probe())
+            .with_context(|| format!("rank {}: {what}", g.rank))?;
+        self.check_report(ctx, &what)?;
+        let mut r = CollReport::default();
+        self.report
+            .download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
+        let mut vf = CollVerify::default();
+        self.verify
+            .download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut vf))?;
+        let done = calls - u64::from(vf.lost);
+        self.check_verify(ctx, &what, case.elems(v.ranks).1 * done)?;
+        let times_ns = (events[..done as usize].iter())
+            .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
+            .collect::<Result<_>>()?;
+        Ok(StepOutcome {
+            times_ns,
+            lost: vf.lost,
+            masked: (0..64).filter(|b| r.masked_bits >> b & 1 == 1).collect(),
+            waited_ns: (r.raised != 0).then(|| r.first_mask_ns.saturating_sub(r.first_wait_ns)),
+        })
+    }
+
+    /// Closes an elastic run's session: every survivor passed the phase's
+    /// end (none writes into our window any more; the dead never will), so
+    /// the views and the registration go without the all-ranks barrier of
+    /// [`Session::close`].
+    pub fn close_survived(mut self) {
+        self.remote = None;
+        self.local = None;
+        self.reg = None;
+    }
 }

@@ -94,6 +94,23 @@ impl<'a> Group<'a> {
         self.member.get(entry, from as usize, what)
     }
 
+    /// The run-wide entry `rest` under the program's namespace (e.g.
+    /// `nixl_coll/config`).
+    pub fn entry<T>(&self, rest: &str) -> Entry<T> {
+        self.keys.entry(rest)
+    }
+
+    /// Rank `r`'s entry `what` (`rank/<r>/<what>`): what that rank publishes
+    /// about itself in a fixed run.
+    pub fn rank_entry<T>(&self, r: u32, what: &str) -> Entry<T> {
+        self.keys.entry(format!("rank/{r}/{what}"))
+    }
+
+    /// Every rank's `rank/<r>/<what>`, in rank order.
+    pub fn gather_ranks<T: Value>(&self, what: &str, describe: &str) -> Result<Vec<T>> {
+        self.gather(|r| self.rank_entry(r, what), describe)
+    }
+
     /// Every rank's `entry(r)`, in rank order.
     pub fn gather<T: Value>(&self, entry: impl Fn(u32) -> Entry<T>, what: &str) -> Result<Vec<T>> {
         (0..self.world)
