@@ -19,8 +19,12 @@
 # refuses ranks that share a GPU, and the table says so. Also: the same
 # sweep in place, torchrun as the launcher, and an injected wrong element
 # (must exit 3). Needs no cargo (scripts/gpu-bundle.sh packs the binaries).
+#
+#   scripts/run_collectives.sh --elastic [OPTIONS]   runs scripts/collectives_elastic.sh:
+#                              random deaths in elastic runs (its --help)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ ${1:-} == --elastic ]]; then shift; exec "$ROOT/scripts/collectives_elastic.sh" "$@"; fi
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives; RANKS="3 4"; MAX=auto; MPS=1

@@ -45,6 +45,9 @@ pub struct StepRow {
     /// GPU time of every checked call, ns.
     pub times_ns: Vec<f64>,
     pub lost: u32,
+    /// A step of the first round: checked, not timed (warm-up).
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// How the survivors found and dropped one rank.
@@ -105,6 +108,7 @@ pub fn steps(ctx: &Context, s: &Session, el: &Membership, rounds: u32) -> Result
                 ranks: s.view.get().ranks,
                 times_ns: o.times_ns.clone(),
                 lost: o.lost,
+                warm: round == 0,
             });
             agree(ctx, el, step, &o, &mut masked, &mut out)?;
         }
@@ -203,7 +207,8 @@ pub struct PhaseRow {
     pub calls: u64,
     /// Calls lost (their step abandoned), summed over the ranks.
     pub lost: u64,
-    /// The slowest rank's p50 and p99 GPU time per call, µs.
+    /// The slowest rank's p50 and p99 GPU time per call, µs (the first
+    /// round, the warm-up, left out).
     pub p50_us: f64,
     pub p99_us: f64,
 }
@@ -213,10 +218,12 @@ fn phase_row(case: &Case, ci: usize, n: u32, all: &[ElasticTimes]) -> PhaseRow {
     for t in all {
         let mut times: Vec<f64> = Vec::new();
         for s in t.steps.iter().filter(|s| s.case == ci && s.ranks == n) {
-            times.extend(&s.times_ns);
+            calls += s.times_ns.len() as u64;
             lost += u64::from(s.lost);
+            if !s.warm {
+                times.extend(&s.times_ns);
+            }
         }
-        calls += times.len() as u64;
         times.sort_by(f64::total_cmp);
         if let (Some(a), Some(b)) = (pct(&times, 50.0), pct(&times, 99.0)) {
             p50 = p50.max(a / 1e3);
