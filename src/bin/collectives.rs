@@ -269,7 +269,7 @@ fn elastic_plan(args: &Args, env: Option<&RankEnv>) -> Result<Option<Plan>, Usag
 /// `--check-connection`'s membership: survive deaths in an elastic run,
 /// with `--iters` steps of agreement, else fail on one (no steps).
 fn check(args: &Args, timeout: Duration, plan: &Option<Plan>) -> Result<Check, UsageError> {
-    let fault_timeout = fault_timeout(args.fault_timeout)?;
+    let fault_timeout = nixl_examples::ranks::membership::fault_timeout_arg(args.fault_timeout)?;
     let (on_death, steps) = match plan {
         Some(_) => (OnDeath::Survive, u64::from(args.iters)),
         None => (OnDeath::Fail, 0),
@@ -282,16 +282,6 @@ fn check(args: &Args, timeout: Duration, plan: &Option<Plan>) -> Result<Check, U
         on_death,
         inject: Inject::default(),
     })
-}
-
-/// `--fault-timeout` in ms: positive.
-fn fault_timeout(ms: i64) -> Result<Duration, UsageError> {
-    match u64::try_from(ms) {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(UsageError(format!(
-            "--fault-timeout {ms}: the wait for a rank before it is masked must be at least 1 ms"
-        ))),
-    }
 }
 
 /// Without RANK: start the ranks here (the plan's, in an elastic run) and
@@ -383,7 +373,10 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         data: args.data,
         corrupt_rank,
         elastic: (args.elastic || args.plan.is_some()).then_some(Elastic {
-            fault_timeout_ns: fault_timeout(args.fault_timeout)?.as_nanos() as u64,
+            fault_timeout_ns: nixl_examples::ranks::membership::fault_timeout_arg(
+                args.fault_timeout,
+            )?
+            .as_nanos() as u64,
             rounds: args.rounds,
         }),
         baseline: !args.no_baseline && !(args.elastic || args.plan.is_some()),

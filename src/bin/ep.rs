@@ -246,7 +246,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
     let env = RankEnv::from_env(PROGRAM)?;
     let (plan, capacity) = plan_and_capacity(&args, env.as_ref())?;
-    let fault_timeout = fault_timeout(args.fault_timeout)?;
+    let fault_timeout = nixl_examples::ranks::membership::fault_timeout_arg(args.fault_timeout)?;
     let on_death = on_death(&args, &plan)?;
     let inject = parse_inject(args.inject.as_deref(), capacity)?;
     // Arguments that cannot work are refused before any network or GPU work.
@@ -358,16 +358,6 @@ fn plan_and_capacity(args: &Args, env: Option<&RankEnv>) -> Result<(Plan, u32), 
             ))
         }
         None => Ok((plan, capacity)),
-    }
-}
-
-/// `--fault-timeout` in ms: positive.
-fn fault_timeout(ms: i64) -> Result<Duration, UsageError> {
-    match u64::try_from(ms) {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(UsageError(format!(
-            "--fault-timeout {ms}: the wait for a rank before it counts as gone must be at least 1 ms"
-        ))),
     }
 }
 

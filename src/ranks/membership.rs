@@ -105,6 +105,16 @@ pub enum OnDeath {
     Fail,
 }
 
+/// `--fault-timeout MS` (`ep`'s, `collectives`'): at least 1 ms.
+pub fn fault_timeout_arg(ms: i64) -> Result<Duration, crate::cli::UsageError> {
+    match u64::try_from(ms) {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(crate::cli::UsageError(format!(
+            "--fault-timeout {ms}: the wait for a rank before it counts as gone must be at least 1 ms"
+        ))),
+    }
+}
+
 /// `--fault-timeout`'s default: 1000 ms (how long a member waits on a
 /// silent peer before it masks it).
 pub const DEFAULT_FAULT_TIMEOUT_NS: u64 = 1_000_000_000;
