@@ -70,9 +70,10 @@ pub fn prepare() -> NcclStatus {
     }
 }
 
-/// Finds `libnccl.so.2`: `NCCL_LIB` (a file or a folder), then the
-/// site-packages of `python3` on PATH and of the project's `.venv`, under
-/// `nvidia/nccl/lib` and `torch/lib`.
+/// Finds `libnccl.so.2`: `NCCL_LIB` (a file or a folder; set, it is the
+/// only place looked at, so a wrong one is named rather than passed over),
+/// else the site-packages of `python3` on PATH and of the project's
+/// `.venv`, under `nvidia/nccl/lib` and `torch/lib`.
 pub fn find_library() -> Result<PathBuf, String> {
     let mut searched = Vec::new();
     if let Some(p) = std::env::var_os("NCCL_LIB").map(PathBuf::from) {
@@ -81,7 +82,11 @@ pub fn find_library() -> Result<PathBuf, String> {
                 return Ok(c);
             }
         }
-        searched.push(format!("NCCL_LIB={}", p.display()));
+        return Err(format!(
+            "NCCL_LIB={} holds no libnccl.so.2: point it at the library or its folder, unset it to search \
+             Python's site-packages, or pass --no-baseline",
+            p.display()
+        ));
     }
     let mut sites = python_site_packages();
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
