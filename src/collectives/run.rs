@@ -155,10 +155,7 @@ fn session(
     k: &CollKernels,
     info: &RankInfo,
 ) -> Result<()> {
-    agree_config(g, cfg)?;
-    g.put(&g.rank_entry(g.rank, "info"), info)?;
-    let infos: Vec<RankInfo> = g.gather_ranks("info", "GPU info")?;
-    let plan = make_plan(cfg, &infos);
+    let (infos, plan) = meet(g, cfg, info)?;
     let ctx = Context {
         group: g,
         cfg,
@@ -214,10 +211,7 @@ fn elastic_session(
     out: &Outputs,
     local: &Local,
 ) -> Result<()> {
-    agree_config(g, cfg)?;
-    g.put(&g.rank_entry(g.rank, "info"), local.info)?;
-    let infos: Vec<RankInfo> = g.gather_ranks("info", "GPU info")?;
-    let plan = make_plan(cfg, &infos);
+    let (infos, plan) = meet(g, cfg, local.info)?;
     let ctx = Context {
         group: g,
         cfg,
@@ -255,6 +249,16 @@ fn elastic_session(
             .map(|&r| g.rank_entry::<ElasticTimes>(r, "elastic").key().to_string()),
     );
     elastic::publish(&ctx, &infos, &all, out.json.as_deref(), out.csv.as_deref())
+}
+
+/// Meet: every rank runs rank 0's configuration and introduces itself;
+/// returns the introductions, in rank order, and the block limit they give.
+fn meet(g: &Group, cfg: &RunConfig, info: &RankInfo) -> Result<(Vec<RankInfo>, Plan)> {
+    agree_config(g, cfg)?;
+    g.put(&g.rank_entry(g.rank, "info"), info)?;
+    let infos: Vec<RankInfo> = g.gather_ranks("info", "GPU info")?;
+    let plan = make_plan(cfg, &infos);
+    Ok((infos, plan))
 }
 
 /// Every rank must run rank 0's configuration.
