@@ -172,10 +172,9 @@ fn agree(
     Ok(())
 }
 
-/// The lowest survivor's report: rows per case and member count (the
-/// slowest rank's p50 and p99 over all its checked calls), every death's
-/// detection, and the JSON/CSV files.
-pub fn report(ctx: &Context, cases: &[Case], all: &[ElasticTimes]) -> Vec<PhaseRow> {
+/// The rows of the lowest survivor's report: per case and member count,
+/// the calls checked and lost and the slowest rank's p50 and p99.
+pub fn report(cases: &[Case], all: &[ElasticTimes]) -> Vec<PhaseRow> {
     let mut rows: Vec<PhaseRow> = Vec::new();
     for (ci, case) in cases.iter().enumerate() {
         let mut counts: Vec<u32> = all
@@ -188,7 +187,6 @@ pub fn report(ctx: &Context, cases: &[Case], all: &[ElasticTimes]) -> Vec<PhaseR
             rows.push(phase_row(case, ci, n, all));
         }
     }
-    let _ = ctx;
     rows
 }
 
@@ -261,7 +259,7 @@ pub fn publish(
     csv: Option<&std::path::Path>,
 ) -> Result<()> {
     let cases = cases(ctx);
-    let rows = report(ctx, &cases, all);
+    let rows = report(&cases, all);
     let mut dets: Vec<&Detection> = all.iter().flat_map(|t| &t.detections).collect();
     dets.sort_by_key(|d| d.rank);
     say!(
@@ -276,13 +274,13 @@ pub fn publish(
     for d in &dets {
         say!("{}", detection_line(d));
     }
-    let wrong = 0u64; // a wrong element ends the run with exit 3 before here
     let doc = serde_json::json!({
         "config": ctx.cfg,
         "ranks": ctx.group.world,
         "rows": rows,
         "detections": dets,
-        "wrong_elements": wrong,
+        // A wrong element ends the run with exit 3 before this report.
+        "wrong_elements": 0,
         "run_env": crate::results::RunEnv::capture("collectives"),
     });
     if let Some(p) = json {
