@@ -9,14 +9,21 @@
 # checked and lost) and detections go to --out as JSON, CSV and a log; a
 # summary line per run, then totals.
 #
+# --sweep adds, for each operation / algorithm / path, a run at 3 ranks with
+# no death (fresh-<case>.json) and a run at 4 ranks that loses one by plan
+# (sweep-<case>.json), f32 at every size from 8 B to 64 MiB (×2), 8 rounds
+# of 5 calls: the sizes the comparison "after a shrink against a fresh run
+# of the survivors' count" needs. scripts/report_collectives_elastic.py
+# reads the folder: the per-phase table, the comparison, and a plot.
+#
 #   scripts/collectives_elastic.sh [--bin DIR | --bundle FILE] [--out DIR]
-#                                  [--runs N] [--seed S] [--fault-timeout MS]
+#                                  [--runs N] [--seed S] [--fault-timeout MS] [--sweep]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives-elastic
-RUNS=12; SEED=$(date +%s); FAULT=200
+RUNS=12; SEED=$(date +%s); FAULT=200; SWEEP=0
 while (($#)); do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
@@ -26,6 +33,7 @@ while (($#)); do
     --runs) RUNS=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --fault-timeout) FAULT=$2; shift 2 ;;
+    --sweep) SWEEP=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac
@@ -40,7 +48,52 @@ C="$BIN/collectives"
 RANDOM=$SEED
 echo "collectives_elastic: seed $SEED, $RUNS runs, fault timeout $FAULT ms" >&2
 CASES=("allreduce one-shot" "allreduce two-shot" "allreduce ll" "allgather one-shot" "reduce-scatter one-shot")
-pass=0; fail=0
+pass=0; fail=0; total=0
+
+# planned TAG VICTIM SIGNAL ARGS...: the plan kills VICTIM of ranks 0-3 at a
+# step drawn in the first half of the run.
+planned() {
+  local tag=$1 victim=$2 sig=$3; shift 3
+  local plan="$OUT/$tag.plan.json" members=(0 1 2 3)
+  members[victim]="-$victim"
+  (IFS=,; echo "[[${members[*]}]]") > "$plan"
+  "$C" --plan "$plan" --kill-signal "$sig" --kill-seed "$RANDOM" "$@" > "$OUT/$tag.log" 2>&1
+}
+
+# by_pid TAG VICTIM SIGNAL ARGS...: 4 ranks; VICTIM's process is sent SIGNAL
+# at a random moment after the first round.
+by_pid() {
+  local tag=$1 victim=$2 sig=$3; shift 3
+  "$C" --elastic --ranks 4 "$@" > "$OUT/$tag.log" 2>&1 &
+  local launcher=$! pid="" rc
+  for _ in $(seq 1 600); do grep -q "round 1/60 verified" "$OUT/$tag.log" && break; sleep 0.02; done
+  sleep "0.$((RANDOM % 5))$((RANDOM % 10))"
+  for p in $(pgrep -P "$launcher"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$victim" && pid=$p
+  done
+  if [[ -n $pid ]]; then
+    kill -s "$sig" "$pid"; echo "[$tag] sent SIG$sig to rank $victim (pid $pid)" >> "$OUT/$tag.log"
+  else
+    echo "[$tag] the kill missed: rank $victim had exited (the run ended first)" >> "$OUT/$tag.log"
+  fi
+  wait "$launcher"; rc=$?
+  [[ $sig == STOP && -n $pid ]] && kill -KILL "$pid" 2>/dev/null
+  return "$rc"
+}
+
+# verdict TAG RC VICTIM: passes when the run exited 0 and all 3 survivors
+# named the victim; one summary line.
+verdict() {
+  local tag=$1 rc=$2 victim=$3 named lost wait_ms agree v=ok
+  named=$(grep -c "ranks gone: \[$victim\]" "$OUT/$tag.log")
+  total=$((total + 1))
+  if ((rc == 0 && named == 3)); then pass=$((pass + 1)); else fail=$((fail + 1)); v=FAIL; fi
+  lost=$(grep -o '"lost": [0-9]*' "$OUT/$tag.json" 2>/dev/null | awk '{s += $2} END {print s + 0}')
+  wait_ms=$(grep -o 'waited on [0-9.]* ms' "$OUT/$tag.log" | head -1)
+  agree=$(grep -o 'agreed in [0-9.]* ms' "$OUT/$tag.log" | head -1)
+  echo "$v $tag: exit $rc, named by $named/3 survivors, lost calls $lost, ${wait_ms:-no GPU wait}, ${agree:-}"
+}
+
 for ((k = 1; k <= RUNS; k++)); do
   read -r op algo <<< "${CASES[RANDOM % ${#CASES[@]}]}"
   path=$([[ $algo == ll ]] && echo store || ( ((RANDOM % 2)) && echo put || echo store ))
@@ -50,40 +103,26 @@ for ((k = 1; k <= RUNS; k++)); do
   tag=$(printf 'r%02d-%s-%s-%s-%s-rank%d-%s' "$k" "$op" "$algo" "$path" "$how" "$victim" "$sig")
   args=(--gpus 1 --op "$op" --algo "$algo" --path "$path" -b 8 -e 1M -f 32 --rounds 60 -n 10
         --fault-timeout "$FAULT" --timeout 30 --json "$OUT/$tag.json" --csv "$OUT/$tag.csv")
-  if [[ $how == plan ]]; then
-    plan="$OUT/$tag.plan.json"
-    members=(0 1 2 3); members[victim]="-$victim"
-    (IFS=,; echo "[[${members[*]}]]") > "$plan"
-    "$C" --plan "$plan" --kill-signal "$sig" --kill-seed "$RANDOM" "${args[@]}" > "$OUT/$tag.log" 2>&1
-    rc=$?
-  else
-    "$C" --elastic --ranks 4 "${args[@]}" > "$OUT/$tag.log" 2>&1 &
-    launcher=$!
-    # A random moment inside the steps: after the ranks report their first round.
-    for _ in $(seq 1 600); do grep -q "round 1/60 verified" "$OUT/$tag.log" && break; sleep 0.02; done
-    sleep "0.$((RANDOM % 5))$((RANDOM % 10))"
-    pid=""
-    for p in $(pgrep -P "$launcher"); do
-      tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$victim" && pid=$p
-    done
-    if [[ -n $pid ]]; then
-      kill -s "$sig" "$pid"; echo "[$tag] sent SIG$sig to rank $victim (pid $pid)" >> "$OUT/$tag.log"
-    else
-      echo "[$tag] the kill missed: rank $victim had exited (the run ended first)" >> "$OUT/$tag.log"
-    fi
-    wait "$launcher"; rc=$?
-    [[ $sig == STOP && -n $pid ]] && kill -KILL "$pid" 2>/dev/null
-  fi
-  named=$(grep -c "ranks gone: \[$victim\]" "$OUT/$tag.log")
-  if ((rc == 0 && named == 3)); then
-    pass=$((pass + 1)); verdict=ok
-  else
-    fail=$((fail + 1)); verdict=FAIL
-  fi
-  lost=$(grep -o '"lost": [0-9]*' "$OUT/$tag.json" 2>/dev/null | awk '{s += $2} END {print s + 0}')
-  wait_ms=$(grep -o 'waited on [0-9.]* ms' "$OUT/$tag.log" | head -1)
-  agree=$(grep -o 'agreed in [0-9.]* ms' "$OUT/$tag.log" | head -1)
-  echo "$verdict $tag: exit $rc, named by $named/3 survivors, lost calls $lost, ${wait_ms:-no GPU wait}, ${agree:-}"
+  if [[ $how == plan ]]; then planned "$tag" "$victim" "$sig" "${args[@]}"; else by_pid "$tag" "$victim" "$sig" "${args[@]}"; fi
+  verdict "$tag" $? "$victim"
 done
-echo "collectives_elastic: $pass/$RUNS runs passed (seed $SEED)"
+
+if ((SWEEP)); then
+  for c in "allreduce one-shot put" "allreduce one-shot store" "allreduce two-shot put" \
+           "allreduce two-shot store" "allreduce ll store" "allgather one-shot put" \
+           "allgather one-shot store" "reduce-scatter one-shot put" "reduce-scatter one-shot store"; do
+    read -r op algo path <<< "$c"
+    name="$op-$algo-$path"; max=64M
+    [[ $algo == ll ]] && max=64K   # LL runs up to 64 KiB
+    args=(--gpus 1 --op "$op" --algo "$algo" --path "$path" -b 8 -e "$max" -f 2 --dtype f32
+          --rounds 8 -n 5 --fault-timeout "$FAULT" --timeout 60)
+    "$C" --elastic --ranks 3 "${args[@]}" --json "$OUT/fresh-$name.json" --csv "$OUT/fresh-$name.csv" \
+      > "$OUT/fresh-$name.log" 2>&1 || echo "FAIL fresh-$name: exit $? (see $OUT/fresh-$name.log)"
+    victim=$((1 + RANDOM % 3)); sig=$( ((RANDOM % 2)) && echo KILL || echo STOP )
+    tag="sweep-$name-rank$victim-$sig"
+    planned "$tag" "$victim" "$sig" "${args[@]}" --json "$OUT/$tag.json" --csv "$OUT/$tag.csv"
+    verdict "$tag" $? "$victim"
+  done
+fi
+echo "collectives_elastic: $pass/$total runs passed (seed $SEED)"
 ((fail == 0))
