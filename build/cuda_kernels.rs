@@ -3,8 +3,13 @@
 //! Needs three things; each is looked for in the order a user's machine has it:
 //! - nvcc: `NVCC`, `CUDA_HOME`/`CUDA_PATH` `/bin/nvcc`, `nvcc` on PATH,
 //!   `/usr/local/cuda/bin/nvcc`, the project's `.venv` (PyPI nvidia-cuda-nvcc);
-//! - NIXL's device header (`gpu/ucx/nixl_device.cuh` and the `nixl_types.h`
-//!   it includes; on no package registry), the first folder holding both of
+//! - NIXL's device header (on no package registry), in either layout: NIXL
+//!   1.x's `gpu/ucx/nixl_device.cuh`, or the backend-neutral
+//!   `gpu/nixl_device.cuh` (with `gpu/common/`, `gpu/ucx/nixl_device_impl.cuh`
+//!   and `gpu/nixl_device_config.h`) of upstream's main after it, each with
+//!   the `nixl_types.h` it includes. The kernels compile against either
+//!   (`cuda/device_common.cuh`; the build defines `NIXL_DEVICE_API_GENERIC`
+//!   and says which it found); the first folder holding one of
 //!   1. `NIXL_INCLUDE_DIR`,
 //!   2. `$NIXL_PREFIX/include` (default `/opt/nvidia/nvda_nixl/include`), a
 //!      NIXL install,
@@ -154,7 +159,7 @@ pub fn compile(
     });
     let nixl = find_nixl_include(env, manifest, lines);
     let ucx = find_ucx_include(env, &sites);
-    let (nvcc, nixl_inc, ucx_inc) = match (nvcc, nixl, ucx) {
+    let (nvcc, (nixl_inc, layout), ucx_inc) = match (nvcc, nixl, ucx) {
         (Ok(n), Ok(x), Ok(u)) => (n, x, u),
         (n, x, u) => {
             let missing: Vec<String> = [n.err(), x.err(), u.err()].into_iter().flatten().collect();
@@ -166,7 +171,12 @@ pub fn compile(
         ucx_inc.join("ucp/api/device/ucp_device_impl.h").display()
     ));
     lines.push(format!("build: nvcc {}", nvcc.display()));
-    let defines = ucx_version_check(&ucx_inc, &sites, lines);
+    let mut defines = ucx_version_check(&ucx_inc, &sites, lines);
+    defines.push(format!("-DNIXL_DEVICE_API_GENERIC={}", layout as u8));
+    lines.push(format!(
+        "cargo:rustc-env=NIXL_DEVICE_HEADER={}",
+        layout.header()
+    ));
     let arch = env("NIXL_CUDA_ARCH")
         .and_then(|a| a.into_string().ok())
         .unwrap_or_else(|| "90".into());
@@ -271,9 +281,54 @@ fn find_nvcc(env: Env, sites: &[PathBuf]) -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
-/// Whether `dir` holds both files of NIXL's device header.
+/// The two layouts of NIXL's device header the kernels compile against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderLayout {
+    /// NIXL 1.x: `gpu/ucx/nixl_device.cuh`.
+    Ucx = 0,
+    /// Upstream's main after 1.x: the backend-neutral `gpu/nixl_device.cuh`.
+    Generic = 1,
+}
+
+impl HeaderLayout {
+    /// The header the kernels include.
+    pub fn header(self) -> &'static str {
+        match self {
+            HeaderLayout::Ucx => "gpu/ucx/nixl_device.cuh",
+            HeaderLayout::Generic => "gpu/nixl_device.cuh",
+        }
+    }
+
+    /// Every file of the layout that must be there (besides `nixl_types.h`).
+    pub fn files(self) -> &'static [&'static str] {
+        match self {
+            HeaderLayout::Ucx => &["gpu/ucx/nixl_device.cuh"],
+            HeaderLayout::Generic => &[
+                "gpu/nixl_device.cuh",
+                "gpu/nixl_device_config.h",
+                "gpu/common/nixl_device_api.cuh",
+                "gpu/ucx/nixl_device_impl.cuh",
+            ],
+        }
+    }
+}
+
+/// Which layout of NIXL's device header `dir` holds, if any (the
+/// backend-neutral one first: an install that has it prepares its views for it).
+pub fn nixl_header_layout(dir: &Path) -> Option<HeaderLayout> {
+    if !dir.join("nixl_types.h").is_file() {
+        return None;
+    }
+    [HeaderLayout::Generic, HeaderLayout::Ucx]
+        .into_iter()
+        .find(|l| l.files().iter().all(|f| dir.join(f).is_file()))
+}
+
+/// Whether `dir` holds NIXL's device header, in either layout (what
+/// tests/setup_headers.rs asks; the build needs the layout).
+#[allow(dead_code)]
 pub fn has_nixl_header(dir: &Path) -> bool {
-    dir.join("gpu/ucx/nixl_device.cuh").is_file() && dir.join("nixl_types.h").is_file()
+    nixl_header_layout(dir).is_some()
 }
 
 /// The folder to pass as `-I` for NIXL's device header, in the order of the
@@ -283,7 +338,7 @@ pub fn find_nixl_include(
     env: Env,
     manifest: &Path,
     lines: &mut Vec<String>,
-) -> Result<PathBuf, String> {
+) -> Result<(PathBuf, HeaderLayout), String> {
     let deps = manifest.join(".deps/nixl-include");
     // Watch the folder setup.sh fills, so files arriving there rebuild. A
     // path that does not exist would rerun the build every time: then its
@@ -303,8 +358,8 @@ pub fn find_nixl_include(
     candidates.push((prefix.join("include"), "$NIXL_PREFIX/include"));
     candidates.push((deps.clone(), ".deps/nixl-include (scripts/setup.sh)"));
     for (dir, label) in &candidates {
-        if has_nixl_header(dir) {
-            for file in ["gpu/ucx/nixl_device.cuh", "nixl_types.h"] {
+        if let Some(layout) = nixl_header_layout(dir) {
+            for file in layout.files().iter().chain(&["nixl_types.h"]) {
                 lines.push(format!(
                     "cargo:rerun-if-changed={}",
                     dir.join(file).display()
@@ -312,14 +367,15 @@ pub fn find_nixl_include(
             }
             let stamp = stamp_note(dir, *dir == deps);
             lines.push(format!(
-                "build: NIXL device header from {label}: {}{stamp}",
-                dir.display()
+                "build: NIXL device header from {label}: {}{stamp}; layout {}",
+                dir.display(),
+                layout.header()
             ));
-            return Ok(dir.clone());
+            return Ok((dir.clone(), layout));
         }
         if explicit.as_ref() == Some(dir) {
             lines.push(format!(
-                "cargo:warning=NIXL_INCLUDE_DIR={} has no gpu/ucx/nixl_device.cuh + nixl_types.h; \
+                "cargo:warning=NIXL_INCLUDE_DIR={} has no gpu/ucx/nixl_device.cuh or gpu/nixl_device.cuh + nixl_types.h; \
                  looking in $NIXL_PREFIX/include and .deps/nixl-include",
                 dir.display()
             ));
@@ -330,7 +386,7 @@ pub fn find_nixl_include(
         .map(|(d, _)| d.display().to_string())
         .collect();
     Err(format!(
-        "NIXL device header (gpu/ucx/nixl_device.cuh + nixl_types.h) not found in {}: run \
+        "NIXL device header (gpu/ucx/nixl_device.cuh or gpu/nixl_device.cuh, + nixl_types.h) not found in {}: run \
          scripts/setup.sh (it downloads NIXL v1.4.0's two files into .deps/nixl-include; \
          without internet it says where to get them), or set NIXL_INCLUDE_DIR (or NIXL_PREFIX) \
          to a NIXL install's headers",

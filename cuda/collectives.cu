@@ -31,11 +31,10 @@
 // queued returns at once. The host then agrees with the survivors on who is
 // gone and carries on without it (src/collectives/elastic.rs).
 
-#include <gpu/ucx/nixl_device.cuh>
-
 #include <cuda/atomic>
 #include <cuda_bf16.h>
 
+// NIXL's device header, the clock, scoped signals, the bounded wait, KernelReport.
 #include "device_common.cuh"
 
 // Limits the kernels are written for (src/collectives/layout.rs checks them).
@@ -85,16 +84,10 @@ struct CollParams {
     uint8_t members[COLL_MAX_RANKS];  // [index]: the member's rank
 };
 
-// The first 40 bytes are the project's KernelReport (src/gpu/kernels.rs),
-// so gpu::run::run_watched zeroes it, reads it and cancels through it.
+// Begins with the suite's KernelReport, so gpu::run::run_watched zeroes it,
+// reads it and cancels through it.
 struct CollReport {
-    uint64_t t_start_ns;
-    uint64_t t_end_ns;
-    uint64_t observed;
-    uint32_t errors;
-    int32_t first_status;
-    uint32_t timed_out;
-    uint32_t cancel;
+    KernelReport base;
     uint32_t wait_phase;
     uint32_t wait_rank;
     uint32_t wait_block;
@@ -155,7 +148,7 @@ static_assert(offsetof(CollParams, members) == 184, "CollParams layout is shared
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
 static_assert(sizeof(CollTiming) == 64, "CollTiming layout is shared with the host");
 static_assert(sizeof(CollReport) == 96, "CollReport layout is shared with the host");
-static_assert(offsetof(CollReport, cancel) == 36, "KernelReport.cancel must stay at byte 36");
+static_assert(offsetof(CollReport, base) == 0, "run_watched reads and cancels a CollReport as its KernelReport");
 static_assert(sizeof(CollData) == 80, "CollData layout is shared with the host");
 static_assert(sizeof(CollVerify) == 40, "CollVerify layout is shared with the host");
 
@@ -181,21 +174,13 @@ __device__ __forceinline__ void split(uint64_t total, uint64_t parts, uint64_t i
 
 __device__ __forceinline__ uint32_t elem_bytes(const CollParams &p) { return p.dtype == COLL_BF16 ? 2 : 4; }
 
-__device__ __forceinline__ void record_status(CollReport *r, nixl_status_t s) {
-    if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
-    if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
-}
-
 __device__ __forceinline__ bool given_up(const CollReport *r) {
-    return *static_cast<const volatile uint32_t *>(&r->timed_out) != 0 ||
+    return *static_cast<const volatile uint32_t *>(&r->base.timed_out) != 0 ||
            *static_cast<const volatile uint32_t *>(&r->aborted) != 0;
 }
 
 // The rank of member `i`.
 __device__ __forceinline__ uint32_t rank_of(const CollParams &p, uint32_t i) { return p.members[i]; }
-
-// Wrap-safe "reached": the slot's epoch is at or past the target.
-__device__ __forceinline__ bool reached(uint64_t v, uint64_t target) { return int64_t(v - target) >= 0; }
 
 // Whether another member abandoned this step (elastic runs).
 __device__ bool peer_aborted(const CollParams &p) {
@@ -216,12 +201,10 @@ __device__ void raise_abort(const CollParams &p, uint32_t gone) {
         if (p.path == COLL_PATH_STORE) {
             uint8_t *w = p.peer_ptrs != nullptr ? reinterpret_cast<uint8_t *>(p.peer_ptrs[d])
                                                 : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
-            if (w != nullptr)
-                cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*reinterpret_cast<uint64_t *>(w + slot))
-                    .store(p.step, cuda::memory_order_release);
+            if (w != nullptr) release_store(reinterpret_cast<uint64_t *>(w + slot), p.step, false);
         } else {
             const nixlMemViewElem counter{p.remote_mvh, d, slot};
-            record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.step - p.abort_sent[d], counter, 0));
+            record_status(&p.report->base, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.step - p.abort_sent[d], counter, 0));
             p.abort_sent[d] = p.step;
         }
     }
@@ -243,25 +226,22 @@ __device__ void mask_and_abort(const CollParams &p, uint32_t src, uint64_t start
     atomicExch(&r->aborted, 1u);
 }
 
-// Whether a spin that began at `start` may go on: not past the timeout,
-// nor once the host raised the cancel flag or another thread gave up; in
-// an elastic run, not once a member abandoned the step, nor past the
-// fault timeout (which masks `rank`). The first to give up records what it
-// waited for (`seen`: the value it saw last). Every spin in this file asks
-// it every 64 polls.
+// Whether a spin that began at `start` may go on: not once another thread
+// gave up; in an elastic run, not once a member abandoned the step, nor
+// past the fault timeout (which masks `rank`); never past the timeout nor
+// once the host raised the cancel flag. The first to give up for good
+// records what it waited for (`seen`: the value it saw last).
 __device__ bool keep_waiting(const CollParams &p, uint64_t start, uint64_t seen, uint64_t target, uint32_t phase,
                              uint32_t rank) {
     CollReport *r = p.report;
+    if (given_up(r)) return false;
+    if (p.step != 0 && peer_aborted(p)) return atomicExch(&r->aborted, 1u), false;
     const uint64_t now = globaltimer_ns();
-    uint32_t why = 0;
-    if (*static_cast<volatile uint32_t *>(&r->cancel)) why = 2;
-    else if (given_up(r)) return false;
-    else if (p.step != 0 && peer_aborted(p)) return atomicExch(&r->aborted, 1u), false;
-    else if (p.step != 0 && now - start > p.fault_timeout_ns) return mask_and_abort(p, rank, start, now, phase), false;
-    else if (now - start > p.timeout_ns) why = 1;
+    if (p.step != 0 && now - start > p.fault_timeout_ns) return mask_and_abort(p, rank, start, now, phase), false;
+    const uint32_t why = wait_expired(&r->base, start + p.timeout_ns);
     if (why == 0) return true;
-    if (atomicCAS(&r->timed_out, 0u, why) == 0) {
-        r->observed = seen;
+    if (atomicCAS(&r->base.timed_out, 0u, why) == 0) {
+        r->base.observed = seen;
         r->wait_phase = phase;
         r->wait_rank = rank;
         r->wait_block = blockIdx.x;
@@ -273,12 +253,9 @@ __device__ bool keep_waiting(const CollParams &p, uint64_t start, uint64_t seen,
 // Spins (one thread) until *slot reaches `target`, or keep_waiting says stop.
 __device__ bool coll_wait(const CollParams &p, const uint64_t *slot, uint64_t target, uint64_t start, uint32_t phase,
                           uint32_t rank) {
-    uint64_t v = load_relaxed_system(slot);
-    for (uint32_t n = 1; !reached(v, target); ++n) {
-        if ((n & 63) == 0 && !keep_waiting(p, start, v, target, phase, rank)) return false;
-        v = load_relaxed_system(slot);
-    }
-    return true;
+    const uint64_t v =
+        spin_wait(slot, target, [&](uint64_t seen) { return !keep_waiting(p, start, seen, target, phase, rank); });
+    return reached(v, target);
 }
 
 // --------------------------------------------------------------- copying
@@ -350,7 +327,7 @@ __device__ void send_to(const CollParams &p, const Peers &b, uint32_t dest, uint
     }
     const nixlMemViewElem src{p.local_mvh, 0, src_off};
     const nixlMemViewElem dst{p.remote_mvh, rank_of(p, dest), dst_off};
-    record_status(p.report, nixlPut<nixl_gpu_level_t::BLOCK>(src, dst, bytes, blockIdx.x));
+    record_status(&p.report->base, nixlPut<nixl_gpu_level_t::BLOCK>(src, dst, bytes, blockIdx.x));
 }
 
 // ------------------------------------------------------- signal and wait
@@ -378,8 +355,7 @@ __device__ __forceinline__ void stamp_phase(const CollParams &p, uint32_t phase,
 // ~0.3 µs more per signal there), at system scope across GPUs.
 __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase) {
     stamp_phase(p, phase, &CollTiming::clock_sent);
-    if (p.same_gpu) __threadfence();
-    else __threadfence_system();
+    fence_release(p.same_gpu);
     __syncthreads();
     const uint32_t d = threadIdx.x;
     if (d < p.ranks && d != p.rank) {
@@ -389,15 +365,11 @@ __device__ void signal_peers(const CollParams &p, const Peers &b, uint32_t phase
         const uint64_t slot = flag_offset(p, phase, rank_of(p, p.rank));
         if (p.path == COLL_PATH_STORE) {
             uint64_t *flag = b.ptr[d] == nullptr ? nullptr : reinterpret_cast<uint64_t *>(b.ptr[d] + slot);
-            if (flag != nullptr && p.same_gpu) {
-                cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*flag).store(p.epoch, cuda::memory_order_release);
-            } else if (flag != nullptr) {
-                cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*flag).store(p.epoch, cuda::memory_order_release);
-            }
+            if (flag != nullptr) release_store(flag, p.epoch, p.same_gpu);
         } else {
             // The slot holds `last` (only this rank writes it): add the difference.
             const nixlMemViewElem counter{p.remote_mvh, rank_of(p, d), slot};
-            record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.epoch - last, counter, blockIdx.x));
+            record_status(&p.report->base, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(p.epoch - last, counter, blockIdx.x));
         }
         *sent = p.epoch;
     }
@@ -413,8 +385,7 @@ __device__ bool wait_peers(const CollParams &p, Peers &b, uint32_t phase) {
         const uint64_t start = globaltimer_ns();
         const uint64_t *slot = reinterpret_cast<const uint64_t *>(p.window + flag_offset(p, phase, rank_of(p, s)));
         if (!coll_wait(p, slot, p.epoch, start, phase, rank_of(p, s))) b.ok = false;
-        if (p.same_gpu) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-        else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+        fence_acquire(p.same_gpu);
     }
     __syncthreads();
     stamp_phase(p, phase, &CollTiming::clock_waited);

@@ -28,11 +28,10 @@
 // ranks' contributions, the verify kernels check against the mask as it is
 // after the step. Waits on this rank's own blocks stay fatal (timeout_ns).
 
-#include <gpu/ucx/nixl_device.cuh>
-
 #include <cuda/atomic>
 #include <cuda_bf16.h>
 
+// NIXL's device header, the clock, scoped signals, the bounded wait.
 #include "device_common.cuh"
 #include "ep_common.cuh"
 
@@ -47,42 +46,8 @@ static_assert(offsetof(EpParams, rank) == 240, "EpParams layout is shared with t
 
 // ------------------------------------------------------------ primitives
 
-// A signal that follows data: one release reduction. It is posted like a
-// store (an atom would wait for the old value it returns), and its release
-// orders every store this thread made, or saw made before a __syncthreads,
-// ahead of the add. GPU scope when every rank shares this GPU (they all
-// observe through its memory system); system scope when a peer observes
-// through the link (EpParams::gpu_scope).
-__device__ __forceinline__ void release_add(uint64_t *p, uint64_t v, uint32_t gpu_scope) {
-    if (gpu_scope) asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-    else asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-// A bare flag: a relaxed store that orders nothing, for a message that
-// carries no data (a barrier arrival).
-__device__ __forceinline__ void store_relaxed_system(uint64_t *p, uint64_t v) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*p);
-    ref.store(v, cuda::memory_order_relaxed);
-}
-
-__device__ __forceinline__ void fence_release(uint32_t gpu_scope) {
-    if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
-    else cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
-}
-
-// Paid once after a wait, before the data the signal guards is read.
-__device__ __forceinline__ void fence_acquire(uint32_t gpu_scope) {
-    if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-    else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
-}
-
 __device__ __forceinline__ uint64_t *word_at(uint8_t *base, uint64_t offset) {
     return reinterpret_cast<uint64_t *>(base + offset);
-}
-
-__device__ __forceinline__ void record_status(EpReport *r, nixl_status_t s) {
-    if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
-    if (atomicAdd(&r->base.errors, 1u) == 0) r->base.first_status = s;
 }
 
 __device__ __forceinline__ bool given_up(const EpReport *r) {
@@ -99,29 +64,23 @@ __device__ void give_up(EpReport *r, uint32_t why, uint64_t seen, uint64_t thres
     }
 }
 
+// Whether a wait of this rank stops: past its deadline or the host's cancel
+// (recorded: what it waited for), or another block of this rank gave up.
+__device__ bool ep_stop(EpReport *r, uint64_t deadline, uint64_t seen, uint64_t threshold, uint32_t kind,
+                        uint32_t rank) {
+    const uint32_t why = wait_expired(&r->base, deadline);
+    if (why != 0) give_up(r, why, seen, threshold, kind, rank);
+    return why != 0 || given_up(r);
+}
+
 // Spins (one thread) until *word >= threshold, napping nap_ns between polls
-// where other warps of the SM have work. Gives up at the deadline, when
-// the host raises the cancel flag, or when another block of this rank gave up;
-// then records what it waited for. Every spin in this file goes through here
-// (waits on other ranks through ep_wait_peer).
+// where other warps of the SM have work, or until ep_stop. Waits on other
+// ranks go through ep_wait_peer.
 __device__ bool ep_wait(const uint64_t *word, uint64_t threshold, uint64_t deadline, EpReport *r,
                         uint32_t kind, uint32_t rank, uint32_t nap_ns = 0) {
-    uint64_t v = load_relaxed_system(word);
-    for (uint32_t n = 1; v < threshold; ++n) {
-        if (nap_ns != 0) __nanosleep(nap_ns);
-        if ((n & 63) == 0) {
-            uint32_t why = 0;
-            if (globaltimer_ns() > deadline) why = 1;
-            else if (*static_cast<volatile uint32_t *>(&r->base.cancel)) why = 2;
-            else if (given_up(r)) return false;
-            if (why != 0) {
-                give_up(r, why, v, threshold, kind, rank);
-                return false;
-            }
-        }
-        v = load_relaxed_system(word);
-    }
-    return true;
+    const uint64_t v = spin_wait(
+        word, threshold, [&](uint64_t seen) { return ep_stop(r, deadline, seen, threshold, kind, rank); }, nap_ns);
+    return reached(v, threshold);
 }
 
 // The mask word of rank r as it is now: the host writes it between launches,
@@ -174,28 +133,21 @@ __device__ int ep_wait_peer(const EpParams &p, const uint64_t *word, uint64_t th
     if (src == p.rank)
         return ep_wait(word, threshold, w.deadline, p.report, kind, src, nap_ns) ? PEER_HERE : PEER_FAILED;
     if (is_masked(p, src)) return PEER_MASKED;
-    uint64_t v = load_relaxed_system(word);
-    for (uint32_t n = 1; v < threshold; ++n) {
-        if (nap_ns != 0) __nanosleep(nap_ns);
-        if ((n & 63) == 0) {
+    int found = PEER_HERE;
+    spin_wait(
+        word, threshold,
+        [&](uint64_t seen) {
+            if (is_masked(p, src)) return found = PEER_MASKED, true;
             const uint64_t now = globaltimer_ns();
-            if (is_masked(p, src)) return PEER_MASKED;
             if (now > w.fault_deadline) {
                 mask_source(p, src, kind, w.began, now);
-                return PEER_MASKED;
+                return found = PEER_MASKED, true;
             }
-            uint32_t why = 0;
-            if (now > w.deadline) why = 1;
-            else if (*static_cast<volatile uint32_t *>(&p.report->base.cancel)) why = 2;
-            else if (given_up(p.report)) return PEER_FAILED;
-            if (why != 0) {
-                give_up(p.report, why, v, threshold, kind, src);
-                return PEER_FAILED;
-            }
-        }
-        v = load_relaxed_system(word);
-    }
-    return PEER_HERE;
+            if (ep_stop(p.report, w.deadline, seen, threshold, kind, src)) return found = PEER_FAILED, true;
+            return false;
+        },
+        nap_ns);
+    return found;
 }
 
 // The global step number (EpParams::step): constant while a kernel runs
@@ -253,7 +205,7 @@ __device__ void signal_add(const EpParams &p, const Block &b, uint32_t dest, uin
     }
     fence_release(p.gpu_scope);
     const nixlMemViewElem counter{p.remote_mvh, dest, offset};
-    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(value, counter, blockIdx.x));
+    record_status(&p.report->base, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(value, counter, blockIdx.x));
 }
 
 // Sets rank `dest`'s barrier word for us to `value`: a bare flag (one writer
@@ -268,7 +220,7 @@ __device__ void barrier_arrive(const EpParams &p, const Block &b, uint32_t dest,
         return;
     }
     const nixlMemViewElem word{p.remote_mvh, dest, offset};
-    record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, word, blockIdx.x));
+    record_status(&p.report->base, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, word, blockIdx.x));
 }
 
 // ----------------------------------------------------------------- copying
@@ -326,11 +278,11 @@ __device__ void copy_to(const EpParams &p, const Block &b, uint32_t dest, uint64
     }
     const nixlMemViewElem src{p.local_mvh, 0, src_off};
     const nixlMemViewElem dst{p.remote_mvh, dest, dst_off};
-    record_status(p.report, nixlPut<nixl_gpu_level_t::WARP>(src, dst, len, blockIdx.x));
+    record_status(&p.report->base, nixlPut<nixl_gpu_level_t::WARP>(src, dst, len, blockIdx.x));
     if (mlen == 0) return;
     const nixlMemViewElem msrc{p.local_mvh, 0, msrc_off};
     const nixlMemViewElem mdst{p.remote_mvh, dest, mdst_off};
-    record_status(p.report, nixlPut<nixl_gpu_level_t::WARP>(msrc, mdst, mlen, blockIdx.x));
+    record_status(&p.report->base, nixlPut<nixl_gpu_level_t::WARP>(msrc, mdst, mlen, blockIdx.x));
 }
 
 // ----------------------------------------------------- phase start and end

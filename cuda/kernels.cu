@@ -13,12 +13,11 @@
 // signalled, answers with an acknowledgement the sender's kernel waits for.
 // KERNEL_GUIDE.md walks through it.
 
-#include <gpu/ucx/nixl_device.cuh>
-
 #include <cuda/atomic>
 #include <cstddef>
 #include <cstdint>
 
+// NIXL's device header, the clock, signals, the bounded wait, KernelReport.
 #include "device_common.cuh"
 
 // The host passes nixlMemViewElem by value; its layout is part of our ABI.
@@ -26,9 +25,6 @@ static_assert(sizeof(nixlMemViewElem) == 24, "nixlMemViewElem changed size");
 static_assert(offsetof(nixlMemViewElem, mvh) == 0, "nixlMemViewElem.mvh moved");
 static_assert(offsetof(nixlMemViewElem, index) == 8, "nixlMemViewElem.index moved");
 static_assert(offsetof(nixlMemViewElem, offset) == 16, "nixlMemViewElem.offset moved");
-
-// KernelReport: what a kernel tells the host when it is done.
-#include "kernel_report.h"
 
 // Parameters of the initiator's write + signal kernels.
 struct WriteParams {
@@ -74,21 +70,8 @@ constexpr uint32_t WRITE_STAMP = 4;
 // release does (the default).
 constexpr uint32_t WRITE_GPU_SCOPE = 8;
 
-// One release add of 1 on a peer's counter, at the scope the host chose
-// (WRITE_GPU_SCOPE). A reduction (red), not an atom: nothing waits for the
-// old value, so the SM posts it like a store rather than waiting a round
-// trip over the link for the result.
-__device__ __forceinline__ void release_add(unsigned long long *counter, uint32_t flags) {
-    const unsigned long long one = 1;
-    if (flags & WRITE_GPU_SCOPE) asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(counter), "l"(one) : "memory");
-    else asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(counter), "l"(one) : "memory");
-}
-
-// The release before a signal, at the scope the host chose (WRITE_GPU_SCOPE).
-__device__ __forceinline__ void release_fence(uint32_t flags) {
-    if (flags & WRITE_GPU_SCOPE) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
-    else cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
-}
+// The scope of the release before a signal (device_common.cuh).
+__device__ __forceinline__ bool gpu_scope(uint32_t flags) { return (flags & WRITE_GPU_SCOPE) != 0; }
 
 // Parameters of the target's wait kernel. Iteration i of the round is
 // complete when the signal reaches base + (i + 1) * step.
@@ -130,44 +113,18 @@ constexpr uint32_t PATH_STORE = 1;  // stores through nixlGetPtr + a release add
 constexpr uint32_t PATH_LL = 2;     // LL lines through nixlGetPtr, no fence, no signal
 constexpr uint32_t PATH_FLAG = 3;   // no data: one relaxed store of a flag (the floor)
 
-// A system-scope acquire load: sees stores another GPU (or process) made
-// visible with a release, and orders our later reads after it. This is the
-// 1.x replacement for the old nixlGpuReadSignal.
-__device__ __forceinline__ uint64_t load_acquire_system(const uint64_t *p) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
-    return ref.load(cuda::memory_order_acquire);
-}
-
-__device__ __forceinline__ void record_status(KernelReport *r, nixl_status_t s) {
-    if (s == NIXL_IN_PROG || s == NIXL_SUCCESS) return;
-    if (atomicAdd(&r->errors, 1u) == 0) r->first_status = s;
-}
-
-// Spin until *word >= threshold, the deadline passes, or the host cancels.
-// Called by one thread. Returns whether the threshold was reached. Every
-// spin-wait in this file goes through here, so none can outlive its timeout.
-// The clock and the cancel flag are looked at every 64 polls only: the
-// poll itself is the latency-critical path.
+// Spin until *word >= threshold, the deadline passes, or the host cancels;
+// records the value seen last. Called by one thread. Returns whether the
+// threshold was reached.
 __device__ bool wait_at_least(const uint64_t *word, uint64_t threshold, uint64_t deadline,
                               KernelReport *r) {
-    uint64_t v = load_relaxed_system(word);
-    for (uint32_t n = 1; v < threshold; ++n) {
-        if ((n & 63) == 0) {
-            if (globaltimer_ns() > deadline) {
-                r->observed = v;
-                r->timed_out = 1;
-                return false;
-            }
-            if (*static_cast<volatile uint32_t *>(&r->cancel)) {
-                r->observed = v;
-                r->timed_out = 2;
-                return false;
-            }
-        }
-        v = load_relaxed_system(word);
-    }
+    const uint64_t v = spin_wait(word, threshold, [&](uint64_t) {
+        const uint32_t why = wait_expired(r, deadline);
+        if (why != 0) r->timed_out = why;
+        return why != 0;
+    });
     r->observed = v;
-    return true;
+    return reached(v, threshold);
 }
 
 template <nixl_gpu_level_t L> struct Group;
@@ -265,7 +222,7 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
     // fence, which is cumulative: whichever thread performs the add, the
     // stores it has synchronized with become visible to the peer first.
     G::sync();
-    release_fence(p.flags);
+    fence_release(gpu_scope(p.flags));
     record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
 }
 
@@ -292,7 +249,7 @@ __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *d
     // Sync, then one thread's release: cumulative over the stores of every
     // member it synchronized with, so the data is visible before the count.
     G::sync();
-    if (G::rank() == 0) release_add(signal, p.flags);
+    if (G::rank() == 0) release_add(reinterpret_cast<uint64_t *>(signal), 1, gpu_scope(p.flags));
 }
 
 // An LL line, as NCCL's LL protocol (src/device/prims_ll.h): 16 bytes
@@ -383,8 +340,7 @@ __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
 // peer's signal word) with a relaxed store. Nothing is cheaper.
 __device__ void flag_write(const WriteParams &p, uint32_t iter, unsigned long long *signal) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> s(*signal);
-    s.store(p.signal_base + iter + 1, cuda::memory_order_relaxed);
+    store_relaxed_system(reinterpret_cast<uint64_t *>(signal), p.signal_base + iter + 1);
 }
 
 // One iteration on the round's path (PATH_* above).
@@ -562,8 +518,7 @@ struct Ack {
             record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.ack));
             return;
         }
-        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> a(*ptr);
-        a.store(p.ack_base + sent, cuda::memory_order_relaxed);
+        store_relaxed_system(reinterpret_cast<uint64_t *>(ptr), p.ack_base + sent);
     }
 };
 
@@ -592,7 +547,7 @@ extern "C" __global__ void nixl_wait_signal(WaitParams p) {
     }
     // Acquire: the data (read by the host once this kernel is done) is
     // ordered after the signal count we saw. Then the final acknowledgement.
-    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+    fence_acquire(false);
     p.report->t_end_ns = globaltimer_ns();
     ack.send(p);
 }
@@ -603,10 +558,9 @@ __device__ bool wait_line(const uint4 *line, uint32_t seq, uint64_t deadline, Ke
     uint4 v = ll_load(line);
     for (uint32_t n = 1; !ll_ready(v, seq); ++n) {
         if ((n & 63) == 0) {
-            const bool late = globaltimer_ns() > deadline;
-            if (late || *static_cast<volatile uint32_t *>(&r->cancel)) {
+            if (const uint32_t why = wait_expired(r, deadline)) {
                 r->observed = min(v.y, v.w);
-                r->timed_out = late ? 1 : 2;
+                r->timed_out = why;
                 return false;
             }
         }

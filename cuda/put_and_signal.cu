@@ -9,8 +9,17 @@
 // - store_and_signal: nixlGetPtr gives the peer's buffer mapped into our
 //   address space; plain 16-byte stores, then a release and an atomic add.
 //   Only where the transport maps peer memory (cuda_ipc, NVLink or PCIe).
+//
+// One self-contained file on purpose: the other kernels share
+// cuda/device_common.cuh; this one spells out all it needs.
 
+// NIXL's device API: <gpu/ucx/nixl_device.cuh> in NIXL 1.x, the
+// backend-neutral <gpu/nixl_device.cuh> after it (the build defines which).
+#if NIXL_DEVICE_API_GENERIC
+#include <gpu/nixl_device.cuh>
+#else
 #include <gpu/ucx/nixl_device.cuh>
+#endif
 
 #include <cuda/atomic>
 #include <cstdint>

@@ -1,6 +1,6 @@
 //! NIXL notifications between two agents in two processes: sent alone
 //! (`genNotif`) or attached to a transfer, received with `getNotifs` and
-//! matched by exact tag or by prefix, as the seeds' Python guide does
+//! matched by exact tag or by prefix, as upstream's Python guide (NIXL PR #980) does
 //! (`check_notif(agent, tag)`, `check_notif(..., tag_is_prefix=True)`).
 //!
 //! The initiator sends alone `HELLO`, `--messages` × `MSG:<i>` and one

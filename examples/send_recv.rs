@@ -3,7 +3,7 @@
 //! and reports progress, and the sender never gets so far ahead that it
 //! would overwrite a slot not yet consumed.
 //!
-//! The Rust port of the seeds' `send_recv` example (NIXL PR #980), DRAM
+//! The Rust port of upstream's Python `send_recv` example (NIXL PR #980), DRAM
 //! only: 64 slots × 16 MiB, 1000 transfers; the receiver sends `P:<n>` ("I
 //! have consumed the first n") every num-buffers/4 transfers, and the
 //! sender waits when it is num-buffers−4 ahead. Each slot's WRITE request is
@@ -58,7 +58,7 @@ struct Args {
 
 const SENDER: &str = "sender";
 const RECEIVER: &str = "receiver";
-/// A progress line on stdout every this many transfers (as the seeds).
+/// A progress line on stdout every this many transfers (as upstream's Python example).
 const REPORT_EVERY: u64 = 100;
 
 fn main() -> ExitCode {
@@ -260,7 +260,7 @@ fn receiver(args: &Args, agent: &Agent, ex: &mut Exchange, ring: &mut SlotRing) 
             .with_context(|| {
                 format!("sequence {seq} did not arrive within {t:?} (did the {SENDER} stop?)")
             })?;
-        // Timed from the first arrival, as the seeds do.
+        // Timed from the first arrival, as upstream's Python example does.
         start.get_or_insert_with(Instant::now);
         let slot = (seq % args.ring.num_buffers as u64) as usize;
         let ranges = Coverage::Full.ranges(ring.payload(), seq); // every byte

@@ -3,14 +3,14 @@
 //! staging, sampled verification, a same-run baseline of single large
 //! WRITEs, fill-ahead and check batches, a timing breakdown and JSON.
 //!
-//! The Rust port of the seeds' `send_recv` example (NIXL PR #980): 64 slots
+//! The Rust port of upstream's Python `send_recv` example (NIXL PR #980): 64 slots
 //! × 16 MiB, 1000 transfers; the receiver sends `P:<n>` ("I have consumed
 //! the first n") every num-buffers/4 transfers, and the sender waits when it
 //! is num-buffers−4 transfers ahead. Transfer requests are prepared once
 //! per slot (`prepXferDlist` + one `makeXferReq` per slot) and re-posted
 //! every time the slot comes round.
 //!
-//! Every slot starts with an 8-byte sequence header. The seeds write header
+//! Every slot starts with an 8-byte sequence header. Upstream's Python example writes header
 //! and payload in one WRITE and let the receiver poll the header; but a
 //! single transfer gives no ordering between its bytes (UCX may split it
 //! over lanes and fragments, RDMA NICs may place it in any order), so the
@@ -26,7 +26,7 @@
 //! optional arguments that replace the request's notification), so the
 //! prepared requests stay as they are.
 //!
-//! Unlike the seeds, the receiver checks every payload byte against a
+//! Unlike upstream's Python example, the receiver checks every payload byte against a
 //! pattern of sequence number and offset (`--verify sample` checks the
 //! header and three 4 KiB blocks), the sender also measures the bandwidth
 //! of single large WRITEs in the same run (`--baseline-reps`), and the
@@ -173,7 +173,7 @@ impl Args {
 
 const SENDER: &str = "sender";
 const RECEIVER: &str = "receiver";
-/// Progress lines on stdout every this many transfers (as the seeds).
+/// Progress lines on stdout every this many transfers (as upstream's Python example).
 const REPORT_EVERY: u64 = 100;
 /// VRAM: the most pinned staging one batch of fills, or of checks, may
 /// use; at least one slot's worth is used whatever this says.
@@ -502,7 +502,7 @@ impl<'a> ReceiverLoop<'a> {
             self.first_wait = t.elapsed();
         }
         self.phases.add("wait for data (notification)", t.elapsed());
-        // From the first arrival, as the seeds time it: waiting for the
+        // From the first arrival, as upstream's Python example times it: waiting for the
         // sender's set-up and baseline is not part of the stream.
         self.start.get_or_insert_with(Instant::now);
         Ok(())

@@ -27,7 +27,7 @@ source "$ROOT/scripts/lib/gpu-env.sh"
 # shellcheck source=lib/ports.sh
 source "$ROOT/scripts/lib/ports.sh"
 SW="$BIN/simple_write"
-LONG=(--level warp --size 64M --iters 100 --no-baselines)   # about 5 s of puts
+LONG=(--level warp --size 64M --iters 100 --no-baseline)   # about 5 s of puts
 fails=0
 printf '%-44s %-26s %-26s %-7s %s\n' "fault" "expected" "got" "time" "message (first line)" > "$OUT/table.txt"
 

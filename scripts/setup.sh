@@ -17,6 +17,9 @@
 #                                  plugin), nvcc 13.0, libucx-cu13 (UCX headers)
 #   .deps/nixl-include/            NIXL v1.4.0's nixl_device.cuh + nixl_types.h,
 #                                  SHA-256 checked (NIXL_HEADERS_URL: another base)
+#   .deps/nixl-include-next/       upstream main's backend-neutral gpu/nixl_device.cuh
+#                                  layout, only for the test that compiles the
+#                                  kernels against both layouts
 #   .deps/libtorch/torch/{include,lib}  libtorch_cpu + libc10 + headers from the
 #                                  torch wheel (LIBTORCH for the libtorch store)
 #   /usr/bin/etcd                  Debian etcd-server, for the etcd metadata path
@@ -181,6 +184,8 @@ full_torch_step() {
 # --- NIXL's device header: on no registry, two files from its repository ----
 # shellcheck source=lib/nixl-headers.sh
 source "$ROOT/scripts/lib/nixl-headers.sh"
+# shellcheck source=lib/nixl-headers-next.sh
+source "$ROOT/scripts/lib/nixl-headers-next.sh"
 
 # --- UCX: the device headers' version against the one NIXL's wheel bundles ---
 # PyPI's newest libucx-cu13 is 1.22.0 while nixl-cu13 1.5.1 bundles a 1.23
@@ -226,4 +231,5 @@ venv_step
 libtorch_step
 if ((FULL_TORCH)); then full_torch_step; fi
 nixl_headers_step
+nixl_next_headers_step
 report

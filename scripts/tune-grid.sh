@@ -47,7 +47,7 @@ n=0
 for path in $PATHS; do for b in $BLOCKS; do for t in $THREADS; do for c in $CHUNKS; do
   tag="$path-b$b-t$t-c$c"; n=$((n + 1))
   "$BIN/simple_write" -m pair -g "$GI" --target-gpu "$GT" --levels block --path "$path" --blocks "$b" \
-    --threads "$t" --chunk "$c" --no-baselines -b "$lo" -e "$hi" -f 2 \
+    --threads "$t" --chunk "$c" --no-baseline -b "$lo" -e "$hi" -f 2 \
     --json "$OUT/$tag.json" >"$OUT/$tag.out" 2>"$OUT/$tag.err" || echo "!! $tag failed: $(tail -1 "$OUT/$tag.err")" >&2
 done; done; done; done
 ((MPS)) && mps_stop

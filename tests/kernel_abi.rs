@@ -22,12 +22,15 @@ fn mem_view_elem_is_nixls_24_byte_struct() {
 
 #[test]
 fn rust_and_cuda_assert_the_same_layout() {
-    // kernels.cu and the KernelReport header it includes.
+    // kernels.cu, the device vocabulary it includes, and the KernelReport
+    // header that includes.
     let read = |f: &str| {
         std::fs::read_to_string(format!("{}/cuda/{f}", env!("CARGO_MANIFEST_DIR"))).unwrap()
     };
-    let cu = read("kernels.cu") + &read("kernel_report.h");
-    assert!(cu.contains("#include \"kernel_report.h\""));
+    let common = read("device_common.cuh");
+    assert!(read("kernels.cu").contains("#include \"device_common.cuh\""));
+    assert!(common.contains("#include \"kernel_report.h\""));
+    let cu = read("kernels.cu") + &common + &read("kernel_report.h");
     for needle in [
         "sizeof(nixlMemViewElem) == 24".to_string(),
         "offsetof(nixlMemViewElem, index) == 8".to_string(),

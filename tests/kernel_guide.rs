@@ -12,7 +12,10 @@ fn sources() -> String {
             let p = e.unwrap().path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs" || x == "cu") {
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "rs" || x == "cu" || x == "cuh" || x == "h")
+            {
                 all += &std::fs::read_to_string(p).unwrap();
             }
         }

@@ -94,7 +94,11 @@ fn sha256(path: &Path) -> Option<String> {
 fn project(scratch: &Scratch) -> PathBuf {
     let root = scratch.path("project");
     std::fs::create_dir_all(root.join("scripts/lib")).unwrap();
-    for f in ["scripts/setup.sh", "scripts/lib/nixl-headers.sh"] {
+    for f in [
+        "scripts/setup.sh",
+        "scripts/lib/nixl-headers.sh",
+        "scripts/lib/nixl-headers-next.sh",
+    ] {
         std::fs::copy(format!("{MANIFEST}/{f}"), root.join(f)).unwrap();
     }
     root
@@ -224,6 +228,7 @@ fn isolated_env(scratch: &Scratch, extra: &[(&str, &Path)]) -> HashMap<String, O
 fn local_header() -> Result<PathBuf, String> {
     let mut lines = Vec::new();
     cuda_kernels::find_nixl_include(&|k| std::env::var_os(k), Path::new(MANIFEST), &mut lines)
+        .map(|(dir, _)| dir)
         .map_err(|_| {
             "no copy of NIXL's device header on this machine (NIXL_INCLUDE_DIR, $NIXL_PREFIX/include \
              and .deps/nixl-include are empty: scripts/setup.sh could not download it, no internet?)"
@@ -323,7 +328,8 @@ fn the_build_looks_in_nixl_include_dir_then_the_prefix_then_deps() {
             .collect();
         let mut lines = Vec::new();
         let found =
-            cuda_kernels::find_nixl_include(&|k| table.get(k).cloned(), &manifest, &mut lines);
+            cuda_kernels::find_nixl_include(&|k| table.get(k).cloned(), &manifest, &mut lines)
+                .map(|(dir, _)| dir);
         (found, lines)
     };
     let (found, lines) = find(&[("NIXL_INCLUDE_DIR", &explicit), ("NIXL_PREFIX", &prefix)]);
@@ -490,7 +496,13 @@ fn setup_downloads_checks_and_installs_the_pinned_files() {
     let table = isolated_env(&s, &[]);
     let mut lines = Vec::new();
     let found = cuda_kernels::find_nixl_include(&|k| table.get(k).cloned(), &root, &mut lines);
-    assert_eq!(found, Ok(root.join(".deps/nixl-include")));
+    assert_eq!(
+        found,
+        Ok((
+            root.join(".deps/nixl-include"),
+            cuda_kernels::HeaderLayout::Ucx
+        ))
+    );
     assert!(
         lines
             .join("\n")
@@ -560,6 +572,79 @@ fn headers_placed_in_deps_are_found_and_the_kernels_compile() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// The kernels compile against both layouts of NIXL's device header: 1.x's
+/// `gpu/ucx/nixl_device.cuh` (the copy this machine builds with) and the
+/// backend-neutral `gpu/nixl_device.cuh` of upstream's main, which
+/// `scripts/setup.sh` puts in `.deps/nixl-include-next`. Each layout is a
+/// SKIP line naming why when its files are not here.
+#[test]
+fn the_kernels_compile_against_both_header_layouts() {
+    let next = Path::new(MANIFEST).join(".deps/nixl-include-next");
+    let layouts = [
+        (local_header(), cuda_kernels::HeaderLayout::Ucx),
+        (
+            cuda_kernels::has_nixl_header(&next).then_some(next).ok_or_else(|| {
+                "no .deps/nixl-include-next: scripts/setup.sh could not download upstream main's \
+                 header files (no internet?)"
+                    .to_string()
+            }),
+            cuda_kernels::HeaderLayout::Generic,
+        ),
+    ];
+    for (dir, layout) in layouts {
+        let dir = match dir {
+            Ok(dir) => dir,
+            Err(why) => {
+                println!("SKIP kernels against {}: {why}", layout.header());
+                continue;
+            }
+        };
+        let s = Scratch::new(&format!("layout-{}", layout as u8));
+        let table = isolated_env(&s, &[("NIXL_INCLUDE_DIR", &dir)]);
+        let out = s.path("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let lines = cuda_kernels::directives(&|k| table.get(k).cloned(), Path::new(MANIFEST), &out)
+            .unwrap();
+        let said = lines.join("\n");
+        if said.contains("nvcc not found") || said.contains("UCX device headers (ucp/api") {
+            println!(
+                "SKIP kernels against {}: no nvcc or UCX headers (run scripts/setup.sh)",
+                layout.header()
+            );
+            continue;
+        }
+        assert!(
+            said.contains("cargo:rustc-cfg=nixl_kernels"),
+            "the kernels compile:\n{said}"
+        );
+        assert!(
+            said.contains(&format!("; layout {}", layout.header())),
+            "{said}"
+        );
+        assert!(
+            said.contains(&format!(
+                "cargo:rustc-env=NIXL_DEVICE_HEADER={}",
+                layout.header()
+            )),
+            "{said}"
+        );
+        for name in cuda_kernels::SOURCES {
+            let fatbin =
+                std::fs::metadata(out.join(format!("{name}.fatbin"))).expect("fatbin written");
+            assert!(
+                fatbin.len() > 10_000,
+                "{name}: a real fatbin ({} bytes)",
+                fatbin.len()
+            );
+        }
+        println!(
+            "kernels compile against {} in {}",
+            layout.header(),
+            dir.display()
+        );
+    }
 }
 
 #[test]

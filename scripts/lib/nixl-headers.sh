@@ -178,3 +178,4 @@ nixl_headers_step() {
   fi
   download_nixl_headers
 }
+

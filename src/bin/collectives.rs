@@ -188,7 +188,7 @@ struct Args {
     data: DataMode,
 
     /// Skip NCCL's same-run calls.
-    #[arg(long)]
+    #[arg(long, alias = "no-baselines")]
     no_baseline: bool,
 
     /// Also write the rows and the run's configuration as JSON (rank 0).

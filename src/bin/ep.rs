@@ -213,7 +213,7 @@ struct Args {
     graph: bool,
 
     /// Skip the same-run NCCL all-to-all baseline.
-    #[arg(long)]
+    #[arg(long, alias = "no-baselines")]
     no_baseline: bool,
 
     /// simple_write's best put bandwidth at the same message size, GB/s:

@@ -148,8 +148,9 @@ struct Args {
     threads: Option<u32>,
 
     /// Skip the same-run baselines (copy engine, NIXL host-API WRITE).
-    #[arg(long)]
-    no_baselines: bool,
+    /// `--no-baselines` is accepted too.
+    #[arg(long, alias = "no-baselines")]
+    no_baseline: bool,
 
     /// GPU index [default: 0 for the initiator; 1 for the target when there are
     /// two or more GPUs, else 0].
@@ -263,7 +264,7 @@ fn run(args: Args) -> Result<ExitCode> {
     }
     let gpu = check_machine(&args)?;
     if args.mode == Mode::Initiator {
-        check_fits(gpu, &rounds, !args.no_baselines)?;
+        check_fits(gpu, &rounds, !args.no_baseline)?;
     }
     let rt = runtime::load()?;
     info!("NIXL from {} ({})", rt.lib_dir.display(), rt.found_by);
@@ -337,7 +338,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         rounds,
         seed: seed(),
         timeout,
-        baselines: !args.no_baselines,
+        baselines: !args.no_baseline,
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
         fence: args.fence_scope,
@@ -464,7 +465,7 @@ fn initiator_args(a: &Args, port: u16) -> Vec<String> {
     );
     for (flag, on) in [
         ("--pingpong", a.pingpong),
-        ("--no-baselines", a.no_baselines),
+        ("--no-baseline", a.no_baseline),
         ("--floor", a.floor),
         ("--no-floor", a.no_floor),
     ] {
@@ -579,7 +580,7 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
     let fix = if baselines {
-        "use a smaller --size/--max-size (or --no-baselines, which halves it)"
+        "use a smaller --size/--max-size (or --no-baseline, which halves it)"
     } else {
         "use a smaller --size/--max-size"
     };

@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 
 use super::layout::{MAX_RANKS, THREADS};
+use crate::gpu::kernels::KernelReport;
 
 /// `CollParams`: one call of one collective. Offsets are bytes into the
 /// rank's window ([`super::layout::WindowLayout`]).
@@ -72,21 +73,14 @@ pub struct CollParams {
     pub members: [u8; MAX_RANKS as usize],
 }
 
-/// `CollReport`: what went wrong in a call. Its first 40 bytes are
-/// [`crate::gpu::kernels::KernelReport`], so
-/// [`crate::gpu::run::run_watched`] zeroes it, reads it and cancels through it.
+/// `CollReport`: what went wrong in a call. It begins with the suite's
+/// [`KernelReport`], so [`crate::gpu::run::run_watched`] zeroes it, reads it
+/// and cancels through it (`cuda/collectives.cu` embeds it the same way).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct CollReport {
-    pub t_start_ns: u64,
-    pub t_end_ns: u64,
-    /// The value the wait that gave up saw last.
-    pub observed: u64,
-    pub errors: u32,
-    pub first_status: i32,
-    /// 1: a wait reached its deadline; 2: the host cancelled.
-    pub timed_out: u32,
-    pub cancel: u32,
+    /// Errors, the last value a wait saw, timed out, the host's cancel word.
+    pub base: KernelReport,
     pub wait_phase: u32,
     pub wait_rank: u32,
     pub wait_block: u32,
@@ -215,7 +209,7 @@ const _: () = {
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
     assert!(size_of::<CollTiming>() == 64);
     assert!(size_of::<CollReport>() == 96);
-    assert!(std::mem::offset_of!(CollReport, cancel) == 36);
+    assert!(std::mem::offset_of!(CollReport, base) == 0);
     assert!(size_of::<CollData>() == 80);
     assert!(size_of::<CollVerify>() == 40);
 };

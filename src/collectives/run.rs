@@ -75,7 +75,7 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
         nccl,
     };
     tracing::info!(
-        "GPU {ordinal} ({}), {sharing} rank(s) on it, MPS {}; NCCL: {:?}",
+        "GPU {ordinal} ({}), {sharing} rank(s) on it, MPS {}; {}",
         info.gpu_name,
         info.mps,
         info.nccl

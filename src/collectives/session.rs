@@ -583,7 +583,7 @@ impl Session {
                 r.null_ptr_rank - 1
             );
         }
-        if r.timed_out != 0 {
+        if r.base.timed_out != 0 {
             bail!(
                 "rank {me}, {what}: phase {} of block {} waited {} s for rank {}'s signal (epoch {}, saw {}): rank {} \
                  stopped, is stuck, or runs other arguments",
@@ -592,15 +592,15 @@ impl Session {
                 ctx.cfg.timeout_ns as f64 / 1e9,
                 r.wait_rank,
                 r.wait_target,
-                r.observed,
+                r.base.observed,
                 r.wait_rank
             );
         }
-        if r.errors != 0 {
+        if r.base.errors != 0 {
             bail!(
                 "rank {me}, {what}: {} NIXL device call(s) failed, the first with status {}",
-                r.errors,
-                r.first_status
+                r.base.errors,
+                r.base.first_status
             );
         }
         Ok(())

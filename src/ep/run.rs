@@ -47,7 +47,7 @@ pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Re
     let kernels = EpKernels::load(&gpu.ctx)?;
     let info = rank_info(env, &gpu, &kernels, ranks_on_gpu, nccl_status)?;
     tracing::info!(
-        "GPU {} ({}), {} rank(s) on it, MPS {}; NCCL: {:?}",
+        "GPU {} ({}), {} rank(s) on it, MPS {}; {}",
         info.gpu_ordinal,
         info.gpu_name,
         ranks_on_gpu,

@@ -6,7 +6,8 @@
 //! `NIXL_ETCD_ENDPOINTS` is set; this client never publishes agent metadata.
 //! It exists so that an unreachable server is reported before NIXL silently
 //! logs and retries, and so that a run can clear what a crashed earlier run
-//! left behind (the seeds run `etcdctl del --prefix /nixl/`, which Debian
+//! left behind (upstream's Python examples, NIXL PR #980, run
+//! `etcdctl del --prefix /nixl/`, which Debian
 //! ships in a separate package). Plain `http://` endpoints only.
 //!
 //! Why `ureq` against the gateway and not `etcd-client`: four requests

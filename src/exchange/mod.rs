@@ -9,7 +9,8 @@
 //! | `nixl-tcpstore` | NIXL's own c10d client (`NIXL_TCPSTORE_ENDPOINT`) against our TCPStore server | a notification, as for etcd |
 //!
 //! NIXL's built-in exchange carries agent metadata only, so in those modes
-//! the descriptors travel as a notification, as the seeds' etcd mode does.
+//! the descriptors travel as a notification, as the etcd mode of upstream's Python examples
+//! (NIXL PR #980) does.
 //! The handshake cannot deadlock because no side waits before it has done
 //! everything the other side waits for:
 //!
@@ -20,7 +21,7 @@
 //!    ([`Exchange::load_peer`], [`Exchange::take_descs`]).
 //!
 //! Step 2 depends only on step 1 of the peer, and step 3 only on steps 1
-//! and 2 of the peer. One `DESCS:` suffices (the seeds repeat `READY` until
+//! and 2 of the peer. One `DESCS:` suffices (upstream's Python examples repeat `READY` until
 //! answered): once the peer's metadata is loaded NIXL has its UCX endpoint,
 //! and UCX delivers the active message reliably even if the peer has not
 //! fetched our metadata yet — the receiving side needs no metadata to
@@ -163,7 +164,7 @@ impl ExchangeHost {
     /// Starts what `args.metadata` needs. `agents` are the agent names the
     /// roles will use: in etcd mode their keys from an earlier run are
     /// deleted first (an agent that finds a dead peer's metadata would
-    /// connect to it and fail), like the seeds' `etcdctl del --prefix`, but
+    /// connect to it and fail), like upstream's Python examples' `etcdctl del --prefix`, but
     /// limited to those agents.
     ///
     /// Errors: the store port is taken ([`store::StoreError::Bind`]), etcd

@@ -676,6 +676,11 @@ mod tests {
 /// if they were built.
 pub const MEM_LIST_VERSION: Option<&str> = option_env!("NIXL_UCX_MEM_LIST_VERSION");
 
+/// The NIXL device header the kernels were compiled against
+/// (`gpu/ucx/nixl_device.cuh` of NIXL 1.x, or the backend-neutral
+/// `gpu/nixl_device.cuh` after it; passed by the build), if they were built.
+pub const DEVICE_HEADER: Option<&str> = option_env!("NIXL_DEVICE_HEADER");
+
 /// The header of a memory view's device memory list: layout version,
 /// lanes per element, elements. Read once per view, on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -685,7 +690,8 @@ pub struct ViewHeader {
     pub elements: u32,
 }
 
-/// Reads the header of the memory list behind `view` (a device pointer,
+/// Kernels built against NIXL 1.x's UCX header (the others: `None`, nothing
+/// read): reads the header of the memory list behind `view` (a device pointer,
 /// on the current context's GPU) and fails unless its layout version is
 /// the one the kernels were compiled against and it holds at least
 /// `elements` elements. A mismatch means NIXL's bundled UCX lays the list
@@ -695,7 +701,12 @@ pub fn check_view(
     view: &nixl_sys::MemView,
     elements: u32,
     what: &str,
-) -> anyhow::Result<ViewHeader> {
+) -> anyhow::Result<Option<ViewHeader>> {
+    // With the backend-neutral header a handle is NIXL's own wrapper, not
+    // UCX's list: nothing of ours reads behind it (the library checks).
+    if DEVICE_HEADER != Some("gpu/ucx/nixl_device.cuh") {
+        return Ok(None);
+    }
     let mut raw = [0u8; 8];
     // SAFETY: a prepared view's handle points at device memory holding at
     // least the 8-byte header; the copy is synchronous.
@@ -721,5 +732,5 @@ pub fn check_view(
             h.elements
         );
     }
-    Ok(h)
+    Ok(Some(h))
 }

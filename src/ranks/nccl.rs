@@ -32,6 +32,16 @@ pub enum NcclStatus {
     Unavailable(String),
 }
 
+/// `NCCL 2.27.7`, or why it is not used, as the ranks print it.
+impl std::fmt::Display for NcclStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NcclStatus::Ready(v) => write!(f, "NCCL {v}"),
+            NcclStatus::Unavailable(why) => write!(f, "NCCL not used: {why}"),
+        }
+    }
+}
+
 /// Set (to the library's path) in the re-executed process.
 const REEXEC_MARK: &str = "NIXL_NCCL_REEXEC";
 

@@ -1,6 +1,7 @@
 //! A ring of transfer slots in one registered region, in DRAM or VRAM:
 //! slot `i` is an 8-byte sequence header (little-endian `u64`) followed by
-//! the payload, the layout of the seeds' streaming example
+//! the payload, the layout of the streaming example in upstream's Python
+//! examples (NIXL PR #980)
 //! (`[Seq(8B) + Data][Seq(8B) + Data]...`).
 //!
 //! The payload of sequence number `s` is [`pattern`](crate::pattern)
@@ -343,7 +344,7 @@ impl crate::exchange::pair::Roles for Role {
 
 /// The options of a streaming ring and its flow control, as `send_recv`
 /// and `send_recv_bench` take them (flatten into the program's arguments):
-/// the seeds' defaults, 64 slots × 16 MiB and 1000 transfers.
+/// the defaults of upstream's Python example (NIXL PR #980), 64 slots × 16 MiB and 1000 transfers.
 #[derive(Clone, Debug, clap::Args)]
 pub struct RingArgs {
     /// Slots in the ring.

@@ -141,7 +141,7 @@ fn set_up(cfg: &InitiatorConfig, member: &Member) -> Result<Local> {
     gpu.ensure_free(
         memory_needed(plan.max_size(), cfg.baselines),
         "the initiator (two sources, and with baselines a scratch buffer and a copy destination)",
-        "use a smaller --size / --max-size, or --no-baselines",
+        "use a smaller --size / --max-size, or --no-baseline",
     )?;
     let mem = allocate(&gpu, &plan, cfg.corrupt)?;
     let nixl = create_ucx_agent(p::INITIATOR_NAME)?;
