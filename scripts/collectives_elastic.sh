@@ -114,13 +114,16 @@ if ((SWEEP)); then
     read -r op algo path <<< "$c"
     name="$op-$algo-$path"; max=64M
     [[ $algo == ll ]] && max=64K   # LL runs up to 64 KiB
-    args=(--gpus 1 --op "$op" --algo "$algo" --path "$path" -b 8 -e "$max" -f 2 --dtype f32
+    args=(--gpus 1 --op "$op" --algo "$algo" --path "$path" -f 2 --dtype f32
           --rounds 8 -n 5 --fault-timeout "$FAULT" --timeout 60)
-    "$C" --elastic --ranks 3 "${args[@]}" --json "$OUT/fresh-$name.json" --csv "$OUT/fresh-$name.csv" \
+    # allgather and reduce-scatter survivors keep 4 ranks' count per rank:
+    # buffers of 3/4 the size, which a fresh 3-rank run gets from -b 12 -e 48M.
+    fresh=(-b 8 -e "$max"); [[ $op != allreduce ]] && fresh=(-b 12 -e 48M)
+    "$C" --elastic --ranks 3 "${args[@]}" "${fresh[@]}" --json "$OUT/fresh-$name.json" --csv "$OUT/fresh-$name.csv" \
       > "$OUT/fresh-$name.log" 2>&1 || echo "FAIL fresh-$name: exit $? (see $OUT/fresh-$name.log)"
     victim=$((1 + RANDOM % 3)); sig=$( ((RANDOM % 2)) && echo KILL || echo STOP )
     tag="sweep-$name-rank$victim-$sig"
-    planned "$tag" "$victim" "$sig" "${args[@]}" --json "$OUT/$tag.json" --csv "$OUT/$tag.csv"
+    planned "$tag" "$victim" "$sig" "${args[@]}" -b 8 -e "$max" --json "$OUT/$tag.json" --csv "$OUT/$tag.csv"
     verdict "$tag" $? "$victim"
   done
 fi

@@ -72,26 +72,28 @@ def run_row(name, run):
 
 
 def compare(sweeps, fresh):
-    """Rows (case, bytes, before, after, fresh, after/fresh) of the sweep."""
+    """Rows of the sweep: per case and size after the shrink, its p50 against
+    the fresh run's at the same rank count (and before the death, where the
+    run timed that size at its first rank count; "before" is None where the
+    death came first, or where an operation's buffer differs by rank count)."""
     fresh_p50 = {}
     for run in fresh.values():
         for r in run["rows"]:
             fresh_p50[case_key(r) + (r["bytes"], r["ranks"])] = r["p50_us"]
     out = []
     for name, run in sweeps.items():
-        by = {}
+        first = run["ranks"]
+        before = {case_key(r) + (r["bytes"],): r["p50_us"] for r in run["rows"] if r["ranks"] == first}
         for r in run["rows"]:
-            by.setdefault(case_key(r) + (r["bytes"],), {})[r["ranks"]] = r["p50_us"]
-        for key, per in sorted(by.items()):
-            n = min(per)
-            f = fresh_p50.get(key + (n,))
-            if n == max(per) or f is None:
+            f = fresh_p50.get(case_key(r) + (r["bytes"], r["ranks"]))
+            if r["ranks"] >= first or f is None or not r["p50_us"]:
                 continue
-            out.append({"run": name, "op": key[0], "algo": key[1], "path": key[2],
-                        "dtype": key[3], "bytes": key[4], "ranks_before": max(per),
-                        "ranks_after": n, "before_p50_us": per[max(per)],
-                        "after_p50_us": per[n], "fresh_p50_us": f, "after_over_fresh": per[n] / f})
-    return out
+            b = before.get(case_key(r) + (r["bytes"],)) or None
+            out.append({"run": name, "op": r["op"], "algo": r["algo"], "path": r["path"],
+                        "dtype": r["dtype"], "bytes": r["bytes"], "ranks_before": first,
+                        "ranks_after": r["ranks"], "before_p50_us": b,
+                        "after_p50_us": r["p50_us"], "fresh_p50_us": f, "after_over_fresh": r["p50_us"] / f})
+    return sorted(out, key=lambda r: (r["op"], r["algo"], r["path"], r["bytes"]))
 
 
 def pct(values, p):
@@ -118,7 +120,7 @@ def print_tables(runs, cmp_rows):
     print("|---|---|---|---|---|---|")
     for r in cmp_rows:
         print(f"| {r['op']} {r['algo']} {r['path']} {r['dtype']} | {r['bytes']} | "
-              f"{r['before_p50_us']:.1f} ({r['ranks_before']}) | {r['after_p50_us']:.1f} ({r['ranks_after']}) | "
+              f"{fmt(r['before_p50_us'])} ({r['ranks_before']}) | {r['after_p50_us']:.1f} ({r['ranks_after']}) | "
               f"{r['fresh_p50_us']:.1f} | {r['after_over_fresh']:.2f} |")
     ratios = [r["after_over_fresh"] for r in cmp_rows]
     over = sum(1 for x in ratios if x > 1.10)

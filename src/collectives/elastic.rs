@@ -30,7 +30,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::layout::Case;
-use super::session::{Context, RankInfo, Session, StepOutcome, View, describe};
+use super::session::{Context, RankInfo, Session, StepOutcome, describe};
 use crate::ranks::check::decision_line;
 use crate::ranks::membership::{Membership, lowest, unix_ns};
 use crate::say;
@@ -87,7 +87,6 @@ pub fn cases(ctx: &Context) -> Vec<Case> {
 /// rows and detections.
 pub fn steps(ctx: &Context, s: &Session, el: &Membership, rounds: u32) -> Result<ElasticTimes> {
     let (g, cfg) = (ctx.group, ctx.cfg);
-    let fault_ns = cfg.fault_timeout_ns();
     let cases = cases(ctx);
     let calls = u64::from(cfg.iters);
     let mut out = ElasticTimes {
@@ -99,7 +98,7 @@ pub fn steps(ctx: &Context, s: &Session, el: &Membership, rounds: u32) -> Result
     for round in 0..rounds {
         for (ci, case) in cases.iter().enumerate() {
             let step = u64::from(round) * cases.len() as u64 + ci as u64 + 1;
-            s.view.set(View::of(&el.active(0), g.rank, step, fault_ns));
+            s.view.set(ctx.view_of(&el.active(0), step));
             el.steps_begin(0)?;
             let o = s.run_step(ctx, case, first_call, calls)?;
             first_call += calls;
@@ -147,7 +146,7 @@ fn agree(
     let decided = Instant::now();
     let now = unix_ns();
     say!("{}", decision_line(g.rank, 0, &d));
-    let view = View::of(&el.active(0), g.rank, step + 1, ctx.cfg.fault_timeout_ns());
+    let view = ctx.view_of(&el.active(0), step + 1);
     let shrink_ms = decided.elapsed().as_secs_f64() * 1e3;
     let survivors = view.ranks;
     for &r in &d.new {

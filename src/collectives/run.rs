@@ -14,16 +14,15 @@ use crate::ranks::membership::{Membership, OnDeath, lowest};
 
 use super::elastic::{self, ElasticTimes};
 use super::kernels::CollKernels;
-use super::layout::{MAX_BLOCKS, Path, WindowLayout};
+use super::layout::{Path, WindowLayout};
 use super::member::{Group, RankEnv, run_member};
 use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
-use super::session::{Context, RankInfo, Session, connect_nccl};
+use super::session::{Context, RankInfo, Session, block_plan, connect_nccl};
 use crate::cli::{UsageError, fmt_bytes};
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
 use crate::ranks::nccl::{self as loader, NcclStatus};
-use crate::ranks::sm_share::{RankGpu, sm_share};
 use crate::say;
 
 /// Where results go besides stdout, and the GPUs to use.
@@ -160,6 +159,7 @@ fn session(
         group: g,
         cfg,
         plan: &plan,
+        infos: &infos,
         gpu,
         kernels: k,
     };
@@ -216,6 +216,7 @@ fn elastic_session(
         group: g,
         cfg,
         plan: &plan,
+        infos: &infos,
         gpu: local.gpu,
         kernels: local.kernels,
     };
@@ -257,7 +258,7 @@ fn meet(g: &Group, cfg: &RunConfig, info: &RankInfo) -> Result<(Vec<RankInfo>, P
     agree_config(g, cfg)?;
     g.put(&g.rank_entry(g.rank, "info"), info)?;
     let infos: Vec<RankInfo> = g.gather_ranks("info", "GPU info")?;
-    let plan = make_plan(cfg, &infos);
+    let plan = block_plan(cfg, &infos);
     Ok((infos, plan))
 }
 
@@ -275,21 +276,6 @@ fn agree_config(g: &Group, cfg: &RunConfig) -> Result<()> {
         .into());
     }
     Ok(())
-}
-
-/// The block limit: each rank's share of its GPU's SMs (one block per SM
-/// per rank leaves room for the other ranks' blocks and their fill and
-/// check kernels under MPS), the smallest share wins; `--blocks` overrides.
-pub fn make_plan(cfg: &RunConfig, infos: &[RankInfo]) -> Plan {
-    let gpus: Vec<RankGpu> = infos
-        .iter()
-        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
-        .collect();
-    let (max_ranks_on_gpu, share) = sm_share(&gpus);
-    Plan {
-        max_blocks: cfg.blocks.unwrap_or(share).clamp(1, MAX_BLOCKS),
-        max_ranks_on_gpu,
-    }
 }
 
 /// Rank 0: gathers every rank's times, prints the table, writes JSON/CSV.

@@ -35,6 +35,7 @@ use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{DescList, MemType};
 use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
 use crate::ranks::nccl::NcclStatus;
+use crate::ranks::sm_share::{RankGpu, sm_share};
 
 /// What each rank tells the others about itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -73,6 +74,10 @@ pub struct View {
     pub step: u64,
     /// Elastic runs: a wait on a rank masks it after this long, ns.
     pub fault_timeout_ns: u64,
+    /// The grid limit of these members' calls: their share of their GPUs'
+    /// SMs ([`block_plan`]), so survivors of a shrink get the blocks a
+    /// fresh run of as many ranks gets; `None`: the session's plan.
+    pub max_blocks: Option<u32>,
 }
 
 impl View {
@@ -99,7 +104,35 @@ impl View {
             me,
             step,
             fault_timeout_ns,
+            max_blocks: None,
         }
+    }
+}
+
+/// The block limit of the calls of `infos`' ranks: each rank's share of
+/// its GPU's SMs (one block per SM per rank leaves room for the other
+/// ranks' blocks and their fill and check kernels under MPS), the smallest
+/// share wins; `--blocks` overrides.
+pub fn block_plan<'a>(cfg: &RunConfig, infos: impl IntoIterator<Item = &'a RankInfo>) -> Plan {
+    let gpus: Vec<RankGpu> = infos
+        .into_iter()
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
+        .collect();
+    let (max_ranks_on_gpu, share) = sm_share(&gpus);
+    Plan {
+        max_blocks: cfg.blocks.unwrap_or(share).clamp(1, MAX_BLOCKS),
+        max_ranks_on_gpu,
+    }
+}
+
+impl Context<'_> {
+    /// The view of `members` at `step`, with their block limit (survivors
+    /// of a shrink share the GPUs' SMs among fewer ranks).
+    pub fn view_of(&self, members: &std::collections::BTreeSet<u32>, step: u64) -> View {
+        let mut v = View::of(members, self.group.rank, step, self.cfg.fault_timeout_ns());
+        let infos = self.infos.iter().filter(|i| members.contains(&i.rank));
+        v.max_blocks = Some(block_plan(self.cfg, infos).max_blocks);
+        v
     }
 }
 
@@ -108,6 +141,8 @@ pub struct Context<'a> {
     pub group: &'a Group<'a>,
     pub cfg: &'a RunConfig,
     pub plan: &'a Plan,
+    /// Every rank's introduction, in rank order.
+    pub infos: &'a [RankInfo],
     pub gpu: &'a Gpu,
     pub kernels: &'a CollKernels,
 }
@@ -774,7 +809,7 @@ impl Session {
         calls: u64,
     ) -> Result<StepOutcome> {
         let (g, v) = (ctx.group, self.view.get());
-        let blocks = case.blocks(v.ranks, ctx.plan.max_blocks);
+        let blocks = case.blocks(v.ranks, v.max_blocks.unwrap_or(ctx.plan.max_blocks));
         let ev = || {
             ctx.gpu
                 .ctx
