@@ -141,3 +141,91 @@ fn the_guides_store_path_claim_matches_its_table() {
     }
     assert!(rows >= 20, "{rows} rows");
 }
+
+/// docs/results keeps what a reader looks at (READMEs, tables, JSON/CSV and
+/// plots) in at most 3 MiB, and every `docs/results/…` path that README.md,
+/// KERNEL_GUIDE.md and docs/*.md cite exists (`dir/name*/` as a glob).
+#[test]
+fn results_stay_small_and_every_cited_path_exists() {
+    use std::path::PathBuf;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+
+    fn bytes_under(dir: &Path) -> u64 {
+        let mut total = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+            if meta.is_dir() {
+                total += bytes_under(&entry.path());
+            } else if meta.is_file() {
+                total += meta.len();
+            }
+        }
+        total
+    }
+    let limit = 3 * 1024 * 1024;
+    let bytes = bytes_under(&root.join("docs/results"));
+    assert!(
+        bytes <= limit,
+        "docs/results holds {bytes} bytes (limit {limit}); keep READMEs, tables, JSON/CSV and \
+         plots, leave raw logs in the script's --out folder"
+    );
+
+    /// Whether `comps` (path components, `*` allowed once per component)
+    /// name something under `base`; a trailing `/` asks for a folder.
+    fn exists(base: &Path, comps: &[&str], want_dir: bool) -> bool {
+        let Some((first, rest)) = comps.split_first() else {
+            return !want_dir || base.is_dir();
+        };
+        match first.split_once('*') {
+            None => {
+                let next = base.join(first);
+                (next.exists() || next.is_symlink()) && exists(&next, rest, want_dir)
+            }
+            Some((prefix, suffix)) => std::fs::read_dir(base).is_ok_and(|entries| {
+                entries.filter_map(Result::ok).any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.len() >= prefix.len() + suffix.len()
+                        && name.starts_with(prefix)
+                        && name.ends_with(suffix)
+                        && exists(&e.path(), rest, want_dir)
+                })
+            }),
+        }
+    }
+
+    let mut docs: Vec<PathBuf> = vec![root.join("README.md"), root.join("KERNEL_GUIDE.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            docs.push(path);
+        }
+    }
+    let (mut cited, mut missing) = (0, Vec::new());
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        for (at, _) in text.match_indices("docs/results") {
+            let raw: String = text[at..]
+                .chars()
+                .take_while(|c| !c.is_whitespace() && !"`'\"()<>[]|,;".contains(*c))
+                .collect();
+            let path = raw.trim_end_matches(['.', ',', ':', ';', ')', '`']);
+            let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+            cited += 1;
+            if !exists(root, &comps, path.ends_with('/')) {
+                missing.push(format!(
+                    "{}: {path}",
+                    doc.strip_prefix(root).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        cited >= 10,
+        "only {cited} docs/results paths found in the docs"
+    );
+    assert!(
+        missing.is_empty(),
+        "the docs cite docs/results paths that do not exist (restore them or fix the citation): {missing:#?}"
+    );
+}
