@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 
 use super::layout::{MAX_RANKS, THREADS};
+use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::kernels::KernelReport;
 
 /// `CollParams`: one call of one collective. Offsets are bytes into the
@@ -120,38 +121,33 @@ pub struct CollTiming {
 /// Per-call times from the stamps, ns: cycle counts (their resolution)
 /// scaled by the `%globaltimer` nanoseconds per cycle over all of them (the
 /// timer's long-run accuracy).
-pub fn calibrate(slots: &[CollTiming]) -> Vec<f64> {
-    let k = ns_per_cycle(slots);
-    slots
+pub fn calibrate(slots: &[CollTiming]) -> anyhow::Result<Vec<f64>> {
+    let k = ns_per_cycle(slots.iter().map(CollTiming::span))?;
+    Ok(slots
         .iter()
         .map(|s| s.clock_end.wrapping_sub(s.clock_start) as f64 * k)
-        .collect()
+        .collect())
 }
 
-/// `%globaltimer` nanoseconds per `clock64` cycle over all the calls.
-fn ns_per_cycle(slots: &[CollTiming]) -> f64 {
-    let cycles: u64 = slots
-        .iter()
-        .map(|s| s.clock_end.wrapping_sub(s.clock_start))
-        .sum();
-    let ns: u64 = slots
-        .iter()
-        .map(|s| s.gt_end.saturating_sub(s.gt_start))
-        .sum();
-    if cycles == 0 {
-        0.0
-    } else {
-        ns as f64 / cycles as f64
+impl CollTiming {
+    /// The call's span, for [`crate::gpu::clock::ns_per_cycle`].
+    fn span(&self) -> Span {
+        Span {
+            clock_start: self.clock_start,
+            clock_end: self.clock_end,
+            gt_start: self.gt_start,
+            gt_end: self.gt_end,
+        }
     }
 }
 
 /// Per call, ns, where block 0's time in phase 0 went: looking up the peer
 /// pointers, pushing the data, fencing and signalling, waiting for every
 /// peer's signal (calibrated as [`calibrate`]).
-pub fn phases(slots: &[CollTiming]) -> Vec<[f64; 4]> {
-    let k = ns_per_cycle(slots);
+pub fn phases(slots: &[CollTiming]) -> anyhow::Result<Vec<[f64; 4]>> {
+    let k = ns_per_cycle(slots.iter().map(CollTiming::span))?;
     let d = |a: u64, b: u64| b.wrapping_sub(a) as f64 * k;
-    slots
+    Ok(slots
         .iter()
         .map(|s| {
             [
@@ -161,7 +157,7 @@ pub fn phases(slots: &[CollTiming]) -> Vec<[f64; 4]> {
                 d(s.clock_signalled, s.clock_waited),
             ]
         })
-        .collect()
+        .collect())
 }
 
 /// `CollData`: what the fill and check kernels work on (device addresses).

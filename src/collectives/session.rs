@@ -526,7 +526,7 @@ impl Session {
         self.timing
             .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
         let stamps = &raw[(warm + 2) as usize..];
-        Ok((timed.times(2)?, calibrate(stamps), phases(stamps)))
+        Ok((timed.times(2)?, calibrate(stamps)?, phases(stamps)?))
     }
 
     /// Queues a wait behind the next gate; returns its value.

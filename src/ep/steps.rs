@@ -23,6 +23,7 @@ use super::rig::Rig;
 use super::setup::Corrupt;
 use crate::cli::DataMismatch;
 use crate::gpu::Gpu;
+use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::run::run_watched;
 
 /// What every step uses: the GPU and its kernels, the CPU model, the
@@ -396,18 +397,13 @@ pub fn calibrate(slots: &[EpTiming]) -> Result<(f64, Vec<f64>, Vec<f64>)> {
     if let Some(i) = slots.iter().position(|s| s.clock_end == 0 || s.gt_end == 0) {
         bail!("timing slot {i} was never completed: a phase kernel ended without its stamp");
     }
-    let cycles: u64 = slots
-        .iter()
-        .map(|s| s.clock_end.wrapping_sub(s.clock_start))
-        .sum();
-    let ns: u64 = slots
-        .iter()
-        .map(|s| s.gt_end.saturating_sub(s.gt_start))
-        .sum();
-    if cycles == 0 {
-        bail!("the phase kernels' cycle counters did not move");
-    }
-    let k = ns as f64 / cycles as f64;
+    let k = ns_per_cycle(slots.iter().map(|s| Span {
+        clock_start: s.clock_start,
+        clock_end: s.clock_end,
+        gt_start: s.gt_start,
+        gt_end: s.gt_end,
+    }))
+    .context("the phase kernels' timing")?;
     let each = |ph: usize| -> Vec<f64> {
         slots
             .iter()

@@ -4,6 +4,7 @@
 //! into and out of it. Depends on nothing above it.
 
 pub mod buffer;
+pub mod clock;
 pub mod context;
 pub mod copy;
 pub mod kernels;

@@ -2,13 +2,14 @@
 //! baselines (once per size), the go-ahead, the write + signal kernels, and
 //! the target's verdict.
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 use cudarc::driver::CudaStream;
 use tracing::info;
 
 use super::held::Held;
 use crate::cli::fmt_bytes;
 use crate::gpu::DeviceBuffer;
+use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::kernels::{
     FenceScope, KernelReport, MemViewElem, WRITE_GPU_SCOPE, WRITE_HOST_SEQUENCED, WRITE_PINGPONG,
     WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
@@ -328,9 +329,14 @@ impl Launch<'_> {
                 .collect()
         } else {
             let n = self.round.iters as usize;
-            let cycles = w(n + 1).saturating_sub(w(n)).max(1);
-            let ns_per_cycle = r.t_end_ns.saturating_sub(r.t_start_ns) as f64 / cycles as f64;
-            (0..n).map(|i| w(i) as f64 * ns_per_cycle).collect()
+            let k = ns_per_cycle([Span {
+                clock_start: w(n),
+                clock_end: w(n + 1),
+                gt_start: r.t_start_ns,
+                gt_end: r.t_end_ns,
+            }])
+            .context("the ping-pong kernel's timing")?;
+            (0..n).map(|i| w(i) as f64 * k).collect()
         };
         Ok(Summary::of(&rtts))
     }
