@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
 //! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report; `ep`'s ranks, kernels, routing and report |
-//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`cli`], [`results`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, exit codes, the run environment and CSV beside every result |
+//! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`machine`], [`cli`], [`results`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, whether this machine can run a program, exit codes, the run environment and CSV beside every result |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
 //! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
 //!
@@ -24,6 +24,7 @@ pub mod group;
 pub mod interrupt;
 pub mod launch;
 pub mod logging;
+pub mod machine;
 pub mod nixl;
 pub mod pattern;
 pub mod ranks;

@@ -21,8 +21,7 @@ use nixl_examples::cli::{
     UsageError, check_port_free, exit_status, fmt_bytes, fmt_timeout, parse_bytes, parse_timeout,
 };
 use nixl_examples::gpu::Gpu;
-use nixl_examples::gpu::context::device_count;
-use nixl_examples::gpu::kernels::{self, FenceScope, Level, Path, WaitMode};
+use nixl_examples::gpu::kernels::{FenceScope, Level, Path, WaitMode};
 use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
@@ -283,24 +282,7 @@ fn port(args: &Args) -> u16 {
 /// problem at once, so a machine that cannot run this says so at once.
 /// Returns the GPU this role uses.
 fn check_machine(args: &Args) -> Result<usize> {
-    let mut problems = Vec::new();
-    if let Err(why) = kernels::availability() {
-        problems.push(kernels::KernelsError::NotBuilt(why).to_string());
-    }
-    let gpus = device_count().unwrap_or_else(|e| {
-        problems.push(e.to_string());
-        0
-    });
-    if let Err(e) = runtime::load() {
-        problems.push(e.to_string());
-    }
-    problems.extend(runtime::ucx_tls_problem());
-    if !problems.is_empty() {
-        anyhow::bail!(
-            "this machine cannot run simple_write:\n  - {}",
-            problems.join("\n  - ")
-        );
-    }
+    let gpus = nixl_examples::machine::check("simple_write", String::new)?;
     let gpu = match (args.mode, args.gpu) {
         (_, Some(g)) => g,
         (Mode::Target, None) => default_target_gpu(gpus),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use std::collections::BTreeSet;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::ranks::membership::{Membership, OnDeath, lowest};
 
@@ -95,29 +95,10 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
     }
 }
 
-/// Everything local that must hold, reported together (the launcher runs
-/// it once before starting the ranks; each rank again).
+/// Everything local that must hold ([`crate::machine::check`]); the
+/// launcher runs it once before starting the ranks, each rank again.
 pub fn check_machine() -> Result<()> {
-    let mut problems = Vec::new();
-    if let Err(why) = crate::gpu::module::availability() {
-        problems.push(format!(
-            "this binary was built without the device kernels: {why}"
-        ));
-    }
-    if let Err(e) = device_count() {
-        problems.push(e.to_string());
-    }
-    if let Err(e) = crate::nixl::runtime::load() {
-        problems.push(e.to_string());
-    }
-    problems.extend(crate::nixl::runtime::ucx_tls_problem());
-    if !problems.is_empty() {
-        bail!(
-            "this machine cannot run collectives:\n  - {}",
-            problems.join("\n  - ")
-        );
-    }
-    Ok(())
+    crate::machine::check("collectives", String::new).map(|_| ())
 }
 
 /// Usage error when this rank's buffers cannot fit, named with the numbers.

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::config::RunConfig;
-use super::kernels::{self, EpKernels};
+use super::kernels::EpKernels;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
 use super::report::RankInfo;
@@ -76,32 +76,11 @@ pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Re
 /// for). `ep --ranks N` checks it once before starting the ranks; under
 /// torchrun each rank does.
 pub fn check_machine(baseline: bool) -> Result<()> {
-    let mut problems = Vec::new();
-    if let Err(why) = kernels::availability() {
-        problems.push(format!(
-            "this binary was built without the EP kernels: {why}"
-        ));
-    }
-    if let Err(e) = device_count() {
-        problems.push(e.to_string());
-    }
-    if let Err(e) = crate::nixl::runtime::load() {
-        problems.push(e.to_string());
-    }
-    problems.extend(crate::nixl::runtime::ucx_tls_problem());
-    if !problems.is_empty() {
-        let nccl = match crate::ranks::nccl::find_library() {
-            Err(why) if baseline => {
-                format!("\n  (the NCCL baseline would be skipped too: {why})")
-            }
-            _ => String::new(),
-        };
-        bail!(
-            "this machine cannot run ep:\n  - {}{nccl}",
-            problems.join("\n  - ")
-        );
-    }
-    Ok(())
+    let nccl = || match crate::ranks::nccl::find_library() {
+        Err(why) if baseline => format!("\n  (the NCCL baseline would be skipped too: {why})"),
+        _ => String::new(),
+    };
+    crate::machine::check("ep", nccl).map(|_| ())
 }
 
 /// Opens GPU `LOCAL_RANK mod gpus`; returns it and how many of this
