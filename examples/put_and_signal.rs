@@ -24,6 +24,7 @@ use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use nixl_examples::cli::{DataMismatch, exit_status, parse_bytes, parse_timeout, store_error};
 use nixl_examples::gpu::kernels::{MemViewElem, active_groups, slice_for};
 use nixl_examples::gpu::module::{Fatbin, load};
+use nixl_examples::gpu::path::Path;
 use nixl_examples::gpu::{DeviceBuffer, Gpu};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::agent::create_ucx_agent;
@@ -37,15 +38,6 @@ use nixl_sys::MemView;
 enum Role {
     Initiator,
     Target,
-}
-
-/// How the initiator's kernel writes into the target's memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Path {
-    /// nixlPut + nixlAtomicAdd: any UCX device transport, RDMA included.
-    Put,
-    /// nixlGetPtr + plain stores + a release atomic: peer-mapped memory (NVLink, PCIe) only.
-    Store,
 }
 
 /// GPU-initiated write + signal between two processes, the smallest complete program.

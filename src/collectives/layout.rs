@@ -157,27 +157,7 @@ pub fn auto_algo(bytes: u64) -> Algo {
     }
 }
 
-/// How the data reaches a peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Path {
-    /// `nixlPut` + `nixlAtomicAdd`: any UCX device transport.
-    Put,
-    /// `nixlGetPtr` + plain stores: peers mapped over NVLink (cuda_ipc).
-    Store,
-}
-
-impl Path {
-    pub fn name(self) -> &'static str {
-        match self {
-            Path::Put => "put",
-            Path::Store => "store",
-        }
-    }
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-}
+pub use crate::gpu::path::Path;
 
 /// `--path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]

@@ -71,34 +71,7 @@ impl RoutingKind {
     }
 }
 
-/// How a rank writes into a peer's memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Path {
-    /// `nixlPut` + `nixlAtomicAdd`: works on any UCX device transport
-    /// (cuda_ipc over NVLink, RDMA with GPU-initiated communication).
-    Put,
-    /// `nixlGetPtr` + plain 16-byte stores + a release atomic: the peer's
-    /// memory mapped into ours (NVLink / cuda_ipc only).
-    Store,
-}
-
-impl Path {
-    pub fn name(self) -> &'static str {
-        match self {
-            Path::Put => "put",
-            Path::Store => "store",
-        }
-    }
-
-    /// The code the kernels take (`EP_PATH_*` in cuda/ep.cu).
-    pub fn code(self) -> u32 {
-        match self {
-            Path::Put => 0,
-            Path::Store => 1,
-        }
-    }
-}
+pub use crate::gpu::path::Path;
 
 /// `--path`: one data path or both, one after the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod kernels;
 pub mod ll;
 pub mod module;
+pub mod path;
 pub mod pinned;
 pub mod run;
 
