@@ -309,17 +309,15 @@ fn launch_ranks(
         let exits = member::launch_ranks(world, port, grace)?;
         return Ok(nixl_examples::launch::finish("collectives", &exits));
     };
-    let kill_seed = args.kill_seed.unwrap_or_else(|| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        now.map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
-    });
+    let kill_seed = launch::kill_seed(args.kill_seed);
     let opts = launch::LaunchOptions {
         program: nixl_examples::collectives::PROGRAM,
         capacity: world,
         port,
         kill_signal: args.kill_signal,
         on_death: OnDeath::Survive,
-        rounds_per_phase: cfg.map_or(8, |c| c.elastic_steps()),
+        // --check-connection: its --iters steps of agreement.
+        rounds_per_phase: cfg.map_or(u64::from(args.iters), |c| c.elastic_steps()),
         kill_seed,
         grace,
         timeout,

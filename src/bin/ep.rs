@@ -385,10 +385,7 @@ fn launch_ranks(
         Some(c) => c.runs().len() as u64 * u64::from(c.warmup + c.iters),
         None => check_steps(args, on_death),
     };
-    let kill_seed = args.kill_seed.unwrap_or_else(|| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        now.map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
-    });
+    let kill_seed = launch::kill_seed(args.kill_seed);
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
     let opts = launch::LaunchOptions {

@@ -183,12 +183,41 @@ fn steps(group: &Group, elastic: &Membership, i: usize, check: &Check) -> Result
     let mut masked: BTreeSet<u32> = BTreeSet::new();
     for k in 0..n {
         let others: Vec<u32> = elastic.active(i).into_iter().filter(|&r| r != me).collect();
+        if k + 1 == n && n >= 2 {
+            await_planned_kills(elastic, i, check.timeout)?;
+        }
         elastic.steps_begin(i)?;
         std::thread::sleep(check.step_work);
         masked.extend(elastic.found_dead(&others, i)?);
         let d = elastic.agree(i, i as u64 * n + k, &masked)?;
         say_gone(me, i, &d);
         masked.retain(|r| d.gone.contains(r));
+    }
+    Ok(())
+}
+
+/// Before the phase's last step: every other rank the plan kills in phase
+/// `i` has been killed (the launcher's notice is there), so that a step's
+/// agreement names it. The launcher kills at a random moment in the first
+/// half of the phase's rounds; steps without a GPU are short, and on a
+/// loaded machine the phase could otherwise end first and the kill never
+/// land. Errors: no notice within `timeout` (no launcher of ours?).
+fn await_planned_kills(elastic: &Membership, i: usize, timeout: Duration) -> Result<()> {
+    let me = elastic.rank();
+    let victims: Vec<u32> = (elastic.plan().killed(i).into_iter())
+        .filter(|&r| r != me)
+        .collect();
+    let start = std::time::Instant::now();
+    for r in victims {
+        while elastic.died_at(i, r)?.is_none() {
+            if start.elapsed() > timeout {
+                anyhow::bail!(
+                    "the plan kills rank {r} in phase {i}, but no kill came within {timeout:?}: \
+                     planned kills need this program's own launcher (not torchrun)"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
     Ok(())
 }

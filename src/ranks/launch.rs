@@ -164,6 +164,15 @@ struct Kill {
     fraction: f64,
 }
 
+/// `--kill-seed`: the one given, or one from the clock (run_plan prints
+/// it, so a run can be repeated).
+pub fn kill_seed(given: Option<u64>) -> u64 {
+    given.unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
+    })
+}
+
 /// Runs `plan`: hosts the store, starts and kills the ranks as the plan
 /// says, writes the death notices, waits for all (a backstop of 24 h;
 /// every wait inside the ranks has its own deadline) and returns how each
