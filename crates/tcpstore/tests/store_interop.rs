@@ -97,6 +97,9 @@ fn peer_scenario(store: &dyn Store, me: &str, other: &str) {
         .wait(&[&k(other, "done")], Duration::from_secs(10))
         .unwrap();
     assert_eq!(store.get("shared/ctr").unwrap(), b"2");
+    // The last word: a side that hosts the server waits for it before it
+    // exits, so the other side's last read never meets a closed server.
+    store.set(&k(me, "bye"), b"1").unwrap();
 }
 
 #[cfg(feature = "libtorch")]
@@ -469,6 +472,7 @@ def scenario(store, me, other):
     store.set(k(me, "done"), b"1")
     store.wait([k(other, "done")], secs(10))
     expect(store.get("shared/ctr") == b"2", "shared counter")
+    store.set(k(me, "bye"), b"1")
 
 def main():
     role, port, me, other = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -476,6 +480,9 @@ def main():
                           timeout=datetime.timedelta(seconds=30), wait_for_workers=True)
     print("JOINED", flush=True)
     scenario(store, me, other)
+    if role == "server":
+        # Hosting the store: stay until the client's last read is done.
+        store.wait([f"{other}/bye"], datetime.timedelta(seconds=10))
     print("PY OK", flush=True)
 
 try:
