@@ -10,7 +10,16 @@
 #
 #   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
-#                          [--campaign N [--seed S] [--max-ranks 6]]
+#                          [--campaign N [--seed S] [--max-ranks 6]] [--join]
+#
+# --join runs, instead of the matrix, three plans in which ranks join while
+# the members step, in both modes over both paths, with phases long enough
+# to cover a joiner's start (LL 2000 steps, HT 300 of 1024 tokens):
+# join-2 [[0,1],[0,1],[0,1,2,3]] (two newcomers, connected ahead),
+# leave-join [[0,1,2],[0,1,2],[0,1,3]] (one leaves as one joins) and
+# rejoin [[0,1,2],[0,1,-2],[0,1,2]] (a killed id comes back: its element is
+# still the old process's, so it is connected when the phase begins). Each
+# line of stderr carries the seconds since the run started (el-*.err).
 #
 # --campaign N runs, instead of the matrix, the fault campaign of
 # scripts/elastic_campaign.py (see its --help): N random plans of up to
@@ -29,7 +38,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/elastic; MODES="ll ht"; CYCLES=20; QUICK=0; MPS=1
-CAMPAIGN=0; SEED=1; MAX_RANKS=6
+CAMPAIGN=0; SEED=1; MAX_RANKS=6; JOIN=0
 while (($#)); do
   case "$1" in
     --bundle) need_value "$1" $#; BUNDLE=$2; shift 2 ;;
@@ -43,6 +52,7 @@ while (($#)); do
     --campaign) need_value "$1" $#; CAMPAIGN=$2; shift 2 ;;
     --seed) need_value "$1" $#; SEED=$2; shift 2 ;;
     --max-ranks) need_value "$1" $#; MAX_RANKS=$2; shift 2 ;;
+    --join) JOIN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac
@@ -70,11 +80,37 @@ one() {
   echo "== $tag: ep $*" >&2
   local t0=$SECONDS
   timeout 560 "$EP" "$@" --port "$(pick_port)" --json "$OUT/el-$tag.json" --csv "$OUT/el-$tag.csv" \
-    >"$OUT/el-$tag.out" 2>"$OUT/el-$tag.err"
+    >"$OUT/el-$tag.out" 2> >(stamped >"$OUT/el-$tag.err")
   local rc=$?
+  wait
   if ((rc != 0)); then fail=1; echo "!! $tag: exit $rc" >&2; tail -12 "$OUT/el-$tag.err" >&2
   else echo "ok $tag in $((SECONDS - t0)) s" >&2; fi
 }
+
+# Prefixes each line of stdin with the seconds since it started.
+stamped() {
+  python3 -u -c 'import sys, time
+t0 = time.monotonic()
+for line in sys.stdin:
+    print(f"{time.monotonic() - t0:9.3f} {line}", end="", flush=True)'
+}
+
+if ((JOIN)); then
+  echo '[[0,1],[0,1],[0,1,2,3]]' >"$OUT/join_2.json"
+  echo '[[0,1,2],[0,1,2],[0,1,3]]' >"$OUT/leave_join.json"
+  echo '[[0,1,2],[0,1,-2],[0,1,2]]' >"$OUT/rejoin.json"
+  mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
+  for mode in $MODES; do
+    args=(--iters 2000 --warmup 20); [[ $mode == ht ]] && args=(--iters 300 --warmup 10 --tokens 1024)
+    for path in put store; do
+      for plan in join_2 leave_join rejoin; do
+        one "join-$mode-$path-${plan//_/-}" --plan "$OUT/$plan.json" --capacity 4 --mode "$mode" --path "$path" "${args[@]}"
+      done
+    done
+  done
+  ((mps)) && mps_stop
+  exit $fail
+fi
 
 if ((CAMPAIGN > 0)); then
   mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1

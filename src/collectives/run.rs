@@ -207,7 +207,7 @@ fn elastic_session(
     }
     let fault = Duration::from_nanos(cfg.fault_timeout_ns());
     let el = Membership::new(g, rplan, env.incarnation, fault, OnDeath::Survive)?;
-    el.begin_phase(0, local.info)?;
+    el.begin_phase(0, local.info, || Ok(()))?;
     el.opened(0, &BTreeSet::new())?;
     let rounds = cfg.elastic.map_or(1, |e| e.rounds);
     let measured = elastic::steps(&ctx, &s, &el, rounds);

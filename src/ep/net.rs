@@ -4,10 +4,13 @@
 //! the card a rank publishes so that others can connect to it.
 //!
 //! Peers come and go between steps: [`Net::connect`] loads a new peer's
-//! metadata, [`Net::forget`] drops a departed one, and [`Net::rebuild`]
-//! prepares the remote view anew. The caller rebuilds only while no kernel
-//! runs (its stream synchronised), so no view a kernel uses is destroyed;
-//! the old view is dropped after the new one exists.
+//! metadata, [`Net::retain`] drops those a phase no longer has, and
+//! [`Net::rebuild`] puts the remote view over the connected peers in place.
+//! The caller rebuilds only while no kernel runs (its stream
+//! synchronised), so no view a kernel uses is destroyed; the old view is
+//! dropped after the new one exists. Connecting can happen ahead, while
+//! kernels use the current view: [`Net::prepare`] makes the next phase's
+//! view beside it, and the rebuild at the phase's begin then only swaps.
 
 use anyhow::{Context as _, Result, bail};
 use nixl_sys::{MemView, RegistrationHandle};
@@ -70,6 +73,11 @@ impl Value for PeerCard {
 /// lives in the [`Rig`], which must outlive this.
 pub struct Net {
     remote: Option<MemView>,
+    /// The elements `remote` was made from.
+    remote_elements: Vec<RankBuffer>,
+    /// The next phase's remote view, prepared ahead, and the elements it was
+    /// made from ([`Net::prepare`]).
+    pending: Option<(Vec<RankBuffer>, Option<MemView>)>,
     local: Option<MemView>,
     reg: Option<RegistrationHandle>,
     /// Element `r` of the remote view: rank `r`'s window and agent, if
@@ -100,6 +108,8 @@ impl Net {
         };
         let net = Self {
             remote: None,
+            remote_elements: vec![None; capacity as usize],
+            pending: None,
             local: Some(local),
             reg: Some(reg),
             peers: vec![None; capacity as usize],
@@ -109,8 +119,21 @@ impl Net {
         Ok((net, card))
     }
 
+    /// Whether rank `r`'s element is agent `agent`'s window.
+    pub fn has(&self, r: u32, agent: &str) -> bool {
+        matches!(&self.peers[r as usize], Some((_, name)) if name == agent)
+    }
+
+    /// Whether rank `r`'s element holds some agent's window.
+    pub fn occupied(&self, r: u32) -> bool {
+        self.peers[r as usize].is_some()
+    }
+
     /// Loads rank `r`'s metadata (waiting up to `timeout` until usable) and
-    /// makes its window element `r` of the next [`Net::rebuild`].
+    /// makes its window element `r` of the next [`Net::rebuild`]; nothing
+    /// to do when that element is `card`'s agent already. Errors: another
+    /// configuration's window, an element held by another agent (drop it
+    /// first), the metadata not usable in time.
     pub fn connect(&mut self, r: u32, card: &PeerCard, timeout: std::time::Duration) -> Result<()> {
         let ours = self.window_len;
         if card.window.len != ours {
@@ -119,35 +142,101 @@ impl Net {
                 card.window.len
             );
         }
+        match &self.peers[r as usize] {
+            Some((_, name)) if *name == card.agent => return Ok(()),
+            Some((_, name)) => bail!("element {r} of the remote view is still {name}'s"),
+            None => {}
+        }
         load_peer(&self.nixl.agent, &card.metadata, &card.agent, timeout)
             .with_context(|| format!("connecting to rank {r} ({})", card.agent))?;
         self.peers[r as usize] = Some((card.window, card.agent.clone()));
         Ok(())
     }
 
-    /// Drops rank `r`'s element from the next [`Net::rebuild`] and, once
-    /// rebuilt, its metadata.
-    pub fn forget(&mut self, r: u32) -> Option<String> {
-        self.peers[r as usize].take().map(|(_, name)| name)
+    /// Drops every element but `keep`'s (rank, agent) pairs from the next
+    /// [`Net::rebuild`]; returns the dropped agents' names, whose metadata
+    /// that rebuild invalidates.
+    pub fn retain(&mut self, keep: &[(u32, String)]) -> Vec<String> {
+        let mut dropped = Vec::new();
+        for (r, slot) in self.peers.iter_mut().enumerate() {
+            let kept = slot
+                .as_ref()
+                .is_some_and(|(_, name)| keep.iter().any(|(k, a)| *k as usize == r && a == name));
+            if !kept {
+                dropped.extend(slot.take().map(|(_, name)| name));
+            }
+        }
+        dropped
     }
 
-    /// Prepares the remote view over the connected peers and drops the old
-    /// one, then invalidates the metadata of `departed` agents.
+    /// The view's elements over `keep`'s connected peers (all when `None`).
+    fn elements(&self, keep: Option<&[(u32, String)]>) -> Vec<RankBuffer> {
+        let kept = |r: usize, name: &String| {
+            keep.is_none_or(|k| k.iter().any(|(kr, a)| *kr as usize == r && a == name))
+        };
+        (self.peers.iter().enumerate())
+            .map(|(r, p)| p.clone().filter(|(_, name)| kept(r, name)))
+            .collect()
+    }
+
+    /// A remote view over `elements`; `None` when every element is null.
+    ///
+    /// # Safety
+    /// Every peer in `elements` keeps its window registered while the view
+    /// exists.
+    unsafe fn view_over(&self, elements: &[RankBuffer]) -> Result<Option<MemView>> {
+        if elements.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        // SAFETY: as this function's contract.
+        let view = unsafe { prep_remote_ranks(&self.nixl.agent, &self.nixl.backend, elements)? };
+        Ok(Some(view))
+    }
+
+    /// Prepares, ahead, the remote view the next phase will use: over the
+    /// connected peers among `keep`'s (rank, agent) pairs. The current view
+    /// stays as it is, so kernels may use it meanwhile; [`Net::rebuild`]
+    /// swaps the prepared one in if the connected peers are still the same
+    /// then. Nothing to do when the same view is prepared already.
+    ///
+    /// # Safety
+    /// Every peer kept keeps its window registered while the view exists.
+    pub unsafe fn prepare(&mut self, keep: &[(u32, String)]) -> Result<()> {
+        let elements = self.elements(Some(keep));
+        if elements == self.remote_elements {
+            // The next phase keeps the current view.
+            self.pending = None;
+            return Ok(());
+        }
+        if self.pending.as_ref().is_some_and(|(e, _)| *e == elements) {
+            return Ok(());
+        }
+        // SAFETY: as this function's contract.
+        let view = unsafe { self.view_over(&elements)? };
+        self.pending = Some((elements, view));
+        Ok(())
+    }
+
+    /// Puts the remote view over the connected peers in place (the current
+    /// one if its elements are the same, else the one prepared ahead if
+    /// they match, else a new one) and drops the old one, then invalidates
+    /// the metadata of `departed` agents.
     ///
     /// # Safety
     /// No kernel may be running that uses the current views (synchronise
     /// the stream first), and every connected peer keeps its window
     /// registered while the new view exists.
     pub unsafe fn rebuild(&mut self, departed: &[String]) -> Result<()> {
-        let any = self.peers.iter().any(Option::is_some);
-        let new = match any {
-            // SAFETY: as this function's contract.
-            true => Some(unsafe {
-                prep_remote_ranks(&self.nixl.agent, &self.nixl.backend, &self.peers)?
-            }),
-            false => None,
-        };
-        self.remote = new;
+        let elements = self.elements(None);
+        let pending = self.pending.take();
+        if elements != self.remote_elements {
+            self.remote = match pending {
+                Some((e, view)) if e == elements => view,
+                // SAFETY: as this function's contract.
+                _ => unsafe { self.view_over(&elements)? },
+            };
+            self.remote_elements = elements;
+        }
         for name in departed {
             let _ = self.nixl.agent.invalidate_remote_md(name);
         }
@@ -165,6 +254,7 @@ impl Net {
     /// peer's metadata.
     pub fn close(mut self, released: impl FnOnce() -> Result<()>) -> Result<()> {
         self.remote = None;
+        self.pending = None;
         self.local = None;
         released()?;
         self.reg = None;

@@ -51,8 +51,14 @@ pub struct PhaseResult {
     pub phase: usize,
     pub rank: u32,
     /// Host clock from the phase's begin to the members' barrier after
-    /// connecting the newcomers, ms.
+    /// connecting the newcomers, ms (a joiner's wait for the phase before
+    /// to end left out).
     pub connect_ms: f64,
+    /// Host clock this rank spent connecting to the phase's newcomers
+    /// ahead of its begin (between the steps of the phase before, or, a
+    /// joiner, while waiting for it to end), ms.
+    #[serde(default)]
+    pub ahead_ms: f64,
     pub paths: Vec<PhaseSteps>,
     pub detected: Vec<Detection>,
     /// Per agreement that removed ranks: host clock from this rank's report
@@ -82,8 +88,10 @@ pub struct PhaseRow {
     pub killed: Vec<u32>,
     pub gone: Vec<u32>,
     pub path: Path,
-    /// Slowest rank, ms.
+    /// Slowest rank, ms: how long the phase's begin held it.
     pub connect_ms: f64,
+    /// Slowest rank, ms: connecting ahead of the begin.
+    pub ahead_ms: f64,
     /// Fastest and slowest survivor, ms from the kill (host clock, to the
     /// end of the step that masked it).
     pub detect_ms: Option<(f64, f64)>,
@@ -148,6 +156,7 @@ fn row(i: usize, m: &PhaseMembers, path: Path, rs: &[&PhaseResult]) -> PhaseRow 
         gone: gone.into_iter().collect(),
         path,
         connect_ms: max(rs.iter().map(|r| r.connect_ms).collect()).unwrap_or(0.0),
+        ahead_ms: max(rs.iter().map(|r| r.ahead_ms).collect()).unwrap_or(0.0),
         detect_ms: min(detect.clone()).zip(max(detect)),
         wait_ms: max(rs
             .iter()
@@ -200,8 +209,8 @@ pub fn table(rows: &[PhaseRow]) -> String {
     let us =
         |x: Option<P50P99>| x.map_or("-".into(), |x| format!("{:.1}/{:.1}", x.p50_us, x.p99_us));
     let mut out = String::from(
-        "| phase | ranks | joined | killed | gone (agreed) | connect ms | detect ms | GPU wait ms | agree ms | path | dispatch p50/p99 µs before | after | combine p50/p99 µs before | after | lost steps | wrong |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| phase | ranks | joined | killed | gone (agreed) | connect ms | ahead ms | detect ms | GPU wait ms | agree ms | path | dispatch p50/p99 µs before | after | combine p50/p99 µs before | after | lost steps | wrong |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let detect = r
@@ -209,13 +218,14 @@ pub fn table(rows: &[PhaseRow]) -> String {
             .map_or("-".into(), |(a, b)| format!("{a:.1}–{b:.1}"));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {:.1} | {detect} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {detect} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.phase,
             list(&r.ranks),
             list(&r.joined),
             list(&r.killed),
             list(&r.gone),
             r.connect_ms,
+            r.ahead_ms,
             ms(r.wait_ms),
             ms(r.agree_ms),
             r.path.name(),
@@ -256,6 +266,7 @@ mod tests {
             phase: 0,
             rank,
             connect_ms: 1.0 + f64::from(rank),
+            ahead_ms: 0.5,
             paths: vec![steps(Path::Put, &[0, 1, 3, 4], t, &[0, 0, 1, 1])],
             detected: vec![Detection {
                 rank: 2,
@@ -281,8 +292,9 @@ mod tests {
         assert_eq!((before.p50_us, before.steps), (3.0, 2));
         assert_eq!(row.combine_after.unwrap().p50_us, 6.0);
         assert!(
-            table(&rows)
-                .contains("| 0 | 0,1,2 | - | 2 | 2 | 2.0 | 1001.0–1004.0 | 1000.2 | 6.0 | put |"),
+            table(&rows).contains(
+                "| 0 | 0,1,2 | - | 2 | 2 | 2.0 | 0.5 | 1001.0–1004.0 | 1000.2 | 6.0 | put |"
+            ),
             "{}",
             table(&rows)
         );

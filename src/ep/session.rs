@@ -49,7 +49,7 @@ use super::steps::{Outcome, Stepper};
 use crate::gpu::Gpu;
 use crate::ranks::check::decision_line;
 use crate::ranks::group::Group;
-use crate::ranks::membership::{Decision, END, Membership, RESYNC, lowest, unix_ns};
+use crate::ranks::membership::{Decision, END, Membership, Peer, RESYNC, lowest, unix_ns};
 use crate::say;
 
 /// What this rank brings: its GPU, the kernels loaded there, the CPU model
@@ -92,11 +92,12 @@ pub fn run(
         fault_timeout_ns: if elastic { cfg.fault_timeout_ns } else { 0 },
     };
     let mut last = None;
+    let mut ahead = Ahead::new(el.life().start);
     for i in el.life() {
-        let connect_ms = connect(el, &st, &mut net, &card, i)?;
-        let phase = steps(g, el, &st, &net, i, opts)?;
+        let (connect_ms, ahead_ms) = connect(el, &st, &mut net, &card, i, &mut ahead)?;
+        let phase = steps(g, el, &st, &mut net, i, opts, &mut ahead)?;
         if elastic {
-            let result = phase.result(i, g.rank, connect_ms);
+            let result = phase.result(i, g.rank, connect_ms, ahead_ms);
             g.put_final(&g.keys.phase_result(i, g.rank), &result)?;
         } else {
             let mut w = baseline(g, local, &setup, cfg, st.grid, phase.times.clone())?;
@@ -186,20 +187,33 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, log: bool) -> Grid {
     grid
 }
 
-/// Connect, phase `i`: drop the departed, connect the newcomers, rebuild
-/// the remote view, set the mask and the newcomers' words, then the round
-/// that opens the phase, whose decision masks those that died meanwhile.
-/// Returns the host time it took, ms.
-fn connect(el: &Membership, st: &Stepper, net: &mut Net, card: &PeerCard, i: usize) -> Result<f64> {
+/// Connect, phase `i`: drop the departed, connect the newcomers (those not
+/// connected ahead), put the phase's remote view in place, set the mask
+/// and the newcomers' words, then the round that opens the phase, whose
+/// decision masks those that died meanwhile. Returns the host time it took
+/// (a joiner's wait for the phase before to end left out) and the time
+/// spent connecting ahead to this phase's peers, ms.
+fn connect(
+    el: &Membership,
+    st: &Stepper,
+    net: &mut Net,
+    card: &PeerCard,
+    i: usize,
+    ahead: &mut Ahead,
+) -> Result<(f64, f64)> {
     let t0 = Instant::now();
-    let departed: Vec<String> = (el.departed(i).into_iter())
-        .filter_map(|(r, _)| net.forget(r))
-        .collect();
-    let new = el.begin_phase(i, card)?;
+    let timeout = Duration::from_nanos(st.cfg.timeout_ns);
+    let new = el.begin_phase(i, card, || ahead.look(el, net, timeout))?;
+    let ahead_ms = std::mem::replace(ahead, Ahead::new(i + 1)).ms;
+    let departed = net.retain(&phase_peers(el, i));
     let mut unreachable = new.gone.clone();
     let mut peers = Vec::new();
     for p in new.peers {
-        match net.connect(p.rank, &p.payload, Duration::from_nanos(st.cfg.timeout_ns)) {
+        if net.has(p.rank, &p.payload.agent) {
+            peers.push(p);
+            continue;
+        }
+        match net.connect(p.rank, &p.payload, timeout) {
             Ok(()) => peers.push(p),
             // Died while we connected: the opening round agrees on it.
             Err(_) if el.survives() && el.is_dead(p.rank, p.incarnation)? => {
@@ -211,32 +225,116 @@ fn connect(el: &Membership, st: &Stepper, net: &mut Net, card: &PeerCard, i: usi
     // SAFETY: no kernel of ours runs between steps; the phase's members keep
     // their windows registered until they pass the phase's end.
     unsafe { net.rebuild(&departed)? };
+    enter(el, st, i, &peers, &unreachable)?;
+    let connect_ms = (t0.elapsed() - new.waited).as_secs_f64() * 1e3;
+    Ok((connect_ms, ahead_ms))
+}
+
+/// The rest of phase `i`'s begin, once its view is in place: the mask over
+/// the members reached, the newcomers' words in our window at the step
+/// they start at, then the opening round.
+fn enter(
+    el: &Membership,
+    st: &Stepper,
+    i: usize,
+    peers: &[Peer<PeerCard>],
+    unreachable: &BTreeSet<u32>,
+) -> Result<()> {
     let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
     let members = el.members(i);
-    let reached = &members - &unreachable;
+    let reached = &members - unreachable;
     st.rig
         .set_mask(stream, Mask::all_but(shape.ranks, reached.iter().copied()))?;
     let start = first_step(st.cfg, i, 0);
     if i == el.life().start {
         st.rig.reset_all(stream, shape, blocks, start)?;
     } else {
-        for p in &peers {
+        for p in peers {
             st.rig.reset_source(stream, shape, blocks, p.rank, start)?;
         }
     }
-    if !departed.is_empty() || !peers.is_empty() {
+    if !peers.is_empty() {
         tracing::info!(
             "phase {i}: ranks {members:?}; connected to {} newcomer(s)",
             peers.len()
         );
     }
-    let d = el.opened(i, &unreachable)?;
+    let d = el.opened(i, unreachable)?;
     if !d.gone.is_empty() {
         say!("{}", decision_line(el.rank(), i, &d));
         st.rig
             .set_mask(stream, Mask::all_but(shape.ranks, el.active(i)))?;
     }
-    Ok(t0.elapsed().as_secs_f64() * 1e3)
+    Ok(())
+}
+
+/// The (rank, agent) pairs of phase `i`'s other members as this process
+/// knows them now: the elements of its remote view in that phase.
+fn phase_peers(el: &Membership, i: usize) -> Vec<(u32, String)> {
+    let g = el.group();
+    (el.members(i).into_iter())
+        .filter(|&r| r != el.rank())
+        .filter_map(|r| Some((r, g.agent_name(r, el.plan().incarnation(r, i)?))))
+        .collect()
+}
+
+/// Connecting ahead to the peers phase `next` will bring, between the
+/// steps of the phase before (a member) or while waiting for it to end (a
+/// joiner): their cards are read as they appear, their metadata loaded,
+/// and the phase's remote view prepared beside the one kernels use (the
+/// newcomers stay masked until the phase begins), so that the phase's
+/// begin only swaps views. Upstream NIXL EP likewise connects new ranks
+/// while traffic flows.
+struct Ahead {
+    next: usize,
+    last_look: Option<Instant>,
+    done: bool,
+    /// Host time spent connecting ahead, ms.
+    ms: f64,
+}
+
+impl Ahead {
+    /// The store is read at most this often for cards.
+    const EVERY: Duration = Duration::from_millis(10);
+
+    fn new(next: usize) -> Self {
+        Self {
+            next,
+            last_look: None,
+            done: false,
+            ms: 0.0,
+        }
+    }
+
+    /// One look (skipped when the last was under [`Ahead::EVERY`] ago):
+    /// connects to the peers whose cards are there and prepares the view.
+    fn look(&mut self, el: &Membership, net: &mut Net, timeout: Duration) -> Result<()> {
+        if self.done || self.last_look.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return Ok(());
+        }
+        if !el.life().contains(&self.next) {
+            self.done = true;
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let first = self.last_look.replace(t0).is_none();
+        let ready = el.ready_peers::<PeerCard>(self.next, |r, _| net.occupied(r))?;
+        for p in &ready.peers {
+            // One that cannot be reached now is tried again when the phase
+            // begins, where a death is judged.
+            let _ = net.connect(p.rank, &p.payload, timeout);
+        }
+        if first || !ready.peers.is_empty() {
+            // SAFETY: the peers kept are the next phase's members, which keep
+            // their windows registered until they pass its end; none of them
+            // is written to before it begins (masked).
+            unsafe { net.prepare(&phase_peers(el, self.next))? };
+        }
+        self.done = ready.missing.is_empty()
+            && (ready.peers.iter()).all(|p| net.has(p.rank, &p.payload.agent));
+        self.ms += t0.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
 }
 
 /// The global number of the first step of phase `i`'s `n`th run of steps
@@ -267,11 +365,12 @@ struct PhaseRun {
 }
 
 impl PhaseRun {
-    fn result(self, i: usize, rank: u32, connect_ms: f64) -> PhaseResult {
+    fn result(self, i: usize, rank: u32, connect_ms: f64, ahead_ms: f64) -> PhaseResult {
         PhaseResult {
             phase: i,
             rank,
             connect_ms,
+            ahead_ms,
             paths: self.paths,
             detected: self.detected,
             agree_ms: self.agree_ms,
@@ -290,15 +389,17 @@ fn steps(
     g: &Group,
     el: &Membership,
     st: &Stepper,
-    net: &Net,
+    net: &mut Net,
     i: usize,
     opts: &RunOptions,
+    ahead: &mut Ahead,
 ) -> Result<PhaseRun> {
     let mut phase = Phase {
         g,
         el,
         st,
         net,
+        ahead,
         i,
         run: PhaseRun::default(),
         epoch: 0,
@@ -317,7 +418,9 @@ struct Phase<'a> {
     g: &'a Group<'a>,
     el: &'a Membership<'a>,
     st: &'a Stepper<'a>,
-    net: &'a Net,
+    net: &'a mut Net,
+    /// Connecting to the next phase's newcomers between steps.
+    ahead: &'a mut Ahead,
     i: usize,
     run: PhaseRun,
     /// Agreements that removed ranks so far in the phase.
@@ -379,6 +482,8 @@ impl Phase<'_> {
             let wall = t0.elapsed().as_nanos() as f64 / f64::from(count);
             let die = self.die_mid_dispatch.map(|_| path);
             self.after_steps(n, (k, count), first + k + count - 1, &out, die)?;
+            let timeout = Duration::from_nanos(cfg.timeout_ns);
+            self.ahead.look(self.el, self.net, timeout)?;
             // Steps in which a rank was masked waited out the fault timeout:
             // neither before nor after; lost steps are not timed either.
             if k >= cfg.warmup && out.masked == Mask::default() && !out.lost {
@@ -434,7 +539,7 @@ impl Phase<'_> {
     fn dispatch_to_all_but_the_last(&self, path: Path) -> Result<()> {
         let me = self.g.rank;
         let active = self.el.active(self.i);
-        let Some(&last) = active.iter().filter(|&&r| r != me).next_back() else {
+        let Some(&last) = active.iter().rfind(|&&r| r != me) else {
             return Ok(());
         };
         let sent_to: Vec<u32> = active.into_iter().filter(|&r| r != last).collect();

@@ -157,11 +157,13 @@ impl<'a> Member<'a> {
     /// Deletes keys we wrote once no one reads them any more (so they are
     /// not deleted again when our work ends).
     pub fn delete_own<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) {
+        let keys: Vec<K> = keys.into_iter().collect();
         let mut written = lock(&self.written);
-        for k in keys {
+        for k in &keys {
             written.remove(k.as_ref());
-            let _ = self.store.delete_key(k.as_ref());
         }
+        drop(written);
+        self.delete(keys);
     }
 
     /// Hands `key` (ours or another member's) to the group: it is no longer
@@ -371,9 +373,10 @@ impl<'a> Member<'a> {
     /// store may already be gone: after the first failure the connection
     /// fails the rest at once).
     pub fn delete<K: AsRef<str>>(&self, keys: impl IntoIterator<Item = K>) {
-        for k in keys {
-            let _ = self.store.delete_key(k.as_ref());
-        }
+        let keys: Vec<K> = keys.into_iter().collect();
+        let refs: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        // Pipelined: a phase's thousands of step decisions in a few round trips.
+        let _ = self.store.delete_keys(&refs);
     }
 
     /// Deletes every key we wrote (also called by [`Member::run`]).

@@ -134,6 +134,19 @@ pub struct Newcomers<P> {
     pub peers: Vec<Peer<P>>,
     /// Those that died before they did (the opening round agrees on them).
     pub gone: BTreeSet<u32>,
+    /// How long a joiner waited for the phase before to end (zero for a
+    /// member that stepped it).
+    pub waited: Duration,
+}
+
+/// Peers that a phase will bring, looked up ahead of its begin
+/// ([`Membership::ready_peers`]).
+#[derive(Clone, Debug)]
+pub struct Ready<P> {
+    /// Those whose payload is in the store now.
+    pub peers: Vec<Peer<P>>,
+    /// Those whose payload is not (yet).
+    pub missing: BTreeSet<u32>,
 }
 
 /// The decision after a round, as this process adopted it.
@@ -335,8 +348,15 @@ impl<'a> Membership<'a> {
     /// phase; returns the payloads of the processes it must connect to now
     /// (its first phase: every other member; later: the phase's joiners),
     /// and those that died before publishing theirs. Waits for each within
-    /// the run's timeout.
-    pub fn begin_phase<P: Value>(&self, i: usize, mine: &P) -> Result<Newcomers<P>> {
+    /// the run's timeout. A joiner first waits for the phase before to end,
+    /// calling `meanwhile` between looks (to connect ahead,
+    /// [`Membership::ready_peers`]).
+    pub fn begin_phase<P: Value>(
+        &self,
+        i: usize,
+        mine: &P,
+        meanwhile: impl FnMut() -> Result<()>,
+    ) -> Result<Newcomers<P>> {
         let life = self.life();
         if !life.contains(&i) {
             bail!("phase {i} is not in this process's life (phases {life:?})");
@@ -346,30 +366,29 @@ impl<'a> Membership<'a> {
         if first {
             // Published at once: a joiner started while the phase before
             // steps, and the members find its card ready at their phase's
-            // begin.
+            // begin (or connect to it ahead, between their steps).
             g.put(&g.keys.peer(self.me, self.incarnation), mine)?;
         }
+        let t0 = Instant::now();
         if first && i > 0 {
             // A joiner: who died before it came, from the last phase's end.
-            let v = self.await_phase_end(i - 1)?;
+            let v = self.await_phase_end(i - 1, meanwhile)?;
             g.share(g.keys.decision(i - 1, END).key());
             self.state().dead = v.dead;
         }
+        let waited = t0.elapsed();
         {
             let mut st = self.state();
             st.phase = Some(i);
             st.gone.clear();
         }
         self.watch(&self.members(i), i);
-        let to_connect = match first {
-            true => self.members(i),
-            false => &self.plan.joiners(i) & &self.members(i),
-        };
         let mut out = Newcomers {
             peers: Vec::new(),
             gone: BTreeSet::new(),
+            waited,
         };
-        for r in to_connect.into_iter().filter(|&r| r != self.me) {
+        for r in self.to_connect(i) {
             let incarnation = self.inc(r, i);
             let card = g.keys.peer(r, incarnation);
             match self.await_entry(&card, r, i, "connection details")? {
@@ -386,11 +405,67 @@ impl<'a> Membership<'a> {
         Ok(out)
     }
 
+    /// Whom this process connects to when phase `i` begins: in its first
+    /// phase every other member, later the phase's joiners (members only,
+    /// as far as it knows now).
+    fn to_connect(&self, i: usize) -> BTreeSet<u32> {
+        let mut to = match i == self.life().start {
+            true => self.members(i),
+            false => &self.plan.joiners(i) & &self.members(i),
+        };
+        to.remove(&self.me);
+        to
+    }
+
+    /// The peers phase `i` (of this process's life) will bring
+    /// ([`Membership::begin_phase`]) whose payloads are in the store now,
+    /// one non-blocking read each, skipping those `connected(rank,
+    /// incarnation)` says this process has already. For connecting ahead of
+    /// the phase's begin: between the steps of the phase before (a member)
+    /// or while waiting for it to end (a joiner). Proves nobody dead: the
+    /// phase's begin does.
+    pub fn ready_peers<P: Value>(
+        &self,
+        i: usize,
+        connected: impl Fn(u32, usize) -> bool,
+    ) -> Result<Ready<P>> {
+        let g = self.group;
+        let mut out = Ready {
+            peers: Vec::new(),
+            missing: BTreeSet::new(),
+        };
+        if !self.life().contains(&i) {
+            return Ok(out);
+        }
+        for r in self.to_connect(i) {
+            let incarnation = self.inc(r, i);
+            if connected(r, incarnation) {
+                continue;
+            }
+            match g.try_get(&g.keys.peer(r, incarnation))? {
+                Some(payload) => out.peers.push(Peer {
+                    rank: r,
+                    incarnation,
+                    payload,
+                }),
+                None => {
+                    out.missing.insert(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A joiner's wait for the decision that ends phase `i`, which it
     /// entered during: as long as the phase's agreement rounds go on (the
     /// counter its leaders bump), however long the phase; a phase whose
     /// rounds stand still for the run's timeout is an error naming it.
-    fn await_phase_end(&self, i: usize) -> Result<Verdict> {
+    /// Calls `meanwhile` between looks.
+    fn await_phase_end(
+        &self,
+        i: usize,
+        mut meanwhile: impl FnMut() -> Result<()>,
+    ) -> Result<Verdict> {
         let g = self.group;
         let ended = g.keys.decision(i, END);
         let what = format!("the end of phase {i}");
@@ -399,6 +474,7 @@ impl<'a> Membership<'a> {
             if let Some(v) = g.try_get(&ended)? {
                 return Ok(v);
             }
+            meanwhile()?;
             let now = g.add(&g.keys.rounds(i), 0)?;
             if now != rounds {
                 (rounds, moved) = (now, Instant::now());
@@ -1136,7 +1212,7 @@ mod tests {
                         let g = Group::new(store, &env(r, world), Duration::from_secs(30));
                         let live = || {
                             let e = Membership::new(&g, plan, 0, Duration::from_secs(2), on_death)?;
-                            let new = e.begin_phase(0, &Bytes(vec![r as u8]))?;
+                            let new = e.begin_phase(0, &Bytes(vec![r as u8]), || Ok(()))?;
                             assert_eq!(new.peers.len(), plan.members(0).len() - 1);
                             assert!(new.peers.iter().all(|p| p.payload.0 == [p.rank as u8]));
                             e.opened(0, &new.gone)?;
@@ -1252,6 +1328,87 @@ mod tests {
         }
     }
 
+    /// Connecting ahead (plan `[[0,1],[0,1,2]]`): while the members step
+    /// phase 0, rank 2's payload is missing until it publishes, then ready;
+    /// rank 2, waiting for phase 0 to end, finds both members' payloads
+    /// ready (phase 0 goes on until it has); at phase 1's begin each gets
+    /// what it connected to ahead.
+    #[test]
+    fn peers_are_ready_ahead_of_the_phase_that_brings_them() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::parse("[[0,1],[0,1,2]]").unwrap();
+        let (publishing, saw_both) = (AtomicBool::new(false), AtomicBool::new(false));
+        let nobody = |_: u32, _: usize| false;
+        let member = |r: u32| -> Result<Vec<u32>> {
+            let g = Group::new(&store, &env(r, 3), Duration::from_secs(30));
+            g.run(|| {
+                let e = Membership::new(&g, &plan, 0, Duration::from_secs(2), SURVIVE)?;
+                let new = e.begin_phase(0, &Bytes(vec![r as u8]), || Ok(()))?;
+                e.opened(0, &new.gone)?;
+                let early = e.ready_peers::<Bytes>(1, nobody)?;
+                assert!(publishing.load(SeqCst) || early.peers.is_empty());
+                let pace = Pace::Every(Duration::from_millis(1));
+                let ready = poll(
+                    Duration::from_secs(20),
+                    pace,
+                    || {
+                        let ready = e.ready_peers::<Bytes>(1, nobody)?;
+                        Ok(ready.missing.is_empty().then_some(ready))
+                    },
+                    |_| anyhow!("rank 2 never published"),
+                )?;
+                assert_eq!((ready.peers[0].rank, ready.peers[0].incarnation), (2, 1));
+                assert!(
+                    e.ready_peers::<Bytes>(1, |r, i| (r, i) == (2, 1))?
+                        .peers
+                        .is_empty()
+                );
+                e.agree(0, 0, &BTreeSet::new())?;
+                while !saw_both.load(SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                e.end_phase(0)?;
+                let new = e.begin_phase(1, &Bytes(vec![r as u8]), || Ok(()))?;
+                e.opened(1, &new.gone)?;
+                e.end_phase(1)?;
+                Ok(new.peers.iter().map(|p| p.rank).collect())
+            })
+        };
+        let joiner = || -> Result<Vec<u32>> {
+            let env = RankEnv {
+                incarnation: 1,
+                ..env(2, 3)
+            };
+            let g = Group::new(&store, &env, Duration::from_secs(30));
+            g.run(|| {
+                let e = Membership::new(&g, &plan, 1, Duration::from_secs(2), SURVIVE)?;
+                let mut seen = BTreeSet::new();
+                // Set before the payload goes out: while unset, none is there.
+                publishing.store(true, SeqCst);
+                let new = e.begin_phase(1, &Bytes(vec![2]), || {
+                    let ready = e.ready_peers::<Bytes>(1, nobody)?;
+                    seen.extend(ready.peers.iter().map(|p| p.rank));
+                    saw_both.store(seen.len() == 2, SeqCst);
+                    Ok(())
+                })?;
+                assert_eq!(new.peers.len(), 2);
+                e.opened(1, &new.gone)?;
+                e.end_phase(1)?;
+                Ok(seen.into_iter().collect())
+            })
+        };
+        let got: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let runs = [
+                s.spawn(|| member(0)),
+                s.spawn(|| member(1)),
+                s.spawn(joiner),
+            ];
+            runs.map(|h| h.join().unwrap().unwrap()).into()
+        });
+        assert_eq!(got, [vec![2], vec![2], vec![0, 1]]);
+    }
+
     /// Rank `r` of `world` started by our launcher (which hosts the store
     /// and writes death notices).
     fn launched(r: u32, world: u32) -> RankEnv {
@@ -1328,7 +1485,7 @@ mod tests {
         rng: &mut crate::rng::SplitMix64,
     ) -> Result<Vec<(u64, BTreeSet<u32>)>> {
         let e = Membership::new(g, plan, 0, Duration::from_secs(2), OnDeath::Survive)?;
-        let new = e.begin_phase(0, &Bytes(vec![g.rank as u8]))?;
+        let new = e.begin_phase(0, &Bytes(vec![g.rank as u8]), || Ok(()))?;
         e.opened(0, &new.gone)?;
         let (mut seen, mut masked) = (Vec::new(), BTreeSet::new());
         for k in 0..steps {

@@ -236,6 +236,11 @@ pub trait Store: Send + Sync {
     fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Deletes `key`; returns whether it existed.
     fn delete_key(&self, key: &str) -> Result<bool, StoreError>;
+    /// Deletes every key of `keys`; returns how many existed. The native
+    /// client pipelines the requests (one round trip per batch of
+    /// [`DELETE_BATCH`] rather than one per key); other backends delete
+    /// one by one.
+    fn delete_keys(&self, keys: &[&str]) -> Result<usize, StoreError>;
     /// Number of keys in the store (torch counts its internal `init/` key too).
     fn num_keys(&self) -> Result<i64, StoreError>;
     /// The default timeout of `get` and `multi_get`, and the deadline of
@@ -295,8 +300,22 @@ pub(crate) trait Bounded: Send + Sync {
     /// `multi_get`, waiting at most `deadline` for the keys as well.
     fn multi_get_by(&self, keys: &[&str], deadline: Duration) -> Result<Vec<Vec<u8>>, StoreError>;
     fn delete_key_by(&self, key: &str, deadline: Duration) -> Result<bool, StoreError>;
+    /// [`Store::delete_keys`]; this default deletes one by one, each within
+    /// `deadline`.
+    fn delete_keys_by(&self, keys: &[&str], deadline: Duration) -> Result<usize, StoreError> {
+        let mut existed = 0;
+        for k in keys {
+            existed += usize::from(self.delete_key_by(k, deadline)?);
+        }
+        Ok(existed)
+    }
     fn num_keys_by(&self, deadline: Duration) -> Result<i64, StoreError>;
 }
+
+/// How many DELETE_KEY requests the native client writes before it reads
+/// their answers ([`Store::delete_keys`]): few enough that the answers
+/// (8 bytes each) never fill a socket buffer while requests still go out.
+pub const DELETE_BATCH: usize = 256;
 
 /// What the blanket [`Store`] impl needs: a [`Bounded`] backend and the
 /// deadline to give its requests. Implemented by every backend (its own
@@ -366,6 +385,9 @@ impl<T: Deadlined> Store for T {
     }
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
         self.backend().delete_key_by(key, self.deadline())
+    }
+    fn delete_keys(&self, keys: &[&str]) -> Result<usize, StoreError> {
+        self.backend().delete_keys_by(keys, self.deadline())
     }
     fn num_keys(&self) -> Result<i64, StoreError> {
         self.backend().num_keys_by(self.deadline())

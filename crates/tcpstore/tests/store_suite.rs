@@ -81,6 +81,7 @@ pub fn run_all(label: &str, a: &dyn Store, b: &dyn Store) {
     add_stores_decimal_ascii(a, b, &format!("{label}/add"));
     concurrent_adds_are_atomic(a, b, &format!("{label}/addrace"));
     delete_key_reports_existence(a, b, &format!("{label}/delete"));
+    delete_keys_deletes_every_key(a, b, &format!("{label}/delete_many"));
     compare_set_all_cases(a, b, &format!("{label}/cas"));
     multi_get_in_order_and_waits(a, b, &format!("{label}/multiget"));
     num_keys_counts_changes(a, b, &format!("{label}/numkeys"));
@@ -302,6 +303,23 @@ pub fn delete_key_reports_existence(a: &dyn Store, b: &dyn Store, ns: &str) {
     // A deleted key can be set again.
     a.set(&k, b"again").unwrap();
     assert_eq!(b.get(&k).unwrap(), b"again");
+}
+
+/// More keys than one pipelined batch, some missing: every one is gone,
+/// the count says how many existed, and the connection still answers.
+pub fn delete_keys_deletes_every_key(a: &dyn Store, b: &dyn Store, ns: &str) {
+    let n = tcpstore::DELETE_BATCH * 2 + 3;
+    let keys: Vec<String> = (0..n).map(|i| format!("{ns}/k{i}")).collect();
+    for k in keys.iter().step_by(2) {
+        b.set(k, b"v").unwrap();
+    }
+    synced(b);
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(a.delete_keys(&refs).unwrap(), n.div_ceil(2));
+    assert!(refs.iter().all(|k| !b.check(&[k]).unwrap()));
+    assert_eq!(a.delete_keys(&[]).unwrap(), 0);
+    a.set(&keys[0], b"again").unwrap();
+    assert_eq!(b.get(&keys[0]).unwrap(), b"again");
 }
 
 pub fn compare_set_all_cases(a: &dyn Store, b: &dyn Store, ns: &str) {

@@ -422,6 +422,29 @@ impl Client {
         Ok(self.recv(ctx, wire::read_i64)? == 1)
     }
 
+    /// DELETE_KEY for each of `keys`, pipelined: every request written,
+    /// then every answer read (the server answers a connection's requests in
+    /// order); returns how many keys existed. The caller bounds the batch
+    /// ([`crate::DELETE_BATCH`]).
+    pub(crate) fn delete_keys(
+        &mut self,
+        ctx: &Ctx<'_>,
+        keys: &[&[u8]],
+    ) -> Result<usize, StoreError> {
+        self.usable()?;
+        let mut frame = Vec::new();
+        for k in keys {
+            Request::DeleteKey { key: (*k).into() }.encode(&mut frame);
+        }
+        write_by(&mut self.writer, &frame, ctx.until())
+            .map_err(|e| self.fail(ctx, Stalled::Sending, e))?;
+        let mut existed = 0;
+        for _ in keys {
+            existed += usize::from(self.recv(ctx, wire::read_i64)? == 1);
+        }
+        Ok(existed)
+    }
+
     /// GETNUMKEYS.
     pub(crate) fn num_keys(&mut self, ctx: &Ctx<'_>) -> Result<i64, StoreError> {
         self.send(ctx, &Request::GetNumKeys)?;

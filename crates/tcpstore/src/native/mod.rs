@@ -396,6 +396,24 @@ impl Bounded for TcpStore {
         self.client(&ctx)?.delete_key(&ctx, &wkey)
     }
 
+    fn delete_keys_by(&self, keys: &[&str], deadline: Duration) -> Result<usize, StoreError> {
+        let mut existed = 0;
+        for batch in keys.chunks(crate::DELETE_BATCH) {
+            let wkeys: Vec<Vec<u8>> = batch.iter().map(|k| wire_key(k)).collect();
+            for w in &wkeys {
+                check_limits(w, None)?;
+            }
+            let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
+            let ctx = Ctx {
+                op: "DELETE_KEY",
+                keys: batch,
+                deadline,
+            };
+            existed += self.client(&ctx)?.delete_keys(&ctx, &refs)?;
+        }
+        Ok(existed)
+    }
+
     fn num_keys_by(&self, deadline: Duration) -> Result<i64, StoreError> {
         let ctx = Ctx {
             op: "GETNUMKEYS",
