@@ -14,7 +14,7 @@
 #
 # --join runs, instead of the matrix, three plans in which ranks join while
 # the members step, in both modes over both paths, with phases long enough
-# to cover a joiner's start (LL 2000 steps, HT 300 of 1024 tokens):
+# to cover a joiner's start (about 1.5 s; LL 2000 steps, HT 600 of 1024 tokens):
 # join-2 [[0,1],[0,1],[0,1,2,3]] (two newcomers, connected ahead),
 # leave-join [[0,1,2],[0,1,2],[0,1,3]] (one leaves as one joins) and
 # rejoin [[0,1,2],[0,1,-2],[0,1,2]] (a killed id comes back: its element is
@@ -101,7 +101,7 @@ if ((JOIN)); then
   echo '[[0,1,2],[0,1,-2],[0,1,2]]' >"$OUT/rejoin.json"
   mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
   for mode in $MODES; do
-    args=(--iters 2000 --warmup 20); [[ $mode == ht ]] && args=(--iters 300 --warmup 10 --tokens 1024)
+    args=(--iters 2000 --warmup 20); [[ $mode == ht ]] && args=(--iters 600 --warmup 10 --tokens 1024)
     for path in put store; do
       for plan in join_2 leave_join rejoin; do
         one "join-$mode-$path-${plan//_/-}" --plan "$OUT/$plan.json" --capacity 4 --mode "$mode" --path "$path" "${args[@]}"

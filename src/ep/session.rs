@@ -289,6 +289,8 @@ struct Ahead {
     next: usize,
     last_look: Option<Instant>,
     done: bool,
+    /// Peers connected ahead.
+    peers: usize,
     /// Host time spent connecting ahead, ms.
     ms: f64,
 }
@@ -302,6 +304,7 @@ impl Ahead {
             next,
             last_look: None,
             done: false,
+            peers: 0,
             ms: 0.0,
         }
     }
@@ -333,6 +336,15 @@ impl Ahead {
         self.done = ready.missing.is_empty()
             && (ready.peers.iter()).all(|p| net.has(p.rank, &p.payload.agent));
         self.ms += t0.elapsed().as_secs_f64() * 1e3;
+        self.peers += ready.peers.len();
+        if self.done && self.peers > 0 {
+            tracing::info!(
+                "connected ahead to phase {}'s {} new peer(s) ({:.1} ms between steps or waits)",
+                self.next,
+                self.peers,
+                self.ms
+            );
+        }
         Ok(())
     }
 }
