@@ -18,8 +18,11 @@
 # join-2 [[0,1],[0,1],[0,1,2,3]] (two newcomers, connected ahead),
 # leave-join [[0,1,2],[0,1,2],[0,1,3]] (one leaves as one joins) and
 # rejoin [[0,1,2],[0,1,-2],[0,1,2]] (a killed id comes back: its element is
-# still the old process's, so it is connected when the phase begins). Each
-# line of stderr carries the seconds since the run started (el-*.err).
+# still the old process's, so it is connected when the phase begins), and
+# join-2 again with rank 3 SIGKILLed by pid during its own join, once it
+# and the members connected ahead (join-death: the others go on without
+# it). Each line of stderr carries the seconds since the run started
+# (el-*.err).
 #
 # --campaign N runs, instead of the matrix, the fault campaign of
 # scripts/elastic_campaign.py (see its --help): N random plans of up to
@@ -95,6 +98,21 @@ for line in sys.stdin:
     print(f"{time.monotonic() - t0:9.3f} {line}", end="", flush=True)'
 }
 
+# join-death: once rank 3 says it connected ahead (in its run's stderr,
+# $1), SIGKILL it by pid; says so on stderr.
+kill_joiner() {
+  local err=$1 pid
+  for _ in $(seq 600); do
+    if grep -q '\[rank 3\] connected ahead' "$err" 2>/dev/null; then
+      pid=$(sed -n 's/.*started rank 3 .*(pid \([0-9]*\)).*/\1/p' "$err" | tail -1)
+      kill -KILL "$pid" && echo "   killed rank 3 (pid $pid) during its join" >&2
+      return
+    fi
+    sleep 0.05
+  done
+  echo "!! join-death: rank 3 never said it connected ahead" >&2
+}
+
 if ((JOIN)); then
   echo '[[0,1],[0,1],[0,1,2,3]]' >"$OUT/join_2.json"
   echo '[[0,1,2],[0,1,2],[0,1,3]]' >"$OUT/leave_join.json"
@@ -106,6 +124,9 @@ if ((JOIN)); then
       for plan in join_2 leave_join rejoin; do
         one "join-$mode-$path-${plan//_/-}" --plan "$OUT/$plan.json" --capacity 4 --mode "$mode" --path "$path" "${args[@]}"
       done
+      kill_joiner "$OUT/el-join-$mode-$path-join-death.err" &
+      one "join-$mode-$path-join-death" --plan "$OUT/join_2.json" --capacity 4 --mode "$mode" --path "$path" "${args[@]}"
+      wait
     done
   done
   ((mps)) && mps_stop

@@ -291,6 +291,8 @@ struct Ahead {
     done: bool,
     /// Peers connected ahead.
     peers: usize,
+    /// Peers whose card was there but that could not be reached.
+    failed: BTreeSet<u32>,
     /// Host time spent connecting ahead, ms.
     ms: f64,
 }
@@ -305,6 +307,7 @@ impl Ahead {
             last_look: None,
             done: false,
             peers: 0,
+            failed: BTreeSet::new(),
             ms: 0.0,
         }
     }
@@ -321,11 +324,15 @@ impl Ahead {
         }
         let t0 = Instant::now();
         let first = self.last_look.replace(t0).is_none();
-        let ready = el.ready_peers::<PeerCard>(self.next, |r, _| net.occupied(r))?;
+        let failed = &self.failed;
+        let ready =
+            el.ready_peers::<PeerCard>(self.next, |r, _| net.occupied(r) || failed.contains(&r))?;
         for p in &ready.peers {
-            // One that cannot be reached now is tried again when the phase
-            // begins, where a death is judged.
-            let _ = net.connect(p.rank, &p.payload, timeout);
+            // One that cannot be reached now (dead, likely) is tried once
+            // more when the phase begins, where a death is judged.
+            if net.connect(p.rank, &p.payload, timeout).is_err() {
+                self.failed.insert(p.rank);
+            }
         }
         if first || !ready.peers.is_empty() {
             // SAFETY: the peers kept are the next phase's members, which keep
@@ -333,10 +340,12 @@ impl Ahead {
             // is written to before it begins (masked).
             unsafe { net.prepare(&phase_peers(el, self.next))? };
         }
-        self.done = ready.missing.is_empty()
-            && (ready.peers.iter()).all(|p| net.has(p.rank, &p.payload.agent));
+        self.done = ready.missing.is_empty();
         self.ms += t0.elapsed().as_secs_f64() * 1e3;
-        self.peers += ready.peers.len();
+        self.peers += ready.peers.len()
+            - (ready.peers.iter())
+                .filter(|p| self.failed.contains(&p.rank))
+                .count();
         if self.done && self.peers > 0 {
             tracing::info!(
                 "connected ahead to phase {}'s {} new peer(s) ({:.1} ms between steps or waits)",

@@ -768,12 +768,14 @@ impl<'a> Membership<'a> {
         let deaths = g.add(&g.keys.deaths(), 0)?;
         let fresh = std::mem::replace(&mut self.state().deaths_seen, deaths) != deaths;
         if fresh {
-            // A new notice: read every member's (rare: once per death).
+            // A new notice: read those of every process of this phase and
+            // the next (rare: once per death). The next phase's joiners run
+            // already, and one that dies before it begins is a member whose
+            // notice no later move of the counter would make us read.
             let mut found = BTreeSet::new();
-            for r in self.plan.members(i) {
-                let inc = self.inc(r, i);
-                if self.noticed(r, inc)? {
-                    found.insert((r, inc));
+            for p in self.processes_of(i..(i + 2).min(self.plan.len())) {
+                if self.noticed(p.0, p.1)? {
+                    found.insert(p);
                 }
             }
             self.state().noticed.extend(found);
@@ -782,6 +784,16 @@ impl<'a> Membership<'a> {
         Ok((ranks.iter().copied())
             .filter(|&r| st.noticed.contains(&(r, self.inc(r, i))))
             .collect())
+    }
+
+    /// The processes, as (rank, incarnation), that are members of the
+    /// `phases`, not yet known to be noticed dead.
+    fn processes_of(&self, phases: Range<usize>) -> BTreeSet<(u32, usize)> {
+        let st = self.state();
+        (phases.flat_map(|j| self.plan.members(j).into_iter().map(move |r| (r, j))))
+            .map(|(r, j)| (r, self.inc(r, j)))
+            .filter(|p| !st.noticed.contains(p))
+            .collect()
     }
 
     /// The cause of `err`, a failure to reach rank `r`'s process started
@@ -1416,6 +1428,84 @@ mod tests {
             incarnation: 0,
             launcher_store: true,
             ..env(r, world)
+        }
+    }
+
+    /// A joiner that dies before its phase begins (plan `[[0,1],[0,1,2]]`):
+    /// its notice moves the death counter while the members step phase 0,
+    /// and phase 1's opening round still finds it. The joiner's heartbeat
+    /// goes on (it never reports), so only the notice can prove it gone:
+    /// missed, the round would wait until the run's timeout and fail.
+    #[test]
+    fn a_joiner_that_dies_before_its_phase_is_found_by_its_notice() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        // A hang guard, not a timing assumption: the flags come in ms.
+        let until = |flag: &AtomicBool| {
+            let t0 = Instant::now();
+            while !flag.load(SeqCst) && t0.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            flag.load(SeqCst)
+        };
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::parse("[[0,1],[0,1,2]]").unwrap();
+        let keys = crate::ranks::keys::Keys::new(launched(0, 3).key_prefix());
+        let (published, released) = (AtomicBool::new(false), AtomicBool::new(false));
+        let member = |r: u32| -> Result<Decision> {
+            let g = Group::new(&store, &launched(r, 3), Duration::from_secs(30));
+            g.run(|| {
+                let e = Membership::new(&g, &plan, 0, Duration::from_secs(2), SURVIVE)?;
+                let new = e.begin_phase(0, &Bytes(vec![r as u8]), || Ok(()))?;
+                e.opened(0, &new.gone)?;
+                if r == 0 {
+                    // The launcher's notice of the joiner, written now.
+                    anyhow::ensure!(until(&published), "the joiner never published");
+                    let death = Death {
+                        how: "SIGKILL".into(),
+                        at_ns: unix_ns(),
+                        planned: false,
+                    };
+                    store.set(keys.death(2, 1).key(), &death.encode())?;
+                    store.add(&keys.deaths(), 1)?;
+                    anyhow::ensure!(e.found_dead(&[1], 0)?.is_empty(), "rank 1 found dead");
+                }
+                e.agree(0, 0, &BTreeSet::new())?;
+                e.end_phase(0)?;
+                let new = e.begin_phase(1, &Bytes(vec![r as u8]), || Ok(()))?;
+                let d = e.opened(1, &new.gone)?;
+                e.end_phase(1)?;
+                Ok(d)
+            })
+        };
+        let joiner = || -> Result<()> {
+            let env = RankEnv {
+                incarnation: 1,
+                ..launched(2, 3)
+            };
+            let g = Group::new(&store, &env, Duration::from_secs(30));
+            // Beats, publishes its card, then stops answering: no report.
+            g.with_heartbeat(|| {
+                let e = Membership::new(&g, &plan, 1, Duration::from_secs(2), SURVIVE)?;
+                e.begin_phase(1, &Bytes(vec![2]), || {
+                    published.store(true, SeqCst);
+                    Ok(())
+                })?;
+                until(&released);
+                Ok(())
+            })
+        };
+        let decided: Vec<Decision> = std::thread::scope(|s| {
+            let j = s.spawn(joiner);
+            let m = [s.spawn(|| member(0)), s.spawn(|| member(1))];
+            // Released whatever the members' results, so that a failure
+            // fails the test rather than hanging it.
+            let out = m.map(|h| h.join().unwrap());
+            released.store(true, SeqCst);
+            j.join().unwrap().unwrap();
+            out.map(|d| d.unwrap()).into()
+        });
+        for d in decided {
+            assert_eq!(d.gone, BTreeSet::from([2]), "{d:?}");
         }
     }
 
