@@ -94,8 +94,8 @@ pub fn run(
     let mut last = None;
     let mut ahead = Ahead::new(el.life().start);
     for i in el.life() {
-        let (connect_ms, ahead_ms) = connect(el, &st, &mut net, &card, i, &mut ahead)?;
-        let phase = steps(g, el, &st, &mut net, i, opts, &mut ahead)?;
+        let (connect_ms, ahead_ms, opened) = connect(el, &st, &mut net, &card, i, &mut ahead)?;
+        let phase = steps(g, el, &st, &mut net, (i, &opened), opts, &mut ahead)?;
         if elastic {
             let result = phase.result(i, g.rank, connect_ms, ahead_ms);
             g.put_final(&g.keys.phase_result(i, g.rank), &result)?;
@@ -191,8 +191,8 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, log: bool) -> Grid {
 /// connected ahead), put the phase's remote view in place, set the mask
 /// and the newcomers' words, then the round that opens the phase, whose
 /// decision masks those that died meanwhile. Returns the host time it took
-/// (a joiner's wait for the phase before to end left out) and the time
-/// spent connecting ahead to this phase's peers, ms.
+/// (a joiner's wait for the phase before to end left out), the time spent
+/// connecting ahead to this phase's peers, ms, and that decision.
 fn connect(
     el: &Membership,
     st: &Stepper,
@@ -200,7 +200,7 @@ fn connect(
     card: &PeerCard,
     i: usize,
     ahead: &mut Ahead,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, Decision)> {
     let t0 = Instant::now();
     let timeout = Duration::from_nanos(st.cfg.timeout_ns);
     let new = el.begin_phase(i, card, || ahead.look(el, net, timeout))?;
@@ -225,21 +225,21 @@ fn connect(
     // SAFETY: no kernel of ours runs between steps; the phase's members keep
     // their windows registered until they pass the phase's end.
     unsafe { net.rebuild(&departed)? };
-    enter(el, st, i, &peers, &unreachable)?;
+    let opened = enter(el, st, i, &peers, &unreachable)?;
     let connect_ms = (t0.elapsed() - new.waited).as_secs_f64() * 1e3;
-    Ok((connect_ms, ahead_ms))
+    Ok((connect_ms, ahead_ms, opened))
 }
 
 /// The rest of phase `i`'s begin, once its view is in place: the mask over
 /// the members reached, the newcomers' words in our window at the step
-/// they start at, then the opening round.
+/// they start at, then the opening round, whose decision it returns.
 fn enter(
     el: &Membership,
     st: &Stepper,
     i: usize,
     peers: &[Peer<PeerCard>],
     unreachable: &BTreeSet<u32>,
-) -> Result<()> {
+) -> Result<Decision> {
     let (stream, shape, blocks) = (&st.gpu.stream, &st.cfg.shape, st.grid.blocks);
     let members = el.members(i);
     let reached = &members - unreachable;
@@ -265,7 +265,7 @@ fn enter(
         st.rig
             .set_mask(stream, Mask::all_but(shape.ranks, el.active(i)))?;
     }
-    Ok(())
+    Ok(d)
 }
 
 /// The (rank, agent) pairs of phase `i`'s other members as this process
@@ -401,7 +401,7 @@ impl PhaseRun {
     }
 }
 
-/// Steps, phase `i`: every run of steps (each path, launched on the
+/// Steps, phase `i` (opened by `opened`): every run of steps (each path, launched on the
 /// stream and, with `--graph`, replayed from a graph); in an elastic run
 /// each step is followed by the agreement on who is gone, and after the
 /// first run's middle timed step comes the phase's halfway mark (the
@@ -411,10 +411,18 @@ fn steps(
     el: &Membership,
     st: &Stepper,
     net: &mut Net,
-    i: usize,
+    (i, opened): (usize, &Decision),
     opts: &RunOptions,
     ahead: &mut Ahead,
 ) -> Result<PhaseRun> {
+    // The opening round's decision is the phase's first.
+    let mut run = PhaseRun {
+        gone: opened.gone.clone(),
+        ..PhaseRun::default()
+    };
+    if !opened.new.is_empty() {
+        run.agree_ms.push(opened.waited_us as f64 / 1e3);
+    }
     let mut phase = Phase {
         g,
         el,
@@ -422,7 +430,7 @@ fn steps(
         net,
         ahead,
         i,
-        run: PhaseRun::default(),
+        run,
         epoch: 0,
         die_mid_dispatch: opts
             .die_mid_dispatch
