@@ -17,7 +17,7 @@
 //! | `rank/<r>/result` | [`RankResult`] (JSON): timings, byte counts | rank r | the reporter (the lowest survivor) | after its last iteration (single-phase runs) |
 //! | `phase/<i>/result/<r>` | [`PhaseResult`] (JSON): the phase's times, detections, agreements, lost steps | rank r | the reporter (the lowest survivor of the last phase) | at the end of phase i (elastic runs) |
 //!
-//! A process's `rank/<r>.<inc>/peer` is a [`PeerCard`](super::net::PeerCard)
+//! A process's `rank/<r>.<inc>/peer` is a [`PeerCard`](crate::nixl::net::PeerCard)
 //! (agent name, window, metadata) in GPU runs.
 
 use super::config::RunConfig;

@@ -43,7 +43,6 @@ pub mod layout;
 pub mod mask;
 pub mod model;
 pub mod nccl;
-pub mod net;
 pub mod phase_report;
 pub mod reference;
 pub mod report;

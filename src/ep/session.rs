@@ -6,7 +6,7 @@
 //!    the introductions (the first to get there stores it): no rank is
 //!    special, so any may die;
 //! 2. **open** — this rank's device memory ([`Rig`]), its NIXL agent, the
-//!    registered window and the local memory view ([`Net`]);
+//!    registered window and the local memory view ([`Net`], the NIXL side);
 //! 3. for each phase of the plan this process lives ([`Membership::life`]):
 //!    - **connect** — drop the peers that departed, connect to the phase's
 //!      newcomers (every member, in this process's first phase), prepare the
@@ -40,13 +40,13 @@ use super::keys::EpKeys;
 use super::mask::Mask;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
-use super::net::{Net, PeerCard};
 use super::phase_report::{self, Detection, PhaseMembers, PhaseResult, PhaseSteps};
 use super::report::{self, PathTimes, RankInfo, RankResult};
 use super::rig::Rig;
 use super::setup::{Corrupt, RunOptions, Setup, make_setup};
 use super::steps::{Outcome, Stepper};
 use crate::gpu::Gpu;
+use crate::nixl::net::{Net, PeerCard};
 use crate::ranks::check::decision_line;
 use crate::ranks::group::Group;
 use crate::ranks::membership::{Decision, END, Membership, Peer, RESYNC, lowest, unix_ns};
@@ -80,7 +80,7 @@ pub fn run(
         u64::from(steps_per_phase) * el.plan().len() as u64,
     )?;
     let agent = g.agent_name(g.rank, el.incarnation());
-    let (mut net, card) = Net::open(&agent, &rig, g.world)?;
+    let (mut net, card) = Net::open(&agent, &rig.window, rig.window_desc(), g.world)?;
     let elastic = el.survives();
     let st = Stepper {
         gpu: local.gpu,

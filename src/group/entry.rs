@@ -12,6 +12,7 @@ use std::marker::PhantomData;
 
 use serde::{Serialize, de::DeserializeOwned};
 
+use crate::nixl::net::PeerCard;
 use crate::nixl::serdes::DescList;
 
 /// A value that cannot be decoded: the other side speaks another version
@@ -120,6 +121,16 @@ impl Value for Bytes {
     }
     fn decode(bytes: &[u8]) -> Result<Self, String> {
         Ok(Self(bytes.to_vec()))
+    }
+}
+
+impl Value for PeerCard {
+    const WHAT: &'static str = "agent metadata and window";
+    fn encode(&self) -> Vec<u8> {
+        PeerCard::encode(self)
+    }
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        PeerCard::decode(bytes)
     }
 }
 

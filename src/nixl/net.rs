@@ -1,7 +1,8 @@
-//! One rank's NIXL side: its agent, its registered window, the local memory
-//! view over it and the remote view with one element per rank (NIXL EP's
-//! layout: element `r` is rank `r`'s window, absent ranks a null agent), and
-//! the card a rank publishes so that others can connect to it.
+//! One rank's NIXL side over one window, for programs of N ranks: its agent,
+//! the window's registration, the local memory view over it and the remote
+//! view with one element per rank (NIXL EP's layout: element `r` is rank
+//! `r`'s window, absent ranks a null agent), and the card a rank publishes
+//! so that others can connect to it.
 //!
 //! Peers come and go between steps: [`Net::connect`] loads a new peer's
 //! metadata, [`Net::retain`] drops those a phase no longer has, and
@@ -13,13 +14,11 @@
 //! view beside it, and the rebuild at the phase's begin then only swaps.
 
 use anyhow::{Context as _, Result, bail};
-use nixl_sys::{MemView, RegistrationHandle};
+use nixl_sys::{MemView, NixlDescriptor, RegistrationHandle};
 
-use super::rig::Rig;
-use crate::group::Value;
-use crate::nixl::agent::{UcxAgent, create_ucx_agent};
-use crate::nixl::serdes::{Desc, DescList, MemType};
-use crate::nixl::view::{RankBuffer, load_peer, prep_local, prep_remote_ranks};
+use super::agent::{UcxAgent, create_ucx_agent};
+use super::serdes::{Desc, DescList, MemType};
+use super::view::{RankBuffer, load_peer, prep_local, prep_remote_ranks};
 
 /// What a rank publishes so that others can connect to it: its agent's
 /// name and metadata (`getLocalMD`) and its window (one VRAM descriptor).
@@ -32,9 +31,9 @@ pub struct PeerCard {
     pub metadata: Vec<u8>,
 }
 
-impl Value for PeerCard {
-    const WHAT: &'static str = "agent metadata and window";
-    fn encode(&self) -> Vec<u8> {
+impl PeerCard {
+    /// The card on the wire (see the type).
+    pub fn encode(&self) -> Vec<u8> {
         let w = &self.window;
         let mut out = Vec::with_capacity(28 + self.agent.len() + self.metadata.len());
         for v in [w.addr, w.len, w.dev_id] {
@@ -45,7 +44,8 @@ impl Value for PeerCard {
         out.extend_from_slice(&self.metadata);
         out
     }
-    fn decode(b: &[u8]) -> Result<Self, String> {
+    /// A card from the wire; errors name what is missing.
+    pub fn decode(b: &[u8]) -> Result<Self, String> {
         let short = || format!("{} bytes are too few for a peer card", b.len());
         let u64_at = |i: usize| -> Result<u64, String> {
             let s = b.get(i..i + 8).ok_or_else(short)?;
@@ -70,7 +70,7 @@ impl Value for PeerCard {
 
 /// The agent, the registration and the views. Fields drop in declaration
 /// order: views, then the registration, then the agent; the window itself
-/// lives in the [`Rig`], which must outlive this.
+/// belongs to the caller and must outlive this.
 pub struct Net {
     remote: Option<MemView>,
     /// The elements `remote` was made from.
@@ -89,21 +89,26 @@ pub struct Net {
 }
 
 impl Net {
-    /// Creates agent `name`, registers the rig's window and prepares the
-    /// local view; returns it with this rank's card. `capacity` = elements
-    /// of the remote view.
-    pub fn open(name: &str, rig: &Rig, capacity: u32) -> Result<(Self, PeerCard)> {
+    /// Creates agent `name`, registers `window` (VRAM, described by
+    /// `desc`) and prepares the local view; returns it with this rank's
+    /// card. `capacity` = elements of the remote view.
+    pub fn open(
+        name: &str,
+        window: &impl NixlDescriptor,
+        desc: Desc,
+        capacity: u32,
+    ) -> Result<(Self, PeerCard)> {
         let nixl = create_ucx_agent(name)?;
         let reg = nixl
             .agent
-            .register_memory(&rig.window, None)
+            .register_memory(window, None)
             .context("registering the window (VRAM)")?;
-        let own = DescList::new(MemType::Vram, vec![rig.window_desc()]);
+        let own = DescList::new(MemType::Vram, vec![desc]);
         // SAFETY: the window stays registered until this view drops (close).
         let local = unsafe { prep_local(&nixl.agent, &nixl.backend, &own)? };
         let card = PeerCard {
             agent: name.to_string(),
-            window: rig.window_desc(),
+            window: desc,
             metadata: nixl.agent.get_local_md()?,
         };
         let net = Self {
@@ -114,7 +119,7 @@ impl Net {
             reg: Some(reg),
             peers: vec![None; capacity as usize],
             nixl,
-            window_len: rig.window.len() as u64,
+            window_len: desc.len,
         };
         Ok((net, card))
     }
