@@ -171,6 +171,13 @@ __device__ Layout layout_of(const WriteParams &p) {
     return Layout{g * p.chunk, Group<L>::count() * p.chunk, p.chunk, p.size};
 }
 
+// The sources are read through the read-only path (ld.global.nc, __ldg):
+// no kernel writes them while it runs (the host fills them before the
+// launch). A plain load of an 8-byte message took 260-330 ns from the
+// start of the iteration to its store, a read-only one 100-110 ns (H200,
+// scripts' probe of the LL and flag paths), which was most of the gap
+// between an LL message and the bare flag.
+
 // The copy of the store path: the group's threads move 16-byte vectors,
 // four loads in flight per thread before the stores, then the tail bytes.
 template <nixl_gpu_level_t L>
@@ -180,6 +187,7 @@ __device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
     const int4 *src = reinterpret_cast<const int4 *>(from);
     int4 *dst = reinterpret_cast<int4 *>(to);
     uint64_t i = lane;
+#pragma unroll 1
     for (; i + 3 * n < vecs; i += 4 * n) {
         const int4 a = src[i], b = src[i + n], c = src[i + 2 * n], d = src[i + 3 * n];
         dst[i] = a;
@@ -187,15 +195,16 @@ __device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
         dst[i + 2 * n] = c;
         dst[i + 3 * n] = d;
     }
+#pragma unroll 1
     for (; i < vecs; i += n) dst[i] = src[i];
     // The tail (under 16 bytes): an 8-byte word if there is one (an 8-byte
     // message is then one store over the link, not eight), then bytes.
     uint64_t b = vecs * 16;
     if (len - b >= 8) {
-        if (lane == 0) *reinterpret_cast<uint64_t *>(to + b) = *reinterpret_cast<const uint64_t *>(from + b);
+        if (lane == 0) *reinterpret_cast<uint64_t *>(to + b) = __ldg(reinterpret_cast<const unsigned long long *>(from + b));
         b += 8;
     }
-    for (b += lane; b < len; b += n) to[b] = from[b];
+    for (b += lane; b < len; b += n) to[b] = __ldg(from + b);
 }
 
 // One iteration for one group, put path: nixlPut each of the group's
@@ -282,11 +291,11 @@ __device__ __forceinline__ bool ll_ready(const uint4 &v, uint32_t seq) {
 // registers: an array indexed at run time would live in local memory and
 // add its latency to every small message.
 __device__ __forceinline__ uint32_t tail_word(const uint8_t *p, int64_t n) {
-    if (n >= 4) return *reinterpret_cast<const uint32_t *>(p);
+    if (n >= 4) return __ldg(reinterpret_cast<const unsigned int *>(p));
     uint32_t w = 0;
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
-        if (j < n) w |= uint32_t(p[j]) << (8 * j);
+        if (j < n) w |= uint32_t(__ldg(p + j)) << (8 * j);
     }
     return w;
 }
@@ -300,16 +309,18 @@ __device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_
     const uint64_t vecs = len / 16;
     const uint4 *src = reinterpret_cast<const uint4 *>(from);
     uint64_t i = lane;
+#pragma unroll 1
     for (; i + 3 * n < vecs; i += 4 * n) {
-        const uint4 v[4] = {src[i], src[i + n], src[i + 2 * n], src[i + 3 * n]};
+        const uint4 v[4] = {__ldg(src + i), __ldg(src + i + n), __ldg(src + i + 2 * n), __ldg(src + i + 3 * n)};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             ll_store(lines + 2 * (i + k * n), v[k].x, v[k].y, seq);
             ll_store(lines + 2 * (i + k * n) + 1, v[k].z, v[k].w, seq);
         }
     }
+#pragma unroll 1
     for (; i < vecs; i += n) {
-        const uint4 v = src[i];
+        const uint4 v = __ldg(src + i);
         ll_store(lines + 2 * i, v.x, v.y, seq);
         ll_store(lines + 2 * i + 1, v.z, v.w, seq);
     }
@@ -401,9 +412,30 @@ __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint
     }
 }
 
+// Ping-pong's wait for the acknowledgement: every thread polls the word
+// itself. A block barrier after one thread's wait would put the barrier's
+// cost (and a warp diverged around it) into every round trip; loads of one
+// cached word by every warp cost nothing on that path. Only thread 0
+// writes the report. A thread that gives up at the deadline exits; the
+// barriers of the next iteration wait for non-exited threads only, and
+// every later wait gives up at once, so the block ends together.
+__device__ bool each_wait_ack(const WriteParams &p, uint64_t target, uint64_t deadline) {
+    const bool lead = threadIdx.x == 0 && blockIdx.x == 0;
+    const uint64_t v = spin_wait(p.ack, target, [&](uint64_t) {
+        const uint32_t why = wait_expired(p.report, deadline);
+        if (why != 0 && lead) p.report->timed_out = why;
+        return why != 0;
+    });
+    if (!reached(v, target) && lead) p.report->observed = v;
+    return reached(v, target);
+}
+
 // Latency: one group puts and signals, then waits for the target's
 // acknowledgement before the next iteration; each round trip is timed with
 // clock64 (cycle resolution), calibrated against %globaltimer by the host.
+// The floor row runs this same loop with a bare flag as the message, so
+// every row's round trip is timed between the same two clock reads: before
+// the message's first instruction and after its acknowledgement is seen.
 template <nixl_gpu_level_t L, uint32_t P>
 __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
     const bool timer = threadIdx.x == 0;
@@ -416,11 +448,12 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
         }
         const uint64_t c0 = clock64();
         path.iteration(p, p.first_iter + i);
-        if (!block_wait_ack(p, p.ack_base + i + 1, deadline)) return;
+        if (!each_wait_ack(p, p.ack_base + i + 1, deadline)) return;
         const uint64_t c1 = clock64();
         if (timer && i >= p.warmup) p.iter_cycles[i - p.warmup] = c1 - c0;
     }
     if (timer) {
+        p.report->observed = p.ack_base + total;
         p.report->t_end_ns = globaltimer_ns();
         p.iter_cycles[p.iters] = c_start;
         p.iter_cycles[p.iters + 1] = clock64();
@@ -552,43 +585,54 @@ extern "C" __global__ void nixl_wait_signal(WaitParams p) {
     ack.send(p);
 }
 
-// Spin until both halves of one LL line carry `seq` (or later), with the
-// deadline and cancel checks of wait_at_least.
-__device__ bool wait_line(const uint4 *line, uint32_t seq, uint64_t deadline, KernelReport *r) {
-    uint4 v = ll_load(line);
-    for (uint32_t n = 1; !ll_ready(v, seq); ++n) {
-        if ((n & 63) == 0) {
-            if (const uint32_t why = wait_expired(r, deadline)) {
-                r->observed = min(v.y, v.w);
-                r->timed_out = why;
-                return false;
-            }
-        }
-        v = ll_load(line);
-    }
-    return true;
+// Where a wait on lines gave up: why (wait_expired), and the oldest seq
+// this thread saw on a line that was not there yet.
+__device__ void record_lines_expired(KernelReport *r, uint32_t why, const uint4 &v) {
+    r->observed = min(v.y, v.w);
+    r->timed_out = why;
 }
 
 // The block polls every line of the iteration, each thread its own
 // (strided, so a warp reads contiguous lines), four at a time: the four
 // loads are in flight together, and only a line not there yet is polled
-// again. True when all carry `seq`.
+// again. Each warp polls as one (a vote per poll, over all 32 lanes: the
+// host launches whole warps), so no lane spins apart from its warp; a block
+// barrier follows only where there is more than one warp. A ping-pong
+// message of up to 32 lines has one, and a barrier there cost about 0.1 us
+// a message. True when all carry `seq`.
 __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t deadline) {
     const uint64_t n = p.line_count, stride = blockDim.x;
     bool ok = true;
-    for (uint64_t k = threadIdx.x; ok && k < n; k += 4 * stride) {
+    for (uint64_t base = 0; ok && base < n; base += 4 * stride) {
+        const uint64_t k = base + threadIdx.x;
         uint4 v[4];
+        bool ready[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            if (k + j * stride < n) v[j] = ll_load(p.lines + k + j * stride);
+            const bool mine = k + j * stride < n;
+            if (mine) v[j] = ll_load(p.lines + k + j * stride);
+            ready[j] = !mine || ll_ready(v[j], seq);
         }
+        for (uint32_t polls = 1; __any_sync(~0u, !(ready[0] && ready[1] && ready[2] && ready[3])); ++polls) {
+            const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
+            if (__any_sync(~0u, why != 0)) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const uint64_t at = k + j * stride;
-            if (ok && at < n && !ll_ready(v[j], seq)) ok = wait_line(p.lines + at, seq, deadline, p.report);
+                for (int j = 0; j < 4; ++j) {
+                    if (!ready[j]) record_lines_expired(p.report, why != 0 ? why : 1, v[j]);
+                }
+                ok = false;
+                break;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (!ready[j]) {
+                    v[j] = ll_load(p.lines + k + j * stride);
+                    ready[j] = ll_ready(v[j], seq);
+                }
+            }
         }
     }
-    return __syncthreads_and(ok);
+    return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
 }
 
 // The target on the LL path, one block: polls the lines themselves (there
@@ -601,7 +645,8 @@ extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
     const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
     const bool lead = threadIdx.x == 0;
     Ack ack(p);
-    if (!ack.usable(p)) {
+    // Whole warps only: block_wait_lines votes over all 32 lanes.
+    if (!ack.usable(p) || blockDim.x % 32 != 0) {
         if (lead) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return;
     }
