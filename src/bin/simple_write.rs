@@ -25,11 +25,11 @@ use nixl_examples::gpu::kernels::{FenceScope, Level, Path, WaitMode};
 use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
-use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
+use nixl_examples::simple_write::initiator_role::{self, InitiatorConfig};
 use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
-use nixl_examples::simple_write::{connection, target};
+use nixl_examples::simple_write::{connection, target_role};
 use nixl_examples::store::{self, StoreError, StoreOptions};
 use nixl_examples::{interrupt, logging, say};
 use tracing::info;
@@ -334,7 +334,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         say!("[initiator] Round {}: {}", row.round, row.line());
     };
     let member = member(args, store.as_ref(), Role::Initiator, timeout);
-    let out = initiator::run(&cfg, &member, &mut print_round)?;
+    let out = initiator_role::run(&cfg, &member, &mut print_round)?;
     let mut rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
     report::apply_floor(&mut rows);
     say!("\n{}", report::table(&rows));
@@ -352,13 +352,13 @@ fn run_target(args: &Args, gpu: usize, timeout: Duration) -> Result<()> {
     say!("[target] Starting...");
     let store = open_store(args, timeout)?;
     interrupt::install()?;
-    let cfg = target::TargetConfig {
+    let cfg = target_role::TargetConfig {
         gpu,
         expected_size: args.size,
         timeout,
         wait: args.wait,
     };
-    target::run(&cfg, &member(args, store.as_ref(), Role::Target, timeout))
+    target_role::run(&cfg, &member(args, store.as_ref(), Role::Target, timeout))
 }
 
 /// This role as a member of the pair's group.
@@ -558,7 +558,7 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
 }
 
 /// Fails with a usage error, before any network wait, when the initiator's
-/// GPU lacks the memory the largest round needs ([`initiator::memory_needed`]).
+/// GPU lacks the memory the largest round needs ([`initiator_role::memory_needed`]).
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
     let fix = if baselines {
@@ -568,7 +568,7 @@ fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     };
     Gpu::open(gpu)?
         .ensure_free(
-            initiator::memory_needed(max, baselines),
+            initiator_role::memory_needed(max, baselines),
             &format!("size {}", fmt_bytes(max)),
             fix,
         )
