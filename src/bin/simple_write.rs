@@ -21,11 +21,11 @@ use nixl_examples::cli::{
     UsageError, check_port_free, exit_status, fmt_bytes, fmt_timeout, parse_bytes, parse_timeout,
 };
 use nixl_examples::gpu::Gpu;
-use nixl_examples::gpu::kernels::{FenceScope, Level, Path, WaitMode};
 use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator_role::{self, InitiatorConfig};
+use nixl_examples::simple_write::kernels::{FenceScope, Level, Path, WaitMode};
 use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};

@@ -6,6 +6,7 @@
 //!   type, and who writes and reads it when;
 //! - the roles meet as the two members of a [`crate::group`]: its waits
 //!   notice a peer that gave up, died or froze;
+//! - [`kernels`]: the kernels' levels, paths, parameters and launches;
 //! - [`plan`]: the rounds (sizes, levels, grids, iterations) the initiator
 //!   decides and the target follows;
 //! - [`initiator_role`] (and its rounds); [`target_role`] (and its receiving):
@@ -21,6 +22,7 @@
 pub mod baseline;
 pub mod connection;
 pub mod initiator_role;
+pub mod kernels;
 pub mod plan;
 pub mod protocol;
 pub mod report;
