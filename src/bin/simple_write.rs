@@ -557,21 +557,11 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
     })
 }
 
-/// Fails with a usage error, before any network wait, when the initiator's
-/// GPU lacks the memory the largest round needs ([`initiator_role::memory_needed`]).
+/// [`initiator_role::check_fits`] for the largest round, as a usage error:
+/// before any network wait, so a size the GPU cannot hold fails at once.
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
-    let fix = if baselines {
-        "use a smaller --size/--max-size (or --no-baseline, which halves it)"
-    } else {
-        "use a smaller --size/--max-size"
-    };
-    Gpu::open(gpu)?
-        .ensure_free(
-            initiator_role::memory_needed(max, baselines),
-            &format!("size {}", fmt_bytes(max)),
-            fix,
-        )
+    initiator_role::check_fits(&Gpu::open(gpu)?, max, baselines)
         .map_err(|e| UsageError(e.to_string()).into())
 }
 
