@@ -102,11 +102,12 @@ fn main() -> ExitCode {
 fn run_both(a: &Args) -> Result<ExitCode> {
     let store = TcpStore::open(&StoreOptions::server(0, timeout(a))).map_err(store_error)?;
     let target_gpu = (nixl_examples::gpu::context::device_count()? >= 2) as usize;
-    let ours: Vec<String> = std::env::args().skip(1).collect();
+    let port = store.port().to_string();
     let role = |name: &str, gpu: usize| {
-        let port = store.port().to_string();
-        let extra = ["--role", name, "--gpu", &gpu.to_string(), "--port", &port];
-        RoleSpec::new(name, ours.iter().map(String::as_str).chain(extra))
+        RoleSpec::again(
+            name,
+            &["--role", name, "--gpu", &gpu.to_string(), "--port", &port],
+        )
     };
     let roles = vec![role("target", target_gpu), role("initiator", 0)];
     let exits = launch::run_roles(roles, timeout(a) * 3)?;
