@@ -669,21 +669,18 @@ mod tests {
             "--timeout",
             "9",
         ];
-        let i = child(&pair, 0, Some(8));
-        assert_eq!(i.mode, Mode::Initiator);
-        assert_eq!((i.port, i.store_client, i.gpu), (Some(4242), true, Some(3)));
-        assert_eq!(
-            (i.size, i.wait, i.timeout),
-            (Some(1 << 20), WaitMode::Stream, Duration::from_secs(9))
-        );
-        assert_eq!(i.json.as_deref(), Some(std::path::Path::new("x.json")));
-        let t = child(&pair, 1, Some(8));
-        assert_eq!(t.mode, Mode::Target);
-        assert_eq!((t.port, t.store_client, t.gpu), (Some(4242), true, Some(5)));
-        assert_eq!(
-            (t.size, t.wait, t.timeout),
-            (Some(1 << 20), WaitMode::Stream, Duration::from_secs(9))
-        );
+        for (role, mode, gpu) in [(0, Mode::Initiator, 3), (1, Mode::Target, 5)] {
+            let c = child(&pair, role, Some(8));
+            assert_eq!(
+                (c.mode, c.port, c.store_client, c.gpu),
+                (mode, Some(4242), true, Some(gpu))
+            );
+            assert_eq!(
+                (c.size, c.wait, c.timeout),
+                (Some(1 << 20), WaitMode::Stream, Duration::from_secs(9))
+            );
+            assert_eq!(c.json.as_deref(), Some(std::path::Path::new("x.json")));
+        }
     }
 
     #[test]
