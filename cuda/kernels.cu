@@ -2,7 +2,7 @@
 //
 // Compiled by nvcc from build.rs into a fatbin (sm_90 SASS + compute_90 PTX)
 // that the Rust host embeds and loads with cudarc. Every kernel is extern "C"
-// so the host finds it by name; src/gpu/kernels.rs mirrors the structs below
+// so the host finds it by name; src/simple_write/kernels.rs mirrors the structs below
 // field for field, and the static_asserts here pin what the host assumes.
 //
 // The pattern, in one sentence: a group of threads (one thread, one warp or

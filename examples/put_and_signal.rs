@@ -22,7 +22,7 @@ use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use nixl_examples::cli::{DataMismatch, exit_status, parse_bytes, parse_timeout, store_error};
-use nixl_examples::gpu::kernels::{MemViewElem, active_groups, slice_for};
+use nixl_examples::gpu::kernels::MemViewElem;
 use nixl_examples::gpu::module::{Fatbin, load};
 use nixl_examples::gpu::path::Path;
 use nixl_examples::gpu::{DeviceBuffer, Gpu};
@@ -102,11 +102,12 @@ fn main() -> ExitCode {
 fn run_both(a: &Args) -> Result<ExitCode> {
     let store = TcpStore::open(&StoreOptions::server(0, timeout(a))).map_err(store_error)?;
     let target_gpu = (nixl_examples::gpu::context::device_count()? >= 2) as usize;
-    let ours: Vec<String> = std::env::args().skip(1).collect();
+    let port = store.port().to_string();
     let role = |name: &str, gpu: usize| {
-        let port = store.port().to_string();
-        let extra = ["--role", name, "--gpu", &gpu.to_string(), "--port", &port];
-        RoleSpec::new(name, ours.iter().map(String::as_str).chain(extra))
+        RoleSpec::again(
+            name,
+            &["--role", name, "--gpu", &gpu.to_string(), "--port", &port],
+        )
     };
     let roles = vec![role("target", target_gpu), role("initiator", 0)];
     let exits = launch::run_roles(roles, timeout(a) * 3)?;
@@ -139,7 +140,7 @@ fn target(a: &Args) -> Result<ExitCode> {
     store.set("put_and_signal/target_descs", &descs.encode())?;
     say!("[target] Published metadata and descriptors; waiting for the signal...");
 
-    let expected = active_groups(a.size, slice_for(a.size, a.blocks as u64));
+    let expected = blocks_that_signal(a.size, a.blocks);
     let seen = wait_signal(&gpu, &kernels, &signal, expected, a.timeout)?;
     ensure!(
         seen == expected,
@@ -167,6 +168,14 @@ fn target(a: &Args) -> Result<ExitCode> {
         }
         Some(m) => Err(DataMismatch(m.to_string()).into()),
     }
+}
+
+/// Blocks that write a slice, and so add 1 to the signal: the same split as
+/// `slice_of` in put_and_signal.cu (an even share, rounded up to 16 bytes);
+/// a block whose slice would start past the end idles.
+fn blocks_that_signal(size: u64, blocks: u32) -> u64 {
+    let slice = size.div_ceil(u64::from(blocks.max(1))).div_ceil(16) * 16;
+    size.div_ceil(slice.max(1))
 }
 
 /// One thread spins on the signal with a GPU-side deadline; returns the last value seen.

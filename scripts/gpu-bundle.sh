@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without cargo or internet needs to run the
-# examples into .gpu/: release binaries built with the device kernels, and
+# examples into .gpu/: release binaries built with the device kernels (and
+# the EP mask check, tests/ep_mask_check.rs, as bin/ep_mask_check), and
 # the NIXL + UCX libraries of the nixl-cu13 wheel (only those the UCX
 # backend loads), keeping the wheel's folder layout their RPATHs expect.
 #
@@ -43,10 +44,17 @@ if [[ -z $out ]] || ! grep -q '^cargo:rustc-cfg=nixl_kernels$' "$out"; then
   exit 1
 fi
 
+# The EP mask check: a test without cargo's harness, so a plain program, at
+# a path cargo names.
+mask_check=$(cargo test --release --test ep_mask_check --no-run --message-format=json \
+  2> >(grep -v '^\s*Compiling' >&2) | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+[[ -x $mask_check ]] || { echo "gpu-bundle: building tests/ep_mask_check.rs failed" >&2; exit 1; }
+
 rm -rf "$OUT"; mkdir -p "$OUT/stage/bin" "$OUT/stage/nixl"
 for b in target/release/simple_write target/release/ep target/release/collectives target/release/examples/*; do
   [[ -f "$b" && -x "$b" && "$b" != *.d && "$(basename "$b")" != *-* ]] && cp "$b" "$OUT/stage/bin/"
 done
+cp "$mask_check" "$OUT/stage/bin/ep_mask_check"
 
 # The libraries: libnixl* and the UCX plugin, plus everything they load
 # from the wheel's bundled-library folder (UCX, its transport modules, etcd client).

@@ -1,7 +1,6 @@
 //! What the programs share at their edges: byte counts on the command
-//! line, exit statuses and the errors that select them, clap's names for
-//! the library's enums, the store backend switch, and checking a port
-//! before listening on it.
+//! line, exit statuses and the errors that select them, the store backend
+//! switch, and checking a port before listening on it.
 
 use crate::store;
 
@@ -389,62 +388,5 @@ impl StoreBackend {
                     .into(),
             )),
         }
-    }
-}
-
-// clap's view of the library's enums: the library itself knows nothing of
-// clap (its layers sit below the programs), so the programs' parsers are
-// taught the names here, once.
-impl clap::ValueEnum for crate::gpu::kernels::Level {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        use crate::gpu::kernels::Level;
-        let help = match self {
-            Level::Thread => "one thread per call; on cuda_ipc its put is a single-thread memcpy",
-            Level::Warp => "one warp (32 lanes) per call, every lane with the same arguments",
-            Level::Block => "one thread block per call, every thread with the same arguments",
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
-    }
-}
-
-impl clap::ValueEnum for crate::gpu::kernels::WaitMode {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        use crate::gpu::kernels::WaitMode;
-        let help = match self {
-            WaitMode::Kernel => {
-                "a kernel spins on the word (the device-API pattern; different GPUs, or MPS)"
-            }
-            WaitMode::Stream => {
-                "cuStreamWaitValue64, then a one-thread kernel: leaves the GPU free while waiting"
-            }
-            WaitMode::Auto => "stream when both processes share a GPU without MPS, else kernel",
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
-    }
-}
-
-impl clap::ValueEnum for crate::gpu::kernels::Path {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        use crate::gpu::kernels::Path;
-        let help = match self {
-            Path::Put => "nixlPut + nixlAtomicAdd: any UCX device transport, RDMA included",
-            Path::Store => {
-                "nixlGetPtr + 16-byte stores + a release add: NVLink/PCIe peers (cuda_ipc) only"
-            }
-            Path::Ll => {
-                "nixlGetPtr + 16-byte lines {data, seq, data, seq}, no fence or signal: NVLink only"
-            }
-            Path::Flag => "no data: the bare flag of --floor",
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }

@@ -5,7 +5,7 @@
 //! | layer | modules | what it is |
 //! |---|---|---|
 //! | programs | `src/bin`, `examples/` | `simple_write`, `ep`, the example ladder |
-//! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, the report; `ep`'s ranks, kernels, routing and report |
+//! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, its kernels' interface, the report; `ep`'s ranks, kernels, routing and report |
 //! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`machine`], [`cli`], [`results`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, whether this machine can run a program, exit codes, the run environment and CSV beside every result |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
 //! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |

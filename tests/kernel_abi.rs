@@ -5,7 +5,8 @@
 
 use std::mem::{offset_of, size_of};
 
-use nixl_examples::gpu::kernels::{KernelReport, MemViewElem, WaitParams, WriteParams};
+use nixl_examples::gpu::kernels::{KernelReport, MemViewElem};
+use nixl_examples::simple_write::kernels::{WaitParams, WriteParams};
 
 #[test]
 fn mem_view_elem_is_nixls_24_byte_struct() {

@@ -227,6 +227,38 @@ fn two_processes_meet_through_the_store_without_a_gpu() {
     assert!(String::from_utf8_lossy(&i.stdout).contains("[initiator] Connected to target"));
 }
 
+/// `--mode pair` runs this program again for each role, with the pair's
+/// own arguments and then the role's: the children must take their role
+/// and the pair's store (not host their own, nor recurse), and flags
+/// meant for one role must not trip the other.
+#[test]
+fn the_pairs_children_take_their_roles_and_meet_without_a_gpu() {
+    let json = std::env::temp_dir().join(format!("sw-pair-{}.json", std::process::id()));
+    let o = simple_write(&[
+        "-m",
+        "pair",
+        "--check-connection",
+        "--timeout",
+        "20",
+        "-g",
+        "3",
+        "--target-gpu",
+        "4",
+        "-s",
+        "1M",
+        "--level",
+        "warp",
+        "--wait",
+        "stream",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("[initiator] Connected to target"), "{out}");
+    assert!(out.contains("[target] Connected to initiator"), "{out}");
+}
+
 #[test]
 fn a_target_without_initiator_names_the_address_and_the_fix() {
     let port = free_port();

@@ -18,18 +18,18 @@ use anyhow::Result;
 use clap::{Parser, ValueEnum};
 use nixl_examples::cli::{self, StoreBackend};
 use nixl_examples::cli::{
-    UsageError, check_port_free, exit_status, fmt_bytes, fmt_timeout, parse_bytes, parse_timeout,
+    UsageError, check_port_free, exit_status, fmt_bytes, parse_bytes, parse_timeout,
 };
 use nixl_examples::gpu::Gpu;
-use nixl_examples::gpu::kernels::{FenceScope, Level, Path, WaitMode};
 use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
-use nixl_examples::simple_write::initiator::{self, InitiatorConfig};
+use nixl_examples::simple_write::initiator_role::{self, InitiatorConfig};
+use nixl_examples::simple_write::kernels::{FenceScope, Level, Path, WaitMode};
 use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
-use nixl_examples::simple_write::{connection, target};
+use nixl_examples::simple_write::{connection, target_role};
 use nixl_examples::store::{self, StoreError, StoreOptions};
 use nixl_examples::{interrupt, logging, say};
 use tracing::info;
@@ -198,7 +198,8 @@ struct Args {
     /// Fault injection for testing: `corrupt-data` (initiator) flips one
     /// source byte so the target must report a mismatch (exit 3);
     /// `hang-after-connect` (--check-connection) stops the role once
-    /// connected, heartbeat going, until it is stopped or killed.
+    /// connected, heartbeat going, until it is stopped or killed (under
+    /// --mode pair, both roles).
     #[arg(long, hide = true, value_parser = ["corrupt-data", "hang-after-connect"])]
     inject: Option<String>,
 
@@ -261,7 +262,7 @@ fn run(args: Args) -> Result<ExitCode> {
         check_connection(&args, timeout)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let gpu = check_machine(&args)?;
+    let (gpu, _) = check_machine(&args)?;
     if args.mode == Mode::Initiator {
         check_fits(gpu, &rounds, !args.no_baseline)?;
     }
@@ -280,8 +281,9 @@ fn port(args: &Args) -> u16 {
 
 /// Checks everything local before touching the network, and reports every
 /// problem at once, so a machine that cannot run this says so at once.
-/// Returns the GPU this role uses.
-fn check_machine(args: &Args) -> Result<usize> {
+/// Returns the GPU this role uses (`--mode pair`: the initiator's) and how
+/// many the machine has.
+fn check_machine(args: &Args) -> Result<(usize, usize)> {
     let gpus = nixl_examples::machine::check("simple_write", String::new)?;
     let gpu = match (args.mode, args.gpu) {
         (_, Some(g)) => g,
@@ -294,7 +296,7 @@ fn check_machine(args: &Args) -> Result<usize> {
         ))
         .into());
     }
-    Ok(gpu)
+    Ok((gpu, gpus))
 }
 
 fn default_target_gpu(gpus: usize) -> usize {
@@ -334,7 +336,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         say!("[initiator] Round {}: {}", row.round, row.line());
     };
     let member = member(args, store.as_ref(), Role::Initiator, timeout);
-    let out = initiator::run(&cfg, &member, &mut print_round)?;
+    let out = initiator_role::run(&cfg, &member, &mut print_round)?;
     let mut rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
     report::apply_floor(&mut rows);
     say!("\n{}", report::table(&rows));
@@ -352,13 +354,13 @@ fn run_target(args: &Args, gpu: usize, timeout: Duration) -> Result<()> {
     say!("[target] Starting...");
     let store = open_store(args, timeout)?;
     interrupt::install()?;
-    let cfg = target::TargetConfig {
+    let cfg = target_role::TargetConfig {
         gpu,
         expected_size: args.size,
         timeout,
         wait: args.wait,
     };
-    target::run(&cfg, &member(args, store.as_ref(), Role::Target, timeout))
+    target_role::run(&cfg, &member(args, store.as_ref(), Role::Target, timeout))
 }
 
 /// This role as a member of the pair's group.
@@ -380,13 +382,15 @@ fn roster(args: &Args) -> Roster {
 }
 
 /// `--mode pair`: hosts the store on a free port, runs the initiator and
-/// the target as child processes (this executable), and exits as the
+/// the target as child processes (this program again, with its own
+/// arguments and then the role's, which override them), and exits as the
 /// worse of the two.
 fn run_pair(args: &Args, timeout: Duration) -> Result<ExitCode> {
-    if !args.check_connection {
+    let gpus = match args.check_connection {
+        true => None,
         // Once here, rather than the same message from both children.
-        check_machine(args)?;
-    }
+        false => Some(check_machine(args)?.1),
+    };
     let host_opts = StoreOptions {
         host: args.host.clone(),
         port: args.port.unwrap_or(0),
@@ -400,95 +404,40 @@ fn run_pair(args: &Args, timeout: Duration) -> Result<ExitCode> {
         "hosting the store on port {}; starting initiator and target",
         store.port()
     );
-    let roles = vec![
-        RoleSpec::new("initiator", initiator_args(args, store.port())),
-        RoleSpec::new("target", target_args(args, store.port())),
-    ];
+    let roles = pair_roles(args, &store.port().to_string(), gpus).map(|(name, extra)| {
+        RoleSpec::again(name, &extra.iter().map(String::as_str).collect::<Vec<_>>())
+    });
     // A backstop only: every wait inside the roles is bounded by --timeout.
-    let exits = launch::run_roles(roles, timeout * 4 + Duration::from_secs(60))?;
+    let exits = launch::run_roles(Vec::from(roles), timeout * 4 + Duration::from_secs(60))?;
     drop(store);
     Ok(launch::finish("main", &exits))
 }
 
-/// The initiator's command line in `--mode pair`.
-fn initiator_args(a: &Args, port: u16) -> Vec<String> {
-    let mut v = common_args(a, "initiator", port);
-    v.push("--store-client".into());
-    v.extend(["--step-factor".into(), a.step_factor.to_string()]);
-    let levels: Vec<&str> = a.level.iter().map(|l| l.name()).collect();
-    v.extend(["--level".into(), levels.join(",")]);
-    let paths: Vec<&str> = a.path.iter().map(|p| p.name()).collect();
-    v.extend(["--path".into(), paths.join(",")]);
-    v.extend(["--fence-scope".into(), a.fence_scope.name().into()]);
-    let opt = |v: &mut Vec<String>, flag: &str, x: Option<String>| {
-        if let Some(x) = x {
-            v.extend([flag.to_string(), x]);
-        }
-    };
-    opt(&mut v, "--size", a.size.map(|x| x.to_string()));
-    opt(&mut v, "--min-size", a.min_size.map(|x| x.to_string()));
-    opt(&mut v, "--max-size", a.max_size.map(|x| x.to_string()));
-    opt(&mut v, "--iters", a.iters.map(|x| x.to_string()));
-    opt(&mut v, "--chunk", a.chunk.map(|x| x.to_string()));
-    opt(&mut v, "--warmup", a.warmup.map(|x| x.to_string()));
-    opt(&mut v, "--blocks", a.blocks.map(|x| x.to_string()));
-    opt(&mut v, "--threads", a.threads.map(|x| x.to_string()));
-    opt(&mut v, "--gpu", a.gpu.map(|x| x.to_string()));
-    opt(&mut v, "--inject", a.inject.clone());
-    opt(
-        &mut v,
-        "--json",
-        a.json.as_ref().map(|p| p.display().to_string()),
-    );
-    opt(
-        &mut v,
-        "--csv",
-        a.csv.as_ref().map(|p| p.display().to_string()),
-    );
-    for (flag, on) in [
-        ("--pingpong", a.pingpong),
-        ("--no-baseline", a.no_baseline),
-        ("--floor", a.floor),
-        ("--no-floor", a.no_floor),
-    ] {
-        if on {
-            v.push(flag.into());
-        }
+/// What `--mode pair` appends to its own arguments for each child, which
+/// then overrides them: the role, a client of the store at `port`, and the
+/// target's GPU ([`pair_target_gpu`]; `gpus`: how many the machine has).
+fn pair_roles(args: &Args, port: &str, gpus: Option<usize>) -> [(&'static str, Vec<String>); 2] {
+    let role = |mode: &str| ["--mode", mode, "--store-client", "--port", port].map(String::from);
+    let mut target = role("target").to_vec();
+    if let Some(g) = pair_target_gpu(args, gpus) {
+        target.extend(["--gpu".into(), g.to_string()]);
     }
-    v
-}
-
-/// The target's command line in `--mode pair`.
-fn target_args(a: &Args, port: u16) -> Vec<String> {
-    let mut v = common_args(a, "target", port);
-    v.push("--store-client".into());
-    if let Some(g) = a.target_gpu {
-        v.extend(["--gpu".into(), g.to_string()]);
-    }
-    v
-}
-
-fn common_args(a: &Args, mode: &str, port: u16) -> Vec<String> {
-    let mut v: Vec<String> = [
-        "--mode",
-        mode,
-        "--host",
-        &a.host,
-        "--port",
-        &port.to_string(),
-        "--timeout",
-        &fmt_timeout(a.timeout),
-        "--wait",
-        a.wait.name(),
-        "--store",
-        a.store.name(),
+    [
+        ("initiator", role("initiator").to_vec()),
+        ("target", target),
     ]
-    .map(str::to_string)
-    .to_vec();
-    if a.check_connection {
-        v.push("--check-connection".into());
+}
+
+/// The `--gpu` that `--mode pair` gives its target, if any: `--target-gpu`;
+/// else, when the pair's `--gpu` (the initiator's) would reach the target
+/// too, the target's default on this machine of `gpus` GPUs (unknown, and
+/// not needed, under `--check-connection`).
+fn pair_target_gpu(args: &Args, gpus: Option<usize>) -> Option<usize> {
+    match (args.target_gpu, args.gpu) {
+        (Some(g), _) => Some(g),
+        (None, Some(_)) => gpus.map(default_target_gpu),
+        (None, None) => None,
     }
-    v
 }
 
 /// The store options both roles use: upstream's (numWorkers=2,
@@ -557,21 +506,11 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
     })
 }
 
-/// Fails with a usage error, before any network wait, when the initiator's
-/// GPU lacks the memory the largest round needs ([`initiator::memory_needed`]).
+/// [`initiator_role::check_fits`] for the largest round, as a usage error:
+/// before any network wait, so a size the GPU cannot hold fails at once.
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
-    let fix = if baselines {
-        "use a smaller --size/--max-size (or --no-baseline, which halves it)"
-    } else {
-        "use a smaller --size/--max-size"
-    };
-    Gpu::open(gpu)?
-        .ensure_free(
-            initiator::memory_needed(max, baselines),
-            &format!("size {}", fmt_bytes(max)),
-            fix,
-        )
+    initiator_role::check_fits(&Gpu::open(gpu)?, max, baselines)
         .map_err(|e| UsageError(e.to_string()).into())
 }
 
@@ -696,4 +635,65 @@ fn seed() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     t ^ ((std::process::id() as u64) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Child `role` (0 initiator, 1 target) of `simple_write <pair>` on a
+    /// machine of `gpus` GPUs: its arguments parsed as it parses them.
+    fn child(pair: &[&str], role: usize, gpus: Option<usize>) -> Args {
+        let argv = || std::iter::once("simple_write").chain(pair.iter().copied());
+        let (_, extra) = &pair_roles(&Args::parse_from(argv()), "4242", gpus)[role];
+        Args::parse_from(argv().chain(extra.iter().map(String::as_str)))
+    }
+
+    #[test]
+    fn pair_children_take_their_role_a_store_client_and_the_rest_of_the_pairs_flags() {
+        let pair = [
+            "-m",
+            "pair",
+            "-p",
+            "7",
+            "-g",
+            "3",
+            "--target-gpu",
+            "5",
+            "-s",
+            "1M",
+            "--wait",
+            "stream",
+            "--json",
+            "x.json",
+            "--timeout",
+            "9",
+        ];
+        for (role, mode, gpu) in [(0, Mode::Initiator, 3), (1, Mode::Target, 5)] {
+            let c = child(&pair, role, Some(8));
+            assert_eq!(
+                (c.mode, c.port, c.store_client, c.gpu),
+                (mode, Some(4242), true, Some(gpu))
+            );
+            assert_eq!(
+                (c.size, c.wait, c.timeout),
+                (Some(1 << 20), WaitMode::Stream, Duration::from_secs(9))
+            );
+            assert_eq!(c.json.as_deref(), Some(std::path::Path::new("x.json")));
+        }
+    }
+
+    #[test]
+    fn the_pairs_gpu_is_the_initiators_and_the_target_keeps_its_default() {
+        let gpu = |pair: &[&str], gpus| child(pair, 1, gpus).gpu;
+        assert_eq!(gpu(&["-m", "pair", "-g", "3"], Some(8)), Some(1));
+        assert_eq!(gpu(&["-m", "pair", "-g", "3"], Some(1)), Some(0));
+        assert_eq!(gpu(&["-m", "pair"], Some(8)), None);
+        assert_eq!(child(&["-m", "pair"], 0, Some(8)).gpu, None);
+        // --check-connection uses no GPU, so the count is not known.
+        assert_eq!(
+            gpu(&["-m", "pair", "-g", "3", "--check-connection"], None),
+            Some(3)
+        );
+    }
 }

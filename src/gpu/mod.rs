@@ -1,6 +1,7 @@
 //! The GPU side: device selection and context, device memory NIXL can
-//! register, the device-API kernels and how they are run, the copy
-//! engine as the baseline, and page-locked host staging with the copies
+//! register, loading the device-API kernels and what every program's
+//! kernels share (the report, how they are run), the copy engine as the
+//! baseline, and page-locked host staging with the copies
 //! into and out of it. Depends on nothing above it.
 
 pub mod buffer;

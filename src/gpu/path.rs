@@ -1,7 +1,7 @@
 //! How an N-rank kernel's data reaches a peer: the two data paths of NIXL's
 //! device API that `ep` and `collectives` (and `put_and_signal`) take.
 //! (`simple_write` has two more, LL lines and the bare flag of its floor
-//! row: `gpu::kernels::Path`.)
+//! row: `simple_write::kernels::Path`.)
 
 use serde::{Deserialize, Serialize};
 

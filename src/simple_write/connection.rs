@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::protocol::{self as p, AgentMetadata, Marker};
-use super::target::claim_pair;
+use super::target_role::claim_pair;
 use crate::group::Member;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;

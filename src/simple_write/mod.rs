@@ -6,10 +6,12 @@
 //!   type, and who writes and reads it when;
 //! - the roles meet as the two members of a [`crate::group`]: its waits
 //!   notice a peer that gave up, died or froze;
+//! - [`kernels`]: the kernels' levels, paths, parameters and launches;
 //! - [`plan`]: the rounds (sizes, levels, grids, iterations) the initiator
 //!   decides and the target follows;
-//! - [`initiator`] (and its rounds); [`target`] (and its receiving): the roles,
-//!   each a short sequence of phases;
+//! - [`initiator_role`] (and its rounds); [`target_role`] (and its receiving):
+//!   the roles, each a short sequence of phases (not folders named `target/`,
+//!   which tools that skip cargo's build folder would skip too);
 //! - [`baseline`]: the copy engine and NIXL's host API in the same run;
 //! - [`connection`]: `--check-connection`, the exchange without a GPU;
 //! - [`report`]: tables, JSON and CSV.
@@ -19,8 +21,9 @@
 
 pub mod baseline;
 pub mod connection;
-pub mod initiator;
+pub mod initiator_role;
+pub mod kernels;
 pub mod plan;
 pub mod protocol;
 pub mod report;
-pub mod target;
+pub mod target_role;

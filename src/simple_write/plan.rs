@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::kernels::{Level, Path, signals_per_iter, slice_for};
 use crate::gpu::GpuInfo;
-use crate::gpu::kernels::{Level, Path, signals_per_iter, slice_for};
 use crate::gpu::ll;
 
 /// One measured configuration: a size at a level with a grid shape.

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::baseline::Baselines;
-use super::initiator::RunResult;
-use super::initiator::rounds::RoundResult;
+use super::initiator_role::RunResult;
+use super::initiator_role::rounds::RoundResult;
 use super::protocol::Verdict;
 use crate::cli::fmt_bytes;
 use crate::gpu::GpuInfo;

@@ -4,9 +4,9 @@
 
 use nixl_sys::{MemView, RegistrationHandle};
 
-use crate::gpu::kernels::{Kernels, WaitMode};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::agent::UcxAgent;
+use crate::simple_write::kernels::{Kernels, WaitMode};
 use crate::simple_write::plan::RunPlan;
 
 /// Everything the target holds, in teardown order (fields drop in

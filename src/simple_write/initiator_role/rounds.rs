@@ -10,13 +10,14 @@ use super::held::Held;
 use crate::cli::fmt_bytes;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::clock::{Span, ns_per_cycle};
-use crate::gpu::kernels::{
-    FenceScope, KernelReport, MemViewElem, WRITE_GPU_SCOPE, WRITE_HOST_SEQUENCED, WRITE_PINGPONG,
-    WRITE_STAMP, WaitMode, WriteParams, wait_value_geq,
-};
+use crate::gpu::kernels::{KernelReport, MemViewElem, wait_value_geq};
 use crate::gpu::run::{Finished, run_watched};
 use crate::group::Member;
 use crate::simple_write::baseline::Baselines;
+use crate::simple_write::kernels::{
+    FenceScope, WRITE_GPU_SCOPE, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode,
+    WriteParams,
+};
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
 use crate::stats::Summary;
@@ -248,7 +249,7 @@ impl Launch<'_> {
     /// wait on the ack word, and `nixl_stamp` records when it was satisfied.
     ///
     /// # Safety
-    /// As for [`crate::gpu::kernels::Kernels::launch_write`].
+    /// As for [`crate::simple_write::kernels::Kernels::launch_write`].
     unsafe fn queue_host_sequenced(&self, s: &CudaStream, mut p: WriteParams) -> Result<()> {
         let (k, r, ack) = (&self.held.kernels, self.round, self.held.mem.ack.addr());
         let write = |p: &WriteParams| unsafe {

@@ -24,12 +24,13 @@ use tracing::info;
 use self::held::{Held, Memory, Views};
 use self::rounds::RoundResult;
 use super::baseline::BaselineRig;
+use super::kernels::{FenceScope, Kernels, WaitMode};
 use super::plan::{RoundSpec, RunPlan};
 use super::protocol::{self as p, AgentMetadata, GpuInfo};
-use crate::cli::DataMismatch;
+use crate::cli::{DataMismatch, fmt_bytes};
 use crate::gpu::context::find_gpu;
-use crate::gpu::kernels::{FenceScope, Kernels, WaitMode, check_view};
-use crate::gpu::{DeviceBuffer, Gpu};
+use crate::gpu::kernels::check_view;
+use crate::gpu::{DeviceBuffer, Gpu, GpuError};
 use crate::group::Member;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{Desc, DescList, MemType};
@@ -71,20 +72,27 @@ pub struct RunResult {
     pub fence: FenceScope,
 }
 
-/// Bytes the initiator allocates on its GPU for rounds of up to `max_size`
-/// bytes: two source buffers, with baselines a scratch buffer and a copy
-/// destination, plus 64 MiB of headroom for the driver and UCX.
-pub fn memory_needed(max_size: u64, baselines: bool) -> u64 {
-    max_size
+/// The initiator's one memory check, made by the program before any network
+/// wait: fails unless `gpu` has free what rounds of up to `max_size` bytes
+/// allocate (two source buffers, with `baselines` a scratch buffer and a
+/// copy destination, plus 64 MiB of headroom for the driver and UCX). The
+/// error names the size, the MiB needed and free, and the flags that fix it.
+pub fn check_fits(gpu: &Gpu, max_size: u64, baselines: bool) -> Result<(), GpuError> {
+    let need = max_size
         .saturating_mul(2 + 2 * baselines as u64)
-        .saturating_add(64 << 20)
+        .saturating_add(64 << 20);
+    let fix = match baselines {
+        true => "use a smaller --size/--max-size (or --no-baseline, which halves it)",
+        false => "use a smaller --size/--max-size",
+    };
+    gpu.ensure_free(need, &format!("size {}", fmt_bytes(max_size)), fix)
 }
 
 /// Runs the initiator as `member` ([`p::INITIATOR`] of [`p::roster`]).
 /// `on_round` sees each round as it finishes. A data mismatch reported by
 /// the target is an error ([`DataMismatch`]), raised after the teardown
 /// handshake; any other error is published to the target first (the
-/// group's abort).
+/// group's abort). Allocates without asking: [`check_fits`] came first.
 pub fn run(
     cfg: &InitiatorConfig,
     member: &Member,
@@ -138,11 +146,6 @@ fn set_up(cfg: &InitiatorConfig, member: &Member) -> Result<Local> {
             .collect(),
     };
     member.put(&p::run_plan(), &plan)?;
-    gpu.ensure_free(
-        memory_needed(plan.max_size(), cfg.baselines),
-        "the initiator (two sources, and with baselines a scratch buffer and a copy destination)",
-        "use a smaller --size / --max-size, or --no-baseline",
-    )?;
     let mem = allocate(&gpu, &plan, cfg.corrupt)?;
     let nixl = create_ucx_agent(p::INITIATOR_NAME)?;
     let registrations = [&mem.sources[0], &mem.sources[1], &mem.ack]

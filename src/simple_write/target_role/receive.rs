@@ -7,12 +7,11 @@ use cudarc::driver::CudaStream;
 use super::held::Held;
 use crate::cli::DataMismatch;
 use crate::gpu::DeviceBuffer;
-use crate::gpu::kernels::{
-    AckMode, KernelReport, MemViewElem, Path, WaitMode, WaitParams, wait_value_geq,
-};
+use crate::gpu::kernels::{KernelReport, MemViewElem, wait_value_geq};
 use crate::gpu::ll;
 use crate::gpu::run::run_watched;
 use crate::group::Member;
+use crate::simple_write::kernels::{AckMode, Path, WaitMode, WaitParams};
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
 use crate::stats::Summary;
@@ -256,7 +255,7 @@ impl Wait<'_> {
     /// Stream mode: stream waits on the signal, each followed by `nixl_ack`.
     ///
     /// # Safety
-    /// As for [`crate::gpu::kernels::Kernels::launch_ack`].
+    /// As for [`crate::simple_write::kernels::Kernels::launch_ack`].
     unsafe fn queue_host_sequenced(&self, s: &CudaStream, params: &WaitParams) -> Result<()> {
         let (k, r) = (&self.held.kernels, self.round);
         let (sig, rep, step) = (

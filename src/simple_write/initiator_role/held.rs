@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use nixl_sys::{MemView, RegistrationHandle};
 
-use crate::gpu::kernels::{FenceScope, Kernels, WaitMode};
 use crate::gpu::{DeviceBuffer, Gpu, GpuInfo};
 use crate::nixl::agent::UcxAgent;
 use crate::nixl::serdes::DescList;
 use crate::simple_write::baseline::BaselineRig;
+use crate::simple_write::kernels::{FenceScope, Kernels, WaitMode};
 use crate::simple_write::plan::RunPlan;
 
 /// Everything the initiator holds, in teardown order: Rust drops fields

@@ -21,10 +21,11 @@ use anyhow::{Context, Result, bail};
 use tracing::info;
 
 use self::held::Held;
+use super::kernels::{Kernels, Path, WaitMode};
 use super::plan::RunPlan;
 use super::protocol::{self as p, AgentMetadata, Claim, Marker};
 use crate::cli::DataMismatch;
-use crate::gpu::kernels::{Kernels, Path, WaitMode, check_view};
+use crate::gpu::kernels::check_view;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::group::Member;
 use crate::nixl::agent::create_ucx_agent;

@@ -1,0 +1,653 @@
+//! `simple_write`'s kernels (`cuda/kernels.cu`) on the host: the levels,
+//! data paths, fence scopes and ways of waiting they offer, their parameter
+//! structs (mirrored field for field, layout pinned by const assertions here
+//! and `static_assert`s there), how a buffer is split among the groups, and
+//! typed launchers. What every program's kernels share (memory view
+//! elements, the report, the view check) is in [`crate::gpu::kernels`].
+
+use std::mem::{offset_of, size_of};
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+
+use crate::gpu::Gpu;
+use crate::gpu::kernels::MemViewElem;
+use crate::gpu::module::{Fatbin, KernelsError, load};
+
+/// Which group of threads makes one collective `nixlPut` / `nixlAtomicAdd`
+/// call (`nixl_gpu_level_t`). GRID exists in the header but is a silent
+/// no-op on the cuda_ipc transport, so it is not offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// One thread per call; on cuda_ipc its put is a single-thread memcpy.
+    Thread,
+    /// One warp (32 lanes) per call, all lanes with the same arguments.
+    Warp,
+    /// One thread block per call, all threads with the same arguments.
+    Block,
+}
+
+impl Level {
+    /// Every level, smallest group first.
+    pub const ALL: [Level; 3] = [Level::Thread, Level::Warp, Level::Block];
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Thread => "thread",
+            Level::Warp => "warp",
+            Level::Block => "block",
+        }
+    }
+
+    /// Threads that make one call.
+    pub fn group_size(self, threads_per_block: u32) -> u32 {
+        match self {
+            Level::Thread => 1,
+            Level::Warp => 32,
+            Level::Block => threads_per_block,
+        }
+    }
+
+    /// Default threads per block for a level: one caller's worth for THREAD
+    /// and WARP, 1024 for BLOCK (the widest block, fastest single-block put).
+    pub fn default_threads(self) -> u32 {
+        match self {
+            Level::Thread => 1,
+            Level::Warp => 32,
+            Level::Block => 1024,
+        }
+    }
+
+    fn kernel(self, path: Path) -> &'static str {
+        match (path, self) {
+            (Path::Flag, _) => "nixl_flag_write",
+            (Path::Ll, Level::Thread) => "nixl_ll_write_thread",
+            (Path::Ll, Level::Warp) => "nixl_ll_write_warp",
+            (Path::Ll, Level::Block) => "nixl_ll_write_block",
+            (Path::Put, Level::Thread) => "nixl_write_signal_thread",
+            (Path::Put, Level::Warp) => "nixl_write_signal_warp",
+            (Path::Put, Level::Block) => "nixl_write_signal_block",
+            (Path::Store, Level::Thread) => "nixl_store_signal_thread",
+            (Path::Store, Level::Warp) => "nixl_store_signal_warp",
+            (Path::Store, Level::Block) => "nixl_store_signal_block",
+        }
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Level::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown level '{s}' (thread, warp, block)"))
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl clap::ValueEnum for Level {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            Level::Thread => "one thread per call; on cuda_ipc its put is a single-thread memcpy",
+            Level::Warp => "one warp (32 lanes) per call, every lane with the same arguments",
+            Level::Block => "one thread block per call, every thread with the same arguments",
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+    }
+}
+
+/// Parameters of the initiator's write + signal kernels (`WriteParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteParams {
+    /// Local view of the two source buffers (index = iteration parity).
+    pub src: MemViewElem,
+    /// Remote view of the target's data buffer.
+    pub dst: MemViewElem,
+    /// Remote view of the target's 8-byte signal.
+    pub signal: MemViewElem,
+    /// Device address of the local 8-byte ack word the target increments.
+    pub ack: u64,
+    /// Device address of a zeroed [`KernelReport`](crate::gpu::kernels::KernelReport).
+    pub report: u64,
+    /// Ping-pong only: device address of `iters + 2` u64 slots: each round
+    /// trip in SM cycles, then `clock64` at the start and end of the timed
+    /// iterations (for calibration against the report's globaltimer stamps).
+    pub iter_cycles: u64,
+    /// Bytes per iteration.
+    pub size: u64,
+    /// Bytes per group (see [`slice_for`]).
+    pub slice: u64,
+    /// Ack value before this launch.
+    pub ack_base: u64,
+    /// GPU-side timeout for each wait, ns.
+    pub timeout_ns: u64,
+    pub warmup: u32,
+    pub iters: u32,
+    /// Global index of the first iteration (its parity picks the source).
+    pub first_iter: u32,
+    /// [`WRITE_PINGPONG`], [`WRITE_HOST_SEQUENCED`], [`WRITE_STAMP`].
+    pub flags: u32,
+    /// With [`WRITE_STAMP`]: the `iter_cycles` slot that gets the kernel's
+    /// start time (`%globaltimer`, ns).
+    pub stamp_index: u32,
+    pub reserved: u32,
+    /// Store path: device addresses of the two sources (local pointers).
+    pub src_addr: [u64; 2],
+    /// 0: each group moves one contiguous slice; else chunks of this many
+    /// bytes dealt round-robin to the groups ([`signals_per_iter`]).
+    pub chunk: u64,
+    /// Flag path: iteration `i` (global index) stores `signal_base + i + 1`
+    /// into the target's signal (wrapping arithmetic).
+    pub signal_base: u64,
+}
+
+/// Wait for the target's acknowledgement after every iteration (latency).
+pub const WRITE_PINGPONG: u32 = 1;
+/// Never spin on the acknowledgement: the host queues stream waits between
+/// launches (see [`WaitMode::Stream`]).
+pub const WRITE_HOST_SEQUENCED: u32 = 2;
+/// Record the kernel's start time in `iter_cycles[stamp_index]`.
+pub const WRITE_STAMP: u32 = 4;
+/// Release the data before the signal at GPU scope, not system scope:
+/// enough when both processes use the same GPU ([`FenceScope`]).
+pub const WRITE_GPU_SCOPE: u32 = 8;
+
+/// The scope of the release that orders a put's data before its signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceScope {
+    /// GPU scope when both processes use the same GPU, else system scope.
+    Auto,
+    /// `fence.acq_rel.sys` / `red.release.sys`: required across GPUs (the
+    /// peer observes our stores through the link, outside our GPU).
+    System,
+    /// `fence.acq_rel.gpu` / `red.release.gpu`: orders stores for every
+    /// observer on this GPU, so only correct when the target shares it.
+    Gpu,
+}
+
+impl FenceScope {
+    /// Every scope, as `--fence-scope` offers them.
+    pub const ALL: [FenceScope; 3] = [FenceScope::Auto, FenceScope::System, FenceScope::Gpu];
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FenceScope::Auto => "auto",
+            FenceScope::System => "system",
+            FenceScope::Gpu => "gpu",
+        }
+    }
+
+    /// Resolves `Auto` for a pair of processes.
+    pub fn resolve(self, same_gpu: bool) -> FenceScope {
+        match self {
+            FenceScope::Auto if same_gpu => FenceScope::Gpu,
+            FenceScope::Auto => FenceScope::System,
+            s => s,
+        }
+    }
+}
+
+impl std::str::FromStr for FenceScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        FenceScope::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("unknown fence scope '{s}' (auto, system, gpu)"))
+    }
+}
+
+/// How a side waits for the other's signal or acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// A kernel spins on the word with system-scope acquire loads (the
+    /// device-API pattern; right when the two processes use different GPUs).
+    Kernel,
+    /// The stream waits (`cuStreamWaitValue64`), then a one-thread kernel
+    /// acknowledges or stamps: nothing occupies the GPU while waiting, which
+    /// matters when both processes share one GPU (their kernels cannot run
+    /// at the same time, so a spinning kernel holds the GPU for whole time
+    /// slices).
+    Stream,
+    /// Stream when both processes use the same GPU, else kernel.
+    Auto,
+}
+
+impl WaitMode {
+    /// Resolves `Auto`: a stream wait when both processes share a GPU
+    /// without MPS (their kernels cannot run at the same time), else a
+    /// spinning kernel (different GPUs, or MPS running both at once).
+    pub fn resolve(self, same_gpu: bool, mps: bool) -> WaitMode {
+        match self {
+            WaitMode::Auto if same_gpu && !mps => WaitMode::Stream,
+            WaitMode::Auto => WaitMode::Kernel,
+            m => m,
+        }
+    }
+
+    /// Every mode, as `--wait` offers them.
+    pub const ALL: [WaitMode; 3] = [WaitMode::Kernel, WaitMode::Stream, WaitMode::Auto];
+
+    /// How the waiting is done, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitMode::Kernel => "spinning kernel",
+            WaitMode::Stream => "stream wait (cuStreamWaitValue64)",
+            WaitMode::Auto => "kernel or stream wait, decided per pair of GPUs",
+        }
+    }
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitMode::Kernel => "kernel",
+            WaitMode::Stream => "stream",
+            WaitMode::Auto => "auto",
+        }
+    }
+}
+
+impl clap::ValueEnum for WaitMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            WaitMode::Kernel => {
+                "a kernel spins on the word (the device-API pattern; different GPUs, or MPS)"
+            }
+            WaitMode::Stream => {
+                "cuStreamWaitValue64, then a one-thread kernel: leaves the GPU free while waiting"
+            }
+            WaitMode::Auto => "stream when both processes share a GPU without MPS, else kernel",
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+    }
+}
+
+/// Parameters of the target's wait kernel (`WaitParams`). Iteration `i` of
+/// a round is complete when the signal reaches `base + (i + 1) * step`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WaitParams {
+    /// Remote view of the initiator's ack word.
+    pub ack: MemViewElem,
+    /// Device address of the local signal word.
+    pub signal: u64,
+    /// Device address of a zeroed [`KernelReport`](crate::gpu::kernels::KernelReport).
+    pub report: u64,
+    /// Device address of `iters` u64 slots for the globaltimer at which each
+    /// timed iteration completed, or 0.
+    pub iter_ns: u64,
+    /// Signal value before the round.
+    pub base: u64,
+    /// Signals per iteration.
+    pub step: u64,
+    /// GPU-side timeout, ns.
+    pub timeout_ns: u64,
+    pub warmup: u32,
+    pub iters: u32,
+    /// 1: acknowledge every iteration (ping-pong).
+    pub pong: u32,
+    /// How the acknowledgement travels ([`AckMode`] as u32).
+    pub ack_mode: u32,
+    /// The initiator's ack word before this round (the flag stores
+    /// `ack_base + n` for the round's n-th acknowledgement).
+    pub ack_base: u64,
+    /// LL path: device address of our data buffer, read as 16-byte lines.
+    pub lines: u64,
+    /// LL path: lines per iteration ([`crate::gpu::ll::lines`]).
+    pub line_count: u64,
+    /// LL path: sequence number of the round's first iteration (≥ 1).
+    pub first_seq: u32,
+    pub reserved: u32,
+}
+
+/// How the target acknowledges (`ACK_*` in kernels.cu). An acknowledgement
+/// carries no data, so it needs no release: a bare flag (a relaxed store of
+/// the new count through the peer pointer) is the cheapest answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum AckMode {
+    /// The flag where the transport maps the initiator's memory (cuda_ipc),
+    /// else `nixlAtomicAdd(+1)` (RDMA): the put path, which runs anywhere.
+    FlagOrNixl = 0,
+    /// The flag; the peer pointer must exist (store, LL and flag paths).
+    Flag = 2,
+}
+
+impl AckMode {
+    /// The acknowledgement a round on `path` uses.
+    pub fn of(path: Path) -> Self {
+        match path {
+            Path::Put => AckMode::FlagOrNixl,
+            Path::Store | Path::Ll | Path::Flag => AckMode::Flag,
+        }
+    }
+}
+
+// The layout contract with kernels.cu; a mismatch fails the build.
+const _: () = {
+    assert!(size_of::<WriteParams>() == 184);
+    assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
+    assert!(offset_of!(WriteParams, src_addr) == 152);
+    assert!(offset_of!(WriteParams, signal_base) == 176);
+    assert!(size_of::<WaitParams>() == 120);
+    assert!(offset_of!(WaitParams, ack_base) == 88 && offset_of!(WaitParams, first_seq) == 112);
+};
+
+// SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.
+unsafe impl DeviceRepr for WriteParams {}
+unsafe impl DeviceRepr for WaitParams {}
+
+/// Bytes each of `groups` groups puts so that `size` bytes are covered:
+/// an even split rounded up to 16 bytes, so every slice but the last starts
+/// 16-byte aligned and the put takes its vectorised path.
+pub fn slice_for(size: u64, groups: u64) -> u64 {
+    let even = size.div_ceil(groups.max(1));
+    even.div_ceil(16) * 16
+}
+
+/// Groups that actually receive a slice (each sends one signal per iteration).
+pub fn active_groups(size: u64, slice: u64) -> u64 {
+    size.div_ceil(slice.max(1))
+}
+
+/// Signals per iteration: one per group with data. Contiguous layout
+/// (`chunk` 0): the groups with a slice of [`slice_for`]. Interleaved:
+/// chunks of `chunk` bytes dealt round-robin, so every group with at least
+/// one chunk.
+pub fn signals_per_iter(size: u64, groups: u64, chunk: u64) -> u64 {
+    match chunk {
+        0 => active_groups(size, slice_for(size, groups)),
+        c => groups.min(size.div_ceil(c)),
+    }
+}
+
+/// How the initiator's kernel moves the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Path {
+    /// `nixlPut` + `nixlAtomicAdd`: any UCX device transport, RDMA included.
+    Put,
+    /// `nixlGetPtr` + 16-byte stores + a release add: memory the transport
+    /// maps into the GPU's address space (cuda_ipc: NVLink or PCIe) only.
+    Store,
+    /// `nixlGetPtr` + 16-byte LL lines {data, seq, data, seq} that carry
+    /// their own flag (NCCL's LL protocol): no fence, no signal, half the
+    /// bytes are payload. Needs 8-byte halves to arrive whole: NVLink and
+    /// within one GPU, not PCIe peer writes through switches or RDMA.
+    Ll,
+    /// No data: one relaxed store of a flag, the floor a ping-pong row is
+    /// compared with (`--floor`). Not a `--path` choice.
+    Flag,
+}
+
+impl Path {
+    /// The data paths `--path` offers.
+    pub const ALL: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
+
+    /// Lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Put => "put",
+            Path::Store => "store",
+            Path::Ll => "ll",
+            Path::Flag => "flag",
+        }
+    }
+
+    /// Bytes that cross the link per payload byte: 2 for LL (half of every
+    /// line is its flag), else 1.
+    pub fn wire_factor(self) -> f64 {
+        match self {
+            Path::Ll => 2.0,
+            _ => 1.0,
+        }
+    }
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl clap::ValueEnum for Path {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            Path::Put => "nixlPut + nixlAtomicAdd: any UCX device transport, RDMA included",
+            Path::Store => {
+                "nixlGetPtr + 16-byte stores + a release add: NVLink/PCIe peers (cuda_ipc) only"
+            }
+            Path::Ll => {
+                "nixlGetPtr + 16-byte lines {data, seq, data, seq}, no fence or signal: NVLink only"
+            }
+            Path::Flag => "no data: the bare flag of --floor",
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+    }
+}
+
+/// The launch shape of the one-thread kernels (wait, stamp, ack).
+const ONE_THREAD: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
+/// The kernels loaded into one GPU's context.
+pub struct Kernels {
+    _module: Arc<CudaModule>,
+    /// Write + signal, indexed `[path][level]` (the flag path: one kernel).
+    write: [[CudaFunction; 3]; 4],
+    wait: CudaFunction,
+    ll_wait: CudaFunction,
+    stamp: CudaFunction,
+    ack: CudaFunction,
+}
+
+impl Kernels {
+    /// Loads the embedded fatbin into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, KernelsError> {
+        let module = load(ctx, Fatbin::Kernels)?;
+        let err = |source| KernelsError::Load {
+            gpu: ctx.ordinal(),
+            source,
+        };
+        let f = |name: &str| module.load_function(name).map_err(err);
+        let row = |p: Path| -> Result<[CudaFunction; 3], KernelsError> {
+            Ok([
+                f(Level::Thread.kernel(p))?,
+                f(Level::Warp.kernel(p))?,
+                f(Level::Block.kernel(p))?,
+            ])
+        };
+        Ok(Self {
+            write: [
+                row(Path::Put)?,
+                row(Path::Store)?,
+                row(Path::Ll)?,
+                row(Path::Flag)?,
+            ],
+            wait: f("nixl_wait_signal")?,
+            ll_wait: f("nixl_ll_wait")?,
+            stamp: f("nixl_stamp")?,
+            ack: f("nixl_ack")?,
+            _module: module,
+        })
+    }
+
+    fn write_fn(&self, path: Path, level: Level) -> &CudaFunction {
+        &self.write[path as usize][level as usize]
+    }
+
+    /// The most blocks a write kernel on `gpu` may have: all resident at
+    /// once (they wait on each other through the acknowledgement). Under
+    /// MPS the peer process's wait kernel may share the GPU and must find
+    /// room, or the round stalls until the timeout: one block per SM, and
+    /// one SM left free. Measured on an H200 under MPS: 264×512 at 16 MiB
+    /// (every SM full) and 256×256 at 4 MiB (two blocks on most SMs) both
+    /// stalled; one block per SM with one SM free ran every size from 8 B
+    /// to 1 GiB on both paths (H100 and H200).
+    pub fn grid_limit(
+        &self,
+        gpu: &Gpu,
+        path: Path,
+        level: Level,
+        threads: u32,
+    ) -> Result<u32, DriverError> {
+        let per_sm = self.blocks_per_sm(path, level, threads)?;
+        Ok(if gpu.mps {
+            gpu.sm_count
+                .saturating_sub(1)
+                .max(1)
+                .min(per_sm * gpu.sm_count)
+        } else {
+            per_sm * gpu.sm_count
+        })
+    }
+
+    /// Blocks of `threads` threads one SM holds at once.
+    pub fn blocks_per_sm(
+        &self,
+        path: Path,
+        level: Level,
+        threads: u32,
+    ) -> Result<u32, DriverError> {
+        self.write_fn(path, level)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+    }
+
+    /// Queues the write + signal kernel: `blocks` × `threads`.
+    ///
+    /// # Safety
+    /// The views, ack word and report in `p` must stay valid until the
+    /// kernel completes.
+    pub unsafe fn launch_write(
+        &self,
+        stream: &CudaStream,
+        (path, level): (Path, Level),
+        blocks: u32,
+        threads: u32,
+        p: &WriteParams,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(self.write_fn(path, level));
+        b.arg(p);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    /// Queues the target's wait kernel (one thread).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_write`].
+    pub unsafe fn launch_wait(
+        &self,
+        stream: &CudaStream,
+        p: &WaitParams,
+    ) -> Result<(), DriverError> {
+        let mut b = stream.launch_builder(&self.wait);
+        b.arg(p);
+        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
+    }
+
+    /// Queues the target's LL wait kernel: one block of `threads` threads
+    /// polling the lines (at most 1024).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_write`]; `p.lines` must hold
+    /// `p.line_count` lines.
+    pub unsafe fn launch_ll_wait(
+        &self,
+        stream: &CudaStream,
+        threads: u32,
+        p: &WaitParams,
+    ) -> Result<(), DriverError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (threads.clamp(1, 1024), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&self.ll_wait);
+        b.arg(p);
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+}
+
+impl Kernels {
+    /// Queues `nixl_stamp`: records `%globaltimer` as the report's start
+    /// (`which` 0) or end (1) and the value of the u64 at `word`.
+    ///
+    /// # Safety
+    /// `report` and `word` must be device addresses valid until it runs.
+    pub unsafe fn launch_stamp(
+        &self,
+        stream: &CudaStream,
+        report: u64,
+        word: u64,
+        which: u32,
+    ) -> Result<(), DriverError> {
+        let mut b = stream.launch_builder(&self.stamp);
+        b.arg(&report).arg(&word).arg(&which);
+        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
+    }
+
+    /// Queues `nixl_ack`: `nixlAtomicAdd(1)` on the peer's ack word, stamping
+    /// as [`Kernels::launch_stamp`] (`which` 2: no stamp).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_stamp`]; `ack` must name a live memory view.
+    pub unsafe fn launch_ack(
+        &self,
+        stream: &CudaStream,
+        ack: &MemViewElem,
+        report: u64,
+        signal: u64,
+        which: u32,
+    ) -> Result<(), DriverError> {
+        let mut b = stream.launch_builder(&self.ack);
+        b.arg(ack).arg(&report).arg(&signal).arg(&which);
+        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_buffer_with_aligned_starts() {
+        for size in [1u64, 8, 15, 16, 17, 1000, 1 << 20, (64 << 20) + 3] {
+            for groups in [1u64, 2, 3, 32, 132, 528] {
+                let s = slice_for(size, groups);
+                assert_eq!(s % 16, 0);
+                let active = active_groups(size, s);
+                assert!(active <= groups, "size {size} groups {groups}");
+                assert!(active * s >= size && (active - 1) * s < size);
+            }
+        }
+    }
+}
