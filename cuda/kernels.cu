@@ -49,8 +49,10 @@ struct WriteParams {
     uint64_t chunk;          // 0: each group puts one contiguous slice; else chunks of this many
                              // bytes dealt round-robin to the groups (see Layout below)
     uint64_t signal_base;    // flag path: iteration `iter` stores signal_base + iter + 1
+    uint64_t *phase_cycles;  // nullable; ping-pong: 3 slots per timed iteration (Phases below)
 };
-static_assert(sizeof(WriteParams) == 184, "WriteParams layout is shared with the host");
+static_assert(sizeof(WriteParams) == 192, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, phase_cycles) == 184, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, signal_base) == 176, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, src_addr) == 152, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, ack) == 72, "WriteParams layout is shared with the host");
@@ -208,10 +210,23 @@ __device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
     for (b += lane; b < len; b += n) to[b] = __ldg(from + b);
 }
 
+// Where one ping-pong message's time goes on the initiator (`--breakdown`):
+// clock64 when the data was issued, when the fence before the signal
+// returned and when the signal was issued. Kept by the timing thread only
+// (`on`); a path without a fence or a separate signal stamps them together.
+struct Phases {
+    bool on = false;
+    uint64_t data = 0, fence = 0, signal = 0;
+    __device__ void at_data() { if (on) data = clock64(); }
+    __device__ void at_fence() { if (on) fence = clock64(); }
+    __device__ void at_signal() { if (on) signal = clock64(); }
+    __device__ void at_all() { if (on) data = fence = signal = clock64(); }
+};
+
 // One iteration for one group, put path: nixlPut each of the group's
 // chunks, then fence and signal once.
 template <nixl_gpu_level_t L>
-__device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
+__device__ void put_and_signal(const WriteParams &p, uint32_t iter, Phases &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;  // more groups than data: this one idles
@@ -225,6 +240,7 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
         dst.offset = p.dst.offset + off;
         record_status(p.report, nixlPut<L>(src, dst, min(at.len, at.end - off), channel));
     }
+    ph.at_data();
     // On cuda_ipc a put is plain stores by the calling threads, and the
     // atomic add orders nothing before it (UCX fences *after* the add). So:
     // the group syncs, which orders every member's stores before what each
@@ -233,7 +249,9 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter) {
     // stores it has synchronized with become visible to the peer first.
     G::sync();
     fence_release(gpu_scope(p.flags));
+    ph.at_fence();
     record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
+    ph.at_signal();
 }
 
 // The peer's memory as a pointer in our address space (cuda_ipc maps it),
@@ -248,7 +266,7 @@ __device__ __forceinline__ uint8_t *peer_ptr(const nixlMemViewElem &e) {
 // same signal count as the put path.
 template <nixl_gpu_level_t L>
 __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *dst,
-                                 unsigned long long *signal) {
+                                 unsigned long long *signal, Phases &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;
@@ -256,10 +274,13 @@ __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *d
     for (uint64_t off = at.first; off < at.end; off += at.step) {
         group_copy<L>(dst + off, src + off, min(at.len, at.end - off));
     }
+    ph.at_data();
     // Sync, then one thread's release: cumulative over the stores of every
     // member it synchronized with, so the data is visible before the count.
     G::sync();
+    ph.at_fence();
     if (G::rank() == 0) release_add(reinterpret_cast<uint64_t *>(signal), 1, gpu_scope(p.flags));
+    ph.at_signal();
 }
 
 // An LL line, as NCCL's LL protocol (src/device/prims_ll.h): 16 bytes
@@ -371,11 +392,12 @@ struct Path {
         if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return false;
     }
-    __device__ void iteration(const WriteParams &p, uint32_t iter) const {
-        if (P == PATH_PUT) put_and_signal<L>(p, iter);
-        if (P == PATH_STORE) store_and_signal<L>(p, iter, dst, signal);
+    __device__ void iteration(const WriteParams &p, uint32_t iter, Phases &ph) const {
+        if (P == PATH_PUT) put_and_signal<L>(p, iter, ph);
+        if (P == PATH_STORE) store_and_signal<L>(p, iter, dst, signal, ph);
         if (P == PATH_LL) ll_write<L>(p, iter, reinterpret_cast<uint4 *>(dst));
         if (P == PATH_FLAG) flag_write(p, iter, signal);
+        if (P == PATH_LL || P == PATH_FLAG) ph.at_all();
     }
 };
 
@@ -395,8 +417,9 @@ __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
     uint64_t ack_target = p.ack_base;
+    Phases none;
 
-    for (uint32_t i = 0; i < p.warmup; ++i) path.iteration(p, p.first_iter + i);
+    for (uint32_t i = 0; i < p.warmup; ++i) path.iteration(p, p.first_iter + i, none);
     if (p.iters == 0) return;  // host-sequenced warm-up launch
     if (p.warmup > 0 && spin) {
         // The target acknowledges once every group's warm-up signals have
@@ -404,7 +427,7 @@ __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint
         if (!block_wait_ack(p, ++ack_target, deadline)) return;
     }
     if (timer) p.report->t_start_ns = globaltimer_ns();
-    for (uint32_t i = 0; i < p.iters; ++i) path.iteration(p, p.first_iter + p.warmup + i);
+    for (uint32_t i = 0; i < p.iters; ++i) path.iteration(p, p.first_iter + p.warmup + i, none);
     // Bandwidth stops when the receiver has everything, which we learn from
     // its acknowledgement (one extra one-way signal latency, see the guide).
     // Host-sequenced: a stream wait and nixl_stamp take that role.
@@ -442,16 +465,24 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
+    Phases ph;
+    ph.on = timer && p.phase_cycles != nullptr;
     for (uint32_t i = 0; i < total; ++i) {
         if (i == p.warmup && timer) {
             p.report->t_start_ns = globaltimer_ns();
             c_start = clock64();
         }
         const uint64_t c0 = clock64();
-        path.iteration(p, p.first_iter + i);
+        path.iteration(p, p.first_iter + i, ph);
         if (!each_wait_ack(p, p.ack_base + i + 1, deadline)) return;
         const uint64_t c1 = clock64();
         if (timer && i >= p.warmup) p.iter_cycles[i - p.warmup] = c1 - c0;
+        if (ph.on && i >= p.warmup) {
+            uint64_t *at = p.phase_cycles + 3 * uint64_t(i - p.warmup);
+            at[0] = ph.data - c0;
+            at[1] = ph.fence - c0;
+            at[2] = ph.signal - c0;
+        }
     }
     if (timer) {
         p.report->observed = p.ack_base + total;

@@ -50,6 +50,11 @@ def bandwidth(ax, ratio_ax, rows, title):
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLE[path], marker="o", ms=3,
                     label=f"{level}, {NAME[path]}")
+            # Hollow rings: the row's working set fits in L2 (a cache rate, not HBM's).
+            cached = sorted((r["size_bytes"], r["gb_per_s"]) for r in rows
+                            if r["level"] == level and r.get("path", "put") == path and r.get("l2_resident"))
+            if cached:
+                ax.plot(*zip(*cached), linestyle="none", marker="o", ms=7, mfc="none", mec="grey")
             rp = [(p[0], p[2]) for p in pts if p[2]]
             if rp and level == "block":
                 ratio_ax.plot(*zip(*rp), STYLE[path], marker="o", ms=3, label=f"block, {path}")
@@ -57,7 +62,8 @@ def bandwidth(ax, ratio_ax, rows, title):
         pts = sorted({(r["size_bytes"], r["baselines"][key]) for r in rows if r["baselines"].get(key)})
         if pts:
             ax.plot(*zip(*pts), linestyle="--", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="bytes per iteration", ylabel="GB/s (1e9 B/s)", title="bandwidth, " + title)
+    ax.set(xscale="log", yscale="log", xlabel="bytes per iteration (ringed: fits in L2)", ylabel="GB/s (1e9 B/s)",
+           title="bandwidth, " + title)
     ratio_ax.axhline(1.0, color="grey", lw=0.8)
     ratio_ax.set(xscale="log", xlabel="bytes per iteration", ylabel="put / best baseline", title="ratio, " + title)
     for a in (ax, ratio_ax):

@@ -54,6 +54,10 @@ fn rust_and_cuda_assert_the_same_layout() {
             "offsetof(WriteParams, signal_base) == {}",
             offset_of!(WriteParams, signal_base)
         ),
+        format!(
+            "offsetof(WriteParams, phase_cycles) == {}",
+            offset_of!(WriteParams, phase_cycles)
+        ),
         format!("sizeof(WaitParams) == {}", size_of::<WaitParams>()),
         format!(
             "offsetof(WaitParams, ack_base) == {}",

@@ -32,7 +32,7 @@ use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target_role};
 use nixl_examples::store::{self, StoreError, StoreOptions};
 use nixl_examples::{interrupt, logging, say};
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -125,6 +125,13 @@ struct Args {
     /// No floor row (see --floor).
     #[arg(long, overrides_with = "floor")]
     no_floor: bool,
+
+    /// With --pingpong: also show where each round trip's time goes on the
+    /// initiator (its SM clock, p50 ns): the message's data issued, the
+    /// fence, the signal (nixlAtomicAdd on the put path), then the wait for
+    /// the acknowledgement. Costs a few clock reads per round trip.
+    #[arg(long)]
+    breakdown: bool,
 
     /// Timed iterations per round [default: about a quarter second of data at
     /// each level's typical rate, 1..1000; 1000 round trips in --pingpong].
@@ -326,6 +333,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
         fence: args.fence_scope,
+        breakdown: args.breakdown,
     };
     // The floor round runs first, so each later line can show its ratio.
     let mut floor_ns = None;
@@ -339,7 +347,13 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
     let out = initiator_role::run(&cfg, &member, &mut print_round)?;
     let mut rows: Vec<Row> = out.rounds.iter().map(Row::of).collect();
     report::apply_floor(&mut rows);
+    report::mark_cache(&mut rows, out.initiator_gpu.l2_bytes, out.same_gpu);
     say!("\n{}", report::table(&rows));
+    if args.breakdown && out.wait == WaitMode::Stream {
+        warn!(
+            "--breakdown: nothing to split, the initiator waited with --wait stream (auto chose it); pass --wait kernel"
+        );
+    }
     let info = RunInfo::of(&out);
     if let Some(path) = &args.json {
         report::write_json(path, &info, &rows)?;
@@ -585,6 +599,13 @@ fn check_grid_args(args: &Args) -> Result<()> {
                  must be a multiple of 32"
             )));
         }
+    }
+    if args.breakdown && (!args.pingpong || args.wait == WaitMode::Stream) {
+        return Err(usage(
+            "--breakdown splits a ping-pong kernel's round trips: it needs --pingpong, and --wait kernel (the \
+             default; with --wait stream the host times each launch)"
+                .into(),
+        ));
     }
     if args.pingpong && args.blocks.is_some_and(|b| b > 1) {
         return Err(usage(

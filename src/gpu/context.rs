@@ -66,6 +66,9 @@ pub struct GpuInfo {
     /// Whether the process's context on it is an MPS client.
     #[serde(default)]
     pub mps: bool,
+    /// Its L2 cache, bytes (0: not reported).
+    #[serde(default)]
+    pub l2_bytes: u64,
 }
 
 /// A GPU UUID as 32 lowercase hex digits.
@@ -104,6 +107,8 @@ pub struct Gpu {
     pub name: String,
     /// Streaming multiprocessors; the ceiling on co-resident blocks.
     pub sm_count: u32,
+    /// L2 cache size, bytes.
+    pub l2_bytes: u64,
     /// Whether this context is an MPS client: other processes' kernels
     /// then run on this GPU at the same time as ours (without MPS the GPU
     /// time-slices between processes).
@@ -137,12 +142,16 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED)
             .map_err(drv("asking whether MPS is on"))?
             != 0;
+        let l2_bytes = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .map_err(drv("reading the L2 cache size"))? as u64;
         Ok(Self {
             ctx,
             stream,
             ordinal,
             name,
             sm_count,
+            l2_bytes,
             mps,
         })
     }
@@ -183,6 +192,7 @@ impl Gpu {
             name: self.name.clone(),
             uuid: uuid_string(&uuid),
             mps: self.mps,
+            l2_bytes: self.l2_bytes,
         })
     }
 

@@ -153,6 +153,12 @@ pub struct WriteParams {
     /// Flag path: iteration `i` (global index) stores `signal_base + i + 1`
     /// into the target's signal (wrapping arithmetic).
     pub signal_base: u64,
+    /// Ping-pong with `--breakdown`: device address of `3 × iters` u64
+    /// slots, per timed iteration the SM cycles from the message's first
+    /// instruction to its data issued, its fence returned and its signal
+    /// issued ([`crate::simple_write::initiator_role::rounds::Breakdown`]);
+    /// 0: not recorded.
+    pub phase_cycles: u64,
 }
 
 /// Wait for the target's acknowledgement after every iteration (latency).
@@ -343,7 +349,8 @@ impl AckMode {
 
 // The layout contract with kernels.cu; a mismatch fails the build.
 const _: () = {
-    assert!(size_of::<WriteParams>() == 184);
+    assert!(size_of::<WriteParams>() == 192);
+    assert!(offset_of!(WriteParams, phase_cycles) == 184);
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
     assert!(offset_of!(WriteParams, src_addr) == 152);
     assert!(offset_of!(WriteParams, signal_base) == 176);

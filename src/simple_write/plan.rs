@@ -318,6 +318,7 @@ mod tests {
                 name: String::new(),
                 uuid: String::new(),
                 mps: false,
+                l2_bytes: 0,
             },
             rounds: vec![round(Path::Put, 1 << 20), round(Path::Ll, 1 << 20)],
         };

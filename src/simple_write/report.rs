@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::baseline::Baselines;
 use super::initiator_role::RunResult;
-use super::initiator_role::rounds::RoundResult;
+use super::initiator_role::rounds::{Breakdown, RoundResult};
 use super::protocol::Verdict;
 use crate::cli::fmt_bytes;
 use crate::gpu::GpuInfo;
@@ -54,11 +54,20 @@ pub struct Row {
     /// Ping-pong: half round trip p50 over the same run's floor row's (a
     /// bare flag between the same processes; see [`apply_floor`]).
     pub floor_ratio: Option<f64>,
+    /// Ping-pong with `--breakdown`: where the round trips' time went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<Breakdown>,
     /// CUDA-event time of the whole kernel, warm-up and launch included, µs.
     pub kernel_event_us: f64,
     pub baselines: Baselines,
     /// `gb_per_s` over the best same-run baseline.
     pub ratio: Option<f64>,
+    /// Bandwidth rows: bytes every iteration touches on the busiest GPU
+    /// (see [`mark_cache`]).
+    pub working_set_bytes: Option<u64>,
+    /// Bandwidth rows: whether that working set fits in the GPU's L2 cache,
+    /// so the rate is the cache's rather than HBM's ([`mark_cache`]).
+    pub l2_resident: Option<bool>,
     pub verified: bool,
     /// The target's verdict, verbatim.
     pub verdict: String,
@@ -101,10 +110,13 @@ impl Row {
             recv,
             half_rtt: r.rtt.map(|s| s.scaled(0.5)),
             floor_ratio: None,
+            breakdown: r.breakdown,
             rtt: r.rtt,
             kernel_event_us: r.event_us,
             baselines,
             ratio,
+            working_set_bytes: None,
+            l2_resident: None,
             verified: r.verdict.ok(),
             verdict: r.verdict_text(),
         }
@@ -175,6 +187,22 @@ impl Row {
     }
 }
 
+/// Marks the bandwidth rows whose working set fits in L2. Every iteration
+/// rewrites the same bytes (two alternating sources, one destination), so
+/// once they fit in the L2 cache the rate measured is the cache's, and a
+/// ratio to a copy engine that pays its per-copy setup says little. The
+/// working set is all three (3 × size) when both processes use one GPU,
+/// else the two sources on the initiator's GPU (2 × size). `l2` is that
+/// GPU's L2 in bytes (0: unknown, rows stay unmarked).
+pub fn mark_cache(rows: &mut [Row], l2: u64, same_gpu: bool) {
+    let copies = if same_gpu { 3 } else { 2 };
+    for r in rows.iter_mut().filter(|r| r.mode == "bandwidth") {
+        let set = r.size_bytes.saturating_mul(copies);
+        r.working_set_bytes = Some(set);
+        r.l2_resident = (l2 > 0).then_some(set <= l2);
+    }
+}
+
 /// Sets every ping-pong row's ratio to the run's floor row (the first row
 /// on the flag path), if the run measured one.
 pub fn apply_floor(rows: &mut [Row]) {
@@ -240,7 +268,7 @@ const ROUND: [Column; 4] = [
     ("grid", |r| format!("{}x{}", r.blocks, r.threads)),
 ];
 
-const BANDWIDTH: [Column; 9] = [
+const BANDWIDTH: [Column; 10] = [
     ("iters", |r| r.iters.to_string()),
     ("p50 µs", |r| us(r.recv.map(|s| s.p50_ns))),
     ("p99 µs", |r| us(r.recv.map(|s| s.p99_ns))),
@@ -249,6 +277,14 @@ const BANDWIDTH: [Column; 9] = [
     ("CE GB/s", |r| opt(r.baselines.copy_engine_gbps, 1.0, 1)),
     ("NIXL GB/s", |r| opt(r.baselines.nixl_write_gbps, 1.0, 1)),
     ("ratio", |r| opt(r.ratio, 1.0, 3)),
+    ("from", |r| {
+        match r.l2_resident {
+            Some(true) => "L2",
+            Some(false) => "HBM",
+            None => "-",
+        }
+        .into()
+    }),
     ("ok", |r| if r.verified { "✓" } else { "✗" }.into()),
 ];
 
@@ -261,6 +297,20 @@ const PINGPONG: [Column; 8] = [
     ("half p99", |r| us(r.half_rtt.map(|s| s.p99_ns))),
     ("half min", |r| us(r.half_rtt.map(|s| s.min_ns))),
     ("ok", |r| if r.verified { "✓" } else { "✗" }.into()),
+];
+
+const BREAKDOWN: [Column; 6] = [
+    ("data ns", |r| opt(r.breakdown.map(|b| b.data_ns), 1.0, 0)),
+    ("fence ns", |r| opt(r.breakdown.map(|b| b.fence_ns), 1.0, 0)),
+    ("signal ns", |r| {
+        opt(r.breakdown.map(|b| b.signal_ns), 1.0, 0)
+    }),
+    ("ack ns", |r| opt(r.breakdown.map(|b| b.ack_ns), 1.0, 0)),
+    ("RTT p50 ns", |r| opt(r.rtt.map(|s| s.p50_ns), 1.0, 0)),
+    ("send share", |r| {
+        let send = r.breakdown.map(|b| b.data_ns + b.fence_ns + b.signal_ns);
+        opt(send.zip(r.rtt).map(|(s, rtt)| s / rtt.p50_ns), 1.0, 2)
+    }),
 ];
 
 /// Right-aligned columns, 10 wide (wider where a cell needs it).
@@ -303,6 +353,14 @@ pub fn table(rows: &[Row]) -> String {
             out.push('\n');
         }
         render(&mut out, &[&ROUND[..], &PINGPONG[..]].concat(), &pp);
+    }
+    let split: Vec<&Row> = pp.into_iter().filter(|r| r.breakdown.is_some()).collect();
+    if !split.is_empty() {
+        out.push_str(
+            "\nwhere a round trip goes (--breakdown; the initiator's SM clock, p50 of each phase; send share: \
+             data + fence + signal over the round trip)\n",
+        );
+        render(&mut out, &[&ROUND[..3], &BREAKDOWN[..]].concat(), &split);
     }
     out
 }
@@ -350,9 +408,12 @@ mod tests {
             rtt: s,
             half_rtt: s,
             floor_ratio: None,
+            breakdown: None,
             kernel_event_us: 0.0,
             baselines: Baselines::default(),
             ratio: None,
+            working_set_bytes: None,
+            l2_resident: None,
             verified: true,
             verdict: String::new(),
         }
@@ -373,5 +434,54 @@ mod tests {
         let mut rows = vec![row("ll", Some(450.0))];
         apply_floor(&mut rows);
         assert_eq!(rows[0].floor_ratio, None);
+    }
+
+    #[test]
+    fn a_breakdown_gets_its_own_table_whose_phases_sum_to_the_send_share() {
+        let mut r = row("put", Some(1000.0));
+        r.breakdown = Some(Breakdown {
+            data_ns: 300.0,
+            fence_ns: 100.0,
+            signal_ns: 600.0,
+            ack_ns: 0.0,
+        });
+        let t = table(&[row("flag", Some(300.0)), r]);
+        let split = t
+            .split("where a round trip goes")
+            .nth(1)
+            .expect("a breakdown table");
+        let line = split.lines().find(|l| l.contains("put")).unwrap();
+        // The helper's RTT p50 is 1000 ns; data + fence + signal = 1000 ns.
+        assert!(line.trim_end().ends_with("1.00"), "{line}");
+        assert!(
+            !split.contains("flag"),
+            "rows without a breakdown stay out:\n{split}"
+        );
+    }
+
+    #[test]
+    fn bandwidth_rows_whose_working_set_fits_in_l2_are_marked() {
+        let mib = |n: u64| n << 20;
+        let mut rows: Vec<Row> = [mib(1), mib(16), mib(17), mib(64)]
+            .into_iter()
+            .map(|size| Row {
+                size_bytes: size,
+                ..row("store", None)
+            })
+            .collect();
+        rows.push(row("ll", Some(500.0)));
+        mark_cache(&mut rows, mib(50), true);
+        let marks: Vec<Option<bool>> = rows.iter().map(|r| r.l2_resident).collect();
+        assert_eq!(
+            marks,
+            [Some(true), Some(true), Some(false), Some(false), None]
+        );
+        assert!(table(&rows).contains("HBM"));
+        mark_cache(&mut rows, mib(50), false);
+        assert_eq!(
+            rows[2].l2_resident,
+            Some(true),
+            "across GPUs only the sources share an L2"
+        );
     }
 }

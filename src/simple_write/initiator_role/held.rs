@@ -32,6 +32,8 @@ pub(crate) struct Held {
     pub wait: WaitMode,
     /// The release's scope (resolved: never `Auto`).
     pub fence: FenceScope,
+    /// Ping-pong rounds record [`super::rounds::Breakdown`].
+    pub breakdown: bool,
     pub timeout: Duration,
 }
 

@@ -56,6 +56,9 @@ pub struct InitiatorConfig {
     pub corrupt: bool,
     /// Scope of the release between data and signal (put and store paths).
     pub fence: FenceScope,
+    /// Ping-pong: also record where each round trip's time goes on the
+    /// initiator ([`rounds::Breakdown`]).
+    pub breakdown: bool,
 }
 
 /// What a run measured, for the report.
@@ -263,6 +266,7 @@ fn connect(local: Local, cfg: &InitiatorConfig, member: &Member) -> Result<Held>
         target_data: data,
         wait,
         fence,
+        breakdown: cfg.breakdown,
         timeout: cfg.timeout,
     })
 }

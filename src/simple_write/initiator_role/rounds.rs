@@ -4,6 +4,7 @@
 
 use anyhow::{Context as _, Result, bail};
 use cudarc::driver::CudaStream;
+use serde::Serialize;
 use tracing::info;
 
 use super::held::Held;
@@ -36,9 +37,53 @@ pub struct RoundResult {
     pub event_us: f64,
     /// Ping-pong: each round trip, ns.
     pub rtt: Option<Summary>,
+    /// Ping-pong with `--breakdown`: where the round trips' time went.
+    pub breakdown: Option<Breakdown>,
     pub verdict: Verdict,
     /// The same size's baselines, when measured.
     pub baselines: Option<Baselines>,
+}
+
+/// Where the initiator's time goes within a ping-pong round trip
+/// (`--breakdown`): p50 over the timed round trips, ns, on the initiator's
+/// SM clock, each phase from the end of the one before. The same two clock
+/// reads as the round trip bound it, so the four add up to about its p50.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// From the message's first instruction to its data issued: nixlPut's
+    /// return on the put path, the stores or LL lines issued on the others
+    /// (a source load included).
+    pub data_ns: f64,
+    /// The release before the signal: put path, the group's barrier and the
+    /// fence; store path, the group's barrier; LL and flag: nothing.
+    pub fence_ns: f64,
+    /// Issuing the signal: put path, nixlAtomicAdd (NIXL's, which waits for
+    /// its result); store path, one posted release add; LL and flag:
+    /// nothing (the lines and the flag are the signal).
+    pub signal_ns: f64,
+    /// From then until the acknowledgement is seen: the flight to the
+    /// target, its reply and the flight back.
+    pub ack_ns: f64,
+}
+
+impl Breakdown {
+    /// From `3 × n` phase stamps (cycles from each iteration's start) and
+    /// the `n` round trips (cycles), at `ns_per_cycle`.
+    fn of(phases: &[u64], rtt_cycles: &[u64], ns_per_cycle: f64) -> Self {
+        let p50 = |f: &dyn Fn(usize) -> u64| {
+            let v: Vec<f64> = (0..rtt_cycles.len())
+                .map(|i| f(i) as f64 * ns_per_cycle)
+                .collect();
+            Summary::of(&v).p50_ns
+        };
+        let at = |i: usize, k: usize| phases[3 * i + k];
+        Self {
+            data_ns: p50(&|i| at(i, 0)),
+            fence_ns: p50(&|i| at(i, 1).saturating_sub(at(i, 0))),
+            signal_ns: p50(&|i| at(i, 2).saturating_sub(at(i, 1))),
+            ack_ns: p50(&|i| rtt_cycles[i].saturating_sub(at(i, 2))),
+        }
+    }
 }
 
 impl RoundResult {
@@ -80,7 +125,7 @@ pub(super) fn run_all(
             first_iter,
             signal_base,
         };
-        let (report, event_us, rtt) = launch.run(member)?;
+        let m = launch.run(member)?;
         ack_base += round.acks();
         first_iter += round.warmup + round.iters;
         signal_base += round.signals_per_iter() * (round.warmup + round.iters) as u64;
@@ -88,9 +133,10 @@ pub(super) fn run_all(
         let result = RoundResult {
             index,
             round: round.clone(),
-            gpu_ns: report.t_end_ns.saturating_sub(report.t_start_ns),
-            event_us,
-            rtt,
+            gpu_ns: m.report.t_end_ns.saturating_sub(m.report.t_start_ns),
+            event_us: m.event_us,
+            rtt: m.rtt,
+            breakdown: m.breakdown,
             verdict,
             baselines,
         };
@@ -161,17 +207,33 @@ struct Launch<'a> {
     signal_base: u64,
 }
 
+/// What one launch measured.
+struct Measured {
+    report: KernelReport,
+    /// CUDA-event time of the round, µs.
+    event_us: f64,
+    rtt: Option<Summary>,
+    breakdown: Option<Breakdown>,
+}
+
 impl Launch<'_> {
-    /// Launches the round and waits for it; returns the report, the event
-    /// time (µs) and, for ping-pong, the round trips.
-    fn run(&self, member: &Member) -> Result<(KernelReport, f64, Option<Summary>)> {
+    /// Launches the round and waits for it.
+    fn run(&self, member: &Member) -> Result<Measured> {
         let (held, round) = (self.held, self.round);
         let stream_mode = held.wait == WaitMode::Stream;
         let stamps = match self.stamp_slots(stream_mode) {
             0 => None,
             n => Some(DeviceBuffer::zeroed(&held.gpu.ctx, n * 8)?),
         };
-        let params = self.params(stamps.as_ref());
+        let phases = match held.breakdown && round.pingpong && !stream_mode {
+            true => Some(DeviceBuffer::zeroed(
+                &held.gpu.ctx,
+                round.iters as usize * 3 * 8,
+            )?),
+            false => None,
+        };
+        let mut params = self.params(stamps.as_ref());
+        params.phase_cycles = phases.as_ref().map_or(0, DeviceBuffer::addr);
         let finished = run_watched(
             &held.gpu,
             &held.mem.report,
@@ -195,11 +257,19 @@ impl Launch<'_> {
             || member.probe(),
         )?;
         let mut report = self.check(&finished)?;
-        let rtt = match &stamps {
-            None => None,
-            Some(st) => Some(self.round_trips(st, stream_mode, &mut report)?),
+        let (rtt, breakdown) = match &stamps {
+            None => (None, None),
+            Some(st) => {
+                let (rtt, b) = self.round_trips(st, phases.as_ref(), stream_mode, &mut report)?;
+                (Some(rtt), b)
+            }
         };
-        Ok((report, finished.event_us, rtt))
+        Ok(Measured {
+            report,
+            event_us: finished.event_us,
+            rtt,
+            breakdown,
+        })
     }
 
     /// Ping-pong slots: kernel mode keeps cycles per round trip (+2 for
@@ -305,40 +375,75 @@ impl Launch<'_> {
         Ok(r)
     }
 
-    /// Ping-pong round trips, ns. Stream mode: each launch starts when the
-    /// previous acknowledgement arrived. Kernel mode: SM cycle counts,
-    /// calibrated by the globaltimer span of the same iterations (SM clocks
-    /// move with boost).
+    /// Ping-pong round trips, ns, and with `phases` their breakdown.
+    /// Stream mode: each launch starts when the previous acknowledgement
+    /// arrived. Kernel mode: SM cycle counts, calibrated by the globaltimer
+    /// span of the same iterations (SM clocks move with boost).
     fn round_trips(
         &self,
         stamps: &DeviceBuffer,
+        phases: Option<&DeviceBuffer>,
         stream_mode: bool,
         r: &mut KernelReport,
-    ) -> Result<Summary> {
-        let slots = stamps.len() / 8;
-        let mut raw = vec![0u8; stamps.len()];
-        stamps.download(&self.held.gpu.stream, &mut raw)?;
-        let w = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
-        let rtts: Vec<f64> = if stream_mode {
+    ) -> Result<(Summary, Option<Breakdown>)> {
+        let w = self.download_u64(stamps)?;
+        if stream_mode {
             let first = self.round.warmup as usize;
-            r.t_start_ns = w(first);
-            (first..slots)
+            r.t_start_ns = w[first];
+            let rtts: Vec<f64> = (first..w.len())
                 .map(|i| {
-                    let next = if i + 1 < slots { w(i + 1) } else { r.t_end_ns };
-                    next.saturating_sub(w(i)) as f64
+                    w.get(i + 1)
+                        .copied()
+                        .unwrap_or(r.t_end_ns)
+                        .saturating_sub(w[i]) as f64
                 })
-                .collect()
-        } else {
-            let n = self.round.iters as usize;
-            let k = ns_per_cycle([Span {
-                clock_start: w(n),
-                clock_end: w(n + 1),
-                gt_start: r.t_start_ns,
-                gt_end: r.t_end_ns,
-            }])
-            .context("the ping-pong kernel's timing")?;
-            (0..n).map(|i| w(i) as f64 * k).collect()
+                .collect();
+            return Ok((Summary::of(&rtts), None));
+        }
+        let n = self.round.iters as usize;
+        let k = ns_per_cycle([Span {
+            clock_start: w[n],
+            clock_end: w[n + 1],
+            gt_start: r.t_start_ns,
+            gt_end: r.t_end_ns,
+        }])
+        .context("the ping-pong kernel's timing")?;
+        let rtts: Vec<f64> = w[..n].iter().map(|&c| c as f64 * k).collect();
+        let breakdown = match phases {
+            Some(ph) => Some(Breakdown::of(&self.download_u64(ph)?, &w[..n], k)),
+            None => None,
         };
-        Ok(Summary::of(&rtts))
+        Ok((Summary::of(&rtts), breakdown))
+    }
+
+    /// A device buffer of little-endian u64s.
+    fn download_u64(&self, buf: &DeviceBuffer) -> Result<Vec<u64>> {
+        let mut raw = vec![0u8; buf.len()];
+        buf.download(&self.held.gpu.stream, &mut raw)?;
+        Ok(raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Breakdown;
+
+    #[test]
+    fn a_breakdown_splits_each_round_trip_into_phases_that_add_up() {
+        // Three round trips at 2 ns a cycle; the middle one is each p50.
+        let phases = [10, 15, 40, 12, 16, 50, 14, 17, 60];
+        let b = Breakdown::of(&phases, &[100, 110, 120], 2.0);
+        let want = Breakdown {
+            data_ns: 24.0,
+            fence_ns: 8.0,
+            signal_ns: 68.0,
+            ack_ns: 120.0,
+        };
+        assert_eq!(b, want);
+        let sum = b.data_ns + b.fence_ns + b.signal_ns + b.ack_ns;
+        assert_eq!(sum, 220.0, "the middle round trip, 110 cycles");
     }
 }
