@@ -6,13 +6,13 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, PushKernelArg,
 };
 
 use super::layout::{MAX_RANKS, THREADS};
 use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::kernels::KernelReport;
+use crate::gpu::launch::{self, grid};
 
 /// `CollParams`: one call of one collective. Offsets are bytes into the
 /// rank's window ([`super::layout::WindowLayout`]).
@@ -258,14 +258,8 @@ impl CollKernels {
         blocks: u32,
         p: &CollParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(&self.run);
-        b.arg(p);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        // SAFETY: as this function's contract; `CollParams` is `coll_run`'s.
+        unsafe { launch::launch(s, &self.run, (blocks, THREADS), p) }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.
@@ -278,14 +272,9 @@ impl CollKernels {
         check: bool,
         d: &CollData,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (128, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(if check { &self.check } else { &self.fill });
-        b.arg(d);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        let f = if check { &self.check } else { &self.fill };
+        // SAFETY: as this function's contract; `CollData` is their parameter.
+        unsafe { launch::launch(s, f, (128, 256), d) }
     }
 
     /// Queues `coll_probe_ptrs`: `out[d]` = `nixlGetPtr(remote, d)`.
@@ -319,12 +308,7 @@ unsafe fn launch_ptr_probe(
     rank: u32,
     out: u64,
 ) -> Result<(), DriverError> {
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (64, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let mut b = stream.launch_builder(f);
     b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
-    unsafe { b.launch(cfg) }.map(|_| ())
+    unsafe { b.launch(grid(1, 64)) }.map(|_| ())
 }

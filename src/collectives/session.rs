@@ -33,7 +33,7 @@ use crate::gpu::{DeviceBuffer, Gpu};
 use crate::group::AgentMetadata;
 use crate::nixl::agent::{UcxAgent, create_ucx_agent};
 use crate::nixl::serdes::{DescList, MemType};
-use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
+use crate::nixl::view::{Views, load_peer, prep_local, prep_remote_ranks};
 use crate::ranks::nccl::NcclStatus;
 use crate::ranks::sm_share::{RankGpu, sm_share};
 
@@ -254,9 +254,8 @@ impl Session {
         })
     }
 
-    fn views(&self) -> (u64, u64) {
-        let local = self.local.as_ref().map_or(0, |v| v.as_ptr() as u64);
-        (local, self.remote.as_ref().map_or(0, |v| v.as_ptr() as u64))
+    fn views(&self) -> Views {
+        Views::of(self.local.as_ref(), self.remote.as_ref())
     }
 
     /// The store path needs every peer's window mapped into ours; every rank
@@ -373,12 +372,12 @@ impl Session {
 
     /// The call's kernel parameters.
     fn params(&self, ctx: &Context, case: &Case, call: u64) -> CollParams {
-        let (local, remote) = self.views();
+        let views = self.views();
         let v = self.view.get();
         let (off_in, off_out) = self.layout.in_out(case, v.me, call);
         CollParams {
-            local_mvh: local,
-            remote_mvh: remote,
+            local_mvh: views.local,
+            remote_mvh: views.remote,
             window: self.window.addr(),
             report: self.report.addr(),
             sent: self.sent.addr(),
