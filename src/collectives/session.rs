@@ -3,8 +3,9 @@
 //! sweep with its checks, NCCL's same calls, and a teardown in which nobody
 //! frees memory a peer still maps.
 //!
-//! A case is `warmup` checked calls (`fill → coll_run → check`) then
-//! `iters` timed ones back to back (`event → coll_run → event`), queued on
+//! A case is `warmup` checked calls (`fill → run → check`, run: the
+//! operation's kernel entry for the case's algorithm) then `iters` timed
+//! ones back to back (`event → run → event`), queued on
 //! the rank's stream and watched as one by
 //! [`crate::gpu::run::run_watched`] (the host polls, asks the store whether
 //! a rank gave up, and cancels the kernels if one did). The run-wide call
@@ -18,12 +19,13 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result, sys};
 use nixl_sys::{MemView, RegistrationHandle};
 use serde::{Deserialize, Serialize};
 
+use super::case::Case;
 use super::kernels::{
     CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, phases,
 };
-use super::layout::{Algo, Case, MAX_BLOCKS, MAX_RANKS, WindowLayout};
+use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout};
 use super::member::Group;
-use super::nccl::{self, Comm};
+use super::nccl::{self, Comm, NcclCall};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
@@ -374,7 +376,8 @@ impl Session {
     fn params(&self, ctx: &Context, case: &Case, call: u64) -> CollParams {
         let views = self.views();
         let v = self.view.get();
-        let (off_in, off_out) = self.layout.in_out(case, v.me, call);
+        let (off_in, off_out) = case.in_out(&self.layout, v.me, call);
+        let (off_recv, recv_stride) = self.layout.recv_area(case.algo, call);
         CollParams {
             local_mvh: views.local,
             remote_mvh: views.remote,
@@ -386,20 +389,14 @@ impl Session {
             off_flags: self.layout.flags,
             off_in,
             off_out,
-            off_recv: match case.algo {
-                Algo::Ll => self.layout.ll[(call % 2) as usize],
-                _ => self.layout.recv[(call % 2) as usize],
-            },
-            recv_stride: match case.algo {
-                Algo::Ll => self.layout.ll_stride,
-                _ => self.layout.recv_stride,
-            },
+            off_recv,
+            recv_stride,
             count: case.count,
             epoch: call + 1,
             timeout_ns: ctx.cfg.timeout_ns,
             rank: v.me,
             ranks: v.ranks,
-            op: case.op.code(),
+            op: case.op.spec().code(),
             algo: case.algo.code(),
             path: case.path.code(),
             dtype: case.dtype.code(),
@@ -428,7 +425,7 @@ impl Session {
                 _ => self.report.addr(),
             },
             members: v.members,
-            op: case.op.code(),
+            op: case.op.spec().code(),
             dtype: case.dtype.code(),
             call: call as u32,
             random: u32::from(ctx.cfg.data == DataMode::Random),
@@ -473,7 +470,9 @@ impl Session {
         // SAFETY: every address belongs to this session, which outlives the
         // work (run_watched waits for it).
         let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, k: u64| unsafe {
-            Ok(ctx.kernels.launch_run(s, blocks, &data(id + k, id).0)?)
+            Ok(ctx
+                .kernels
+                .launch_run(s, case, blocks, &data(id + k, id).0)?)
         })?;
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as above.
@@ -481,7 +480,7 @@ impl Session {
                 for c in first..id {
                     let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    ctx.kernels.launch_run(s, blocks, &p)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p)?;
                     self.maybe_corrupt(ctx, s, d.output, c - first)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                     checks += 1;
@@ -489,7 +488,9 @@ impl Session {
                 ctx.kernels.launch_data(s, false, &data(id, id).1)?;
                 let gate = self.close_gate(s)?;
                 timed.queue(s, &|s: &CudaStream, k: u64| {
-                    Ok(ctx.kernels.launch_run(s, blocks, &data(id + k, id).0)?)
+                    Ok(ctx
+                        .kernels
+                        .launch_run(s, case, blocks, &data(id + k, id).0)?)
                 })?;
                 let end = id + iters + 2;
                 for c in end - 2..end {
@@ -571,7 +572,8 @@ impl Session {
         let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), warm);
         // SAFETY: both buffers hold the largest call; they outlive the work.
         let call = |s: &CudaStream, d: &CollData| unsafe {
-            nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output)
+            let c = NcclCall::new(comm, s, (case.dtype, case.count), (d.input, d.output));
+            case.op.spec().nccl(&c)
         };
         let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
         let queue = |s: &CudaStream| -> Result<()> {
@@ -794,9 +796,9 @@ pub struct StepOutcome {
 
 impl Session {
     /// One step of an elastic run over [`Session::view`]: `calls` calls of
-    /// `case` from call number `first`, each `fill → coll_run → check` with
+    /// `case` from call number `first`, each `fill → run → check` with
     /// its own inputs and every output element compared, timed by events
-    /// around `coll_run`. A wait past the fault timeout abandons the step
+    /// around the run. A wait past the fault timeout abandons the step
     /// on every member (the calls left return at once, their checks count
     /// them lost); that is not an error. Errors: a wait past `--timeout`,
     /// a failed NIXL call, an unmapped peer, a wrong element (exit 3).
@@ -828,7 +830,7 @@ impl Session {
                 unsafe {
                     ctx.kernels.launch_data(s, false, &d)?;
                     a.record(s)?;
-                    ctx.kernels.launch_run(s, blocks, &p)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p)?;
                     b.record(s)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                 }
