@@ -85,7 +85,7 @@ struct Args {
     stepfactor: u64,
 
     /// Operations to run (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::ALL.to_vec())]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::all().to_vec())]
     op: Vec<Op>,
 
     /// Allreduce algorithm: one-shot, two-shot, ll, auto (by size), or all

@@ -246,7 +246,7 @@ mod tests {
     fn cfg() -> RunConfig {
         RunConfig {
             ranks: 3,
-            ops: Op::ALL.to_vec(),
+            ops: Op::all().to_vec(),
             algo: AlgoChoice::All,
             paths: vec![Path::Store, Path::Put],
             dtypes: vec![Dtype::F32],

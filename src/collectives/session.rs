@@ -433,6 +433,10 @@ impl Session {
     }
 }
 
+/// A case's timed calls, ns: their GPU times, their in-kernel times, and
+/// where block 0's phase 0 spent them (setup, push, signal, wait).
+type CaseTimes = (Vec<f64>, Vec<f64>, Vec<[f64; 4]>);
+
 impl Session {
     /// One case: its calls queued and watched, then the report and the
     /// checks read; returns the timed calls' GPU times, their in-kernel
@@ -453,7 +457,7 @@ impl Session {
         ctx: &Context,
         case: &Case,
         first: u64,
-    ) -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 4]>)> {
+    ) -> Result<CaseTimes> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
@@ -685,16 +689,8 @@ impl Timed {
     /// captured now (on a stream of their own, relaxed capture mode: the
     /// NCCL baseline is captured the same way).
     fn new(ctx: &Context, n: u64, call: &Call) -> Result<Self> {
-        let ev = || {
-            ctx.gpu
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        };
-        let events = (0..n)
-            .map(|_| Ok((ev()?, ev()?)))
-            .collect::<Result<Vec<_>>>()?;
         let mut t = Timed {
-            events,
+            events: event_pairs(ctx, n)?,
             graph: None,
         };
         if ctx.cfg.launch == Launch::Graph {
@@ -743,11 +739,25 @@ impl Timed {
 
     /// GPU time of each call after the first `skip`, ns.
     fn times(&self, skip: usize) -> Result<Vec<f64>> {
-        self.events[skip..]
-            .iter()
-            .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
-            .collect()
+        elapsed_ns(&self.events[skip..])
     }
+}
+
+/// `n` pairs of events to time `n` calls between.
+fn event_pairs(ctx: &Context, n: u64) -> Result<Vec<(CudaEvent, CudaEvent)>> {
+    let ev = || {
+        ctx.gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+    };
+    (0..n).map(|_| Ok((ev()?, ev()?))).collect()
+}
+
+/// The GPU time between each pair of `events`, ns.
+fn elapsed_ns(events: &[(CudaEvent, CudaEvent)]) -> Result<Vec<f64>> {
+    (events.iter())
+        .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
+        .collect()
 }
 
 /// Connects NCCL when every rank has it; otherwise, or when NCCL refuses,
@@ -811,14 +821,7 @@ impl Session {
     ) -> Result<StepOutcome> {
         let (g, v) = (ctx.group, self.view.get());
         let blocks = case.blocks(v.ranks, v.max_blocks.unwrap_or(ctx.plan.max_blocks));
-        let ev = || {
-            ctx.gpu
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        };
-        let events = (0..calls)
-            .map(|_| Ok((ev()?, ev()?)))
-            .collect::<Result<Vec<_>>>()?;
+        let events = event_pairs(ctx, calls)?;
         self.verify.zero(&ctx.gpu.stream)?;
         let queue = |s: &CudaStream| -> Result<()> {
             for (k, (a, b)) in events.iter().enumerate() {
@@ -850,9 +853,7 @@ impl Session {
             .download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut vf))?;
         let done = calls - u64::from(vf.lost);
         self.check_verify(ctx, &what, case.elems(v.ranks).1 * done)?;
-        let times_ns = (events[..done as usize].iter())
-            .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
-            .collect::<Result<_>>()?;
+        let times_ns = elapsed_ns(&events[..done as usize])?;
         Ok(StepOutcome {
             times_ns,
             lost: vf.lost,

@@ -117,7 +117,10 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 3] = [Op::Allreduce, Op::Allgather, Op::ReduceScatter];
+    /// Every operation, in the table's order.
+    pub fn all() -> &'static [Op] {
+        Op::value_variants()
+    }
 
     /// The operation itself.
     pub fn spec(self) -> &'static dyn Collective {
@@ -134,9 +137,7 @@ impl Op {
 
     /// Every (operation, algorithm) there is: every kernel entry.
     pub fn every_algorithm() -> impl Iterator<Item = (Op, Algo)> {
-        Op::ALL
-            .into_iter()
-            .flat_map(|op| op.spec().algorithms().iter().map(move |&a| (op, a)))
+        (Op::all().iter()).flat_map(|&op| op.spec().algorithms().iter().map(move |&a| (op, a)))
     }
 }
 
@@ -146,7 +147,7 @@ mod tests {
 
     #[test]
     fn the_table_names_each_operation_as_op_takes_it() {
-        for op in Op::ALL {
+        for &op in Op::all() {
             assert_eq!(Op::from_str(op.name(), false), Ok(op));
         }
         let entries: std::collections::BTreeSet<_> = Op::every_algorithm()
