@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result, sys};
-use nixl_sys::{MemView, RegistrationHandle};
 use serde::{Deserialize, Serialize};
 
 use super::case::Case;
@@ -32,10 +31,8 @@ use crate::cli::DataMismatch;
 use crate::gpu::kernels::wait_value_geq;
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
-use crate::group::AgentMetadata;
-use crate::nixl::agent::{UcxAgent, create_ucx_agent};
-use crate::nixl::serdes::{DescList, MemType};
-use crate::nixl::view::{Views, load_peer, prep_local, prep_remote_ranks};
+use crate::nixl::net::{Net, PeerCard};
+use crate::nixl::serdes::Desc;
 use crate::ranks::nccl::NcclStatus;
 use crate::ranks::sm_share::{RankGpu, sm_share};
 
@@ -149,12 +146,10 @@ pub struct Context<'a> {
     pub kernels: &'a CollKernels,
 }
 
-/// The session's resources. Fields drop in declaration order: views, then
-/// the registration, then the memory, then the agent.
+/// The session's resources. Fields drop in declaration order: the NIXL
+/// side (views, registration, agent), then the memory.
 pub struct Session {
-    remote: Option<MemView>,
-    local: Option<MemView>,
-    reg: Option<RegistrationHandle>,
+    net: Net,
     pub layout: WindowLayout,
     window: DeviceBuffer,
     report: DeviceBuffer,
@@ -174,16 +169,16 @@ pub struct Session {
     /// Every peer's window as `nixlGetPtr` gives it (store path), looked
     /// up once by [`Session::check_pointers`].
     ptrs: std::cell::OnceCell<DeviceBuffer>,
-    nixl: UcxAgent,
     corrupted: Cell<bool>,
 }
 
 impl Session {
-    /// Agent, window (zeroed: the flags start at epoch 0), registration,
-    /// every peer's metadata and window, the views.
+    /// Window (zeroed: the flags start at epoch 0), agent, registration and
+    /// local view ([`Net::open`]), every peer's card, and the remote view
+    /// over all ranks (element `r`: rank `r`'s window; it stays when an
+    /// elastic run shrinks: the kernels skip the gone by member index).
     pub fn open(ctx: &Context) -> Result<Self> {
         let g = ctx.group;
-        let nixl = create_ucx_agent(&g.agent_name(g.rank, 0))?;
         let layout = WindowLayout::new(ctx.cfg.max_bytes(), g.world);
         let alloc = |len: u64, what: &str| {
             DeviceBuffer::zeroed(&ctx.gpu.ctx, len as usize).with_context(|| {
@@ -191,48 +186,29 @@ impl Session {
             })
         };
         let window = alloc(layout.bytes, "the window")?;
-        let reg = nixl
-            .agent
-            .register_memory(&window, None)
-            .context("registering the window (VRAM)")?;
-        g.put(
-            &g.rank_entry(g.rank, "metadata"),
-            &AgentMetadata(nixl.agent.get_local_md()?),
-        )?;
-        let own = DescList::new(
-            MemType::Vram,
-            vec![crate::nixl::serdes::Desc {
-                addr: window.addr(),
-                len: layout.bytes,
-                dev_id: window.ordinal() as u64,
-            }],
-        );
-        g.put(&g.rank_entry(g.rank, "window"), &own)?;
-        let mut peers = vec![None; g.world as usize];
-        for r in (0..g.world).filter(|&r| r != g.rank) {
-            let md: AgentMetadata = g.get(&g.rank_entry(r, "metadata"), r, "agent metadata")?;
-            load_peer(&nixl.agent, &md.0, &g.agent_name(r, 0), g.timeout())
-                .map_err(|e| g.blame_member(r as usize, e))?;
-            let list: DescList = g.get(&g.rank_entry(r, "window"), r, "window descriptor")?;
-            match list.descs.as_slice() {
-                [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, g.agent_name(r, 0))),
-                other => bail!(
-                    "rank {r} published a window of {other:?}, expected one buffer of {} bytes",
-                    layout.bytes
-                ),
-            }
-        }
-        // SAFETY: our window stays registered until these views drop (close).
-        let local = unsafe { prep_local(&nixl.agent, &nixl.backend, &own)? };
-        // SAFETY: peers keep their windows until every rank passed "released".
-        let remote = match g.world {
-            1 => None,
-            _ => Some(unsafe { prep_remote_ranks(&nixl.agent, &nixl.backend, &peers)? }),
+        let desc = Desc {
+            addr: window.addr(),
+            len: layout.bytes,
+            dev_id: window.ordinal() as u64,
         };
+        let (mut net, card) = Net::open(&g.agent_name(g.rank, 0), &window, desc, g.world)?;
+        g.put(&g.rank_entry(g.rank, "card"), &card)?;
+        for r in (0..g.world).filter(|&r| r != g.rank) {
+            let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
+            let want = g.agent_name(r, 0);
+            if card.agent != want {
+                bail!(
+                    "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
+                    card.agent
+                );
+            }
+            (net.connect(r, &card, g.timeout())).map_err(|e| g.blame_member(r as usize, e))?;
+        }
+        // SAFETY: no kernel runs yet; peers keep their windows until every
+        // rank passed "released" (close), or the run's end (close_survived).
+        unsafe { net.rebuild(&[])? };
         Ok(Self {
-            remote,
-            local: Some(local),
-            reg: Some(reg),
+            net,
             layout,
             report: alloc(size_of::<CollReport>() as u64, "the report")?,
             verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
@@ -251,13 +227,8 @@ impl Session {
             gates: Cell::new(0),
             ptrs: std::cell::OnceCell::new(),
             window,
-            nixl,
             corrupted: Cell::new(false),
         })
-    }
-
-    fn views(&self) -> Views {
-        Views::of(self.local.as_ref(), self.remote.as_ref())
     }
 
     /// The store path needs every peer's window mapped into ours; every rank
@@ -266,13 +237,14 @@ impl Session {
     pub fn check_pointers(&self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
         let mut unreachable = Vec::new();
-        if let Some(remote) = &self.remote {
+        let remote = self.net.views().remote;
+        if remote != 0 {
             let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
             // SAFETY: the view is live; the probe buffer holds `world` u64.
             unsafe {
-                ctx.kernels.launch_probe(
+                (ctx.kernels).launch_probe(
                     &ctx.gpu.stream,
-                    remote.as_ptr() as u64,
+                    remote,
                     g.world,
                     g.rank,
                     probe.addr(),
@@ -304,18 +276,8 @@ impl Session {
     }
 
     /// Drops the views, waits until every rank has, then deregisters.
-    pub fn close(mut self, ctx: &Context) -> Result<()> {
-        self.remote = None;
-        self.local = None;
-        ctx.group.barrier("released")?;
-        self.reg = None;
-        for r in (0..ctx.group.world).filter(|&r| r != ctx.group.rank) {
-            let _ = self
-                .nixl
-                .agent
-                .invalidate_remote_md(&ctx.group.agent_name(r, 0));
-        }
-        Ok(())
+    pub fn close(self, ctx: &Context) -> Result<()> {
+        self.net.close(|| ctx.group.barrier("released"))
     }
 }
 
@@ -374,7 +336,7 @@ impl Session {
 
     /// The call's kernel parameters.
     fn params(&self, ctx: &Context, case: &Case, call: u64) -> CollParams {
-        let views = self.views();
+        let views = self.net.views();
         let v = self.view.get();
         let (off_in, off_out) = case.in_out(&self.layout, v.me, call);
         let (off_recv, recv_stride) = self.layout.recv_area(case.algo, call);
@@ -452,12 +414,7 @@ impl Session {
     /// everything is queued), so the GPU runs them at its own pace, not at
     /// the rate the host launches them; two untimed calls after the gate
     /// absorb the ranks' different release times.
-    fn run_case(
-        &self,
-        ctx: &Context,
-        case: &Case,
-        first: u64,
-    ) -> Result<CaseTimes> {
+    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<CaseTimes> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
@@ -866,9 +823,7 @@ impl Session {
     /// end (none writes into our window any more; the dead never will), so
     /// the views and the registration go without the all-ranks barrier of
     /// [`Session::close`].
-    pub fn close_survived(mut self) {
-        self.remote = None;
-        self.local = None;
-        self.reg = None;
+    pub fn close_survived(self) -> Result<()> {
+        self.net.close(|| Ok(()))
     }
 }
