@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, parse_bytes, parse_timeout};
-use nixl_examples::collectives::layout::{AlgoChoice, Dtype, PathChoice, sizes};
+use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Path, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
 use nixl_examples::collectives::ops::Op;
 use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig};
@@ -329,7 +329,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         ranks,
         ops,
         algo: args.algo,
-        paths: args.path.paths(),
+        paths: args.path.paths(Path::Store),
         dtypes: args.dtype.clone(),
         place: args.place,
         sizes: sizes(args.minbytes, args.maxbytes, args.stepfactor)?,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, parse_timeout};
-use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
+use nixl_examples::ep::config::{Mode, Path, PathChoice, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::{PROGRAM, run};
 use nixl_examples::launch::RoleExit;
 use nixl_examples::ranks::args::ElasticArgs;
@@ -450,7 +450,7 @@ fn run_config(
         mode: args.mode,
         shape,
         routing: args.routing,
-        paths: args.path.paths(),
+        paths: args.path.paths(Path::Put),
         iters: args.iters.unwrap_or(iters),
         warmup: args.warmup.unwrap_or(warmup),
         seed: args.seed,

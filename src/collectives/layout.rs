@@ -75,26 +75,7 @@ pub enum AlgoChoice {
     All,
 }
 
-pub use crate::gpu::path::Path;
-
-/// `--path`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum PathChoice {
-    Put,
-    Store,
-    Both,
-}
-
-impl PathChoice {
-    pub fn paths(self) -> Vec<Path> {
-        match self {
-            PathChoice::Put => vec![Path::Put],
-            PathChoice::Store => vec![Path::Store],
-            PathChoice::Both => vec![Path::Store, Path::Put],
-        }
-    }
-}
+pub use crate::gpu::path::{Path, PathChoice};
 
 /// Element type.
 #[derive(
