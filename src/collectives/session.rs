@@ -465,22 +465,14 @@ impl Session {
             Ok(())
         };
         let what = describe(case, g.world);
-        run_watched(
-            ctx.gpu,
-            &self.report,
-            Duration::from_nanos(cfg.timeout_ns),
-            Some(self.gate.addr()),
-            queue,
-            || g.probe(),
-        )
-        .with_context(|| format!("rank {}: {what}", g.rank))
-        .and_then(|f| match f.released {
-            true => bail!(
-                "rank {}: {what}: not done within the timeout (gate released)",
-                g.rank
-            ),
-            false => Ok(()),
-        })?;
+        self.watch_gated(ctx, &what, queue)
+            .and_then(|f| match f.released {
+                true => bail!(
+                    "rank {}: {what}: not done within the timeout (gate released)",
+                    g.rank
+                ),
+                false => Ok(()),
+            })?;
         self.check_report(ctx, &what)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
         let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
@@ -488,6 +480,21 @@ impl Session {
             .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
         let stamps = &raw[(warm + 2) as usize..];
         Ok((timed.times(2)?, calibrate(stamps)?, phases(stamps)?))
+    }
+
+    /// Runs `queue`'s work, whose timed calls wait behind a gate, watched
+    /// ([`run_watched`]: the run's timeout releases the gate); errors name
+    /// this rank and `what`.
+    fn watch_gated(
+        &self,
+        ctx: &Context,
+        what: &str,
+        queue: impl FnOnce(&CudaStream) -> Result<()>,
+    ) -> Result<crate::gpu::run::Finished> {
+        let (g, timeout) = (ctx.group, Duration::from_nanos(ctx.cfg.timeout_ns));
+        let gate = Some(self.gate.addr());
+        run_watched(ctx.gpu, &self.report, timeout, gate, queue, || g.probe())
+            .with_context(|| format!("rank {}: {what}", g.rank))
     }
 
     /// Queues a wait behind the next gate; returns its value.
@@ -555,15 +562,7 @@ impl Session {
             Ok(())
         };
         let what = format!("NCCL {} {} B", case.op.name(), case.bytes(g.world));
-        run_watched(
-            ctx.gpu,
-            &self.report,
-            Duration::from_nanos(cfg.timeout_ns),
-            Some(self.gate.addr()),
-            queue,
-            || g.probe(),
-        )
-        .with_context(|| format!("rank {}: {what}", g.rank))?;
+        self.watch_gated(ctx, &what, queue)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
         timed.times(2)
     }
