@@ -18,8 +18,9 @@ use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::kernels::KernelReport;
 use crate::gpu::launch::{self, grid};
 
-/// `CollParams`: one call of one collective, what every kernel entry takes. Offsets are bytes into the
-/// rank's window ([`super::layout::WindowLayout`]).
+/// `CollParams`: one call of one collective, what every kernel entry
+/// takes. Offsets are bytes into the rank's window
+/// ([`super::layout::WindowLayout`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CollParams {
@@ -264,8 +265,8 @@ impl CollKernels {
         blocks: u32,
         p: &CollParams,
     ) -> Result<(), DriverError> {
-        let f = (self.run.get(&(case.op, case.algo)))
-            .ok_or(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND))?;
+        let missing = DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
+        let f = self.run.get(&(case.op, case.algo)).ok_or(missing)?;
         // SAFETY: as this function's contract; `CollParams` is the entry's.
         unsafe { launch::launch(s, f, (blocks, THREADS), p) }
     }
