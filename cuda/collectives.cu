@@ -45,6 +45,9 @@ constexpr uint32_t COLL_THREADS = 512;
 // vectors for bf16 and f32 alike); src/collectives/layout.rs split().
 constexpr uint64_t COLL_ALIGN_ELEMS = 8;
 
+// The operation (what coll_fill and coll_check compute) and, for the
+// record, the algorithm of a call: the call's kernel entry already is one
+// operation's algorithm (COLL_ENTRY below).
 enum : uint32_t { COLL_ALLREDUCE = 0, COLL_ALLGATHER = 1, COLL_REDUCE_SCATTER = 2 };
 enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1, COLL_LL = 2 };
 enum : uint32_t { COLL_PATH_PUT = 0, COLL_PATH_STORE = 1 };
@@ -655,8 +658,11 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
-// One call of one collective. Every rank launches the same grid.
-extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p) {
+// One call of one collective: block 0's start stamp, the step's abort
+// check, the peers' pointers, then `Algorithm`, then block 0's end stamp.
+// Every rank launches the same grid.
+template <void (*Algorithm)(const CollParams &, Peers &)>
+__device__ __forceinline__ void coll_call(const CollParams &p) {
     __shared__ Peers b;
     const bool stamp = blockIdx.x == 0 && threadIdx.x == 0;
     if (stamp) {
@@ -673,17 +679,27 @@ extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_run(CollParams p
     if (!b.ok) return;
     peers_setup(p, b);
     stamp_phase(p, 0, &CollTiming::clock_setup);
-    if (p.op == COLL_ALLREDUCE && p.algo == COLL_LL) allreduce_ll(p, b);
-    else if (p.op == COLL_ALLREDUCE && p.algo == COLL_ONE_SHOT) allreduce_one_shot(p, b);
-    else if (p.op == COLL_ALLREDUCE) allreduce_two_shot(p, b);
-    else if (p.op == COLL_ALLGATHER) allgather(p, b);
-    else reduce_scatter(p, b);
+    Algorithm(p, b);
     __syncthreads();
     if (stamp) {
         p.timing->clock_end = clock64();
         p.timing->gt_end = globaltimer_ns();
     }
 }
+
+// The kernel entries, coll_<algorithm>, one per operation and algorithm:
+// each operation's file in src/collectives/ops/ names its own
+// (`Collective::kernel`).
+#define COLL_ENTRY(algorithm) \
+    extern "C" __global__ void __launch_bounds__(COLL_THREADS) coll_##algorithm(CollParams p) { \
+        coll_call<algorithm>(p); \
+    }
+COLL_ENTRY(allreduce_one_shot)
+COLL_ENTRY(allreduce_two_shot)
+COLL_ENTRY(allreduce_ll)
+COLL_ENTRY(allgather)
+COLL_ENTRY(reduce_scatter)
+#undef COLL_ENTRY
 
 // ------------------------------------------------------ fill and check
 

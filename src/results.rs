@@ -18,6 +18,20 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+/// `--json FILE`, `--csv FILE`: where an N-rank program (`ep`,
+/// `collectives`) also writes its results; rank 0 writes them.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ResultFiles {
+    /// Also write the results and the run's configuration as JSON (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+
+    /// Also write the results as CSV, the configuration as `#` lines above
+    /// them (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<std::path::PathBuf>,
+}
+
 /// The environment a run's figures were measured in, recorded beside its
 /// configuration (flattened into each report's `run` object).
 #[derive(Clone, Debug, Default, Serialize)]

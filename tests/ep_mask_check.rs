@@ -32,6 +32,7 @@ use nixl_examples::ep::model::Model;
 use nixl_examples::ep::rig::{Rig, SourceBaseline};
 use nixl_examples::ep::steps::describe;
 use nixl_examples::gpu::Gpu;
+use nixl_examples::nixl::view::Views;
 
 const STEPS: u32 = 4;
 
@@ -118,7 +119,7 @@ fn run(
         None,
         m.send.entries.len() as u64,
     );
-    let mut p = rig.params(&cfg, &m, &grid, (0, 0), path);
+    let mut p = rig.params(&cfg, &m, &grid, Views::default(), path);
     p.fault_timeout_ns = cfg.fault_timeout_ns;
     rig.set_mask(&gpu.stream, mask)?;
     rig.set_step(&gpu.stream, 0)?;

@@ -8,21 +8,23 @@
 //! collectives --ranks 3 --check-connection            # no GPU: the ranks meet and connect
 //! ```
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_bytes, parse_timeout};
-use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Op, PathChoice, sizes};
+use nixl_examples::cli::{UsageError, check_port_free, parse_bytes, parse_timeout};
+use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Path, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
+use nixl_examples::collectives::ops::Op;
 use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig};
 use nixl_examples::collectives::run::{self, Outputs};
+use nixl_examples::ranks::args::ElasticArgs;
 use nixl_examples::ranks::check::{Check, Inject};
 use nixl_examples::ranks::launch;
 use nixl_examples::ranks::membership::OnDeath;
 use nixl_examples::ranks::plan::Plan;
+use nixl_examples::results::ResultFiles;
 
 /// Collectives the GPU drives itself, over NIXL's device API.
 ///
@@ -48,6 +50,14 @@ use nixl_examples::ranks::plan::Plan;
 ///
 /// Without RANK in the environment, `collectives` starts --ranks rank
 /// processes itself; under torchrun each process is one rank.
+///
+/// Elastic runs (--elastic, or --plan FILE of one phase: ranks do not join
+/// a collectives run): a wait on a rank that passes --fault-timeout masks
+/// it and abandons the step on every member (its calls counted lost); the
+/// survivors agree on who is gone, shrink (chunks, slices and output slots
+/// recomputed over fewer members; nothing re-registered) and go on, every
+/// later call checked against the survivors' sum. Any rank may die (kill
+/// one by pid); the report is per case and member count. No NCCL baseline.
 ///
 /// Results go to stdout (rank 0), progress to stderr. Exit status: 0
 /// success, 1 failure, 2 bad arguments, 3 wrong data.
@@ -75,7 +85,7 @@ struct Args {
     stepfactor: u64,
 
     /// Operations to run (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::ALL.to_vec())]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::all().to_vec())]
     op: Vec<Op>,
 
     /// Allreduce algorithm: one-shot, two-shot, ll, auto (by size), or all
@@ -111,7 +121,7 @@ struct Args {
     timeout: Duration,
 
     /// Rank processes to start on this machine (ignored under torchrun) [default: 2].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16), conflicts_with = "plan")]
     ranks: Option<u32>,
 
     /// GPUs to use; rank r runs on GPU LOCAL_RANK mod gpus [default: all visible].
@@ -132,46 +142,6 @@ struct Args {
     #[arg(long)]
     check_connection: bool,
 
-    /// Survive deaths: a wait on a rank that passes --fault-timeout masks
-    /// it and abandons the step on every member (its calls counted lost);
-    /// the survivors agree on who is gone, shrink (chunks, slices and
-    /// output slots recomputed over fewer members; nothing re-registered)
-    /// and go on, every later call checked against the survivors' sum. Any
-    /// rank may die (kill one by pid); the report is per case and member
-    /// count. No NCCL baseline.
-    #[arg(long)]
-    elastic: bool,
-
-    /// An elastic run's plan, `ep`'s format, of one phase: `[[0,1,-2,3]]`
-    /// starts 4 ranks and kills rank 2 at a random step (ranks do not join
-    /// a collectives run).
-    #[arg(long, value_name = "FILE", conflicts_with = "ranks")]
-    plan: Option<PathBuf>,
-
-    /// Elastic runs: milliseconds a wait on a rank may take before that
-    /// rank is masked.
-    #[arg(
-        long,
-        value_name = "MS",
-        default_value = "1000",
-        allow_negative_numbers = true
-    )]
-    fault_timeout: i64,
-
-    /// Elastic runs: rounds of the sweep, one step (--iters calls) per case
-    /// each.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    rounds: u32,
-
-    /// How the launcher stops a rank the plan marks -r: KILL or STOP.
-    #[arg(long, value_enum, ignore_case = true, default_value = "kill")]
-    kill_signal: nixl_examples::ranks::launch::KillSignal,
-
-    /// Seed of the steps at which the plan's -r ranks are killed [default:
-    /// from the clock; printed].
-    #[arg(long, value_name = "SEED")]
-    kill_seed: Option<u64>,
-
     /// How the timed calls (ours and NCCL's) are launched: stream (one
     /// launch each, back to back) or graph (captured once into a CUDA graph
     /// per case, the graph launched; nccl-tests' -G). Run both to see what
@@ -191,24 +161,24 @@ struct Args {
     #[arg(long, alias = "no-baselines")]
     no_baseline: bool,
 
-    /// Also write the rows and the run's configuration as JSON (rank 0).
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-
-    /// Also write the rows as CSV, the configuration as a `#` line (rank 0).
-    #[arg(long, value_name = "FILE")]
-    csv: Option<PathBuf>,
+    #[command(flatten)]
+    files: ResultFiles,
 
     /// Fault injection for tests: `corrupt=R` (rank R garbles one output element).
     #[arg(long, hide = true)]
     inject: Option<String>,
+
+    #[command(flatten)]
+    membership: ElasticArgs,
+
+    // Below the flatten, so under its "Elastic runs" heading.
+    /// Rounds of the sweep, one step (--iters calls) per case each.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let tag = RankEnv::tag("collectives");
-    nixl_examples::logging::init(&tag);
-    real_main(args).unwrap_or_else(|e| exit_status(&tag, &e))
+    nixl_examples::collectives::PROGRAM.main(Args::parse(), real_main)
 }
 
 fn real_main(args: Args) -> Result<ExitCode> {
@@ -232,8 +202,8 @@ fn real_main(args: Args) -> Result<ExitCode> {
             let out = Outputs {
                 plan,
                 gpus: args.gpus,
-                json: args.json.clone(),
-                csv: args.csv.clone(),
+                json: args.files.json.clone(),
+                csv: args.files.csv.clone(),
             };
             run::run(&env, &cfg, &out)?
         }
@@ -245,7 +215,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
 /// `--plan FILE` (one phase) or `--elastic` (every rank): the elastic
 /// run's plan; none in a fixed run.
 fn elastic_plan(args: &Args, env: Option<&RankEnv>) -> Result<Option<Plan>, UsageError> {
-    let plan = match (&args.plan, args.elastic) {
+    let plan = match (&args.membership.plan, args.membership.elastic) {
         (Some(f), _) => Plan::load(f)?,
         (None, true) => Plan::fixed(RankEnv::world(env, args.ranks)?),
         (None, false) => return Ok(None),
@@ -269,7 +239,7 @@ fn elastic_plan(args: &Args, env: Option<&RankEnv>) -> Result<Option<Plan>, Usag
 /// `--check-connection`'s membership: survive deaths in an elastic run,
 /// with `--iters` steps of agreement, else fail on one (no steps).
 fn check(args: &Args, timeout: Duration, plan: &Option<Plan>) -> Result<Check, UsageError> {
-    let fault_timeout = nixl_examples::ranks::membership::fault_timeout_arg(args.fault_timeout)?;
+    let fault_timeout = args.membership.fault_timeout()?;
     let (on_death, steps) = match plan {
         Some(_) => (OnDeath::Survive, u64::from(args.iters)),
         None => (OnDeath::Fail, 0),
@@ -309,12 +279,12 @@ fn launch_ranks(
         let exits = member::launch_ranks(world, port, grace)?;
         return Ok(nixl_examples::launch::finish("collectives", &exits));
     };
-    let kill_seed = launch::kill_seed(args.kill_seed);
+    let kill_seed = args.membership.kill_seed();
     let opts = launch::LaunchOptions {
         program: nixl_examples::collectives::PROGRAM,
         capacity: world,
         port,
-        kill_signal: args.kill_signal,
+        kill_signal: args.membership.kill_signal,
         on_death: OnDeath::Survive,
         // --check-connection: its --iters steps of agreement.
         rounds_per_phase: cfg.map_or(u64::from(args.iters), |c| c.elastic_steps()),
@@ -359,7 +329,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         ranks,
         ops,
         algo: args.algo,
-        paths: args.path.paths(),
+        paths: args.path.paths(Path::Store),
         dtypes: args.dtype.clone(),
         place: args.place,
         sizes: sizes(args.minbytes, args.maxbytes, args.stepfactor)?,
@@ -370,14 +340,11 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         launch: args.launch,
         data: args.data,
         corrupt_rank,
-        elastic: (args.elastic || args.plan.is_some()).then_some(Elastic {
-            fault_timeout_ns: nixl_examples::ranks::membership::fault_timeout_arg(
-                args.fault_timeout,
-            )?
-            .as_nanos() as u64,
+        elastic: args.membership.elastic().then_some(Elastic {
+            fault_timeout_ns: args.membership.fault_timeout()?.as_nanos() as u64,
             rounds: args.rounds,
         }),
-        baseline: !args.no_baseline && !(args.elastic || args.plan.is_some()),
+        baseline: !args.no_baseline && !args.membership.elastic(),
     };
     cfg.validate()?;
     Ok(cfg)

@@ -8,22 +8,22 @@
 //! ep --plan tests/fixtures/elastic/expansion_fault_contraction.json --check-connection
 //! ```
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use nixl_examples::cli::{UsageError, check_port_free, exit_status, parse_timeout};
-use nixl_examples::ep::config::{Mode, PathChoice, RoutingKind, RunConfig, Shape};
+use nixl_examples::cli::{UsageError, check_port_free, parse_timeout};
+use nixl_examples::ep::config::{Mode, Path, PathChoice, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::{PROGRAM, run};
 use nixl_examples::launch::RoleExit;
+use nixl_examples::ranks::args::ElasticArgs;
 use nixl_examples::ranks::check::{self, Check, Inject};
 use nixl_examples::ranks::env::RankEnv;
 use nixl_examples::ranks::launch;
-use nixl_examples::ranks::launch::KillSignal;
 use nixl_examples::ranks::membership::OnDeath;
 use nixl_examples::ranks::plan::Plan;
+use nixl_examples::results::ResultFiles;
 
 /// Expert-parallel (MoE) dispatch and combine between N ranks over NIXL's
 /// device API.
@@ -49,7 +49,7 @@ use nixl_examples::ranks::plan::Plan;
 /// moment and the survivors go on. The kernels mask a rank whose data does
 /// not come within --fault-timeout, the survivors agree on who is gone
 /// after every step, and every finished step is verified against the
-/// mask. A plan is upstream NIXL EP's format, a JSON list of phases, each a
+/// mask; the report is per phase. A plan is upstream NIXL EP's format, a JSON list of phases, each a
 /// list of ranks; -r means the launcher kills rank r at a random moment of
 /// that phase (--kill-signal, --kill-seed; the rank is not told); a rank
 /// absent from the next phase leaves cleanly; a rank id that comes back is
@@ -130,50 +130,11 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "plan")]
     ranks: Option<u32>,
 
-    /// Elastic plan: a JSON file, a list of phases, each a list of ranks;
-    /// -r = rank r is killed during that phase. Example:
-    /// `[[0,1],[0,1,2,3],[0,1,-2,3],[0,3]]` (upstream NIXL EP's format).
-    #[arg(long, value_name = "FILE")]
-    plan: Option<PathBuf>,
-
     /// The most ranks the run will ever have: buffers, views and the expert
     /// layout are sized once for it (1..=64) [default: the plan's largest
     /// rank + 1].
     #[arg(long)]
     capacity: Option<u32>,
-
-    /// How the launcher stops a rank the plan marks -r: KILL (it dies), or
-    /// STOP (it freezes with its sockets open; killed at the end).
-    #[arg(long, value_enum, ignore_case = true, default_value = "kill")]
-    kill_signal: KillSignal,
-
-    /// Seed of the moments the launcher kills the plan's -r ranks (one
-    /// agreement round of the phase and a fraction of a round, drawn per
-    /// kill) [default: from the clock; printed].
-    #[arg(long, value_name = "SEED")]
-    kill_seed: Option<u64>,
-
-    /// Survive deaths in a run of --ranks N (or under torchrun): the same
-    /// membership as a --plan run, with masking and agreement after every
-    /// step; the report is then per phase.
-    #[arg(long)]
-    elastic: bool,
-
-    /// What a rank's death does: survive (the others mask it and go on;
-    /// elastic runs), or fail (the run stops, every survivor naming it)
-    /// [default: survive with --plan or --elastic, else fail].
-    #[arg(long, value_enum, ignore_case = true)]
-    on_death: Option<OnDeath>,
-
-    /// Milliseconds a wait for another rank's data (or its report after a
-    /// step) may take before that rank is counted gone (elastic runs).
-    #[arg(
-        long,
-        value_name = "MS",
-        default_value = "1000",
-        allow_negative_numbers = true
-    )]
-    fault_timeout: i64,
 
     /// GPUs to use; rank r runs on GPU LOCAL_RANK mod gpus [default: all visible].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -221,32 +182,34 @@ struct Args {
     #[arg(long, value_name = "GB/S")]
     ref_put_gbps: Option<f64>,
 
-    /// Also write every figure and the run's configuration as JSON (rank 0).
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-
-    /// Also write every figure as CSV, the configuration as `#` lines (rank 0).
-    #[arg(long, value_name = "FILE")]
-    csv: Option<PathBuf>,
+    #[command(flatten)]
+    files: ResultFiles,
 
     /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`, `die-mid-dispatch=R`,
     /// `corrupt=dispatch|combine`.
     #[arg(long, hide = true)]
     inject: Option<String>,
+
+    #[command(flatten)]
+    membership: ElasticArgs,
+
+    // Below the flatten, so under its "Elastic runs" heading.
+    /// What a rank's death does: survive (the others mask it and go on;
+    /// elastic runs), or fail (the run stops, every survivor naming it)
+    /// [default: survive with --plan or --elastic, else fail].
+    #[arg(long, value_enum, ignore_case = true)]
+    on_death: Option<OnDeath>,
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let tag = RankEnv::tag("ep");
-    nixl_examples::logging::init(&tag);
-    real_main(args).unwrap_or_else(|e| exit_status(&tag, &e))
+    PROGRAM.main(Args::parse(), real_main)
 }
 
 fn real_main(args: Args) -> Result<ExitCode> {
     let timeout = args.timeout;
     let env = RankEnv::from_env(PROGRAM)?;
     let (plan, capacity) = plan_and_capacity(&args, env.as_ref())?;
-    let fault_timeout = nixl_examples::ranks::membership::fault_timeout_arg(args.fault_timeout)?;
+    let fault_timeout = args.membership.fault_timeout()?;
     let on_death = on_death(&args, &plan)?;
     let inject = parse_inject(args.inject.as_deref(), capacity)?;
     // Arguments that cannot work are refused before any network or GPU work.
@@ -261,8 +224,8 @@ fn real_main(args: Args) -> Result<ExitCode> {
     if let Some(cfg) = cfg {
         let opts = nixl_examples::ep::setup::RunOptions {
             gpus: args.gpus,
-            json: args.json.clone(),
-            csv: args.csv.clone(),
+            json: args.files.json.clone(),
+            csv: args.files.csv.clone(),
             ref_put_gbps: args.ref_put_gbps,
             corrupt: inject.corrupt,
             die_mid_dispatch: inject.die_mid_dispatch,
@@ -285,7 +248,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
 /// `--on-death`, or its default: survive in elastic runs (`--plan`,
 /// `--elastic`), else fail. A plan that kills needs survive.
 fn on_death(args: &Args, plan: &Plan) -> Result<OnDeath, UsageError> {
-    let elastic = args.plan.is_some() || args.elastic;
+    let elastic = args.membership.elastic();
     let chosen = args.on_death.unwrap_or(match elastic {
         true => OnDeath::Survive,
         false => OnDeath::Fail,
@@ -315,7 +278,7 @@ fn check_steps(args: &Args, on_death: OnDeath) -> u64 {
 /// (`--capacity`, checked against it). Under torchrun (not our launcher)
 /// only the plan's first phase runs, and it must be ranks 0..WORLD_SIZE-1.
 fn plan_and_capacity(args: &Args, env: Option<&RankEnv>) -> Result<(Plan, u32), UsageError> {
-    let Some(file) = &args.plan else {
+    let Some(file) = &args.membership.plan else {
         let world = RankEnv::world(env, args.ranks)?;
         if let Some(c) = args.capacity.filter(|&c| c != world) {
             return Err(UsageError(format!(
@@ -385,14 +348,14 @@ fn launch_ranks(
         Some(c) => c.runs().len() as u64 * u64::from(c.warmup + c.iters),
         None => check_steps(args, on_death),
     };
-    let kill_seed = launch::kill_seed(args.kill_seed);
+    let kill_seed = args.membership.kill_seed();
     // Survivors notice a failed rank within --timeout (GPU waits) or a few
     // seconds (heartbeats): let them say so before stopping them.
     let opts = launch::LaunchOptions {
         program: PROGRAM,
         capacity,
         port,
-        kill_signal: args.kill_signal,
+        kill_signal: args.membership.kill_signal,
         on_death,
         rounds_per_phase,
         kill_seed,
@@ -487,7 +450,7 @@ fn run_config(
         mode: args.mode,
         shape,
         routing: args.routing,
-        paths: args.path.paths(),
+        paths: args.path.paths(Path::Put),
         iters: args.iters.unwrap_or(iters),
         warmup: args.warmup.unwrap_or(warmup),
         seed: args.seed,

@@ -29,7 +29,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::layout::Case;
+use super::case::Case;
 use super::session::{Context, RankInfo, Session, StepOutcome, describe};
 use crate::ranks::check::decision_line;
 use crate::ranks::membership::{Membership, lowest, unix_ns};

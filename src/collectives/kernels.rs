@@ -1,21 +1,26 @@
 //! The kernels of `cuda/collectives.cu`, host side: their structs (mirrored
 //! field for field; the sizes and key offsets are asserted on both sides)
-//! and typed launchers.
+//! and typed launchers. Each operation's algorithm is a kernel entry of its
+//! own, named by its file in [`super::ops`].
 
+use std::collections::BTreeMap;
 use std::mem::size_of;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, PushKernelArg, sys,
 };
 
-use super::layout::{MAX_RANKS, THREADS};
+use super::case::Case;
+use super::layout::{Algo, MAX_RANKS, THREADS};
+use super::ops::Op;
 use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::kernels::KernelReport;
+use crate::gpu::launch::{self, grid};
 
-/// `CollParams`: one call of one collective. Offsets are bytes into the
-/// rank's window ([`super::layout::WindowLayout`]).
+/// `CollParams`: one call of one collective, what every kernel entry
+/// takes. Offsets are bytes into the rank's window
+/// ([`super::layout::WindowLayout`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CollParams {
@@ -38,7 +43,7 @@ pub struct CollParams {
     /// This call's receive area (by call parity).
     pub off_recv: u64,
     pub recv_stride: u64,
-    /// nccl-tests' count ([`super::layout::count_for`]).
+    /// nccl-tests' count ([`super::case::count_for`]).
     pub count: u64,
     /// The call's sequence number, from 1: what every signal carries.
     pub epoch: u64,
@@ -48,6 +53,8 @@ pub struct CollParams {
     pub rank: u32,
     /// The call's members (`members[..ranks]`).
     pub ranks: u32,
+    /// `COLL_*` of the operation ([`super::ops::Collective::code`]) and of
+    /// the algorithm: for the record, the entry already is one.
     pub op: u32,
     pub algo: u32,
     pub path: u32,
@@ -218,7 +225,8 @@ unsafe impl DeviceRepr for CollData {}
 /// The collective kernels loaded into one GPU's context.
 pub struct CollKernels {
     _module: Arc<CudaModule>,
-    run: CudaFunction,
+    /// Every operation's algorithms' entries.
+    run: BTreeMap<(Op, Algo), CudaFunction>,
     fill: CudaFunction,
     check: CudaFunction,
     probe: CudaFunction,
@@ -233,8 +241,11 @@ impl CollKernels {
                 anyhow::anyhow!("kernel {name} missing from the collectives fatbin: {e}")
             })
         };
+        let run = Op::every_algorithm()
+            .map(|(op, a)| Ok(((op, a), f(op.spec().kernel(a))?)))
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
-            run: f("coll_run")?,
+            run,
             fill: f("coll_fill")?,
             check: f("coll_check")?,
             probe: f("coll_probe_ptrs")?,
@@ -242,30 +253,22 @@ impl CollKernels {
         })
     }
 
-    /// Most blocks of [`THREADS`] threads of `coll_run` resident on one SM.
-    pub fn blocks_per_sm(&self) -> Result<u32, DriverError> {
-        self.run
-            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
-    }
-
-    /// Queues one call with `blocks` blocks.
+    /// Queues one call of `case` (its operation's entry for its algorithm)
+    /// with `blocks` blocks.
     ///
     /// # Safety
     /// Every address in `p` must stay valid until the kernel completes.
     pub unsafe fn launch_run(
         &self,
         s: &CudaStream,
+        case: &Case,
         blocks: u32,
         p: &CollParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(&self.run);
-        b.arg(p);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        let missing = DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
+        let f = self.run.get(&(case.op, case.algo)).ok_or(missing)?;
+        // SAFETY: as this function's contract; `CollParams` is the entry's.
+        unsafe { launch::launch(s, f, (blocks, THREADS), p) }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.
@@ -278,14 +281,9 @@ impl CollKernels {
         check: bool,
         d: &CollData,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (128, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(if check { &self.check } else { &self.fill });
-        b.arg(d);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        let f = if check { &self.check } else { &self.fill };
+        // SAFETY: as this function's contract; `CollData` is their parameter.
+        unsafe { launch::launch(s, f, (128, 256), d) }
     }
 
     /// Queues `coll_probe_ptrs`: `out[d]` = `nixlGetPtr(remote, d)`.
@@ -319,12 +317,7 @@ unsafe fn launch_ptr_probe(
     rank: u32,
     out: u64,
 ) -> Result<(), DriverError> {
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (64, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let mut b = stream.launch_builder(f);
     b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
-    unsafe { b.launch(cfg) }.map(|_| ())
+    unsafe { b.launch(grid(1, 64)) }.map(|_| ())
 }

@@ -1,8 +1,8 @@
-//! What a collective call is and where its bytes go: the operations,
+//! The vocabulary every operation shares and where its bytes go: the
 //! algorithms, data paths and types; how elements are cut into chunks and
-//! slices (the index arithmetic the kernels of `cuda/collectives.cu` share);
-//! the registered window; the nccl-tests accounting (sizes, counts, bus
-//! bandwidth).
+//! slices (the index arithmetic the kernels of `cuda/collectives.cu`
+//! share); the registered window; nccl-tests' sweep of sizes. What differs
+//! between operations lives in [`super::ops`].
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
@@ -20,11 +20,6 @@ pub const THREADS: u32 = 512;
 pub const ALIGN_ELEMS: u64 = 8;
 /// Bytes of work per block before another block is added.
 pub const BLOCK_BYTES: u64 = 32 << 10;
-/// `auto` runs one-shot allreduce up to this size, two-shot above: the
-/// crossover measured on one H100 shared by 2–4 ranks under MPS lay between
-/// 1 and 8 MiB (docs/results/2026-11-24-h100-collectives); across NVLink it
-/// is still to be measured.
-pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
 /// The LL allreduce runs up to this size: its lines carry 8 bytes of data
 /// in 16, and every receiving thread polls its own lines, which pays only
 /// while the flag, not the data, sets the time (MSCCL++ uses LL packets up
@@ -34,54 +29,9 @@ pub const LL_MAX_BYTES: u64 = 64 << 10;
 /// (the format of [`crate::gpu::ll`]).
 pub const LL_LINE_BYTES: u64 = 16;
 
-/// A collective operation (sum for the reductions).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Op {
-    Allreduce,
-    Allgather,
-    ReduceScatter,
-}
-
-impl Op {
-    pub const ALL: [Op; 3] = [Op::Allreduce, Op::Allgather, Op::ReduceScatter];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Allreduce => "allreduce",
-            Op::Allgather => "allgather",
-            Op::ReduceScatter => "reduce-scatter",
-        }
-    }
-
-    /// `COLL_ALLREDUCE` …
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-
-    /// nccl-tests' bus bandwidth factor: busbw = algbw × this
-    /// (allreduce 2(n−1)/n; allgather and reduce-scatter (n−1)/n).
-    pub fn bus_factor(self, ranks: u32) -> f64 {
-        let n = f64::from(ranks);
-        match self {
-            Op::Allreduce => 2.0 * (n - 1.0) / n,
-            _ => (n - 1.0) / n,
-        }
-    }
-
-    /// nccl-tests' redop column: `sum`, or `none` for allgather.
-    pub fn redop(self) -> &'static str {
-        match self {
-            Op::Allgather => "none",
-            _ => "sum",
-        }
-    }
-}
-
 /// How an operation is carried out. Allgather and reduce-scatter have one
-/// algorithm (one shot: every rank pushes to every rank).
+/// algorithm (one shot: every rank pushes to every rank); allreduce has
+/// three ([`super::ops::allreduce`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Algo {
@@ -104,14 +54,8 @@ impl Algo {
         }
     }
 
-    /// Whether this algorithm runs `op` of `bytes` over `path`.
-    pub fn runs(self, op: Op, bytes: u64, path: Path) -> bool {
-        match self {
-            Algo::Ll => op == Op::Allreduce && path == Path::Store && bytes <= LL_MAX_BYTES,
-            Algo::TwoShot => op == Op::Allreduce,
-            Algo::OneShot => true,
-        }
-    }
+    /// `COLL_ONE_SHOT` …: the call's algorithm, for the record (its kernel
+    /// entry already is one).
     pub fn code(self) -> u32 {
         self as u32
     }
@@ -131,52 +75,7 @@ pub enum AlgoChoice {
     All,
 }
 
-impl AlgoChoice {
-    /// The algorithms to run for `op` at `bytes`.
-    pub fn algos(self, op: Op, bytes: u64) -> Vec<Algo> {
-        match (op, self) {
-            (Op::Allgather | Op::ReduceScatter, _) => vec![Algo::OneShot],
-            (_, AlgoChoice::OneShot) => vec![Algo::OneShot],
-            (_, AlgoChoice::TwoShot) => vec![Algo::TwoShot],
-            (_, AlgoChoice::Ll) => vec![Algo::Ll],
-            (_, AlgoChoice::Auto) => vec![auto_algo(bytes)],
-            (_, AlgoChoice::All) if bytes <= LL_MAX_BYTES => {
-                vec![Algo::OneShot, Algo::TwoShot, Algo::Ll]
-            }
-            (_, AlgoChoice::All) => vec![Algo::OneShot, Algo::TwoShot],
-        }
-    }
-}
-
-/// `auto`'s choice for an allreduce of `bytes`.
-pub fn auto_algo(bytes: u64) -> Algo {
-    if bytes <= AUTO_ONE_SHOT_MAX {
-        Algo::OneShot
-    } else {
-        Algo::TwoShot
-    }
-}
-
-pub use crate::gpu::path::Path;
-
-/// `--path`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum PathChoice {
-    Put,
-    Store,
-    Both,
-}
-
-impl PathChoice {
-    pub fn paths(self) -> Vec<Path> {
-        match self {
-            PathChoice::Put => vec![Path::Put],
-            PathChoice::Store => vec![Path::Store],
-            PathChoice::Both => vec![Path::Store, Path::Put],
-        }
-    }
-}
+pub use crate::gpu::path::{Path, PathChoice};
 
 /// Element type.
 #[derive(
@@ -214,61 +113,6 @@ pub fn split(total: u64, parts: u64, i: u64) -> (u64, u64) {
     let per = total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
     let lo = (i * per).min(total);
     (lo, (lo + per).min(total))
-}
-
-/// The element count nccl-tests reports for a buffer of `bytes`: all
-/// elements for allreduce, elements per rank for allgather and
-/// reduce-scatter (rounded down). 0 when the size holds less than that.
-pub fn count_for(op: Op, dtype: Dtype, ranks: u32, bytes: u64) -> u64 {
-    let per = match op {
-        Op::Allreduce => dtype.bytes(),
-        _ => dtype.bytes() * u64::from(ranks),
-    };
-    bytes / per
-}
-
-/// One collective call, as every rank makes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Case {
-    pub op: Op,
-    pub algo: Algo,
-    pub path: Path,
-    pub dtype: Dtype,
-    pub in_place: bool,
-    /// nccl-tests' count ([`count_for`]).
-    pub count: u64,
-}
-
-impl Case {
-    /// Bytes of the whole buffer (nccl-tests' size): the output of
-    /// allgather, the input of reduce-scatter.
-    pub fn bytes(&self, ranks: u32) -> u64 {
-        match self.op {
-            Op::Allreduce => self.count * self.dtype.bytes(),
-            _ => self.count * self.dtype.bytes() * u64::from(ranks),
-        }
-    }
-
-    /// Elements of one rank's input and of its output.
-    pub fn elems(&self, ranks: u32) -> (u64, u64) {
-        let n = u64::from(ranks);
-        match self.op {
-            Op::Allreduce => (self.count, self.count),
-            Op::Allgather => (self.count, self.count * n),
-            Op::ReduceScatter => (self.count * n, self.count),
-        }
-    }
-
-    /// Thread blocks of the call: one per [`BLOCK_BYTES`] of the longest
-    /// slice basis, within `1..=max_blocks`. Every rank computes the same.
-    pub fn blocks(&self, ranks: u32, max_blocks: u32) -> u32 {
-        let basis = match (self.op, self.algo) {
-            (Op::Allreduce, Algo::TwoShot) => split(self.count, u64::from(ranks), 0).1,
-            _ => self.count,
-        };
-        let want = (basis * self.dtype.bytes()).div_ceil(BLOCK_BYTES);
-        want.clamp(1, u64::from(max_blocks.clamp(1, MAX_BLOCKS))) as u32
-    }
 }
 
 /// Round `v` up to a multiple of 256 bytes.
@@ -333,19 +177,14 @@ impl WindowLayout {
         }
     }
 
-    /// Window offsets of `case`'s input and output in call number `call`
-    /// of `rank`: outputs alternate by parity; in place, the input sits
-    /// where nccl-tests puts it (the output itself, or for allgather this
-    /// rank's slot of it, for reduce-scatter the whole buffer whose slot
-    /// `rank` becomes the output).
-    pub fn in_out(&self, case: &Case, rank: u32, call: u64) -> (u64, u64) {
-        let out = self.out[(call % 2) as usize];
-        let slot = u64::from(rank) * case.count * case.dtype.bytes();
-        match (case.in_place, case.op) {
-            (false, _) => (self.input, out),
-            (true, Op::Allreduce) => (out, out),
-            (true, Op::Allgather) => (out + slot, out),
-            (true, Op::ReduceScatter) => (out, out + slot),
+    /// The receive area of call number `call` of `algo` (by call parity)
+    /// and its bytes per source row: the LL area for LL lines, else the
+    /// receive rows.
+    pub fn recv_area(&self, algo: Algo, call: u64) -> (u64, u64) {
+        let parity = (call % 2) as usize;
+        match algo {
+            Algo::Ll => (self.ll[parity], self.ll_stride),
+            _ => (self.recv[parity], self.recv_stride),
         }
     }
 }
@@ -400,49 +239,14 @@ mod tests {
     }
 
     #[test]
-    fn nccl_tests_accounting() {
-        assert_eq!(count_for(Op::Allreduce, Dtype::F32, 3, 1 << 20), 1 << 18);
-        assert_eq!(count_for(Op::Allgather, Dtype::F32, 8, 1 << 20), 32768);
-        assert_eq!(count_for(Op::ReduceScatter, Dtype::Bf16, 3, 8), 1);
-        assert_eq!(count_for(Op::Allgather, Dtype::F32, 3, 8), 0);
-        assert_eq!(Op::Allreduce.bus_factor(2), 1.0);
-        assert_eq!(Op::Allreduce.bus_factor(4), 1.5);
-        assert_eq!(Op::Allgather.bus_factor(4), 0.75);
-        let c = Case {
-            op: Op::Allgather,
-            algo: Algo::OneShot,
-            path: Path::Put,
-            dtype: Dtype::Bf16,
-            in_place: false,
-            count: 100,
-        };
-        assert_eq!(c.bytes(3), 600);
-        assert_eq!(c.elems(3), (100, 300));
+    fn sizes_follow_nccl_tests() {
         assert_eq!(sizes(8, 64, 2).unwrap(), vec![8, 16, 32, 64]);
         assert_eq!(sizes(8, 100, 4).unwrap(), vec![8, 32]);
         assert!(sizes(64, 8, 2).is_err() && sizes(8, 64, 1).is_err());
     }
 
     #[test]
-    fn blocks_grow_with_size_and_stay_within_the_limit() {
-        let mut c = Case {
-            op: Op::Allreduce,
-            algo: Algo::OneShot,
-            path: Path::Store,
-            dtype: Dtype::F32,
-            in_place: false,
-            count: 2,
-        };
-        assert_eq!(c.blocks(3, 44), 1);
-        c.count = 64 << 20;
-        assert_eq!(c.blocks(3, 44), 44);
-        assert_eq!(c.blocks(3, 1000), MAX_BLOCKS);
-        c.count = BLOCK_BYTES; // 4× BLOCK_BYTES of f32
-        assert_eq!(c.blocks(3, 44), 4);
-    }
-
-    #[test]
-    fn window_regions_do_not_overlap_and_in_place_sits_in_the_output() {
+    fn window_regions_do_not_overlap() {
         let w = WindowLayout::new(1000, 3);
         assert!(w.input >= 2 * 128 * 16 * 8);
         assert_eq!(w.out[0], w.input + 1024);
@@ -454,18 +258,7 @@ mod tests {
             WindowLayout::new(1 << 30, 2).ll_stride,
             ll_bytes(LL_MAX_BYTES)
         );
-        let mut c = Case {
-            op: Op::ReduceScatter,
-            algo: Algo::OneShot,
-            path: Path::Put,
-            dtype: Dtype::F32,
-            in_place: true,
-            count: 10,
-        };
-        assert_eq!(w.in_out(&c, 2, 1), (w.out[1], w.out[1] + 80));
-        c.op = Op::Allgather;
-        assert_eq!(w.in_out(&c, 2, 0), (w.out[0] + 80, w.out[0]));
-        c.in_place = false;
-        assert_eq!(w.in_out(&c, 2, 3), (w.input, w.out[1]));
+        assert_eq!(w.recv_area(Algo::Ll, 3), (w.ll[1], w.ll_stride));
+        assert_eq!(w.recv_area(Algo::TwoShot, 2), (w.recv[0], w.recv_stride));
     }
 }

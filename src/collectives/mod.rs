@@ -6,18 +6,22 @@
 //!
 //! The modules, bottom up:
 //!
-//! - [`layout`]: operations, algorithms, paths, types; the index arithmetic
-//!   (chunks and slices) the kernels share; the window; nccl-tests' sizes,
-//!   counts and bus bandwidth;
-//! - [`reference`](mod@reference): every input and expected output, and a
-//!   CPU model of each algorithm over the same offsets (tests the index
-//!   arithmetic without a GPU);
+//! - [`layout`]: algorithms, paths, types; the index arithmetic (chunks and
+//!   slices) the kernels share; the window; nccl-tests' sweep of sizes;
+//! - [`reference`](mod@reference), [`nccl`]: what the operations stand on:
+//!   every rank's input and a CPU model of all ranks' windows; NCCL's
+//!   communicator and one call's arguments;
+//! - [`ops`]: the operations, one file each (allreduce and its algorithms,
+//!   allgather, reduce-scatter): counts, in-place offsets, bus factor, CPU
+//!   model and reference, NCCL call, kernel entries; and the table of them;
+//! - [`case`]: one call of the sweep and what the harness derives from its
+//!   operation (count, size, grid, offsets, its CPU run);
 //! - [`plan`]: the run every rank agrees on, case by case;
 //! - [`member`]: how ranks meet (a [`crate::group`] member, with the rank
 //!   environment, store and launcher of [`crate::ranks`]);
-//! - [`kernels`], [`session`], [`nccl`], [`run`]: the GPU run — the kernels
-//!   of `cuda/collectives.cu`, the rank's registered window and views, the
-//!   cases and their checks, NCCL's same calls, the entry;
+//! - [`kernels`], [`session`], [`run`]: the GPU run — the kernels of
+//!   `cuda/collectives.cu`, the rank's registered window and views, the
+//!   cases and their checks beside NCCL's same calls, the entry;
 //! - [`report`]: rows, the table, JSON and CSV;
 //! - [`elastic`]: runs that survive a rank's death: steps, agreement,
 //!   shrink, the per-phase report.
@@ -29,11 +33,13 @@ pub const PROGRAM: crate::ranks::Program = crate::ranks::Program {
     namespace: "nixl_coll",
 };
 
+pub mod case;
 pub mod elastic;
 pub mod kernels;
 pub mod layout;
 pub mod member;
 pub mod nccl;
+pub mod ops;
 pub mod plan;
 pub mod reference;
 pub mod report;

@@ -1,6 +1,7 @@
 //! The same-run baseline: NCCL's own allreduce, allgather and
-//! reduce-scatter of the same count and type, through cudarc's NCCL
-//! bindings, queued and timed exactly like ours (CUDA events around each
+//! reduce-scatter of the same count and type (each operation's file in
+//! [`super::ops`] makes its call, through cudarc's NCCL bindings), queued
+//! and timed exactly like ours (CUDA events around each
 //! call on the rank's stream, inputs filled and every output element
 //! checked by the same kernels). NCCL is found and loaded as for `ep`
 //! ([`crate::ranks::nccl::prepare`]).
@@ -12,13 +13,14 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use cudarc::nccl::{result, sys};
+use cudarc::nccl::sys;
 
-use super::layout::{Dtype, Op};
+use super::layout::Dtype;
 use super::member::Group;
 use crate::gpu::Gpu;
 pub use crate::ranks::nccl::Comm;
-use crate::ranks::nccl::{check, exchange_id};
+pub use crate::ranks::nccl::check;
+use crate::ranks::nccl::exchange_id;
 
 /// Makes the communicator of all ranks (rank 0's unique id through the
 /// store). `ncclCommInitRank` blocks until every rank joins, so it runs on
@@ -54,51 +56,37 @@ pub fn connect(group: &Group, gpu: &Gpu) -> Result<Comm> {
     }
 }
 
-fn data_type(d: Dtype) -> sys::ncclDataType_t {
-    match d {
-        Dtype::F32 => sys::ncclDataType_t::ncclFloat32,
-        Dtype::Bf16 => sys::ncclDataType_t::ncclBfloat16,
-    }
+/// One NCCL call as every operation makes it ([`super::ops::Collective::nccl`]):
+/// nccl-tests' `count` of `dtype` from `input` to `output` (device
+/// addresses) on `stream`.
+pub struct NcclCall {
+    pub comm: sys::ncclComm_t,
+    pub stream: sys::cudaStream_t,
+    pub input: *const std::ffi::c_void,
+    pub output: *mut std::ffi::c_void,
+    pub count: usize,
+    pub dtype: sys::ncclDataType_t,
 }
 
-/// Queues NCCL's `op` of nccl-tests' `count` from `input` to `output`
-/// (device addresses) on `stream`.
-///
-/// # Safety
-/// The buffers must hold the call's elements until it completes.
-pub unsafe fn queue(
-    comm: &Comm,
-    stream: &cudarc::driver::CudaStream,
-    op: Op,
-    dtype: Dtype,
-    count: u64,
-    input: u64,
-    output: u64,
-) -> Result<()> {
-    let s = stream.cu_stream() as sys::cudaStream_t;
-    let (i, o, n, t) = (
-        input as *const std::ffi::c_void,
-        output as *mut std::ffi::c_void,
-        count as usize,
-        data_type(dtype),
-    );
-    let sum = sys::ncclRedOp_t::ncclSum;
-    // SAFETY: as the caller promised.
-    unsafe {
-        match op {
-            Op::Allreduce => check(
-                "ncclAllReduce",
-                result::all_reduce(i, o, n, t, sum, comm.raw(), s),
-            )?,
-            Op::Allgather => check(
-                "ncclAllGather",
-                result::all_gather(i, o, n, t, comm.raw(), s),
-            )?,
-            Op::ReduceScatter => check(
-                "ncclReduceScatter",
-                result::reduce_scatter(i, o, n, t, sum, comm.raw(), s),
-            )?,
-        };
+impl NcclCall {
+    /// The call of `count` elements of `dtype` from `input` to `output` over
+    /// `comm` on `stream`.
+    pub fn new(
+        comm: &Comm,
+        stream: &cudarc::driver::CudaStream,
+        (dtype, count): (Dtype, u64),
+        (input, output): (u64, u64),
+    ) -> Self {
+        Self {
+            comm: comm.raw(),
+            stream: stream.cu_stream() as sys::cudaStream_t,
+            input: input as *const std::ffi::c_void,
+            output: output as *mut std::ffi::c_void,
+            count: count as usize,
+            dtype: match dtype {
+                Dtype::F32 => sys::ncclDataType_t::ncclFloat32,
+                Dtype::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+            },
+        }
     }
-    Ok(())
 }

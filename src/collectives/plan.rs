@@ -4,7 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::{AlgoChoice, Case, Dtype, Op, Path, count_for};
+use super::case::{Case, count_for};
+use super::layout::{Algo, AlgoChoice, Dtype, Path};
+use super::ops::Op;
 use crate::cli::{UsageError, fmt_bytes};
 
 /// In place, out of place, or both (`--place`).
@@ -132,15 +134,16 @@ impl RunConfig {
                     let mut cases = Vec::new();
                     let probe = Case {
                         op,
-                        algo: super::layout::Algo::OneShot,
+                        algo: Algo::OneShot,
                         path: Path::Store,
                         dtype,
                         in_place: false,
                         count,
                     };
                     let bytes = probe.bytes(self.ranks);
-                    for algo in self.algo.algos(op, bytes) {
-                        for &path in self.paths.iter().filter(|&&p| algo.runs(op, bytes, p)) {
+                    let spec = op.spec();
+                    for algo in spec.chosen(self.algo, bytes) {
+                        for &path in self.paths.iter().filter(|&&p| spec.runs(algo, bytes, p)) {
                             for in_place in self.place.in_place() {
                                 cases.push(Case {
                                     op,
@@ -243,7 +246,7 @@ mod tests {
     fn cfg() -> RunConfig {
         RunConfig {
             ranks: 3,
-            ops: Op::ALL.to_vec(),
+            ops: Op::all().to_vec(),
             algo: AlgoChoice::All,
             paths: vec![Path::Store, Path::Put],
             dtypes: vec![Dtype::F32],

@@ -9,7 +9,7 @@ use std::path::Path as FsPath;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::layout::{Case, Op};
+use super::case::Case;
 use super::plan::RunConfig;
 use crate::stats::Summary;
 
@@ -80,17 +80,15 @@ pub fn row(
 ) -> Row {
     let bytes = case.bytes(ranks);
     let gbps = |ns: f64| if ns > 0.0 { bytes as f64 / ns } else { 0.0 };
-    let factor = case.op.bus_factor(ranks);
+    let op = case.op.spec();
+    let factor = op.bus_factor(ranks);
     Row {
         size_bytes: bytes,
         count: case.count,
         dtype: case.dtype.name().into(),
-        redop: case.op.redop().into(),
-        op: case.op.name().into(),
-        algo: match case.op {
-            Op::Allreduce => case.algo.name().into(),
-            _ => "-".into(),
-        },
+        redop: op.redop().into(),
+        op: op.name().into(),
+        algo: op.algo_column(case.algo).into(),
         path: case.path.name().into(),
         in_place: case.in_place,
         blocks,
@@ -195,6 +193,7 @@ pub fn write_csv(path: &FsPath, info: &RunInfo, rows: &[Row]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::super::layout::{Algo, Dtype, Path};
+    use super::super::ops::Op;
     use super::*;
 
     #[test]

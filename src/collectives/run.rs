@@ -217,7 +217,7 @@ fn elastic_session(
     }
     g.put_final(&g.rank_entry(g.rank, "elastic"), &measured?)?;
     el.end_phase(0)?;
-    s.close_survived();
+    s.close_survived()?;
     let survivors = el.active(0);
     if g.rank != lowest(&survivors) {
         return Ok(());

@@ -3,8 +3,9 @@
 //! sweep with its checks, NCCL's same calls, and a teardown in which nobody
 //! frees memory a peer still maps.
 //!
-//! A case is `warmup` checked calls (`fill → coll_run → check`) then
-//! `iters` timed ones back to back (`event → coll_run → event`), queued on
+//! A case is `warmup` checked calls (`fill → run → check`, run: the
+//! operation's kernel entry for the case's algorithm) then `iters` timed
+//! ones back to back (`event → run → event`), queued on
 //! the rank's stream and watched as one by
 //! [`crate::gpu::run::run_watched`] (the host polls, asks the store whether
 //! a rank gave up, and cancels the kernels if one did). The run-wide call
@@ -15,25 +16,23 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result, sys};
-use nixl_sys::{MemView, RegistrationHandle};
 use serde::{Deserialize, Serialize};
 
+use super::case::Case;
 use super::kernels::{
     CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, phases,
 };
-use super::layout::{Algo, Case, MAX_BLOCKS, MAX_RANKS, WindowLayout};
+use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout};
 use super::member::Group;
-use super::nccl::{self, Comm};
+use super::nccl::{self, Comm, NcclCall};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
 use crate::gpu::kernels::wait_value_geq;
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
-use crate::group::AgentMetadata;
-use crate::nixl::agent::{UcxAgent, create_ucx_agent};
-use crate::nixl::serdes::{DescList, MemType};
-use crate::nixl::view::{load_peer, prep_local, prep_remote_ranks};
+use crate::nixl::net::{Net, PeerCard};
+use crate::nixl::serdes::Desc;
 use crate::ranks::nccl::NcclStatus;
 use crate::ranks::sm_share::{RankGpu, sm_share};
 
@@ -147,12 +146,10 @@ pub struct Context<'a> {
     pub kernels: &'a CollKernels,
 }
 
-/// The session's resources. Fields drop in declaration order: views, then
-/// the registration, then the memory, then the agent.
+/// The session's resources. Fields drop in declaration order: the NIXL
+/// side (views, registration, agent), then the memory.
 pub struct Session {
-    remote: Option<MemView>,
-    local: Option<MemView>,
-    reg: Option<RegistrationHandle>,
+    net: Net,
     pub layout: WindowLayout,
     window: DeviceBuffer,
     report: DeviceBuffer,
@@ -172,16 +169,16 @@ pub struct Session {
     /// Every peer's window as `nixlGetPtr` gives it (store path), looked
     /// up once by [`Session::check_pointers`].
     ptrs: std::cell::OnceCell<DeviceBuffer>,
-    nixl: UcxAgent,
     corrupted: Cell<bool>,
 }
 
 impl Session {
-    /// Agent, window (zeroed: the flags start at epoch 0), registration,
-    /// every peer's metadata and window, the views.
+    /// Window (zeroed: the flags start at epoch 0), agent, registration and
+    /// local view ([`Net::open`]), every peer's card, and the remote view
+    /// over all ranks (element `r`: rank `r`'s window; it stays when an
+    /// elastic run shrinks: the kernels skip the gone by member index).
     pub fn open(ctx: &Context) -> Result<Self> {
         let g = ctx.group;
-        let nixl = create_ucx_agent(&g.agent_name(g.rank, 0))?;
         let layout = WindowLayout::new(ctx.cfg.max_bytes(), g.world);
         let alloc = |len: u64, what: &str| {
             DeviceBuffer::zeroed(&ctx.gpu.ctx, len as usize).with_context(|| {
@@ -189,48 +186,29 @@ impl Session {
             })
         };
         let window = alloc(layout.bytes, "the window")?;
-        let reg = nixl
-            .agent
-            .register_memory(&window, None)
-            .context("registering the window (VRAM)")?;
-        g.put(
-            &g.rank_entry(g.rank, "metadata"),
-            &AgentMetadata(nixl.agent.get_local_md()?),
-        )?;
-        let own = DescList::new(
-            MemType::Vram,
-            vec![crate::nixl::serdes::Desc {
-                addr: window.addr(),
-                len: layout.bytes,
-                dev_id: window.ordinal() as u64,
-            }],
-        );
-        g.put(&g.rank_entry(g.rank, "window"), &own)?;
-        let mut peers = vec![None; g.world as usize];
-        for r in (0..g.world).filter(|&r| r != g.rank) {
-            let md: AgentMetadata = g.get(&g.rank_entry(r, "metadata"), r, "agent metadata")?;
-            load_peer(&nixl.agent, &md.0, &g.agent_name(r, 0), g.timeout())
-                .map_err(|e| g.blame_member(r as usize, e))?;
-            let list: DescList = g.get(&g.rank_entry(r, "window"), r, "window descriptor")?;
-            match list.descs.as_slice() {
-                [d] if d.len == layout.bytes => peers[r as usize] = Some((*d, g.agent_name(r, 0))),
-                other => bail!(
-                    "rank {r} published a window of {other:?}, expected one buffer of {} bytes",
-                    layout.bytes
-                ),
-            }
-        }
-        // SAFETY: our window stays registered until these views drop (close).
-        let local = unsafe { prep_local(&nixl.agent, &nixl.backend, &own)? };
-        // SAFETY: peers keep their windows until every rank passed "released".
-        let remote = match g.world {
-            1 => None,
-            _ => Some(unsafe { prep_remote_ranks(&nixl.agent, &nixl.backend, &peers)? }),
+        let desc = Desc {
+            addr: window.addr(),
+            len: layout.bytes,
+            dev_id: window.ordinal() as u64,
         };
+        let (mut net, card) = Net::open(&g.agent_name(g.rank, 0), &window, desc, g.world)?;
+        g.put(&g.rank_entry(g.rank, "card"), &card)?;
+        for r in (0..g.world).filter(|&r| r != g.rank) {
+            let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
+            let want = g.agent_name(r, 0);
+            if card.agent != want {
+                bail!(
+                    "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
+                    card.agent
+                );
+            }
+            (net.connect(r, &card, g.timeout())).map_err(|e| g.blame_member(r as usize, e))?;
+        }
+        // SAFETY: no kernel runs yet; peers keep their windows until every
+        // rank passed "released" (close), or the run's end (close_survived).
+        unsafe { net.rebuild(&[])? };
         Ok(Self {
-            remote,
-            local: Some(local),
-            reg: Some(reg),
+            net,
             layout,
             report: alloc(size_of::<CollReport>() as u64, "the report")?,
             verify: alloc(size_of::<CollVerify>() as u64, "the check report")?,
@@ -249,14 +227,8 @@ impl Session {
             gates: Cell::new(0),
             ptrs: std::cell::OnceCell::new(),
             window,
-            nixl,
             corrupted: Cell::new(false),
         })
-    }
-
-    fn views(&self) -> (u64, u64) {
-        let local = self.local.as_ref().map_or(0, |v| v.as_ptr() as u64);
-        (local, self.remote.as_ref().map_or(0, |v| v.as_ptr() as u64))
     }
 
     /// The store path needs every peer's window mapped into ours; every rank
@@ -265,13 +237,14 @@ impl Session {
     pub fn check_pointers(&self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
         let mut unreachable = Vec::new();
-        if let Some(remote) = &self.remote {
+        let remote = self.net.views().remote;
+        if remote != 0 {
             let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
             // SAFETY: the view is live; the probe buffer holds `world` u64.
             unsafe {
-                ctx.kernels.launch_probe(
+                (ctx.kernels).launch_probe(
                     &ctx.gpu.stream,
-                    remote.as_ptr() as u64,
+                    remote,
                     g.world,
                     g.rank,
                     probe.addr(),
@@ -303,18 +276,8 @@ impl Session {
     }
 
     /// Drops the views, waits until every rank has, then deregisters.
-    pub fn close(mut self, ctx: &Context) -> Result<()> {
-        self.remote = None;
-        self.local = None;
-        ctx.group.barrier("released")?;
-        self.reg = None;
-        for r in (0..ctx.group.world).filter(|&r| r != ctx.group.rank) {
-            let _ = self
-                .nixl
-                .agent
-                .invalidate_remote_md(&ctx.group.agent_name(r, 0));
-        }
-        Ok(())
+    pub fn close(self, ctx: &Context) -> Result<()> {
+        self.net.close(|| ctx.group.barrier("released"))
     }
 }
 
@@ -373,12 +336,13 @@ impl Session {
 
     /// The call's kernel parameters.
     fn params(&self, ctx: &Context, case: &Case, call: u64) -> CollParams {
-        let (local, remote) = self.views();
+        let views = self.net.views();
         let v = self.view.get();
-        let (off_in, off_out) = self.layout.in_out(case, v.me, call);
+        let (off_in, off_out) = case.in_out(&self.layout, v.me, call);
+        let (off_recv, recv_stride) = self.layout.recv_area(case.algo, call);
         CollParams {
-            local_mvh: local,
-            remote_mvh: remote,
+            local_mvh: views.local,
+            remote_mvh: views.remote,
             window: self.window.addr(),
             report: self.report.addr(),
             sent: self.sent.addr(),
@@ -387,20 +351,14 @@ impl Session {
             off_flags: self.layout.flags,
             off_in,
             off_out,
-            off_recv: match case.algo {
-                Algo::Ll => self.layout.ll[(call % 2) as usize],
-                _ => self.layout.recv[(call % 2) as usize],
-            },
-            recv_stride: match case.algo {
-                Algo::Ll => self.layout.ll_stride,
-                _ => self.layout.recv_stride,
-            },
+            off_recv,
+            recv_stride,
             count: case.count,
             epoch: call + 1,
             timeout_ns: ctx.cfg.timeout_ns,
             rank: v.me,
             ranks: v.ranks,
-            op: case.op.code(),
+            op: case.op.spec().code(),
             algo: case.algo.code(),
             path: case.path.code(),
             dtype: case.dtype.code(),
@@ -429,13 +387,17 @@ impl Session {
                 _ => self.report.addr(),
             },
             members: v.members,
-            op: case.op.code(),
+            op: case.op.spec().code(),
             dtype: case.dtype.code(),
             call: call as u32,
             random: u32::from(ctx.cfg.data == DataMode::Random),
         }
     }
 }
+
+/// A case's timed calls, ns: their GPU times, their in-kernel times, and
+/// where block 0's phase 0 spent them (setup, push, signal, wait).
+type CaseTimes = (Vec<f64>, Vec<f64>, Vec<[f64; 4]>);
 
 impl Session {
     /// One case: its calls queued and watched, then the report and the
@@ -452,12 +414,7 @@ impl Session {
     /// everything is queued), so the GPU runs them at its own pace, not at
     /// the rate the host launches them; two untimed calls after the gate
     /// absorb the ranks' different release times.
-    fn run_case(
-        &self,
-        ctx: &Context,
-        case: &Case,
-        first: u64,
-    ) -> Result<(Vec<f64>, Vec<f64>, Vec<[f64; 4]>)> {
+    fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<CaseTimes> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let blocks = case.blocks(g.world, ctx.plan.max_blocks);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
@@ -474,7 +431,9 @@ impl Session {
         // SAFETY: every address belongs to this session, which outlives the
         // work (run_watched waits for it).
         let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, k: u64| unsafe {
-            Ok(ctx.kernels.launch_run(s, blocks, &data(id + k, id).0)?)
+            Ok(ctx
+                .kernels
+                .launch_run(s, case, blocks, &data(id + k, id).0)?)
         })?;
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as above.
@@ -482,7 +441,7 @@ impl Session {
                 for c in first..id {
                     let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    ctx.kernels.launch_run(s, blocks, &p)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p)?;
                     self.maybe_corrupt(ctx, s, d.output, c - first)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                     checks += 1;
@@ -490,7 +449,9 @@ impl Session {
                 ctx.kernels.launch_data(s, false, &data(id, id).1)?;
                 let gate = self.close_gate(s)?;
                 timed.queue(s, &|s: &CudaStream, k: u64| {
-                    Ok(ctx.kernels.launch_run(s, blocks, &data(id + k, id).0)?)
+                    Ok(ctx
+                        .kernels
+                        .launch_run(s, case, blocks, &data(id + k, id).0)?)
                 })?;
                 let end = id + iters + 2;
                 for c in end - 2..end {
@@ -504,22 +465,14 @@ impl Session {
             Ok(())
         };
         let what = describe(case, g.world);
-        run_watched(
-            ctx.gpu,
-            &self.report,
-            Duration::from_nanos(cfg.timeout_ns),
-            Some(self.gate.addr()),
-            queue,
-            || g.probe(),
-        )
-        .with_context(|| format!("rank {}: {what}", g.rank))
-        .and_then(|f| match f.released {
-            true => bail!(
-                "rank {}: {what}: not done within the timeout (gate released)",
-                g.rank
-            ),
-            false => Ok(()),
-        })?;
+        self.watch_gated(ctx, &what, queue)
+            .and_then(|f| match f.released {
+                true => bail!(
+                    "rank {}: {what}: not done within the timeout (gate released)",
+                    g.rank
+                ),
+                false => Ok(()),
+            })?;
         self.check_report(ctx, &what)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
         let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
@@ -527,6 +480,21 @@ impl Session {
             .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
         let stamps = &raw[(warm + 2) as usize..];
         Ok((timed.times(2)?, calibrate(stamps)?, phases(stamps)?))
+    }
+
+    /// Runs `queue`'s work, whose timed calls wait behind a gate, watched
+    /// ([`run_watched`]: the run's timeout releases the gate); errors name
+    /// this rank and `what`.
+    fn watch_gated(
+        &self,
+        ctx: &Context,
+        what: &str,
+        queue: impl FnOnce(&CudaStream) -> Result<()>,
+    ) -> Result<crate::gpu::run::Finished> {
+        let (g, timeout) = (ctx.group, Duration::from_nanos(ctx.cfg.timeout_ns));
+        let gate = Some(self.gate.addr());
+        run_watched(ctx.gpu, &self.report, timeout, gate, queue, || g.probe())
+            .with_context(|| format!("rank {}: {what}", g.rank))
     }
 
     /// Queues a wait behind the next gate; returns its value.
@@ -572,7 +540,8 @@ impl Session {
         let d = self.data(ctx, case, bufs.0.addr(), bufs.1.addr(), warm);
         // SAFETY: both buffers hold the largest call; they outlive the work.
         let call = |s: &CudaStream, d: &CollData| unsafe {
-            nccl::queue(comm, s, case.op, case.dtype, case.count, d.input, d.output)
+            let c = NcclCall::new(comm, s, (case.dtype, case.count), (d.input, d.output));
+            case.op.spec().nccl(&c)
         };
         let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
         let queue = |s: &CudaStream| -> Result<()> {
@@ -593,15 +562,7 @@ impl Session {
             Ok(())
         };
         let what = format!("NCCL {} {} B", case.op.name(), case.bytes(g.world));
-        run_watched(
-            ctx.gpu,
-            &self.report,
-            Duration::from_nanos(cfg.timeout_ns),
-            Some(self.gate.addr()),
-            queue,
-            || g.probe(),
-        )
-        .with_context(|| format!("rank {}: {what}", g.rank))?;
+        self.watch_gated(ctx, &what, queue)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
         timed.times(2)
     }
@@ -684,16 +645,8 @@ impl Timed {
     /// captured now (on a stream of their own, relaxed capture mode: the
     /// NCCL baseline is captured the same way).
     fn new(ctx: &Context, n: u64, call: &Call) -> Result<Self> {
-        let ev = || {
-            ctx.gpu
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        };
-        let events = (0..n)
-            .map(|_| Ok((ev()?, ev()?)))
-            .collect::<Result<Vec<_>>>()?;
         let mut t = Timed {
-            events,
+            events: event_pairs(ctx, n)?,
             graph: None,
         };
         if ctx.cfg.launch == Launch::Graph {
@@ -742,11 +695,25 @@ impl Timed {
 
     /// GPU time of each call after the first `skip`, ns.
     fn times(&self, skip: usize) -> Result<Vec<f64>> {
-        self.events[skip..]
-            .iter()
-            .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
-            .collect()
+        elapsed_ns(&self.events[skip..])
     }
+}
+
+/// `n` pairs of events to time `n` calls between.
+fn event_pairs(ctx: &Context, n: u64) -> Result<Vec<(CudaEvent, CudaEvent)>> {
+    let ev = || {
+        ctx.gpu
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+    };
+    (0..n).map(|_| Ok((ev()?, ev()?))).collect()
+}
+
+/// The GPU time between each pair of `events`, ns.
+fn elapsed_ns(events: &[(CudaEvent, CudaEvent)]) -> Result<Vec<f64>> {
+    (events.iter())
+        .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
+        .collect()
 }
 
 /// Connects NCCL when every rank has it; otherwise, or when NCCL refuses,
@@ -795,9 +762,9 @@ pub struct StepOutcome {
 
 impl Session {
     /// One step of an elastic run over [`Session::view`]: `calls` calls of
-    /// `case` from call number `first`, each `fill → coll_run → check` with
+    /// `case` from call number `first`, each `fill → run → check` with
     /// its own inputs and every output element compared, timed by events
-    /// around `coll_run`. A wait past the fault timeout abandons the step
+    /// around the run. A wait past the fault timeout abandons the step
     /// on every member (the calls left return at once, their checks count
     /// them lost); that is not an error. Errors: a wait past `--timeout`,
     /// a failed NIXL call, an unmapped peer, a wrong element (exit 3).
@@ -810,14 +777,7 @@ impl Session {
     ) -> Result<StepOutcome> {
         let (g, v) = (ctx.group, self.view.get());
         let blocks = case.blocks(v.ranks, v.max_blocks.unwrap_or(ctx.plan.max_blocks));
-        let ev = || {
-            ctx.gpu
-                .ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        };
-        let events = (0..calls)
-            .map(|_| Ok((ev()?, ev()?)))
-            .collect::<Result<Vec<_>>>()?;
+        let events = event_pairs(ctx, calls)?;
         self.verify.zero(&ctx.gpu.stream)?;
         let queue = |s: &CudaStream| -> Result<()> {
             for (k, (a, b)) in events.iter().enumerate() {
@@ -829,7 +789,7 @@ impl Session {
                 unsafe {
                     ctx.kernels.launch_data(s, false, &d)?;
                     a.record(s)?;
-                    ctx.kernels.launch_run(s, blocks, &p)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p)?;
                     b.record(s)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                 }
@@ -849,9 +809,7 @@ impl Session {
             .download(&ctx.gpu.stream, bytemuck::bytes_of_mut(&mut vf))?;
         let done = calls - u64::from(vf.lost);
         self.check_verify(ctx, &what, case.elems(v.ranks).1 * done)?;
-        let times_ns = (events[..done as usize].iter())
-            .map(|(a, b)| Ok(f64::from(a.elapsed_ms(b)?) * 1e6))
-            .collect::<Result<_>>()?;
+        let times_ns = elapsed_ns(&events[..done as usize])?;
         Ok(StepOutcome {
             times_ns,
             lost: vf.lost,
@@ -864,9 +822,7 @@ impl Session {
     /// end (none writes into our window any more; the dead never will), so
     /// the views and the registration go without the all-ranks barrier of
     /// [`Session::close`].
-    pub fn close_survived(mut self) {
-        self.remote = None;
-        self.local = None;
-        self.reg = None;
+    pub fn close_survived(self) -> Result<()> {
+        self.net.close(|| Ok(()))
     }
 }

@@ -71,27 +71,7 @@ impl RoutingKind {
     }
 }
 
-pub use crate::gpu::path::Path;
-
-/// `--path`: one data path or both, one after the other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum PathChoice {
-    Put,
-    Store,
-    Both,
-}
-
-impl PathChoice {
-    /// The paths to run, in order.
-    pub fn paths(self) -> Vec<Path> {
-        match self {
-            PathChoice::Put => vec![Path::Put],
-            PathChoice::Store => vec![Path::Store],
-            PathChoice::Both => vec![Path::Put, Path::Store],
-        }
-    }
-}
+pub use crate::gpu::path::{Path, PathChoice};
 
 /// Most ranks one run may have (each block signals every rank; the wait
 /// thread walks them in turn).

@@ -6,10 +6,8 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use crate::gpu::kernels::KernelReport;
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig,
-    PushKernelArg,
-};
+use crate::gpu::launch;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError};
 
 /// `EpParams`: what every EP kernel receives. Pointers are device
 /// addresses; offsets are into the rank's window
@@ -301,13 +299,8 @@ impl EpKernels {
         blocks: u32,
         p: &EpParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (super::config::THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(self.function(step));
-        b.arg(p);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        let shape = (blocks, super::config::THREADS);
+        // SAFETY: as this function's contract; `EpParams` is `ep_*`'s parameter.
+        unsafe { launch::launch(stream, self.function(step), shape, p) }
     }
 }

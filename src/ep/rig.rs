@@ -13,6 +13,7 @@ use super::mask::Mask;
 use super::model::Model;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::serdes::Desc;
+use crate::nixl::view::Views;
 
 /// Device buffers of one rank (freed on drop; deregister the window first).
 pub struct Rig {
@@ -116,14 +117,14 @@ impl Rig {
         cfg: &RunConfig,
         model: &Model,
         grid: &Grid,
-        views: (u64, u64),
+        views: Views,
         path: Path,
     ) -> EpParams {
         let s = &model.shape;
         let l = &self.layout;
         EpParams {
-            local_mvh: views.0,
-            remote_mvh: views.1,
+            local_mvh: views.local,
+            remote_mvh: views.remote,
             window: self.window.addr(),
             report: self.report.addr(),
             verify: self.verify.addr(),

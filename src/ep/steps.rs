@@ -25,6 +25,7 @@ use crate::cli::DataMismatch;
 use crate::gpu::Gpu;
 use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::run::run_watched;
+use crate::nixl::view::Views;
 
 /// What every step uses: the GPU and its kernels, the CPU model, the
 /// configuration, this rank's device memory and the launch grid.
@@ -54,7 +55,7 @@ pub struct Outcome {
 
 impl Stepper<'_> {
     /// Runs `count` steps from `first` (global numbers) back to back on
-    /// `path` over `views` (local, remote), watched as one piece of work,
+    /// `path` over `views`, watched as one piece of work,
     /// and checks their reports: the kernels queued on the stream, or
     /// `graph` replayed (captured by [`Stepper::capture`] for this path and
     /// these views). The kernels take the step number from the device word
@@ -65,7 +66,7 @@ impl Stepper<'_> {
     /// rank gave up).
     pub fn steps(
         &self,
-        views: (u64, u64),
+        views: Views,
         path: Path,
         (first, count): (u32, u32),
         graph: Option<&CudaGraph>,
@@ -120,7 +121,7 @@ impl Stepper<'_> {
     /// `masked` and runs the next step's dispatch alone (its fill and
     /// dispatch kernels; no combine, no checks, the step word not
     /// advanced), waiting for it within the fault timeout's bound.
-    pub fn dispatch_only(&self, views: (u64, u64), path: Path, masked: Mask) -> Result<()> {
+    pub fn dispatch_only(&self, views: Views, path: Path, masked: Mask) -> Result<()> {
         let s = &self.gpu.stream;
         self.rig.set_mask(s, masked)?;
         let p = self.params(views, path);
@@ -135,7 +136,7 @@ impl Stepper<'_> {
         Ok(())
     }
 
-    fn params(&self, views: (u64, u64), path: Path) -> EpParams {
+    fn params(&self, views: Views, path: Path) -> EpParams {
         let mut p = self
             .rig
             .params(self.cfg, self.model, &self.grid, views, path);
@@ -147,7 +148,7 @@ impl Stepper<'_> {
     /// graph (on a stream of its own): replayed for every step of a run,
     /// with no re-capture when the mask changes (the kernels read it on the
     /// device) or the step advances (the device word).
-    pub fn capture(&self, views: (u64, u64), path: Path) -> Result<CudaGraph> {
+    pub fn capture(&self, views: Views, path: Path) -> Result<CudaGraph> {
         let p = self.params(views, path);
         let cap = self.gpu.ctx.new_stream()?;
         cap.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
@@ -190,7 +191,7 @@ impl Stepper<'_> {
     /// rank runs this at the same point, after its last checked step.
     pub fn launch_cost(
         &self,
-        views: (u64, u64),
+        views: Views,
         path: Path,
         (first, count): (u32, u32),
         mut probe: impl FnMut() -> Option<String>,

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod context;
 pub mod copy;
 pub mod kernels;
+pub mod launch;
 pub mod ll;
 pub mod module;
 pub mod path;

@@ -46,3 +46,27 @@ impl Path {
         }
     }
 }
+
+/// `--path` of `ep` and `collectives`: one data path, or both in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PathChoice {
+    Put,
+    Store,
+    Both,
+}
+
+impl PathChoice {
+    /// The paths to run, in order; both: `first`, then the other.
+    pub fn paths(self, first: Path) -> Vec<Path> {
+        let other = match first {
+            Path::Put => Path::Store,
+            Path::Store => Path::Put,
+        };
+        match self {
+            PathChoice::Put => vec![Path::Put],
+            PathChoice::Store => vec![Path::Store],
+            PathChoice::Both => vec![first, other],
+        }
+    }
+}

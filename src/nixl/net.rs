@@ -18,7 +18,7 @@ use nixl_sys::{MemView, NixlDescriptor, RegistrationHandle};
 
 use super::agent::{UcxAgent, create_ucx_agent};
 use super::serdes::{Desc, DescList, MemType};
-use super::view::{RankBuffer, load_peer, prep_local, prep_remote_ranks};
+use super::view::{RankBuffer, Views, load_peer, prep_local, prep_remote_ranks};
 
 /// What a rank publishes so that others can connect to it: its agent's
 /// name and metadata (`getLocalMD`) and its window (one VRAM descriptor).
@@ -248,10 +248,9 @@ impl Net {
         Ok(())
     }
 
-    /// (local view, remote view) as the kernels take them; 0 = none.
-    pub fn views(&self) -> (u64, u64) {
-        let local = self.local.as_ref().map_or(0, |v| v.as_ptr() as u64);
-        (local, self.remote.as_ref().map_or(0, |v| v.as_ptr() as u64))
+    /// The local and the remote view as the kernels take them.
+    pub fn views(&self) -> Views {
+        Views::of(self.local.as_ref(), self.remote.as_ref())
     }
 
     /// Drops both views (no kernel may run), then, after `released` (every

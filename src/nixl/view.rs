@@ -14,6 +14,30 @@ use nixl_sys::{Agent, Backend, MemView, OptArgs, RemoteDescList, RemoteDescripto
 
 use super::serdes::{Desc, DescList, MemType};
 
+/// The two memory views an N-rank kernel works through, as it takes them:
+/// `nixlMemViewH` device pointers ([`MemView::as_ptr`]), 0 where there is
+/// none. `local` views this rank's window (one buffer, index 0); `remote`
+/// is rank-indexed, element `r` rank `r`'s window ([`prep_remote_ranks`]).
+/// A kernel addresses one byte of either as a
+/// [`crate::gpu::kernels::MemViewElem`] `{view, index, offset}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Views {
+    pub local: u64,
+    pub remote: u64,
+}
+
+impl Views {
+    /// The handles of `local` and `remote` (0 for a view not prepared: a
+    /// single rank has no remote view).
+    pub fn of(local: Option<&MemView>, remote: Option<&MemView>) -> Self {
+        let handle = |v: Option<&MemView>| v.map_or(0, |v| v.as_ptr() as u64);
+        Self {
+            local: handle(local),
+            remote: handle(remote),
+        }
+    }
+}
+
 fn backend_hint(backend: &Backend) -> Result<OptArgs> {
     let mut opt = OptArgs::new()?;
     opt.add_backend(backend)?;

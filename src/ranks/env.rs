@@ -23,6 +23,22 @@ pub struct Program {
     pub namespace: &'static str,
 }
 
+impl Program {
+    /// The program's `main` once its arguments are parsed: its lines
+    /// tagged ([`RankEnv::tag`]), `run` run, and an error turned into the
+    /// exit status ([`crate::cli::exit_status`]: 2 bad arguments, 3 wrong
+    /// data, 1 any other failure).
+    pub fn main<A>(
+        self,
+        args: A,
+        run: impl FnOnce(A) -> anyhow::Result<std::process::ExitCode>,
+    ) -> std::process::ExitCode {
+        let tag = RankEnv::tag(self.name);
+        crate::logging::init(&tag);
+        run(args).unwrap_or_else(|e| crate::cli::exit_status(&tag, &e))
+    }
+}
+
 /// One rank's place in the run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankEnv {

@@ -22,10 +22,12 @@
 //!   a GPU;
 //! - [`launch`]: `--ranks N` / `--plan FILE`: hosts the store, starts each
 //!   phase's ranks, kills the plan's victims at random moments, and writes a
-//!   notice for every death it sees;
+//!   notice for every death it sees; [`args`]: the flags that choose and
+//!   steer an elastic run, the same in every program;
 //! - [`nccl`], [`sm_share`]: what N-rank GPU programs share: loading NCCL
 //!   for their same-run baseline, and ranks sharing one GPU's SMs.
 
+pub mod args;
 pub mod check;
 pub mod env;
 pub mod group;

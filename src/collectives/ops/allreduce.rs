@@ -1,0 +1,189 @@
+//! Allreduce (sum): every rank ends with the sum of all inputs, `count`
+//! elements in and out. Three algorithms: one-shot (every rank pushes its
+//! whole input to every peer and sums all N), two-shot (reduce-scatter,
+//! then allgather of the sums: 2(N−1)/N of the data per rank, the bus
+//! optimum) and LL (one-shot in 16-byte lines that carry the call's epoch,
+//! store path, small sizes). KERNEL_GUIDE.md ("Collectives") compares them.
+
+use anyhow::Result;
+use cudarc::nccl::{result, sys};
+
+use super::{Collective, peer_share};
+use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, Path, split};
+use crate::collectives::nccl::{NcclCall, check};
+use crate::collectives::reference::{Model, input};
+
+/// `auto` runs one-shot allreduce up to this size, two-shot above: the
+/// crossover measured on one H100 shared by 2–4 ranks under MPS lay between
+/// 1 and 8 MiB (docs/results/2026-11-24-h100-collectives); across NVLink it
+/// is still to be measured.
+pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
+
+/// `auto`'s choice for an allreduce of `bytes`.
+pub fn auto_algo(bytes: u64) -> Algo {
+    if bytes <= AUTO_ONE_SHOT_MAX {
+        Algo::OneShot
+    } else {
+        Algo::TwoShot
+    }
+}
+
+pub struct Allreduce;
+
+impl Collective for Allreduce {
+    fn name(&self) -> &'static str {
+        "allreduce"
+    }
+
+    fn code(&self) -> u32 {
+        0 // COLL_ALLREDUCE
+    }
+
+    fn bus_factor(&self, ranks: u32) -> f64 {
+        2.0 * peer_share(ranks)
+    }
+
+    fn elems(&self, count: u64, _ranks: u32) -> (u64, u64) {
+        (count, count)
+    }
+
+    fn in_place(&self, out: u64, _slot: u64) -> (u64, u64) {
+        (out, out)
+    }
+
+    fn algorithms(&self) -> &'static [Algo] {
+        &[Algo::OneShot, Algo::TwoShot, Algo::Ll]
+    }
+
+    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+        match choice {
+            AlgoChoice::OneShot => vec![Algo::OneShot],
+            AlgoChoice::TwoShot => vec![Algo::TwoShot],
+            AlgoChoice::Ll => vec![Algo::Ll],
+            AlgoChoice::Auto => vec![auto_algo(bytes)],
+            AlgoChoice::All if bytes <= LL_MAX_BYTES => self.algorithms().to_vec(),
+            AlgoChoice::All => vec![Algo::OneShot, Algo::TwoShot],
+        }
+    }
+
+    /// LL's lines need peer pointers (store path) and carry half their
+    /// bytes in data, so it stops at [`LL_MAX_BYTES`].
+    fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
+        algo != Algo::Ll || (path == Path::Store && bytes <= LL_MAX_BYTES)
+    }
+
+    fn algo_column(&self, algo: Algo) -> &'static str {
+        algo.name()
+    }
+
+    /// Two-shot's blocks divide one rank's chunk, the others' the whole.
+    fn block_elems(&self, algo: Algo, count: u64, ranks: u32) -> u64 {
+        match algo {
+            Algo::TwoShot => split(count, u64::from(ranks), 0).1,
+            _ => count,
+        }
+    }
+
+    fn kernel(&self, algo: Algo) -> &'static str {
+        match algo {
+            Algo::OneShot => "coll_allreduce_one_shot",
+            Algo::TwoShot => "coll_allreduce_two_shot",
+            Algo::Ll => "coll_allreduce_ll",
+        }
+    }
+
+    fn expected(&self, ranks: u32, _rank: u32, _count: u64, call: u64, i: u64) -> f32 {
+        (0..ranks).map(|r| input(r, i, call)).sum()
+    }
+
+    fn model(&self, algo: Algo, m: &mut Model) {
+        match algo {
+            // LL moves the same elements as one-shot, packed in lines (the
+            // line format is crate::gpu::ll's, tested there).
+            Algo::OneShot | Algo::Ll => one_shot(m),
+            Algo::TwoShot => two_shot(m),
+        }
+    }
+
+    unsafe fn nccl(&self, c: &NcclCall) -> Result<()> {
+        let sum = sys::ncclRedOp_t::ncclSum;
+        // SAFETY: as the caller promised.
+        let r = unsafe {
+            result::all_reduce(c.input, c.output, c.count, c.dtype, sum, c.comm, c.stream)
+        };
+        check("ncclAllReduce", r).map(drop)
+    }
+}
+
+fn one_shot(m: &mut Model) {
+    let (n, c) = (m.ranks, m.count);
+    for r in 0..n {
+        for b in 0..m.blocks {
+            let (lo, hi) = split(c, m.blocks, b);
+            for d in (0..n).filter(|&d| d != r) {
+                let (i, dst) = (m.io(r).0, m.recv(r));
+                m.send(r, d, i + lo as usize, dst + lo as usize, hi - lo);
+            }
+        }
+    }
+    for r in 0..n {
+        let (i, o) = m.io(r);
+        let src = m.sources(r, i, 0);
+        for b in 0..m.blocks {
+            let (lo, hi) = split(c, m.blocks, b);
+            m.reduce(r, o, &src, lo, hi);
+        }
+    }
+}
+
+fn two_shot(m: &mut Model) {
+    let (n, c) = (m.ranks, m.count);
+    let slice = |m: &Model, d: u32, b: u64| {
+        let (c0, c1) = split(c, u64::from(n), u64::from(d));
+        let (lo, hi) = split(c1 - c0, m.blocks, b);
+        (c0, lo, hi)
+    };
+    for r in 0..n {
+        for b in 0..m.blocks {
+            for d in (0..n).filter(|&d| d != r) {
+                let (c0, lo, hi) = slice(m, d, b);
+                let (i, dst) = (m.io(r).0, m.recv(r));
+                m.send(r, d, i + (c0 + lo) as usize, dst + lo as usize, hi - lo);
+            }
+        }
+    }
+    for r in 0..n {
+        let (i, o) = m.io(r);
+        for b in 0..m.blocks {
+            let (c0, lo, hi) = slice(m, r, b);
+            let src = m.sources(r, i, c0);
+            m.reduce(r, o, &src, c0 + lo, c0 + hi);
+        }
+    }
+    for r in 0..n {
+        for b in 0..m.blocks {
+            let (c0, lo, hi) = slice(m, r, b);
+            for d in (0..n).filter(|&d| d != r) {
+                let at = m.io(r).1 + (c0 + lo) as usize;
+                m.send(r, d, at, at, hi - lo);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algo_picks_by_size_and_path() {
+        let a = Allreduce;
+        assert_eq!(a.bus_factor(2), 1.0);
+        assert_eq!(a.bus_factor(4), 1.5);
+        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES).len(), 3);
+        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1).len(), 2);
+        assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20), vec![Algo::TwoShot]);
+        assert!(!a.runs(Algo::Ll, 8, Path::Put) && a.runs(Algo::Ll, 8, Path::Store));
+        assert!(a.runs(Algo::TwoShot, 1 << 30, Path::Put));
+    }
+}

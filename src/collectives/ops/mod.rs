@@ -1,0 +1,158 @@
+//! The operations, one file each over one harness, as nccl-tests gives each
+//! collective its `src/<op>.cu`: every operation states in its own file its
+//! counts (the elements of one rank's input and output), where its input
+//! sits in place, its bus-bandwidth factor and its NCCL call, and beside
+//! them its algorithms, the kernel entry of each in `cuda/collectives.cu`,
+//! and the CPU model and reference its results are checked against. The
+//! harness ([`super::case::Case`], the window, the session, the report)
+//! asks only through [`Collective`].
+//!
+//! Adding an operation: a file here implementing [`Collective`], its line
+//! in the table ([`Op`] and [`Op::spec`]), and in `cuda/collectives.cu` its
+//! algorithm under a `COLL_ENTRY` and its input and expected output in
+//! `coll_fill` and `coll_check`.
+
+use anyhow::Result;
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use super::layout::{Algo, AlgoChoice, Path};
+use super::nccl::NcclCall;
+use super::reference::Model;
+
+pub mod allgather;
+pub mod allreduce;
+pub mod reduce_scatter;
+
+/// What one collective operation is, for every part of the harness.
+/// Counts are nccl-tests': `count` is all elements for allreduce, the
+/// elements per rank for allgather and reduce-scatter.
+pub trait Collective: Sync {
+    /// nccl-tests' name and `--op`'s: `allreduce`.
+    fn name(&self) -> &'static str;
+
+    /// `COLL_ALLREDUCE` …: the operation `coll_fill` and `coll_check` fill
+    /// and check for.
+    fn code(&self) -> u32;
+
+    /// nccl-tests' redop column.
+    fn redop(&self) -> &'static str {
+        "sum"
+    }
+
+    /// nccl-tests' bus bandwidth factor: busbw = algbw × this.
+    fn bus_factor(&self, ranks: u32) -> f64;
+
+    /// Elements of one rank's input and of its output in a call of `count`
+    /// on `ranks` ranks. The larger is nccl-tests' buffer (its size).
+    fn elems(&self, count: u64, ranks: u32) -> (u64, u64);
+
+    /// In place: where the input and the output start, bytes, given the
+    /// output buffer at `out` and this rank's slot of it `slot` bytes in
+    /// (rank × count × element size): nccl-tests' placement.
+    fn in_place(&self, out: u64, slot: u64) -> (u64, u64);
+
+    /// Every algorithm it has, in the order a sweep runs them.
+    fn algorithms(&self) -> &'static [Algo] {
+        &[Algo::OneShot]
+    }
+
+    /// The algorithms `--algo` picks for a buffer of `bytes`.
+    fn chosen(&self, _choice: AlgoChoice, _bytes: u64) -> Vec<Algo> {
+        self.algorithms().to_vec()
+    }
+
+    /// Whether `algo` runs a buffer of `bytes` over `path`.
+    fn runs(&self, _algo: Algo, _bytes: u64, _path: Path) -> bool {
+        true
+    }
+
+    /// The table's algo column: `-` where there is no choice.
+    fn algo_column(&self, _algo: Algo) -> &'static str {
+        "-"
+    }
+
+    /// Elements the call's blocks divide among them (sizes the grid).
+    fn block_elems(&self, _algo: Algo, count: u64, _ranks: u32) -> u64 {
+        count
+    }
+
+    /// `algo`'s kernel entry in `cuda/collectives.cu` (`COLL_ENTRY`): it
+    /// takes one `CollParams`.
+    fn kernel(&self, algo: Algo) -> &'static str;
+
+    /// The expected output element `i` of `rank` in call `call` (the
+    /// inputs of [`super::reference::input`]; `coll_check`'s `expected()`
+    /// on the GPU).
+    fn expected(&self, ranks: u32, rank: u32, count: u64, call: u64, i: u64) -> f32;
+
+    /// Replays `algo`'s pushes and sums on `m`, block by block, as its
+    /// kernel makes them.
+    fn model(&self, algo: Algo, m: &mut Model);
+
+    /// Queues NCCL's same call.
+    ///
+    /// # Safety
+    /// The buffers of `c` must hold the call's elements until it completes.
+    unsafe fn nccl(&self, c: &NcclCall) -> Result<()>;
+}
+
+/// (n − 1)/n: the share of a buffer a rank exchanges with its peers,
+/// nccl-tests' bus bandwidth factor of allgather and reduce-scatter
+/// (allreduce moves it twice).
+pub fn peer_share(ranks: u32) -> f64 {
+    let n = f64::from(ranks);
+    (n - 1.0) / n
+}
+
+/// The table of operations: `--op`'s values, in the order a sweep runs them.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    Allreduce,
+    Allgather,
+    ReduceScatter,
+}
+
+impl Op {
+    /// Every operation, in the table's order.
+    pub fn all() -> &'static [Op] {
+        Op::value_variants()
+    }
+
+    /// The operation itself.
+    pub fn spec(self) -> &'static dyn Collective {
+        match self {
+            Op::Allreduce => &allreduce::Allreduce,
+            Op::Allgather => &allgather::Allgather,
+            Op::ReduceScatter => &reduce_scatter::ReduceScatter,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().name()
+    }
+
+    /// Every (operation, algorithm) there is: every kernel entry.
+    pub fn every_algorithm() -> impl Iterator<Item = (Op, Algo)> {
+        (Op::all().iter()).flat_map(|&op| op.spec().algorithms().iter().map(move |&a| (op, a)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_names_each_operation_as_op_takes_it() {
+        for &op in Op::all() {
+            assert_eq!(Op::from_str(op.name(), false), Ok(op));
+        }
+        let entries: std::collections::BTreeSet<_> = Op::every_algorithm()
+            .map(|(op, a)| op.spec().kernel(a))
+            .collect();
+        assert_eq!(entries.len(), 5);
+    }
+}

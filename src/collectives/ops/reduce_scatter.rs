@@ -1,0 +1,78 @@
+//! Reduce-scatter (sum): rank r ends with the sum over ranks of chunk r of
+//! their inputs, `count` elements out of ranks × count in. One shot: every
+//! rank pushes chunk d of its input to rank d's receive row for it, waits
+//! for every peer's, and sums its own chunk from all N.
+
+use anyhow::Result;
+use cudarc::nccl::{result, sys};
+
+use super::{Collective, peer_share};
+use crate::collectives::layout::{Algo, split};
+use crate::collectives::nccl::{NcclCall, check};
+use crate::collectives::reference::{Model, input};
+
+pub struct ReduceScatter;
+
+impl Collective for ReduceScatter {
+    fn name(&self) -> &'static str {
+        "reduce-scatter"
+    }
+
+    fn code(&self) -> u32 {
+        2 // COLL_REDUCE_SCATTER
+    }
+
+    fn bus_factor(&self, ranks: u32) -> f64 {
+        peer_share(ranks)
+    }
+
+    fn elems(&self, count: u64, ranks: u32) -> (u64, u64) {
+        (count * u64::from(ranks), count)
+    }
+
+    /// The input is the whole buffer; this rank's slot of it becomes the
+    /// output.
+    fn in_place(&self, out: u64, slot: u64) -> (u64, u64) {
+        (out, out + slot)
+    }
+
+    fn kernel(&self, _algo: Algo) -> &'static str {
+        "coll_reduce_scatter"
+    }
+
+    fn expected(&self, ranks: u32, rank: u32, count: u64, call: u64, i: u64) -> f32 {
+        let at = u64::from(rank) * count + i;
+        (0..ranks).map(|r| input(r, at, call)).sum()
+    }
+
+    fn model(&self, _algo: Algo, m: &mut Model) {
+        let (n, c) = (m.ranks, m.count);
+        for r in 0..n {
+            for b in 0..m.blocks {
+                let (lo, hi) = split(c, m.blocks, b);
+                for d in (0..n).filter(|&d| d != r) {
+                    let (i, dst) = (m.io(r).0, m.recv(r));
+                    let at = i + (u64::from(d) * c + lo) as usize;
+                    m.send(r, d, at, dst + lo as usize, hi - lo);
+                }
+            }
+        }
+        for r in 0..n {
+            let (i, o) = m.io(r);
+            let src = m.sources(r, i + (u64::from(r) * c) as usize, 0);
+            for b in 0..m.blocks {
+                let (lo, hi) = split(c, m.blocks, b);
+                m.reduce(r, o, &src, lo, hi);
+            }
+        }
+    }
+
+    unsafe fn nccl(&self, c: &NcclCall) -> Result<()> {
+        let sum = sys::ncclRedOp_t::ncclSum;
+        // SAFETY: as the caller promised.
+        let r = unsafe {
+            result::reduce_scatter(c.input, c.output, c.count, c.dtype, sum, c.comm, c.stream)
+        };
+        check("ncclReduceScatter", r).map(drop)
+    }
+}
