@@ -5,7 +5,8 @@
 
 use std::mem::{offset_of, size_of};
 
-use nixl_examples::gpu::kernels::{KernelReport, MemViewElem};
+use nixl_examples::gpu::kernels::KernelReport;
+use nixl_examples::nixl::view::MemViewElem;
 use nixl_examples::simple_write::kernels::{WaitParams, WriteParams};
 
 #[test]

@@ -1,40 +1,15 @@
-//! What the kernels of every program share on the host: the memory view
-//! element NIXL's device calls take, the report every kernel writes, the
-//! stream wait on a word, and the check of a memory view's layout. Each
+//! What the kernels of every program share on the host: the report every
+//! kernel writes, the stream wait on a word, and the check of a memory
+//! view's layout (the memory view element NIXL's device calls take is
+//! [`crate::nixl::view::MemViewElem`], beside the views it indexes). Each
 //! program's own kernel interface lives with the program
 //! (`simple_write::kernels`, `ep::kernels`, `collectives::kernels`).
 
-use std::mem::{offset_of, size_of};
+use std::mem::size_of;
 
-use cudarc::driver::{CudaStream, DeviceRepr, DriverError};
+use cudarc::driver::{CudaStream, DriverError};
 
 pub use super::module::{KernelsError, availability};
-
-/// `nixlMemViewElem` from `nixl_device.cuh`: a memory view handle, the
-/// index of a buffer in the view, and a byte offset into that buffer.
-/// Passed to kernels by value; 24 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemViewElem {
-    /// `nixlMemViewH`: the device pointer NIXL's `prepMemView` returned
-    /// (`nixl_sys::MemView::as_ptr`).
-    pub mvh: u64,
-    /// Buffer index within the view (the descriptor's position in its list).
-    pub index: u64,
-    /// Byte offset into that buffer.
-    pub offset: u64,
-}
-
-impl MemViewElem {
-    /// Element `index` of `view`, at offset 0.
-    pub fn new(view: &nixl_sys::MemView, index: u64) -> Self {
-        Self {
-            mvh: view.as_ptr() as u64,
-            index,
-            offset: 0,
-        }
-    }
-}
 
 /// What a kernel reports back (`KernelReport` in cuda/kernel_report.h). Times are
 /// `%globaltimer` nanoseconds of the GPU that ran the kernel.
@@ -59,13 +34,8 @@ pub struct KernelReport {
 
 // The layout contract with the kernels; a mismatch fails the build.
 const _: () = {
-    assert!(size_of::<MemViewElem>() == 24);
-    assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
     assert!(size_of::<KernelReport>() == 40);
 };
-
-// SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.
-unsafe impl DeviceRepr for MemViewElem {}
 
 /// Queues a wait on `stream` until the u64 at device address `addr` is at
 /// least `value` (`cuStreamWaitValue64`, GEQ). Nothing runs on the GPU while

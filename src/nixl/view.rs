@@ -7,6 +7,7 @@
 //! cuda_ipc, the mapped peer address). The view is released when the
 //! `MemView` drops, which must happen before the memory is deregistered.
 
+use std::mem::{offset_of, size_of};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -14,12 +15,47 @@ use nixl_sys::{Agent, Backend, MemView, OptArgs, RemoteDescList, RemoteDescripto
 
 use super::serdes::{Desc, DescList, MemType};
 
+/// `nixlMemViewElem` from `nixl_device.cuh`: a memory view handle, the
+/// index of a buffer in the view, and a byte offset into that buffer.
+/// Passed to kernels by value; 24 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemViewElem {
+    /// `nixlMemViewH`: the device pointer NIXL's `prepMemView` returned
+    /// (`nixl_sys::MemView::as_ptr`).
+    pub mvh: u64,
+    /// Buffer index within the view (the descriptor's position in its list).
+    pub index: u64,
+    /// Byte offset into that buffer.
+    pub offset: u64,
+}
+
+impl MemViewElem {
+    /// Element `index` of `view`, at offset 0.
+    pub fn new(view: &nixl_sys::MemView, index: u64) -> Self {
+        Self {
+            mvh: view.as_ptr() as u64,
+            index,
+            offset: 0,
+        }
+    }
+}
+
+// The layout contract with the kernels (cuda/kernels.cu asserts the same).
+const _: () = {
+    assert!(size_of::<MemViewElem>() == 24);
+    assert!(offset_of!(MemViewElem, index) == 8 && offset_of!(MemViewElem, offset) == 16);
+};
+
+// SAFETY: plain #[repr(C)] data whose layout matches the kernel parameters.
+unsafe impl cudarc::driver::DeviceRepr for MemViewElem {}
+
 /// The two memory views an N-rank kernel works through, as it takes them:
 /// `nixlMemViewH` device pointers ([`MemView::as_ptr`]), 0 where there is
 /// none. `local` views this rank's window (one buffer, index 0); `remote`
 /// is rank-indexed, element `r` rank `r`'s window ([`prep_remote_ranks`]).
 /// A kernel addresses one byte of either as a
-/// [`crate::gpu::kernels::MemViewElem`] `{view, index, offset}`.
+/// [`MemViewElem`] `{view, index, offset}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Views {
     pub local: u64,

@@ -14,8 +14,9 @@ use cudarc::driver::{
 };
 
 use crate::gpu::Gpu;
-use crate::gpu::kernels::MemViewElem;
+use crate::gpu::launch::{grid, launch};
 use crate::gpu::module::{Fatbin, KernelsError, load};
+use crate::nixl::view::MemViewElem;
 
 /// Which group of threads makes one collective `nixlPut` / `nixlAtomicAdd`
 /// call (`nixl_gpu_level_t`). GRID exists in the header but is a silent
@@ -455,11 +456,7 @@ impl clap::ValueEnum for Path {
 }
 
 /// The launch shape of the one-thread kernels (wait, stamp, ack).
-const ONE_THREAD: LaunchConfig = LaunchConfig {
-    grid_dim: (1, 1, 1),
-    block_dim: (1, 1, 1),
-    shared_mem_bytes: 0,
-};
+const ONE_THREAD: LaunchConfig = grid(1, 1);
 
 /// The kernels loaded into one GPU's context.
 pub struct Kernels {
@@ -557,14 +554,8 @@ impl Kernels {
         threads: u32,
         p: &WriteParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(self.write_fn(path, level));
-        b.arg(p);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        // SAFETY: as this function's contract.
+        unsafe { launch(stream, self.write_fn(path, level), (blocks, threads), p) }
     }
 
     /// Queues the target's wait kernel (one thread).
@@ -576,9 +567,8 @@ impl Kernels {
         stream: &CudaStream,
         p: &WaitParams,
     ) -> Result<(), DriverError> {
-        let mut b = stream.launch_builder(&self.wait);
-        b.arg(p);
-        unsafe { b.launch(ONE_THREAD) }.map(|_| ())
+        // SAFETY: as this function's contract.
+        unsafe { launch(stream, &self.wait, (1, 1), p) }
     }
 
     /// Queues the target's LL wait kernel: one block of `threads` threads
@@ -593,14 +583,10 @@ impl Kernels {
         threads: u32,
         p: &WaitParams,
     ) -> Result<(), DriverError> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (threads.clamp(1, 1024), 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(&self.ll_wait);
-        b.arg(p);
-        unsafe { b.launch(cfg) }.map(|_| ())
+        // Whole warps: the kernel's lanes vote together (it refuses others).
+        let threads = threads.clamp(1, 1024).next_multiple_of(32);
+        // SAFETY: as this function's contract.
+        unsafe { launch(stream, &self.ll_wait, (1, threads), p) }
     }
 }
 

@@ -11,9 +11,10 @@ use super::held::Held;
 use crate::cli::fmt_bytes;
 use crate::gpu::DeviceBuffer;
 use crate::gpu::clock::{Span, ns_per_cycle};
-use crate::gpu::kernels::{KernelReport, MemViewElem, wait_value_geq};
+use crate::gpu::kernels::{KernelReport, wait_value_geq};
 use crate::gpu::run::{Finished, run_watched};
 use crate::group::Member;
+use crate::nixl::view::MemViewElem;
 use crate::simple_write::baseline::Baselines;
 use crate::simple_write::kernels::{
     FenceScope, WRITE_GPU_SCOPE, WRITE_HOST_SEQUENCED, WRITE_PINGPONG, WRITE_STAMP, WaitMode,
@@ -55,11 +56,11 @@ pub struct Breakdown {
     /// (a source load included).
     pub data_ns: f64,
     /// The release before the signal: put path, the group's barrier and the
-    /// fence; store path, the group's barrier; LL and flag: nothing.
+    /// fence; the other paths have none of their own (0).
     pub fence_ns: f64,
     /// Issuing the signal: put path, nixlAtomicAdd (NIXL's, which waits for
-    /// its result); store path, one posted release add; LL and flag:
-    /// nothing (the lines and the flag are the signal).
+    /// its result); store path, the group's barrier and one release add;
+    /// LL and flag: nothing (the lines and the flag are the signal).
     pub signal_ns: f64,
     /// From then until the acknowledgement is seen: the flight to the
     /// target, its reply and the flight back.
