@@ -49,7 +49,7 @@ struct WriteParams {
     uint64_t chunk;          // 0: each group puts one contiguous slice; else chunks of this many
                              // bytes dealt round-robin to the groups (see Layout below)
     uint64_t signal_base;    // flag path: iteration `iter` stores signal_base + iter + 1
-    uint64_t *phase_cycles;  // nullable; ping-pong: 3 slots per timed iteration (Phases below)
+    uint64_t *phase_cycles;  // nullable; ping-pong: 4 slots per timed iteration (Phases below)
 };
 static_assert(sizeof(WriteParams) == 192, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, phase_cycles) == 184, "WriteParams layout is shared with the host");
@@ -211,23 +211,31 @@ __device__ void group_copy(uint8_t *to, const uint8_t *from, uint64_t len) {
 }
 
 // Where one ping-pong message's time goes on the initiator (`--breakdown`):
-// clock64 when the data was issued, when the fence before the signal
-// returned and when the signal was issued. Kept by the timing thread only
-// (`on`); a path without a fence or a separate signal stamps them together.
+// clock64 when the message began, when its data was issued, when the fence
+// before the signal returned and when the signal was issued, stored as they
+// happen into the iteration's four slots (`at`: null when not recording, or
+// not the timing thread). One pointer, not four clocks held in registers:
+// the put kernel needs every register it has. A path without a fence or a
+// separate signal stamps them together.
 struct Phases {
-    bool on = false;
-    uint64_t data = 0, fence = 0, signal = 0;
-    // The fence, where a path has none of its own, takes no time.
-    __device__ void at_data() { if (on) data = fence = clock64(); }
-    __device__ void at_fence() { if (on) fence = clock64(); }
-    __device__ void at_signal() { if (on) signal = clock64(); }
-    __device__ void at_all() { if (on) data = fence = signal = clock64(); }
+    uint64_t *at = nullptr;
+    __device__ void at_data() { if (at) at[1] = at[2] = clock64(); }
+    __device__ void at_fence() { if (at) at[2] = clock64(); }
+    __device__ void at_signal() { if (at) at[3] = clock64(); }
+    __device__ void at_all() { if (at) at[1] = at[2] = at[3] = clock64(); }
+};
+// Bandwidth rounds stamp nothing: the same calls, compiled away.
+struct NoPhases {
+    __device__ void at_data() {}
+    __device__ void at_fence() {}
+    __device__ void at_signal() {}
+    __device__ void at_all() {}
 };
 
 // One iteration for one group, put path: nixlPut each of the group's
 // chunks, then fence and signal once.
-template <nixl_gpu_level_t L>
-__device__ void put_and_signal(const WriteParams &p, uint32_t iter, Phases &ph) {
+template <nixl_gpu_level_t L, class Ph>
+__device__ void put_and_signal(const WriteParams &p, uint32_t iter, Ph &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;  // more groups than data: this one idles
@@ -265,9 +273,9 @@ __device__ __forceinline__ uint8_t *peer_ptr(const nixlMemViewElem &e) {
 // One iteration for one group, store path: plain vector stores through the
 // peer pointer, then one release add on the peer's signal. Same layout,
 // same signal count as the put path.
-template <nixl_gpu_level_t L>
+template <nixl_gpu_level_t L, class Ph>
 __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *dst,
-                                 unsigned long long *signal, Phases &ph) {
+                                 unsigned long long *signal, Ph &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;
@@ -392,7 +400,8 @@ struct Path {
         if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return false;
     }
-    __device__ void iteration(const WriteParams &p, uint32_t iter, Phases &ph) const {
+    template <class Ph>
+    __device__ void iteration(const WriteParams &p, uint32_t iter, Ph &ph) const {
         if (P == PATH_PUT) put_and_signal<L>(p, iter, ph);
         if (P == PATH_STORE) store_and_signal<L>(p, iter, dst, signal, ph);
         if (P == PATH_LL) ll_write<L>(p, iter, reinterpret_cast<uint4 *>(dst));
@@ -417,7 +426,7 @@ __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
     uint64_t ack_target = p.ack_base;
-    Phases none;
+    NoPhases none;
 
     for (uint32_t i = 0; i < p.warmup; ++i) path.iteration(p, p.first_iter + i, none);
     if (p.iters == 0) return;  // host-sequenced warm-up launch
@@ -466,23 +475,19 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
     Phases ph;
-    ph.on = timer && p.phase_cycles != nullptr;
     for (uint32_t i = 0; i < total; ++i) {
         if (i == p.warmup && timer) {
             p.report->t_start_ns = globaltimer_ns();
             c_start = clock64();
         }
+        const bool stamp = timer && p.phase_cycles != nullptr && i >= p.warmup;
+        ph.at = stamp ? p.phase_cycles + 4 * uint64_t(i - p.warmup) : nullptr;
         const uint64_t c0 = clock64();
+        if (stamp) ph.at[0] = c0;
         path.iteration(p, p.first_iter + i, ph);
         if (!each_wait_ack(p, p.ack_base + i + 1, deadline)) return;
         const uint64_t c1 = clock64();
         if (timer && i >= p.warmup) p.iter_cycles[i - p.warmup] = c1 - c0;
-        if (ph.on && i >= p.warmup) {
-            uint64_t *at = p.phase_cycles + 3 * uint64_t(i - p.warmup);
-            at[0] = ph.data - c0;
-            at[1] = ph.fence - c0;
-            at[2] = ph.signal - c0;
-        }
     }
     if (timer) {
         p.report->observed = p.ack_base + total;

@@ -154,9 +154,9 @@ pub struct WriteParams {
     /// Flag path: iteration `i` (global index) stores `signal_base + i + 1`
     /// into the target's signal (wrapping arithmetic).
     pub signal_base: u64,
-    /// Ping-pong with `--breakdown`: device address of `3 × iters` u64
-    /// slots, per timed iteration the SM cycles from the message's first
-    /// instruction to its data issued, its fence returned and its signal
+    /// Ping-pong with `--breakdown`: device address of `4 × iters` u64
+    /// slots, per timed iteration `clock64` at the message's first
+    /// instruction, its data issued, its fence returned and its signal
     /// issued ([`crate::simple_write::initiator_role::rounds::Breakdown`]);
     /// 0: not recorded.
     pub phase_cycles: u64,

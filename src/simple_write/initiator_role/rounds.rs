@@ -68,8 +68,8 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
-    /// From `3 × n` phase stamps (cycles from each iteration's start) and
-    /// the `n` round trips (cycles), at `ns_per_cycle`.
+    /// From `4 × n` phase stamps (`clock64` at each iteration's start, data,
+    /// fence and signal) and the `n` round trips (cycles), at `ns_per_cycle`.
     fn of(phases: &[u64], rtt_cycles: &[u64], ns_per_cycle: f64) -> Self {
         let p50 = |f: &dyn Fn(usize) -> u64| {
             let v: Vec<f64> = (0..rtt_cycles.len())
@@ -77,12 +77,13 @@ impl Breakdown {
                 .collect();
             Summary::of(&v).p50_ns
         };
-        let at = |i: usize, k: usize| phases[3 * i + k];
+        // Cycles from iteration i's start to its stamp k (1 data, 2 fence, 3 signal).
+        let at = |i: usize, k: usize| phases[4 * i + k].wrapping_sub(phases[4 * i]);
         Self {
-            data_ns: p50(&|i| at(i, 0)),
-            fence_ns: p50(&|i| at(i, 1).saturating_sub(at(i, 0))),
-            signal_ns: p50(&|i| at(i, 2).saturating_sub(at(i, 1))),
-            ack_ns: p50(&|i| rtt_cycles[i].saturating_sub(at(i, 2))),
+            data_ns: p50(&|i| at(i, 1)),
+            fence_ns: p50(&|i| at(i, 2).saturating_sub(at(i, 1))),
+            signal_ns: p50(&|i| at(i, 3).saturating_sub(at(i, 2))),
+            ack_ns: p50(&|i| rtt_cycles[i].saturating_sub(at(i, 3))),
         }
     }
 }
@@ -229,7 +230,7 @@ impl Launch<'_> {
         let phases = match held.breakdown && round.pingpong && !stream_mode {
             true => Some(DeviceBuffer::zeroed(
                 &held.gpu.ctx,
-                round.iters as usize * 3 * 8,
+                round.iters as usize * 4 * 8,
             )?),
             false => None,
         };
@@ -435,7 +436,10 @@ mod tests {
     #[test]
     fn a_breakdown_splits_each_round_trip_into_phases_that_add_up() {
         // Three round trips at 2 ns a cycle; the middle one is each p50.
-        let phases = [10, 15, 40, 12, 16, 50, 14, 17, 60];
+        // Each iteration's stamps start from its own clock (1000, 2000, 3000).
+        let phases = [
+            1000, 1010, 1015, 1040, 2000, 2012, 2016, 2050, 3000, 3014, 3017, 3060,
+        ];
         let b = Breakdown::of(&phases, &[100, 110, 120], 2.0);
         let want = Breakdown {
             data_ns: 24.0,
