@@ -175,11 +175,11 @@ __device__ Layout layout_of(const WriteParams &p) {
 
 // Where a source is read through the read-only path (ld.global.nc, __ldg)
 // and why: no kernel writes the sources while it runs (the host fills them
-// before the launch). On an H200 an 8-byte message's plain load took
-// 260-330 ns from the start of the iteration to its store, a read-only one
-// 100-110 ns; the LL copy's vectors gained too (64 MiB: 830 -> 1,240 GB/s).
-// The store path's vectors did not (64 MiB: 2,040 -> 1,840 GB/s), so they
-// stay plain loads; its tail, a small message's only load, is read-only.
+// before the launch). The LL copy gained from it on an H200 (64 MiB:
+// 840 -> 1,250 GB/s); the store path's vectors lost (64 MiB: 2,040 ->
+// 1,840 GB/s), so they stay plain loads. A small message's only load, the
+// tail, is read-only on both paths; what it still costs shows in
+// `simple_write --pingpong --breakdown` (the `data` phase).
 
 // The copy of the store path: the group's threads move 16-byte vectors,
 // four loads in flight per thread before the stores, then the tail bytes.
@@ -446,9 +446,10 @@ __device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint
 }
 
 // Ping-pong's wait for the acknowledgement: every thread polls the word
-// itself. A block barrier after one thread's wait would put the barrier's
-// cost (and a warp diverged around it) into every round trip; loads of one
-// cached word by every warp cost nothing on that path. Only thread 0
+// itself. A block barrier after one thread's wait puts the barrier's cost
+// (and a warp diverged around it) into every round trip; with every warp
+// polling one word, the floor row (this loop too) went from 0.36 to
+// 0.30 us a half round trip in one call on an H200. Only thread 0
 // writes the report. A thread that gives up at the deadline exits; the
 // barriers of the next iteration wait for non-exited threads only, and
 // every later wait gives up at once, so the block ends together.
@@ -635,8 +636,8 @@ __device__ void record_lines_expired(KernelReport *r, uint32_t why, const uint4 
 // again. Each warp polls as one (a vote per poll, over all 32 lanes: the
 // host launches whole warps), so no lane spins apart from its warp; a block
 // barrier follows only where there is more than one warp. A ping-pong
-// message of up to 32 lines has one, and a barrier there cost about 0.1 us
-// a message. True when all carry `seq`.
+// message of up to 32 lines has one (a stand-alone probe on an H200 put
+// that barrier at about 0.1 us a message). True when all carry `seq`.
 __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t deadline) {
     const uint64_t n = p.line_count, stride = blockDim.x;
     bool ok = true;

@@ -101,6 +101,17 @@ impl DeviceBuffer {
         Ok(u64::from_le_bytes(raw))
     }
 
+    /// The whole buffer as little-endian `u64`s (stamps, counters), after
+    /// the work queued on `stream`; a trailing partial word is left out.
+    pub fn read_u64s(&self, stream: &CudaStream) -> Result<Vec<u64>, DriverError> {
+        let mut raw = vec![0u8; self.len];
+        self.download(stream, &mut raw)?;
+        Ok(raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect())
+    }
+
     /// Sets every byte to zero and waits.
     pub fn zero(&self, stream: &CudaStream) -> Result<(), DriverError> {
         self.ctx.bind_to_thread()?;

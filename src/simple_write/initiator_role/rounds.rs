@@ -388,7 +388,7 @@ impl Launch<'_> {
         stream_mode: bool,
         r: &mut KernelReport,
     ) -> Result<(Summary, Option<Breakdown>)> {
-        let w = self.download_u64(stamps)?;
+        let w = stamps.read_u64s(&self.held.gpu.stream)?;
         if stream_mode {
             let first = self.round.warmup as usize;
             r.t_start_ns = w[first];
@@ -412,20 +412,14 @@ impl Launch<'_> {
         .context("the ping-pong kernel's timing")?;
         let rtts: Vec<f64> = w[..n].iter().map(|&c| c as f64 * k).collect();
         let breakdown = match phases {
-            Some(ph) => Some(Breakdown::of(&self.download_u64(ph)?, &w[..n], k)),
+            Some(ph) => Some(Breakdown::of(
+                &ph.read_u64s(&self.held.gpu.stream)?,
+                &w[..n],
+                k,
+            )),
             None => None,
         };
         Ok((Summary::of(&rtts), breakdown))
-    }
-
-    /// A device buffer of little-endian u64s.
-    fn download_u64(&self, buf: &DeviceBuffer) -> Result<Vec<u64>> {
-        let mut raw = vec![0u8; buf.len()];
-        buf.download(&self.held.gpu.stream, &mut raw)?;
-        Ok(raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect())
     }
 }
 

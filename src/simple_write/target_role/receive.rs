@@ -335,13 +335,11 @@ fn arrival_intervals(
     iters: usize,
     start_ns: u64,
 ) -> Result<Summary> {
-    let mut raw = vec![0u8; iters * 8];
-    stamps.download(&held.gpu.stream, &mut raw)?;
+    let stamps = stamps.read_u64s(&held.gpu.stream)?;
     let mut prev = start_ns;
-    let v: Vec<f64> = raw
-        .chunks_exact(8)
-        .map(|c| {
-            let t = u64::from_le_bytes(c.try_into().unwrap());
+    let v: Vec<f64> = stamps[..iters.min(stamps.len())]
+        .iter()
+        .map(|&t| {
             let d = t.saturating_sub(prev) as f64;
             prev = t;
             d
