@@ -783,9 +783,15 @@ extern "C" __global__ void coll_check(CollData d) {
     atomicAdd(reinterpret_cast<unsigned long long *>(&d.verify->checked), (unsigned long long)mine);
 }
 
-// out[d] = nixlGetPtr(remote, d) (1 for `rank` itself): whether the store
-// path can reach every peer.
-extern "C" __global__ void coll_probe_ptrs(void *remote_mvh, uint32_t ranks, uint32_t rank, uint64_t *out) {
-    for (uint32_t d = threadIdx.x; d < ranks; d += blockDim.x)
-        out[d] = d == rank ? 1 : reinterpret_cast<uint64_t>(nixlGetPtr(remote_mvh, d));
+// out[d] = nixlGetPtr(remote, d) for every rank d in `wanted` (1 for `rank`
+// itself, 0 for the rest): whether the store path can reach those peers.
+// Ranks outside `wanted` are not asked: an element of the view that holds no
+// peer yet (a rank that joins later) has no endpoint to ask.
+extern "C" __global__ void coll_probe_ptrs(void *remote_mvh, uint32_t ranks, uint32_t rank, uint64_t wanted,
+                                           uint64_t *out) {
+    for (uint32_t d = threadIdx.x; d < ranks; d += blockDim.x) {
+        if (d == rank) out[d] = 1;
+        else if ((wanted >> d & 1) == 0) out[d] = 0;
+        else out[d] = reinterpret_cast<uint64_t>(nixlGetPtr(remote_mvh, d));
+    }
 }

@@ -75,9 +75,19 @@ fn three_ranks_meet_and_connect_without_a_gpu() {
 fn elastic_arguments_that_cannot_work_exit_2() {
     let dir = std::env::temp_dir().join(format!("coll-plan-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let two = dir.join("two.json");
-    std::fs::write(&two, "[[0,1],[0,1,2]]").unwrap();
-    usage_error(&["--plan", two.to_str().unwrap()], "one phase");
+    let plan = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    usage_error(
+        &["--plan", &plan("leave.json", "[[0,1,2],[0,1]]")],
+        "rank 2 leaves at the end of phase 0: a collectives rank leaves only by dying",
+    );
+    usage_error(
+        &["--plan", &plan("again.json", "[[0,1,-2],[0,1,2]]")],
+        "rank 2 joins phase 1 but was a member before: a joiner takes a new rank id",
+    );
     usage_error(&["--elastic", "--fault-timeout", "0"], "--fault-timeout 0");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -129,6 +139,42 @@ fn a_rank_the_plan_kills_is_named_by_every_survivor_without_a_gpu() {
         assert!(
             out.contains(&format!("[rank {r}] phase 0: ranks gone: [{victim}]")),
             "rank {r} did not name rank {victim}: {}",
+            text(&o)
+        );
+    }
+}
+
+/// A plan whose second phase brings a new rank after one died (grow after
+/// shrink, as `ncclCommShrink` then `ncclCommGrow`): the joiner connects to
+/// every member of its phase and every survivor to the joiner, through the
+/// same membership the GPU run uses; the run exits 0.
+#[test]
+fn a_rank_joins_between_phases_after_one_died_without_a_gpu() {
+    let dir = std::env::temp_dir().join(format!("coll-grow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.json");
+    std::fs::write(&plan, "[[0,1,-2,3],[0,1,3,4]]").unwrap();
+    let o = collectives()
+        .args(["--plan", plan.to_str().unwrap(), "--check-connection"])
+        .args(["--iters", "6", "--kill-seed", "7", "--timeout", "30"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let want = [
+        "[rank 4] connected to all 3 other rank(s)".to_string(),
+        "[rank 0] phase 1: connected to 1 joiner(s)".into(),
+        "[rank 1] phase 1: connected to 1 joiner(s)".into(),
+        "[rank 3] phase 1: connected to 1 joiner(s)".into(),
+    ];
+    for line in want {
+        assert!(out.contains(&line), "never printed {line:?}: {}", text(&o));
+    }
+    for r in [0, 1, 3] {
+        assert!(
+            out.contains(&format!("[rank {r}] phase 0: ranks gone: [2]")),
+            "rank {r} did not name rank 2: {}",
             text(&o)
         );
     }

@@ -51,13 +51,16 @@ use nixl_examples::results::ResultFiles;
 /// Without RANK in the environment, `collectives` starts --ranks rank
 /// processes itself; under torchrun each process is one rank.
 ///
-/// Elastic runs (--elastic, or --plan FILE of one phase: ranks do not join
-/// a collectives run): a wait on a rank that passes --fault-timeout masks
-/// it and abandons the step on every member (its calls counted lost); the
-/// survivors agree on who is gone, shrink (chunks, slices and output slots
-/// recomputed over fewer members; nothing re-registered) and go on, every
-/// later call checked against the survivors' sum. Any rank may die (kill
-/// one by pid); the report is per case and member count. No NCCL baseline.
+/// Elastic runs (--elastic, or --plan FILE in ep's format): a wait on a
+/// rank that passes --fault-timeout masks it and abandons the step on
+/// every member (its calls counted lost); the survivors agree on who is
+/// gone, shrink (chunks, slices and output slots recomputed over fewer
+/// members; nothing re-registered) and go on, every later call checked
+/// against the survivors' sum. Any rank may die (kill one by pid). A later
+/// phase of the plan may bring new ranks (new ids: [[0,1,-2],[0,1,3]]),
+/// which join between two calls, as ncclCommGrow adds ranks; a rank leaves
+/// only by dying. Each phase runs --rounds rounds. The report is per case
+/// and member count. No NCCL baseline.
 ///
 /// Results go to stdout (rank 0), progress to stderr. Exit status: 0
 /// success, 1 failure, 2 bad arguments, 3 wrong data.
@@ -172,7 +175,8 @@ struct Args {
     membership: ElasticArgs,
 
     // Below the flatten, so under its "Elastic runs" heading.
-    /// Rounds of the sweep, one step (--iters calls) per case each.
+    /// Rounds of the sweep per phase, one step (--iters calls) per case
+    /// each; a phase's first round is its warm-up (checked, not timed).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
 }
@@ -212,23 +216,22 @@ fn real_main(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--plan FILE` (one phase) or `--elastic` (every rank): the elastic
-/// run's plan; none in a fixed run.
+/// `--plan FILE` or `--elastic` (every rank, one phase): the elastic run's
+/// plan; none in a fixed run. Errors: a plan collectives cannot run
+/// ([`check_plan`](nixl_examples::collectives::elastic::check_plan)), or
+/// one with joiners under torchrun.
 fn elastic_plan(args: &Args, env: Option<&RankEnv>) -> Result<Option<Plan>, UsageError> {
     let plan = match (&args.membership.plan, args.membership.elastic) {
         (Some(f), _) => Plan::load(f)?,
         (None, true) => Plan::fixed(RankEnv::world(env, args.ranks)?),
         (None, false) => return Ok(None),
     };
-    if plan.len() != 1 {
+    nixl_examples::collectives::elastic::check_plan(&plan)?;
+    let torchrun = env.filter(|e| !e.launcher_store);
+    if let Some(e) = torchrun.filter(|e| plan.len() != 1 || plan.members(0).len() as u32 != e.world) {
         return Err(UsageError(format!(
-            "--plan {}: a collectives run has one phase (ranks do not join it); give one list, e.g. [[0,1,-2,3]]",
-            plan.to_json()
-        )));
-    }
-    if let Some(e) = env.filter(|e| !e.launcher_store && plan.members(0).len() as u32 != e.world) {
-        return Err(UsageError(format!(
-            "--plan {} under torchrun: its phase must be ranks 0..{}",
+            "--plan {} under torchrun: torchrun starts every rank at once, so the plan is one phase of ranks 0..{} \
+             (ranks that join later need collectives' own launcher: run without torchrun)",
             plan.to_json(),
             e.world - 1
         )));

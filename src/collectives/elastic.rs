@@ -1,39 +1,114 @@
-//! Collectives that survive a rank's death (`--elastic`, or `--plan FILE`
-//! of one phase whose `-r` ranks the launcher kills), written as phases:
+//! Collectives that survive a rank's death and take in new ranks
+//! (`--elastic`, or `--plan FILE` in ep's format: `-r` ranks the launcher
+//! kills, ranks of later phases that join), written as phases:
 //!
-//! 1. **meet** — the ranks agree on the configuration, introduce
-//!    themselves, open the session (window, views, pointers) and the
-//!    membership of [`crate::ranks`] (its opening round is the barrier);
-//! 2. **steps** — rounds of the sweep, one step per case: `--iters` calls,
-//!    each with fresh inputs and every output element checked against the
-//!    sum of the call's members; after each step the survivors agree on
-//!    who is gone ([`Membership::agree`]). A wait on a dead or frozen rank
-//!    masks it after `--fault-timeout` and abandons the step on every
-//!    member (cuda/collectives.cu: the abort slots), so a death costs one
-//!    step's calls, counted lost, never a wrong element;
-//! 3. **shrink** — a decision that removes ranks gives the next step fewer
-//!    members ([`View`]): chunk ownership, slices and output slots are
-//!    recomputed over the survivors' indices; the window, its
-//!    registration and the views stay (nothing is re-registered, no kernel
-//!    runs meanwhile);
-//! 4. **end** — the round that ends the phase, the session closed among
-//!    the survivors, and the lowest survivor's report: per case and member
-//!    count the time per call, calls checked and lost, and each death's
-//!    detection, agreement and shrink.
+//! 1. **meet** — one configuration for all (the first rank to get there
+//!    stores it), then this rank's window, agent and registration
+//!    ([`Session::create`]);
+//! 2. for each phase of the plan this process lives ([`Membership::life`]):
+//!    - **connect** — the membership's opening of the phase
+//!      ([`Membership::begin_phase`]) hands over the [`Introduction`] (GPU
+//!      and NIXL card) of every peer to connect to: every other member in
+//!      this process's first phase, later the phase's joiners; the remote
+//!      view is rebuilt over the phase's members (no kernel runs), the
+//!      store path's pointers looked up again, and the opening round's
+//!      decision masks those that died meanwhile. A joiner *grows* the
+//!      members between two calls, as `ncclCommGrow` does: it takes a rank
+//!      id no process had before (its signal words in every window are
+//!      still zero) and the call numbering goes on where the phase before
+//!      ended, so its first call's epoch is everyone's;
+//!    - **steps** — rounds of the sweep, one step per case: `--iters`
+//!      calls, each with fresh inputs and every output element checked
+//!      against the sum of the call's members; after each step the
+//!      survivors agree on who is gone ([`Membership::agree`]). A wait on a
+//!      dead or frozen rank masks it after `--fault-timeout` and abandons
+//!      the step on every member (cuda/collectives.cu: the abort slots), so
+//!      a death costs one step's calls, counted lost, never a wrong element;
+//!    - **shrink** — a decision that removes ranks gives the next step fewer
+//!      members ([`View`]): chunk ownership, slices and output slots are
+//!      recomputed over the survivors' indices; the window, its
+//!      registration and the views stay (nothing is re-registered, no kernel
+//!      runs meanwhile);
+//!    - **end** — the round that ends the phase ([`Membership::end_phase`]);
+//! 3. **report** — the session closed among the survivors, and the lowest
+//!    survivor's report: per case and member count the time per call, calls
+//!    checked and lost, each death's detection, agreement and shrink, and
+//!    each join's connection time.
 //!
-//! Ranks do not join an elastic collectives run (a plan of one phase).
+//! A rank leaves a collectives run only by dying: a plan in which a rank
+//! leaves, or an id comes back, is refused ([`check_plan`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::case::Case;
-use super::session::{Context, RankInfo, Session, StepOutcome, describe};
+use super::layout::Path;
+use super::session::{Context, RankInfo, Session, StepOutcome, block_plan, describe};
+use crate::cli::UsageError;
+use crate::group::entry::{Value, json_decode, json_encode};
+use crate::nixl::net::PeerCard;
 use crate::ranks::check::decision_line;
 use crate::ranks::membership::{Membership, lowest, unix_ns};
+use crate::ranks::plan::Plan;
 use crate::say;
+
+/// What a process publishes when its first phase begins
+/// ([`Membership::begin_phase`]): who it is and how to reach it. On the
+/// wire: the introduction's JSON length (u32 little-endian), that JSON, then
+/// the card ([`PeerCard::encode`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Introduction {
+    pub info: RankInfo,
+    pub card: PeerCard,
+}
+
+impl Value for Introduction {
+    const WHAT: &'static str = "introduction and connection details";
+    fn encode(&self) -> Vec<u8> {
+        let info = json_encode(&self.info);
+        let mut out = (info.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&info);
+        out.extend_from_slice(&self.card.encode());
+        out
+    }
+    fn decode(b: &[u8]) -> Result<Self, String> {
+        let n = b.get(..4).ok_or("too short for an introduction")?;
+        let n = u32::from_le_bytes(n.try_into().unwrap()) as usize;
+        let info = b.get(4..4 + n).ok_or("the introduction is cut short")?;
+        Ok(Self {
+            info: json_decode(info)?,
+            card: PeerCard::decode(&b[4 + n..])?,
+        })
+    }
+}
+
+/// Refuses a plan collectives cannot run: a rank leaves only by dying (a
+/// rank of phase `i` that survives it is a member of phase `i+1`), and a
+/// joiner takes an id no process had before (the put path's signals are
+/// counters every sender keeps a running total of, per receiver: a new
+/// process under an old id would start its totals at zero).
+pub fn check_plan(plan: &Plan) -> Result<(), UsageError> {
+    let refuse = |why: String| Err(UsageError(format!("--plan {}: {why}", plan.to_json())));
+    let mut seen = plan.members(0);
+    for i in 1..plan.len() {
+        if let Some(r) = (plan.survivors(i - 1).difference(&plan.members(i))).next() {
+            return refuse(format!(
+                "rank {r} leaves at the end of phase {}: a collectives rank leaves only by dying (write -{r})",
+                i - 1
+            ));
+        }
+        if let Some(r) = plan.joiners(i).intersection(&seen).next() {
+            return refuse(format!(
+                "rank {r} joins phase {i} but was a member before: a joiner takes a new rank id"
+            ));
+        }
+        seen.extend(plan.members(i));
+    }
+    Ok(())
+}
 
 /// One rank's steps of one case over one set of members.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -68,12 +143,29 @@ pub struct Detection {
     pub shrink_ms: f64,
 }
 
+/// A newcomer as one process saw it join: a member connecting to it, or
+/// the joiner itself connecting to every member.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Join {
+    pub rank: u32,
+    /// The phase it joined (its first).
+    pub phase: usize,
+    /// The first step it took part in (from 1).
+    pub step: u64,
+    /// Host time from the phase's begin to its opening round's decision
+    /// (connecting, the view rebuilt, the pointers looked up), ms; a
+    /// joiner's wait for the phase before to end left out.
+    pub connect_ms: f64,
+}
+
 /// One rank's elastic run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ElasticTimes {
     pub rank: u32,
     pub steps: Vec<StepRow>,
     pub detections: Vec<Detection>,
+    #[serde(default)]
+    pub joins: Vec<Join>,
 }
 
 crate::json_value!(ElasticTimes => "elastic results");
@@ -83,25 +175,120 @@ pub fn cases(ctx: &Context) -> Vec<Case> {
     ctx.cfg.groups().into_iter().flat_map(|g| g.cases).collect()
 }
 
-/// Steps, phase 0: `rounds` rounds of every case; returns this rank's
-/// rows and detections.
-pub fn steps(ctx: &Context, s: &Session, el: &Membership, rounds: u32) -> Result<ElasticTimes> {
-    let (g, cfg) = (ctx.group, ctx.cfg);
-    let cases = cases(ctx);
-    let calls = u64::from(cfg.iters);
+/// The first step of phase `i` (from 1): every phase runs `rounds` rounds
+/// of `cases` steps, and a joiner computes the same number.
+fn first_step(i: usize, rounds: u32, cases: usize) -> u64 {
+    (i * rounds as usize * cases) as u64 + 1
+}
+
+/// Every phase of this process's life: connect, steps, end. `base`: the
+/// session's context (its introductions: this rank's own); `me`: what this
+/// rank publishes. Before the plan's last phase ends, this rank's results
+/// are published (`rank/<r>/elastic`) for the lowest survivor's report.
+/// Returns them with every introduction met.
+pub fn run(
+    base: &Context,
+    s: &mut Session,
+    el: &Membership,
+    me: &Introduction,
+    rounds: u32,
+) -> Result<(ElasticTimes, Vec<RankInfo>)> {
+    let g = base.group;
+    let mut infos: BTreeMap<u32, RankInfo> = base.infos.iter().map(|i| (i.rank, i.clone())).collect();
     let mut out = ElasticTimes {
         rank: g.rank,
         ..Default::default()
     };
+    for i in el.life() {
+        out.joins.extend(connect(base, s, el, me, i, &mut infos)?);
+        let known: Vec<RankInfo> = infos.values().cloned().collect();
+        let plan = block_plan(base.cfg, known.iter().filter(|k| el.members(i).contains(&k.rank)));
+        let ctx = Context {
+            infos: &known,
+            plan: &plan,
+            ..*base
+        };
+        phase_steps(&ctx, s, el, i, rounds, &mut out)?;
+        if i + 1 == el.plan().len() {
+            g.put_final(&g.rank_entry(g.rank, "elastic"), &out)?;
+        }
+        let end = el.end_phase(i)?;
+        if !end.new.is_empty() {
+            say!("{}", decision_line(g.rank, i, &end));
+        }
+    }
+    Ok((out, infos.into_values().collect()))
+}
+
+/// Connect, phase `i`: the peers to connect to now (their introductions
+/// kept in `infos`), the remote view over the phase's members, the store
+/// path's pointers, then the opening round, whose decision masks those
+/// that died meanwhile. Returns the joins this process saw.
+fn connect(
+    ctx: &Context,
+    s: &mut Session,
+    el: &Membership,
+    me: &Introduction,
+    i: usize,
+    infos: &mut BTreeMap<u32, RankInfo>,
+) -> Result<Vec<Join>> {
+    let t0 = Instant::now();
+    let new = el.begin_phase(i, me, || Ok(()))?;
+    let mut unreachable = new.gone.clone();
+    let cards: Vec<(u32, &PeerCard)> = new.peers.iter().map(|p| (p.rank, &p.payload.card)).collect();
+    for (r, e) in s.reconnect(&el.agents(i), &cards, ctx.group.timeout())? {
+        let inc = new.peers.iter().find(|p| p.rank == r).map_or(i, |p| p.incarnation);
+        match el.is_dead(r, inc)? {
+            // Died while we connected: the opening round agrees on it.
+            true => unreachable.insert(r),
+            false => return Err(el.blame(r, inc, e)),
+        };
+    }
+    infos.extend(new.peers.iter().map(|p| (p.rank, p.payload.info.clone())));
+    if ctx.cfg.paths.contains(&Path::Store) {
+        s.probe_members(ctx, &(&el.members(i) - &unreachable))?;
+    }
+    let d = el.opened(i, &unreachable)?;
+    if !d.gone.is_empty() {
+        say!("{}", decision_line(ctx.group.rank, i, &d));
+    }
+    let joined: Vec<u32> = match i == el.life().start {
+        true if i > 0 => vec![ctx.group.rank],
+        true => Vec::new(),
+        false => new.peers.iter().map(|p| p.rank).collect(),
+    };
+    if !joined.is_empty() && ctx.group.rank == lowest(&el.active(i)) {
+        tracing::info!("phase {i}: rank(s) {joined:?} join; members {:?}", el.active(i));
+    }
+    let connect_ms = (t0.elapsed() - new.waited).as_secs_f64() * 1e3;
+    let step = first_step(i, ctx.cfg.elastic.map_or(1, |e| e.rounds), cases(ctx).len());
+    Ok((joined.into_iter())
+        .map(|rank| Join { rank, phase: i, step, connect_ms })
+        .collect())
+}
+
+/// Steps of phase `i`: `rounds` rounds of every case, numbered on from the
+/// phases before (a joiner's first call has everyone's epoch); this rank's
+/// rows and detections go to `out`. Each phase's first round is the
+/// warm-up (checked, not timed): its members changed.
+fn phase_steps(
+    ctx: &Context,
+    s: &Session,
+    el: &Membership,
+    i: usize,
+    rounds: u32,
+    out: &mut ElasticTimes,
+) -> Result<()> {
+    let g = ctx.group;
+    let cases = cases(ctx);
+    let calls = u64::from(ctx.cfg.iters);
     let mut masked = BTreeSet::new();
-    let mut first_call = 0u64;
+    let mut step = first_step(i, rounds, cases.len());
     for round in 0..rounds {
         for (ci, case) in cases.iter().enumerate() {
-            let step = u64::from(round) * cases.len() as u64 + ci as u64 + 1;
-            s.view.set(ctx.view_of(&el.active(0), step));
-            el.steps_begin(0)?;
-            let o = s.run_step(ctx, case, first_call, calls)?;
-            first_call += calls;
+            s.view.set(ctx.view_of(&el.active(i), step));
+            el.steps_begin(i)?;
+            let o = s.run_step(ctx, case, (step - 1) * calls, calls)?;
             out.steps.push(StepRow {
                 case: ci,
                 ranks: s.view.get().ranks,
@@ -109,44 +296,45 @@ pub fn steps(ctx: &Context, s: &Session, el: &Membership, rounds: u32) -> Result
                 lost: o.lost,
                 warm: round == 0,
             });
-            agree(ctx, el, step, &o, &mut masked, &mut out)?;
+            agree(ctx, el, (i, step), &o, &mut masked, out)?;
+            step += 1;
         }
-        if g.rank == lowest(&el.active(0)) {
-            tracing::info!("round {}/{rounds} verified", round + 1);
+        if g.rank == lowest(&el.active(i)) {
+            tracing::info!("phase {i}: round {}/{rounds} verified", round + 1);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// After step `step`: what this rank masked (its kernels, or the ranks
+/// After step `step` of phase `i`: what this rank masked (its kernels, or the ranks
 /// found dead meanwhile) goes to the agreement; a decision that removes
 /// ranks shrinks the members of the next step.
 fn agree(
     ctx: &Context,
     el: &Membership,
-    step: u64,
+    (i, step): (usize, u64),
     o: &StepOutcome,
     masked: &mut BTreeSet<u32>,
     out: &mut ElasticTimes,
 ) -> Result<()> {
     let g = ctx.group;
-    let others: Vec<u32> = el.active(0).into_iter().filter(|&r| r != g.rank).collect();
+    let others: Vec<u32> = el.active(i).into_iter().filter(|&r| r != g.rank).collect();
     masked.extend(&o.masked);
-    masked.extend(el.found_dead(&others, 0)?);
-    let d = el.agree(0, step, masked)?;
+    masked.extend(el.found_dead(&others, i)?);
+    let d = el.agree(i, step, masked)?;
     masked.retain(|r| d.gone.contains(r));
     if !d.forgiven.is_empty() {
         // Every member finished the step before reporting: nothing of it is
         // in flight, the forgiven rank simply stays a member.
-        say!("{}", decision_line(g.rank, 0, &d));
+        say!("{}", decision_line(g.rank, i, &d));
     }
     if d.new.is_empty() {
         return Ok(());
     }
     let decided = Instant::now();
     let now = unix_ns();
-    say!("{}", decision_line(g.rank, 0, &d));
-    let view = ctx.view_of(&el.active(0), step + 1);
+    say!("{}", decision_line(g.rank, i, &d));
+    let view = ctx.view_of(&el.active(i), step + 1);
     let shrink_ms = decided.elapsed().as_secs_f64() * 1e3;
     let survivors = view.ranks;
     for &r in &d.new {
@@ -158,7 +346,7 @@ fn agree(
                 .contains(&r)
                 .then(|| o.waited_ns.unwrap_or(0) as f64 / 1e6),
             after_kill_ms: el
-                .died_at(0, r)?
+                .died_at(i, r)?
                 .map(|k| now.saturating_sub(k) as f64 / 1e6),
             agree_ms: d.waited_us as f64 / 1e3,
             shrink_ms,
@@ -273,11 +461,22 @@ pub fn publish(
     for d in &dets {
         say!("{}", detection_line(d));
     }
+    let joins = joins(all);
+    for j in &joins {
+        say!(
+            "[collectives] rank {} joined in phase {} (step {}): connected in {:.1} ms (host, the slowest member)",
+            j.rank,
+            j.phase,
+            j.step,
+            j.connect_ms
+        );
+    }
     let doc = serde_json::json!({
         "config": ctx.cfg,
         "ranks": ctx.group.world,
         "rows": rows,
         "detections": dets,
+        "joins": joins,
         // A wrong element ends the run with exit 3 before this report.
         "wrong_elements": 0,
         "run_env": crate::results::RunEnv::capture("collectives"),
@@ -289,6 +488,16 @@ pub fn publish(
         std::fs::write(p, csv_text(&rows))?;
     }
     Ok(())
+}
+
+/// One line per joiner: the slowest connection any survivor saw to it.
+fn joins(all: &[ElasticTimes]) -> Vec<Join> {
+    let mut by_rank: BTreeMap<u32, Join> = BTreeMap::new();
+    for j in all.iter().flat_map(|t| &t.joins) {
+        let e = by_rank.entry(j.rank).or_insert_with(|| j.clone());
+        e.connect_ms = e.connect_ms.max(j.connect_ms);
+    }
+    by_rank.into_values().collect()
 }
 
 /// `rank 2 gone at step 7: its wait 1000.4 ms (GPU), 1012.0 ms after its kill, agreed in 1.1 ms, shrink 0.002 ms`.

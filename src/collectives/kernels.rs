@@ -286,38 +286,23 @@ impl CollKernels {
         unsafe { launch::launch(s, f, (128, 256), d) }
     }
 
-    /// Queues `coll_probe_ptrs`: `out[d]` = `nixlGetPtr(remote, d)`.
+    /// Queues `coll_probe_ptrs` (one block of 64 threads): `out[d]` =
+    /// `nixlGetPtr(remote, d)` for every rank `d` whose bit is set in
+    /// `wanted`, 1 for `rank`, 0 for the rest.
     ///
     /// # Safety
-    /// `remote_mvh` must be a live view and `out` hold `ranks` u64.
+    /// `remote_mvh` must be a live view whose elements of `wanted` hold
+    /// connected peers, and `out` hold `ranks` u64.
     pub unsafe fn launch_probe(
         &self,
         s: &CudaStream,
         remote_mvh: u64,
-        ranks: u32,
-        rank: u32,
+        (ranks, rank, wanted): (u32, u32, u64),
         out: u64,
     ) -> Result<(), DriverError> {
-        // SAFETY: as this function's contract.
-        unsafe { launch_ptr_probe(&self.probe, s, remote_mvh, ranks, rank, out) }
+        let mut b = s.launch_builder(&self.probe);
+        b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&wanted).arg(&out);
+        // SAFETY: as this function's contract; the arguments are the kernel's.
+        unsafe { b.launch(grid(1, 64)) }.map(|_| ())
     }
-}
-
-/// Launches the peer-pointer probe kernel (one block of 64 threads): `nixlGetPtr(remote_mvh, r)` for every rank `r`
-/// into `out[ranks]` (u64).
-///
-/// # Safety
-/// `remote_mvh` is a live remote memory view with `ranks` entries and
-/// `out` a device buffer of at least `ranks` u64.
-unsafe fn launch_ptr_probe(
-    f: &CudaFunction,
-    stream: &CudaStream,
-    remote_mvh: u64,
-    ranks: u32,
-    rank: u32,
-    out: u64,
-) -> Result<(), DriverError> {
-    let mut b = stream.launch_builder(f);
-    b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&out);
-    unsafe { b.launch(grid(1, 64)) }.map(|_| ())
 }

@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use std::collections::BTreeSet;
 
 use anyhow::Result;
 
@@ -152,7 +151,7 @@ fn session(
         },
         Err(why) => format!("NCCL baseline skipped: {why}"),
     };
-    let s = Session::open(&ctx)?;
+    let mut s = Session::open(&ctx)?;
     if cfg.paths.contains(&Path::Store) {
         s.check_pointers(&ctx)?;
     }
@@ -182,8 +181,9 @@ struct Local<'a> {
     info: &'a RankInfo,
 }
 
-/// An elastic run ([`super::elastic`]): meet, steps with agreement and
-/// shrink, the phase's end, and the lowest survivor's report.
+/// An elastic run ([`super::elastic`]): one configuration, this rank's
+/// session, every phase it lives (connect, steps with agreement and
+/// shrink, end), and the lowest survivor's report.
 fn elastic_session(
     g: &Group,
     env: &RankEnv,
@@ -192,33 +192,33 @@ fn elastic_session(
     out: &Outputs,
     local: &Local,
 ) -> Result<()> {
-    let (infos, plan) = meet(g, cfg, local.info)?;
+    // Shared and first-come: rank 0 may die, and joiners read it later.
+    g.same_config(&g.entry("config"), cfg)?;
+    let own = std::slice::from_ref(local.info);
     let ctx = Context {
         group: g,
         cfg,
-        plan: &plan,
-        infos: &infos,
+        plan: &block_plan(cfg, own),
+        infos: own,
         gpu: local.gpu,
         kernels: local.kernels,
     };
-    let s = Session::open(&ctx)?;
-    if cfg.paths.contains(&Path::Store) {
-        s.check_pointers(&ctx)?;
-    }
+    let (mut s, card) = Session::create(&ctx, env.incarnation)?;
     let fault = Duration::from_nanos(cfg.fault_timeout_ns());
     let el = Membership::new(g, rplan, env.incarnation, fault, OnDeath::Survive)?;
-    el.begin_phase(0, local.info, || Ok(()))?;
-    el.opened(0, &BTreeSet::new())?;
+    let me = elastic::Introduction {
+        info: local.info.clone(),
+        card,
+    };
     let rounds = cfg.elastic.map_or(1, |e| e.rounds);
-    let measured = elastic::steps(&ctx, &s, &el, rounds);
+    let measured = elastic::run(&ctx, &mut s, &el, &me, rounds);
     if let Err(e) = &measured {
         g.abort(&format!("{e:#}"));
         std::thread::sleep(Duration::from_millis(300));
     }
-    g.put_final(&g.rank_entry(g.rank, "elastic"), &measured?)?;
-    el.end_phase(0)?;
+    let (_, infos) = measured?;
     s.close_survived()?;
-    let survivors = el.active(0);
+    let survivors = el.active(rplan.len() - 1);
     if g.rank != lowest(&survivors) {
         return Ok(());
     }
@@ -230,6 +230,10 @@ fn elastic_session(
             .iter()
             .map(|&r| g.rank_entry::<ElasticTimes>(r, "elastic").key().to_string()),
     );
+    let ctx = Context {
+        infos: &infos,
+        ..ctx
+    };
     elastic::publish(&ctx, &infos, &all, out.json.as_deref(), out.csv.as_deref())
 }
 

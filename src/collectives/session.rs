@@ -12,6 +12,7 @@
 //! number gives every call its epoch (number + 1) and its buffer parity.
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -77,12 +78,18 @@ pub struct View {
     /// SMs ([`block_plan`]), so survivors of a shrink get the blocks a
     /// fresh run of as many ranks gets; `None`: the session's plan.
     pub max_blocks: Option<u32>,
+    /// Every member runs on this GPU: GPU-scope fences and signals suffice
+    /// (`CollParams::same_gpu`); otherwise system scope.
+    pub same_gpu: bool,
 }
 
 impl View {
-    /// Every rank of `world`, a fixed run's.
-    pub fn all(world: u32, rank: u32) -> Self {
-        Self::of(&(0..world).collect(), rank, 0, 0)
+    /// Every rank of `world`, a fixed run's (`same_gpu`: all on one GPU).
+    pub fn all(world: u32, rank: u32, same_gpu: bool) -> Self {
+        Self {
+            same_gpu,
+            ..Self::of(&(0..world).collect(), rank, 0, 0)
+        }
     }
 
     /// `members` (at most [`MAX_RANKS`], `rank` among them).
@@ -104,6 +111,7 @@ impl View {
             step,
             fault_timeout_ns,
             max_blocks: None,
+            same_gpu: false,
         }
     }
 }
@@ -129,18 +137,24 @@ impl Context<'_> {
     /// of a shrink share the GPUs' SMs among fewer ranks).
     pub fn view_of(&self, members: &std::collections::BTreeSet<u32>, step: u64) -> View {
         let mut v = View::of(members, self.group.rank, step, self.cfg.fault_timeout_ns());
-        let infos = self.infos.iter().filter(|i| members.contains(&i.rank));
-        v.max_blocks = Some(block_plan(self.cfg, infos).max_blocks);
+        let infos: Vec<&RankInfo> = (self.infos.iter())
+            .filter(|i| members.contains(&i.rank))
+            .collect();
+        let plan = block_plan(self.cfg, infos.iter().copied());
+        v.max_blocks = Some(plan.max_blocks);
+        v.same_gpu = plan.max_ranks_on_gpu as usize == infos.len();
         v
     }
 }
 
 /// What a session works with.
+#[derive(Clone, Copy)]
 pub struct Context<'a> {
     pub group: &'a Group<'a>,
     pub cfg: &'a RunConfig,
     pub plan: &'a Plan,
-    /// Every rank's introduction, in rank order.
+    /// The introductions of every rank this one knows, in rank order (a
+    /// fixed run: every rank; an elastic run: the members met so far).
     pub infos: &'a [RankInfo],
     pub gpu: &'a Gpu,
     pub kernels: &'a CollKernels,
@@ -167,17 +181,27 @@ pub struct Session {
     /// The gate's last value (it only grows).
     gates: Cell<u64>,
     /// Every peer's window as `nixlGetPtr` gives it (store path), looked
-    /// up once by [`Session::check_pointers`].
-    ptrs: std::cell::OnceCell<DeviceBuffer>,
+    /// up by [`Session::check_pointers`] (an elastic run: again whenever
+    /// its members change, [`Session::probe_members`]).
+    ptrs: Option<DeviceBuffer>,
     corrupted: Cell<bool>,
 }
 
 impl Session {
-    /// Window (zeroed: the flags start at epoch 0), agent, registration and
-    /// local view ([`Net::open`]), every peer's card, and the remote view
-    /// over all ranks (element `r`: rank `r`'s window; it stays when an
-    /// elastic run shrinks: the kernels skip the gone by member index).
+    /// A fixed run's session: [`Session::create`], then every other rank's
+    /// card and the remote view over all ranks (element `r`: rank `r`'s
+    /// window).
     pub fn open(ctx: &Context) -> Result<Self> {
+        let (mut s, card) = Self::create(ctx, 0)?;
+        s.connect_all(ctx, &card)?;
+        Ok(s)
+    }
+
+    /// Window (zeroed: the flags start at epoch 0), agent (that of this
+    /// rank's process of phase `incarnation`), registration and local view
+    /// ([`Net::open`]) and the session's buffers; returns it with this
+    /// rank's card. No peer is connected yet.
+    pub fn create(ctx: &Context, incarnation: usize) -> Result<(Self, PeerCard)> {
         let g = ctx.group;
         let layout = WindowLayout::new(ctx.cfg.max_bytes(), g.world);
         let alloc = |len: u64, what: &str| {
@@ -191,23 +215,10 @@ impl Session {
             len: layout.bytes,
             dev_id: window.ordinal() as u64,
         };
-        let (mut net, card) = Net::open(&g.agent_name(g.rank, 0), &window, desc, g.world)?;
-        g.put(&g.rank_entry(g.rank, "card"), &card)?;
-        for r in (0..g.world).filter(|&r| r != g.rank) {
-            let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
-            let want = g.agent_name(r, 0);
-            if card.agent != want {
-                bail!(
-                    "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
-                    card.agent
-                );
-            }
-            (net.connect(r, &card, g.timeout())).map_err(|e| g.blame_member(r as usize, e))?;
-        }
-        // SAFETY: no kernel runs yet; peers keep their windows until every
-        // rank passed "released" (close), or the run's end (close_survived).
-        unsafe { net.rebuild(&[])? };
-        Ok(Self {
+        let agent = g.agent_name(g.rank, incarnation);
+        let (net, card) = Net::open(&agent, &window, desc, g.world)?;
+        let same_gpu = ctx.plan.max_ranks_on_gpu == g.world;
+        let s = Self {
             net,
             layout,
             report: alloc(size_of::<CollReport>() as u64, "the report")?,
@@ -217,7 +228,7 @@ impl Session {
                 "the epochs sent",
             )?,
             abort_sent: alloc(u64::from(MAX_RANKS) * 8, "the aborts sent")?,
-            view: Cell::new(View::all(g.world, g.rank)),
+            view: Cell::new(View::all(g.world, g.rank, same_gpu)),
             gate: alloc(8, "the gate")?,
             timing: alloc(
                 (size_of::<CollTiming>() as u32 * ctx.cfg.calls()).into(),
@@ -225,53 +236,110 @@ impl Session {
             )?,
             side: ctx.gpu.ctx.new_stream()?,
             gates: Cell::new(0),
-            ptrs: std::cell::OnceCell::new(),
+            ptrs: None,
             window,
             corrupted: Cell::new(false),
-        })
+        };
+        Ok((s, card))
+    }
+
+    /// A fixed run: publishes `card`, connects to every other rank's and
+    /// puts the remote view over all ranks in place.
+    fn connect_all(&mut self, ctx: &Context, card: &PeerCard) -> Result<()> {
+        let g = ctx.group;
+        g.put(&g.rank_entry(g.rank, "card"), card)?;
+        for r in (0..g.world).filter(|&r| r != g.rank) {
+            let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
+            let want = g.agent_name(r, 0);
+            if card.agent != want {
+                bail!(
+                    "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
+                    card.agent
+                );
+            }
+            (self.net.connect(r, &card, g.timeout())).map_err(|e| g.blame_member(r as usize, e))?;
+        }
+        // SAFETY: no kernel runs yet; peers keep their windows until every
+        // rank passed "released" (close).
+        unsafe { self.net.rebuild(&[]) }
+    }
+
+    /// An elastic run, when a phase begins (no kernel runs): drops the
+    /// elements of ranks not in `keep`'s (rank, agent) pairs, connects the
+    /// `new` peers, and puts the remote view over them in place. Returns the
+    /// new peers that could not be connected, with why (their element
+    /// stays empty; the caller judges whether they died).
+    pub fn reconnect(
+        &mut self,
+        keep: &[(u32, String)],
+        new: &[(u32, &PeerCard)],
+        timeout: Duration,
+    ) -> Result<Vec<(u32, anyhow::Error)>> {
+        let departed = self.net.retain(keep);
+        let mut failed = Vec::new();
+        for &(r, card) in new {
+            if let Err(e) = self.net.connect(r, card, timeout) {
+                failed.push((r, e));
+            }
+        }
+        // SAFETY: no kernel of ours runs between steps; the phase's members
+        // keep their windows registered until they pass the run's end.
+        unsafe { self.net.rebuild(&departed)? };
+        Ok(failed)
+    }
+
+    /// `nixlGetPtr` of the window of every rank in `ranks` (connected), 1
+    /// for this rank, 0 for the others: returns the pointers and the ranks
+    /// of `ranks` it gave none for.
+    fn probe(&self, ctx: &Context, ranks: &BTreeSet<u32>) -> Result<(DeviceBuffer, Vec<u32>)> {
+        let (g, remote) = (ctx.group, self.net.views().remote);
+        let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
+        let wanted = ranks.iter().fold(0u64, |m, &r| m | 1u64 << r);
+        if remote == 0 {
+            return Ok((probe, ranks.iter().copied().filter(|&r| r != g.rank).collect()));
+        }
+        // SAFETY: the view is live, its elements of `ranks` are connected;
+        // the probe buffer holds `world` u64.
+        unsafe {
+            let which = (g.world, g.rank, wanted);
+            (ctx.kernels).launch_probe(&ctx.gpu.stream, remote, which, probe.addr())?
+        };
+        let mut raw = vec![0u64; g.world as usize];
+        probe.download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
+        let none = ranks.iter().copied().filter(|&r| raw[r as usize] == 0).collect();
+        Ok((probe, none))
     }
 
     /// The store path needs every peer's window mapped into ours; every rank
     /// learns whether all can, so all stop together with the same message.
     /// The pointers are kept for the kernels (`CollParams::peer_ptrs`).
-    pub fn check_pointers(&self, ctx: &Context) -> Result<()> {
+    pub fn check_pointers(&mut self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
-        let mut unreachable = Vec::new();
-        let remote = self.net.views().remote;
-        if remote != 0 {
-            let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
-            // SAFETY: the view is live; the probe buffer holds `world` u64.
-            unsafe {
-                (ctx.kernels).launch_probe(
-                    &ctx.gpu.stream,
-                    remote,
-                    g.world,
-                    g.rank,
-                    probe.addr(),
-                )?
-            };
-            let mut raw = vec![0u8; 8 * g.world as usize];
-            probe.download(&ctx.gpu.stream, &mut raw)?;
-            unreachable = raw
-                .chunks(8)
-                .enumerate()
-                .filter(|(_, c)| c.iter().all(|&b| b == 0))
-                .map(|(r, _)| r)
-                .collect();
-            if unreachable.is_empty() {
-                let _ = self.ptrs.set(probe);
-            }
+        let (ptrs, unreachable) = self.probe(ctx, &(0..g.world).collect())?;
+        if unreachable.is_empty() {
+            self.ptrs = Some(ptrs);
         }
+        let unreachable: Vec<usize> = unreachable.iter().map(|&r| r as usize).collect();
         g.put(&g.rank_entry(g.rank, "store"), &unreachable)?;
         for r in 0..g.world {
             let theirs: Vec<usize> = g.get(&g.rank_entry(r, "store"), r, "pointer check")?;
-            if let Some(p) = theirs.first() {
-                bail!(
-                    "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got \
-                     no pointer to rank {p}'s window from nixlGetPtr (an RDMA-only transport?): use --path put"
-                );
+            if let Some(&p) = theirs.first() {
+                bail!("{}", unmapped(r, p as u32));
             }
         }
+        Ok(())
+    }
+
+    /// An elastic run's store path, once a phase's remote view is in place:
+    /// the pointers to `members`' windows. Errors: a member this rank
+    /// cannot map (every member finds the same at once; a transport
+    /// without mapped peer memory fails the run in its first phase).
+    pub fn probe_members(&mut self, ctx: &Context, members: &BTreeSet<u32>) -> Result<()> {
+        let (ptrs, unreachable) = self.probe(ctx, members)?;
+        if let Some(&p) = unreachable.first() {
+            bail!("{}", unmapped(ctx.group.rank, p));
+        }
+        self.ptrs = Some(ptrs);
         Ok(())
     }
 
@@ -279,6 +347,14 @@ impl Session {
     pub fn close(self, ctx: &Context) -> Result<()> {
         self.net.close(|| ctx.group.barrier("released"))
     }
+}
+
+/// Rank `r` got no pointer to rank `p`'s window, in words.
+fn unmapped(r: u32, p: u32) -> String {
+    format!(
+        "the store path needs peer memory mapped into each rank (NVLink through cuda_ipc), but rank {r} got no \
+         pointer to rank {p}'s window from nixlGetPtr (an RDMA-only transport?): use --path put"
+    )
 }
 
 /// A case in words, for messages.
@@ -362,9 +438,9 @@ impl Session {
             algo: case.algo.code(),
             path: case.path.code(),
             dtype: case.dtype.code(),
-            same_gpu: u32::from(ctx.plan.max_ranks_on_gpu == ctx.group.world),
+            same_gpu: u32::from(v.same_gpu),
             reserved: 0,
-            peer_ptrs: self.ptrs.get().map_or(0, |b| b.addr()),
+            peer_ptrs: self.ptrs.as_ref().map_or(0, |b| b.addr()),
             off_abort: self.layout.abort,
             step: v.step,
             fault_timeout_ns: v.fault_timeout_ns,

@@ -205,7 +205,7 @@ fn connect(
     let timeout = Duration::from_nanos(st.cfg.timeout_ns);
     let new = el.begin_phase(i, card, || ahead.look(el, net, timeout))?;
     let ahead_ms = std::mem::replace(ahead, Ahead::new(i + 1)).ms;
-    let departed = net.retain(&phase_peers(el, i));
+    let departed = net.retain(&el.agents(i));
     let mut unreachable = new.gone.clone();
     let mut peers = Vec::new();
     for p in new.peers {
@@ -268,16 +268,6 @@ fn enter(
     Ok(d)
 }
 
-/// The (rank, agent) pairs of phase `i`'s other members as this process
-/// knows them now: the elements of its remote view in that phase.
-fn phase_peers(el: &Membership, i: usize) -> Vec<(u32, String)> {
-    let g = el.group();
-    (el.members(i).into_iter())
-        .filter(|&r| r != el.rank())
-        .filter_map(|r| Some((r, g.agent_name(r, el.plan().incarnation(r, i)?))))
-        .collect()
-}
-
 /// Connecting ahead to the peers phase `next` will bring, between the
 /// steps of the phase before (a member) or while waiting for it to end (a
 /// joiner): their cards are read as they appear, their metadata loaded,
@@ -338,7 +328,7 @@ impl Ahead {
             // SAFETY: the peers kept are the next phase's members, which keep
             // their windows registered until they pass its end; none of them
             // is written to before it begins (masked).
-            unsafe { net.prepare(&phase_peers(el, self.next))? };
+            unsafe { net.prepare(&el.agents(self.next))? };
         }
         self.done = ready.missing.is_empty();
         self.ms += t0.elapsed().as_secs_f64() * 1e3;

@@ -280,6 +280,16 @@ impl<'a> Membership<'a> {
             .collect()
     }
 
+    /// The (rank, agent) pairs of phase `i`'s other members as this process
+    /// knows them now: the elements of its remote view in that phase (each
+    /// process of a rank id has its own agent, [`Group::agent_name`]).
+    pub fn agents(&self, i: usize) -> Vec<(u32, String)> {
+        (self.members(i).into_iter())
+            .filter(|&r| r != self.me)
+            .filter_map(|r| Some((r, self.group.agent_name(r, self.plan.incarnation(r, i)?))))
+            .collect()
+    }
+
     /// Phase `i`'s members still active now (not gone in the phase).
     pub fn active(&self, i: usize) -> BTreeSet<u32> {
         let gone = self.state().gone.clone();
