@@ -2,10 +2,12 @@
 # Elastic collectives on a GPU machine (scripts/run_collectives.sh --elastic
 # runs it): N runs, each one operation / algorithm / path drawn at random,
 # 4 ranks on one GPU under MPS, one death per run, drawn too: a planned kill
-# (`--plan [[0,1,-v,3]]`, at a random step, SIGKILL or SIGSTOP) or a kill by
-# pid at a random moment (any rank, 0 included). Every survivor must name
-# the victim, no element may be wrong (exit 3 otherwise), and the run must
-# exit 0. Each run's table (per case and member count: time per call, calls
+# (`--plan [[0,1,-v,3]]`, at a random step, SIGKILL or SIGSTOP), a planned
+# kill followed by a new rank joining (`--plan [[0,1,-v,3],[0,1,3,4]]`:
+# shrink, then grow) or a kill by pid at a random moment (any rank, 0
+# included). Every survivor must name the victim, a joiner must join and its
+# calls be checked, no element may be wrong (exit 3 otherwise), and the run
+# must exit 0. Each run's table (per case and member count: time per call, calls
 # checked and lost) and detections go to --out as JSON, CSV and a log; a
 # summary line per run, then totals.
 #
@@ -60,6 +62,18 @@ planned() {
   "$C" --plan "$plan" --kill-signal "$sig" --kill-seed "$RANDOM" "$@" > "$OUT/$tag.log" 2>&1
 }
 
+# grow TAG VICTIM SIGNAL ARGS...: the plan kills VICTIM of ranks 0-3 in
+# phase 0 and rank 4, a new process, joins in phase 1 (shrink, then grow).
+grow() {
+  local tag=$1 victim=$2 sig=$3; shift 3
+  local plan="$OUT/$tag.plan.json" members=(0 1 2 3) after=()
+  members[victim]="-$victim"
+  for r in 0 1 2 3; do ((r != victim)) && after+=("$r"); done
+  after+=(4)
+  (IFS=,; echo "[[${members[*]}],[${after[*]}]]") > "$plan"
+  "$C" --plan "$plan" --kill-signal "$sig" --kill-seed "$RANDOM" "$@" > "$OUT/$tag.log" 2>&1
+}
+
 # by_pid TAG VICTIM SIGNAL ARGS...: 4 ranks; VICTIM's process is sent SIGNAL
 # at a random moment after the first round.
 by_pid() {
@@ -82,12 +96,16 @@ by_pid() {
 }
 
 # verdict TAG RC VICTIM: passes when the run exited 0 and all 3 survivors
-# named the victim; one summary line.
+# named the victim (and, in a grow run, rank 4 joined: its calls are checked
+# like everyone's, a wrong one exits 3); one summary line.
 verdict() {
-  local tag=$1 rc=$2 victim=$3 named lost wait_ms agree v=ok
+  local tag=$1 rc=$2 victim=$3 named lost wait_ms agree joined=1 v=ok
   named=$(grep -c "ranks gone: \[$victim\]" "$OUT/$tag.log")
+  if [[ $tag == *-grow-* ]]; then
+    grep -q "rank 4 joined in phase 1" "$OUT/$tag.log" || joined=0
+  fi
   total=$((total + 1))
-  if ((rc == 0 && named == 3)); then pass=$((pass + 1)); else fail=$((fail + 1)); v=FAIL; fi
+  if ((rc == 0 && named == 3 && joined)); then pass=$((pass + 1)); else fail=$((fail + 1)); v=FAIL; fi
   lost=$(grep -o '"lost": [0-9]*' "$OUT/$tag.json" 2>/dev/null | awk '{s += $2} END {print s + 0}')
   wait_ms=$(grep -o 'waited on [0-9.]* ms' "$OUT/$tag.log" | head -1)
   agree=$(grep -o 'agreed in [0-9.]* ms' "$OUT/$tag.log" | head -1)
@@ -99,11 +117,17 @@ for ((k = 1; k <= RUNS; k++)); do
   path=$([[ $algo == ll ]] && echo store || ( ((RANDOM % 2)) && echo put || echo store ))
   sig=$( ((RANDOM % 2)) && echo KILL || echo STOP )
   victim=$((RANDOM % 4))
-  how=$( ((victim > 0 && RANDOM % 2)) && echo plan || echo pid )
+  how=pid
+  ((victim > 0)) && how=$(echo pid plan grow | cut -d' ' -f$((1 + RANDOM % 3)))
   tag=$(printf 'r%02d-%s-%s-%s-%s-rank%d-%s' "$k" "$op" "$algo" "$path" "$how" "$victim" "$sig")
-  args=(--gpus 1 --op "$op" --algo "$algo" --path "$path" -b 8 -e 1M -f 32 --rounds 60 -n 10
+  rounds=60; [[ $how == grow ]] && rounds=30   # per phase
+  args=(--gpus 1 --op "$op" --algo "$algo" --path "$path" -b 8 -e 1M -f 32 --rounds $rounds -n 10
         --fault-timeout "$FAULT" --timeout 30 --json "$OUT/$tag.json" --csv "$OUT/$tag.csv")
-  if [[ $how == plan ]]; then planned "$tag" "$victim" "$sig" "${args[@]}"; else by_pid "$tag" "$victim" "$sig" "${args[@]}"; fi
+  case $how in
+    plan) planned "$tag" "$victim" "$sig" "${args[@]}" ;;
+    grow) grow "$tag" "$victim" "$sig" "${args[@]}" ;;
+    *) by_pid "$tag" "$victim" "$sig" "${args[@]}" ;;
+  esac
   verdict "$tag" $? "$victim"
 done
 

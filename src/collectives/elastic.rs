@@ -115,6 +115,9 @@ pub fn check_plan(plan: &Plan) -> Result<(), UsageError> {
 pub struct StepRow {
     /// Index into the run's cases ([`cases`]).
     pub case: usize,
+    /// The plan's phase the step ran in.
+    #[serde(default)]
+    pub phase: usize,
     /// Members of the step.
     pub ranks: u32,
     /// GPU time of every checked call, ns.
@@ -291,6 +294,7 @@ fn phase_steps(
             let o = s.run_step(ctx, case, (step - 1) * calls, calls)?;
             out.steps.push(StepRow {
                 case: ci,
+                phase: i,
                 ranks: s.view.get().ranks,
                 times_ns: o.times_ns.clone(),
                 lost: o.lost,
@@ -364,14 +368,15 @@ fn agree(
 pub fn report(cases: &[Case], all: &[ElasticTimes]) -> Vec<PhaseRow> {
     let mut rows: Vec<PhaseRow> = Vec::new();
     for (ci, case) in cases.iter().enumerate() {
-        let mut counts: Vec<u32> = all
-            .iter()
-            .flat_map(|t| t.steps.iter().filter(|s| s.case == ci).map(|s| s.ranks))
+        // Phase by phase; within one, before a shrink first.
+        let mut sets: Vec<(usize, std::cmp::Reverse<u32>)> = (all.iter())
+            .flat_map(|t| t.steps.iter().filter(|s| s.case == ci))
+            .map(|s| (s.phase, std::cmp::Reverse(s.ranks)))
             .collect();
-        counts.sort_unstable_by(|a, b| b.cmp(a));
-        counts.dedup();
-        for n in counts {
-            rows.push(phase_row(case, ci, n, all));
+        sets.sort_unstable();
+        sets.dedup();
+        for (phase, n) in sets {
+            rows.push(phase_row(case, ci, (phase, n.0), all));
         }
     }
     rows
@@ -386,6 +391,8 @@ pub struct PhaseRow {
     pub path: String,
     pub dtype: String,
     pub bytes: u64,
+    /// The plan's phase of these steps.
+    pub phase: usize,
     /// Members of these steps.
     pub ranks: u32,
     /// Calls checked element by element, summed over the ranks.
@@ -398,11 +405,11 @@ pub struct PhaseRow {
     pub p99_us: f64,
 }
 
-fn phase_row(case: &Case, ci: usize, n: u32, all: &[ElasticTimes]) -> PhaseRow {
+fn phase_row(case: &Case, ci: usize, (phase, n): (usize, u32), all: &[ElasticTimes]) -> PhaseRow {
     let (mut calls, mut lost, mut p50, mut p99) = (0u64, 0u64, 0f64, 0f64);
     for t in all {
         let mut times: Vec<f64> = Vec::new();
-        for s in t.steps.iter().filter(|s| s.case == ci && s.ranks == n) {
+        for s in (t.steps.iter()).filter(|s| s.case == ci && s.phase == phase && s.ranks == n) {
             calls += s.times_ns.len() as u64;
             lost += u64::from(s.lost);
             if !s.warm {
@@ -422,6 +429,7 @@ fn phase_row(case: &Case, ci: usize, n: u32, all: &[ElasticTimes]) -> PhaseRow {
         path: case.path.name().into(),
         dtype: case.dtype.name().into(),
         bytes: case.bytes(n),
+        phase,
         ranks: n,
         calls,
         lost,
@@ -516,25 +524,69 @@ fn detection_line(d: &Detection) -> String {
 
 fn table(rows: &[PhaseRow]) -> String {
     let mut t = format!(
-        "{:<14} {:<9} {:<6} {:<9} {:>10} {:>6} {:>7} {:>5} {:>10} {:>10}\n",
-        "op", "algo", "path", "type", "bytes", "ranks", "calls", "lost", "p50 µs", "p99 µs"
+        "{:<14} {:<9} {:<6} {:<9} {:>10} {:>5} {:>6} {:>7} {:>5} {:>10} {:>10}\n",
+        "op", "algo", "path", "type", "bytes", "phase", "ranks", "calls", "lost", "p50 µs", "p99 µs"
     );
     for r in rows {
         t += &format!(
-            "{:<14} {:<9} {:<6} {:<9} {:>10} {:>6} {:>7} {:>5} {:>10.2} {:>10.2}\n",
-            r.op, r.algo, r.path, r.dtype, r.bytes, r.ranks, r.calls, r.lost, r.p50_us, r.p99_us
+            "{:<14} {:<9} {:<6} {:<9} {:>10} {:>5} {:>6} {:>7} {:>5} {:>10.2} {:>10.2}\n",
+            r.op, r.algo, r.path, r.dtype, r.bytes, r.phase, r.ranks, r.calls, r.lost, r.p50_us, r.p99_us
         );
     }
     t
 }
 
 fn csv_text(rows: &[PhaseRow]) -> String {
-    let mut t = String::from("op,algo,path,dtype,bytes,ranks,calls,lost,p50_us,p99_us\n");
+    let mut t = String::from("op,algo,path,dtype,bytes,phase,ranks,calls,lost,p50_us,p99_us\n");
     for r in rows {
         t += &format!(
-            "{},{},{},{},{},{},{},{},{:.3},{:.3}\n",
-            r.op, r.algo, r.path, r.dtype, r.bytes, r.ranks, r.calls, r.lost, r.p50_us, r.p99_us
+            "{},{},{},{},{},{},{},{},{},{:.3},{:.3}\n",
+            r.op, r.algo, r.path, r.dtype, r.bytes, r.phase, r.ranks, r.calls, r.lost, r.p50_us, r.p99_us
         );
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nixl::serdes::Desc;
+    use crate::ranks::nccl::NcclStatus;
+
+    #[test]
+    fn an_introduction_survives_the_wire() {
+        let intro = Introduction {
+            info: RankInfo {
+                rank: 4,
+                host: "node-1".into(),
+                gpu_name: "NVIDIA H200".into(),
+                gpu_uuid: "GPU-1234".into(),
+                sm_count: 132,
+                mps: true,
+                nccl: NcclStatus::Unavailable("--no-baseline".into()),
+            },
+            card: PeerCard {
+                agent: "collectives-rank-4.1".into(),
+                window: Desc {
+                    addr: 0x7f00_0000_0000,
+                    len: 1 << 24,
+                    dev_id: 0,
+                },
+                metadata: vec![0, 7, 255, 3],
+            },
+        };
+        assert_eq!(Introduction::decode(&intro.encode()).unwrap(), intro);
+        assert!(Introduction::decode(&intro.encode()[..10]).is_err());
+    }
+
+    #[test]
+    fn plans_grow_with_new_ids_and_shrink_only_by_death() {
+        let ok = |t: &str| check_plan(&Plan::parse(t).unwrap()).is_ok();
+        assert!(ok("[[0,1,2,3]]"));
+        assert!(ok("[[0,1,2],[0,1,2,3]]"));
+        assert!(ok("[[0,1,-2,3],[0,1,3,4],[0,1,3,4,5,6]]"));
+        assert!(!ok("[[0,1,2],[0,1]]"), "rank 2 leaves without dying");
+        assert!(!ok("[[0,1,-2],[0,1,2]]"), "rank 2's id comes back");
+        assert!(!ok("[[0,1],[0,1,2],[0,1,-2],[0,1,2]]"), "rank 2's id comes back later");
+    }
 }
