@@ -20,12 +20,16 @@
 #
 #   scripts/collectives_elastic.sh [--bin DIR | --bundle FILE] [--out DIR]
 #                                  [--runs N] [--seed S] [--fault-timeout MS] [--sweep]
+#                                  [--sweep-case "OP ALGO PATH"]
+#
+# --sweep-case (implies --sweep) sweeps that one case only, e.g.
+# "reduce-scatter one-shot store"; --runs 0 skips the random runs.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives-elastic
-RUNS=12; SEED=$(date +%s); FAULT=200; SWEEP=0
+RUNS=12; SEED=$(date +%s); FAULT=200; SWEEP=0; SWEEP_CASE=
 while (($#)); do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
@@ -36,6 +40,7 @@ while (($#)); do
     --seed) SEED=$2; shift 2 ;;
     --fault-timeout) FAULT=$2; shift 2 ;;
     --sweep) SWEEP=1; shift ;;
+    --sweep-case) SWEEP=1; SWEEP_CASE=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac
@@ -135,6 +140,7 @@ if ((SWEEP)); then
   for c in "allreduce one-shot put" "allreduce one-shot store" "allreduce two-shot put" \
            "allreduce two-shot store" "allreduce ll store" "allgather one-shot put" \
            "allgather one-shot store" "reduce-scatter one-shot put" "reduce-scatter one-shot store"; do
+    [[ -n $SWEEP_CASE && $c != "$SWEEP_CASE" ]] && continue
     read -r op algo path <<< "$c"
     name="$op-$algo-$path"; max=64M
     [[ $algo == ll ]] && max=64K   # LL runs up to 64 KiB
