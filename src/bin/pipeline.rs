@@ -152,7 +152,10 @@ fn real_main(args: Args) -> Result<ExitCode> {
     let env = RankEnv::from_env(PROGRAM)?;
     let world = RankEnv::world(env.as_ref(), args.ranks)?;
     if world < 2 {
-        return Err(UsageError(format!("WORLD_SIZE={world}: a pipeline needs 2 stages at least")).into());
+        return Err(UsageError(format!(
+            "WORLD_SIZE={world}: a pipeline needs 2 stages at least"
+        ))
+        .into());
     }
     // Arguments that cannot work are refused before any network or GPU work.
     let cfg = match args.check_connection {

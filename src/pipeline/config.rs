@@ -98,7 +98,12 @@ impl Config {
             for &level in &self.levels {
                 for &chunk in &self.chunk_sizes {
                     for &slots in &self.slots {
-                        out.push(Case { path, level, chunk, slots });
+                        out.push(Case {
+                            path,
+                            level,
+                            chunk,
+                            slots,
+                        });
                     }
                 }
             }
@@ -116,16 +121,26 @@ impl Config {
             ));
         }
         if self.chunks > u64::from(u32::MAX) {
-            return bad(format!("--chunks {}: at most {} (the LL lines' sequence is 32 bits)", self.chunks, u32::MAX));
+            return bad(format!(
+                "--chunks {}: at most {} (the LL lines' sequence is 32 bits)",
+                self.chunks,
+                u32::MAX
+            ));
         }
         if let Some(k) = self.slow_stage.filter(|&k| k >= self.stages) {
-            return bad(format!("--slow-stage {k}: the stages are 0..{}", self.stages - 1));
+            return bad(format!(
+                "--slow-stage {k}: the stages are 0..{}",
+                self.stages - 1
+            ));
         }
         if self.slow_stage.is_none() && self.delay_us != 0 {
             return bad("--delay-us needs --slow-stage K (the stage that sleeps)".into());
         }
         if let Some(k) = self.corrupt_stage.filter(|&k| k + 1 >= self.stages) {
-            return bad(format!("--inject corrupt={k}: only stages 0..{} write chunks", self.stages - 2));
+            return bad(format!(
+                "--inject corrupt={k}: only stages 0..{} write chunks",
+                self.stages - 2
+            ));
         }
         for case in self.cases() {
             self.check_case(&case)?;

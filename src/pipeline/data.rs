@@ -75,7 +75,9 @@ mod tests {
     fn a_skipped_repeated_or_reordered_stage_or_another_chunk_fails() {
         let wrong = |order: &[u32], n: u32| {
             let v = through(order, 5, 16);
-            v.iter().enumerate().all(|(w, &x)| x != expected(n, 5, w as u64))
+            v.iter()
+                .enumerate()
+                .all(|(w, &x)| x != expected(n, 5, w as u64))
         };
         assert!(wrong(&[0, 1, 3], 5), "skipped");
         assert!(wrong(&[0, 1, 1, 2], 4), "twice");

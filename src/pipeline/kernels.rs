@@ -13,7 +13,17 @@ use crate::gpu::launch;
 
 /// How a chunk moves between two stages (`PIPE_PATH_*` in `cuda/`).
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum PipePath {
@@ -43,7 +53,17 @@ impl PipePath {
 
 /// The thread group one channel is (`nixl_gpu_level_t`).
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
@@ -167,9 +187,9 @@ impl PipeKernels {
     pub fn load(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
         let module = crate::gpu::module::load(ctx, crate::gpu::module::Fatbin::Pipeline)?;
         let f = |name: &str| {
-            module.load_function(name).map_err(|e| {
-                anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}")
-            })
+            module
+                .load_function(name)
+                .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
         };
         Ok(Self {
             entries: [f("pipe_thread")?, f("pipe_warp")?, f("pipe_block")?],

@@ -85,9 +85,20 @@ pub struct Context<'a> {
 /// One row from every stage's result of `case` (`stages[r]`: rank r's).
 pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) -> Row {
     let timed = cfg.chunks - cfg.warmup;
-    let gbps = |bytes: u64, ns: u64| if ns == 0 { 0.0 } else { bytes as f64 / ns as f64 };
+    let gbps = |bytes: u64, ns: u64| {
+        if ns == 0 {
+            0.0
+        } else {
+            bytes as f64 / ns as f64
+        }
+    };
     let link: Vec<f64> = (stages[1..].iter())
-        .map(|s| gbps((timed - 1) * case.chunk, s.arrive_last.saturating_sub(s.arrive_first)))
+        .map(|s| {
+            gbps(
+                (timed - 1) * case.chunk,
+                s.arrive_last.saturating_sub(s.arrive_first),
+            )
+        })
         .collect();
     let (first, last) = (stages[0], stages[stages.len() - 1]);
     let start = first.t_start.first().copied().unwrap_or(0);
@@ -109,7 +120,10 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         e2e_gbps: gbps(timed * case.chunk, span),
         latency: Summary::of(&lat),
         stall_us: stages.iter().map(|s| per_channel(s) / 1e3).collect(),
-        stall_share: stages.iter().map(|s| per_channel(s) / span.max(1) as f64).collect(),
+        stall_share: stages
+            .iter()
+            .map(|s| per_channel(s) / span.max(1) as f64)
+            .collect(),
         overwrites: stages.iter().map(|s| s.overwrites).sum(),
         ce_gbps: None,
         link_vs_ce: None,
@@ -141,7 +155,13 @@ fn copy_engine(gpu: &Gpu, bytes: u64) -> Result<f64> {
     let src = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize)?;
     let dst = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize)?;
     let iters = (64u64 << 20).div_ceil(bytes).clamp(50, 100_000) as u32;
-    Ok(crate::gpu::copy::copy_rate(&dst, &src, bytes as usize, iters, &gpu.stream)?)
+    Ok(crate::gpu::copy::copy_rate(
+        &dst,
+        &src,
+        bytes as usize,
+        iters,
+        &gpu.stream,
+    )?)
 }
 
 fn print_table(ctx: &Context, rows: &[Row]) {
@@ -160,7 +180,18 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     );
     say!(
         "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per stage (share)",
-        "path", "level", "chunk", "slots", "chan", "link min", "e2e", "ce GB/s", "link/ce", "lat p50", "lat p99", "ovw"
+        "path",
+        "level",
+        "chunk",
+        "slots",
+        "chan",
+        "link min",
+        "e2e",
+        "ce GB/s",
+        "link/ce",
+        "lat p50",
+        "lat p99",
+        "ovw"
     );
     for r in rows {
         let stalls: Vec<String> = (r.stall_us.iter().zip(&r.stall_share))
@@ -183,7 +214,9 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             stalls.join(", ")
         );
     }
-    say!("# link min: the slowest link's GB/s (1e9 B/s) of payload; lat: one chunk through the chain, us");
+    say!(
+        "# link min: the slowest link's GB/s (1e9 B/s) of payload; lat: one chunk through the chain, us"
+    );
 }
 
 /// The run's configuration beside its rows, for `--json` and `--csv`.

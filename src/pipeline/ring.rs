@@ -130,7 +130,10 @@ mod tests {
         assert_eq!(busy_channels(1000, 3), 3);
         for (c, n) in [(1u64 << 20, 66u32), (4096, 7), (48, 64)] {
             let s = slice_bytes(c, n);
-            assert!(s % 16 == 0 && u64::from(busy_channels(c, n)) * s >= c, "{c} {n}");
+            assert!(
+                s % 16 == 0 && u64::from(busy_channels(c, n)) * s >= c,
+                "{c} {n}"
+            );
             assert!(busy_channels(c, n) <= n);
         }
     }

@@ -27,8 +27,8 @@ use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::net::{Net, PeerCard};
 use crate::nixl::serdes::Desc;
-use crate::ranks::group::{Group, open_store};
 use crate::ranks::RankEnv;
+use crate::ranks::group::{Group, open_store};
 use crate::ranks::sm_share::sm_share;
 
 /// Timed chunks whose latency is stamped, at most.
@@ -104,7 +104,14 @@ pub fn check_machine() -> Result<()> {
 }
 
 /// The rank's part of the run, inside the group.
-fn session(g: &Group, cfg: &Config, out: &Outputs, gpu: &Gpu, k: &PipeKernels, info: &RankInfo) -> Result<()> {
+fn session(
+    g: &Group,
+    cfg: &Config,
+    out: &Outputs,
+    gpu: &Gpu,
+    k: &PipeKernels,
+    info: &RankInfo,
+) -> Result<()> {
     g.same_config(&g.entry("config"), cfg)?;
     g.put(&g.rank_entry(g.rank, "info"), info)?;
     let infos: Vec<RankInfo> = g.gather_ranks("info", "rank description")?;
@@ -122,8 +129,12 @@ fn session(g: &Group, cfg: &Config, out: &Outputs, gpu: &Gpu, k: &PipeKernels, i
         same_gpu: on_one == g.world,
     };
     let bytes = cfg.window_bytes(share);
-    let window = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize)
-        .with_context(|| format!("allocating the window ({bytes} bytes) on GPU {}", gpu.ordinal))?;
+    let window = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize).with_context(|| {
+        format!(
+            "allocating the window ({bytes} bytes) on GPU {}",
+            gpu.ordinal
+        )
+    })?;
     let net = connect(g, &window, bytes)?;
     g.barrier("ready")?;
     let results = run_cases(&ctx, &net, &window);
@@ -152,14 +163,21 @@ fn connect(g: &Group, window: &DeviceBuffer, bytes: u64) -> Result<Net> {
     };
     let (mut net, card) = Net::open(&g.agent_name(g.rank, 0), window, desc, g.world)?;
     g.put(&g.rank_entry(g.rank, "card"), &card)?;
-    let neighbours = [g.rank.checked_sub(1), Some(g.rank + 1).filter(|&r| r < g.world)];
+    let neighbours = [
+        g.rank.checked_sub(1),
+        Some(g.rank + 1).filter(|&r| r < g.world),
+    ];
     for r in neighbours.into_iter().flatten() {
         let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
         let want = g.agent_name(r, 0);
         if card.agent != want {
-            bail!("rank {r}'s card names agent '{}', expected '{want}': another run uses this store", card.agent);
+            bail!(
+                "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
+                card.agent
+            );
         }
-        net.connect(r, &card, g.timeout()).map_err(|e| g.blame_member(r as usize, e))?;
+        net.connect(r, &card, g.timeout())
+            .map_err(|e| g.blame_member(r as usize, e))?;
     }
     // SAFETY: no kernel runs yet; the neighbours keep their windows until
     // every rank passed "released".
@@ -181,7 +199,9 @@ fn ctx_report<'a>(ctx: &'a Ctx, infos: &'a [RankInfo]) -> report::Context<'a> {
 
 /// The channels of `c` that carry data.
 fn busy(ctx: &Ctx, c: &Case) -> u32 {
-    let all = c.level.channels(c.blocks(ctx.cfg, ctx.share), c.threads(ctx.cfg));
+    let all = c
+        .level
+        .channels(c.blocks(ctx.cfg, ctx.share), c.threads(ctx.cfg));
     ring::busy_channels(c.chunk, all)
 }
 
@@ -201,7 +221,8 @@ fn run_cases(ctx: &Ctx, net: &Net, window: &DeviceBuffer) -> Result<Vec<StageRes
     let cases = ctx.cfg.cases();
     let mut out = Vec::with_capacity(cases.len());
     for (n, case) in cases.iter().enumerate() {
-        let r = run_case(ctx, net, &bufs, case, n).with_context(|| format!("stage {}: {}", ctx.g.rank, case.describe()))?;
+        let r = run_case(ctx, net, &bufs, case, n)
+            .with_context(|| format!("stage {}: {}", ctx.g.rank, case.describe()))?;
         if ctx.g.rank == 0 {
             tracing::info!("case {}/{} done: {}", n + 1, cases.len(), case.describe());
         }
@@ -231,7 +252,15 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
     b.window.zero(&gpu.stream)?;
     b.t_end.zero(&gpu.stream)?;
     // SAFETY: the stamps buffer holds `stamps` u64; all ones: atomicMin's start.
-    unsafe { sys::cuMemsetD8Async(b.t_start.addr(), 0xff, b.t_start.len(), gpu.stream.cu_stream()).result()? };
+    unsafe {
+        sys::cuMemsetD8Async(
+            b.t_start.addr(),
+            0xff,
+            b.t_start.len(),
+            gpu.stream.cu_stream(),
+        )
+        .result()?
+    };
     gpu.stream.synchronize()?;
     g.barrier(&format!("case{n}/go"))?;
     let p = params(ctx, net, b, case, &w, slot);
@@ -243,7 +272,8 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
     run_watched(gpu, b.report, ctx.out.timeout, None, launch, || g.probe())?;
     g.barrier(&format!("case{n}/done"))?;
     let mut r = PipeReport::default();
-    b.report.download(&gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
+    b.report
+        .download(&gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
     check_report(ctx, case, &r)?;
     let stamps = |buf: &DeviceBuffer| buf.read_u64s(&gpu.stream);
     Ok(StageResult {
@@ -254,8 +284,16 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
         arrive_last: r.arrive_last,
         done_ns: r.done_ns,
         checked: r.checked,
-        t_start: if g.rank == 0 { stamps(b.t_start)? } else { Vec::new() },
-        t_end: if g.rank + 1 == g.world { stamps(b.t_end)? } else { Vec::new() },
+        t_start: if g.rank == 0 {
+            stamps(b.t_start)?
+        } else {
+            Vec::new()
+        },
+        t_end: if g.rank + 1 == g.world {
+            stamps(b.t_end)?
+        } else {
+            Vec::new()
+        },
     })
 }
 
@@ -263,7 +301,9 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
 fn params(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, w: &Window, slot: u64) -> PipeParams {
     let (g, cfg) = (ctx.g, ctx.cfg);
     let views = net.views();
-    let channels = case.level.channels(case.blocks(cfg, ctx.share), case.threads(cfg));
+    let channels = case
+        .level
+        .channels(case.blocks(cfg, ctx.share), case.threads(cfg));
     let slow = cfg.slow_stage == Some(g.rank);
     PipeParams {
         local_mvh: views.local,
@@ -308,12 +348,18 @@ fn check_report(ctx: &Ctx, case: &Case, r: &PipeReport) -> Result<()> {
     }
     if r.base.timed_out != 0 {
         let (peer, what) = match r.wait_on {
-            1 => (me.wrapping_sub(1), "chunk's data (its ready word or LL lines)"),
+            1 => (
+                me.wrapping_sub(1),
+                "chunk's data (its ready word or LL lines)",
+            ),
             _ => (me + 1, "credit (a free slot)"),
         };
         let how = match r.base.timed_out {
             2 => "the host cancelled the wait".to_string(),
-            _ => format!("no progress within --fault-timeout {} s", ctx.cfg.fault_timeout_ns as f64 / 1e9),
+            _ => format!(
+                "no progress within --fault-timeout {} s",
+                ctx.cfg.fault_timeout_ns as f64 / 1e9
+            ),
         };
         bail!(
             "stage {me} waited for stage {peer}'s {what} for chunk {} ({how}; the word read {}): stage {peer} died, is \
@@ -323,7 +369,11 @@ fn check_report(ctx: &Ctx, case: &Case, r: &PipeReport) -> Result<()> {
         );
     }
     if r.base.errors != 0 {
-        bail!("{} NIXL device call(s) failed, the first with status {}", r.base.errors, r.base.first_status);
+        bail!(
+            "{} NIXL device call(s) failed, the first with status {}",
+            r.base.errors,
+            r.base.first_status
+        );
     }
     if r.mismatches != 0 {
         return Err(DataMismatch(format!(
@@ -335,8 +385,10 @@ fn check_report(ctx: &Ctx, case: &Case, r: &PipeReport) -> Result<()> {
     }
     let want = case.chunk * ctx.cfg.chunks;
     if me + 1 == ctx.g.world && r.checked != want {
-        bail!("the last stage verified {} bytes, expected {want}", r.checked);
+        bail!(
+            "the last stage verified {} bytes, expected {want}",
+            r.checked
+        );
     }
     Ok(())
 }
-
