@@ -80,7 +80,7 @@ struct PipeReport {
     uint32_t bad_want;
     uint32_t null_ptr;      // 1: nixlGetPtr gave no pointer to a neighbour
     uint32_t reserved;
-    uint64_t stall_ns;      // summed over channels: waits for credits
+    uint64_t stall_ns;      // summed over channels: waits for credits (timed chunks)
     uint64_t arrive_first;  // max over channels: when chunk `warmup` was there, ns
     uint64_t arrive_last;   // ... chunk M-1
     uint64_t done_ns;       // max over channels: the end of the last chunk's work
@@ -207,12 +207,10 @@ __device__ __forceinline__ void pipe_check(const PipeParams &p, const Channel &c
     }
 }
 
-// One 16-byte vector (4 words from word w) through the stage: read from
-// `in` (unless stage 0), transformed or checked, written to `out` (unless
-// the last stage).
-__device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, const uint4 *in, uint4 *out) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (p.stage > 0) v = __ldcg(in);
+// One 16-byte vector (4 words from word w) through the stage: `v` as read
+// (stage 0: nothing), transformed or checked, written to `out` (unless the
+// last stage).
+__device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, uint4 v, uint4 *out) {
     if (p.stage + 1 == p.stages) {
         pipe_check(p, c, g, w, v.x);
         pipe_check(p, c, g, w + 1, v.y);
@@ -233,8 +231,19 @@ __device__ void move_slice(const PipeParams &p, const Channel &c, uint64_t g, ui
     using G = Lanes<L>;
     const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + slot_offset(p, g) + c.lo);
     uint4 *out = reinterpret_cast<uint4 *>(dst);
-    const uint64_t vecs = c.len / 16, w0 = c.lo / 4;
-    for (uint64_t i = G::rank(); i < vecs; i += G::size()) pipe_vec(p, c, g, w0 + 4 * i, in + i, out + i);
+    const uint64_t vecs = c.len / 16, w0 = c.lo / 4, n = G::size();
+    // Four vectors in flight per lane: their loads are issued together, so
+    // a lane waits for L2 (or the link) once per four, not once per vector.
+    constexpr uint32_t U = 4;
+    uint64_t i = G::rank();
+    for (; i + (U - 1) * n < vecs; i += U * n) {
+        uint4 v[U];
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u) v[u] = p.stage > 0 ? __ldcg(in + i + u * n) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u) pipe_vec(p, c, g, w0 + 4 * (i + u * n), v[u], out + i + u * n);
+    }
+    for (; i < vecs; i += n) pipe_vec(p, c, g, w0 + 4 * i, p.stage > 0 ? __ldcg(in + i) : make_uint4(0, 0, 0, 0), out + i);
 }
 
 // An LL line as cuda/kernels.cu writes it: one 16-byte volatile store.
@@ -408,10 +417,13 @@ __device__ bool pipe_chunk(const PipeParams &p, const Channel &c, uint64_t g, ui
     const bool first = p.stage == 0, last = p.stage + 1 == p.stages;
     bool ok = true;
     if (!first && p.path != PIPE_PATH_LL) pipe_arrive<L>(p, c, g, ok);
-    if (!last) stall += pipe_slot_free<L>(p, c, g, ok);
+    if (!last) {
+        const uint64_t waited = pipe_slot_free<L>(p, c, g, ok);
+        if (g >= p.warmup) stall += waited;
+    }
     if (p.delay_ns != 0 && G::rank() == 0) pipe_delay(p.delay_ns);
     if (L != nixl_gpu_level_t::THREAD) ok = G::size() == 32 ? __all_sync(~0u, ok) : __syncthreads_and(ok);
-    if (!ok || given_up(p.report)) return false;
+    if (!ok) return false;  // (a wait that gave up stops the other groups itself: pipe_stop)
     if (G::rank() == 0) pipe_stamp(p, g, false);
     if (p.path == PIPE_PATH_LL) {
         ok = ll_slice<L>(p, c, g);
@@ -425,9 +437,10 @@ __device__ bool pipe_chunk(const PipeParams &p, const Channel &c, uint64_t g, ui
     }
     if (!first && p.path != PIPE_PATH_LL && G::rank() == 0 && load_relaxed_system(ready_word(p, p.window, c, g)) != g + 1)
         atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
+    if (last && G::rank() == 0) pipe_stamp(p, g, true);  // checked: the chunk is through
     if (!first) pipe_credit<L>(p, c, g);
     if (!last && p.path != PIPE_PATH_LL) pipe_forward<L>(p, c, g);
-    if (G::rank() == 0) pipe_stamp(p, g, true);
+    if (!last && G::rank() == 0) pipe_stamp(p, g, true);
     return true;
 }
 

@@ -66,8 +66,8 @@ pipe() {
 frozen() {
   local tag=frozen
   echo "== $tag: 3 stages, stage 1 stopped after 3 s" >&2
-  "$P" --ranks 3 --port "$(pick_port)" --path store --chunk 64K --chunks 2000000 --fault-timeout 3 --timeout 60 \
-    --no-baseline >"$OUT/$tag.out" 2>"$OUT/$tag.err" &
+  "$P" --ranks 3 --port "$(pick_port)" --path store --chunk 64K --chunks 2000000 --slow-stage 2 --delay-us 5 \
+    --fault-timeout 3 --timeout 60 --no-baseline >"$OUT/$tag.out" 2>"$OUT/$tag.err" &
   local launcher=$! pid victim=""
   sleep 3
   for pid in $(pgrep -P "$launcher"); do
@@ -76,7 +76,7 @@ frozen() {
   [[ -n $victim ]] && kill -STOP "$victim"
   wait "$launcher"; local rc=$?
   [[ -n $victim ]] && kill -CONT "$victim" 2>/dev/null
-  if ((rc == 1)) && grep -q "stage 1" "$OUT/$tag.err"; then echo "ok $tag: exit 1, stage 1 named" >&2
+  if ((rc == 1)) && grep -qE "(stage|rank) 1" "$OUT/$tag.err"; then echo "ok $tag: exit 1, stage 1 named" >&2
   else fail=1; echo "!! $tag: exit $rc (victim ${victim:-none})" >&2; tail -8 "$OUT/$tag.err" >&2; fi
 }
 
@@ -91,6 +91,10 @@ for s in $STAGES; do
   pipe "p${s}-ll" 0 --ranks "$s" --path ll --chunk 8,4K,64K --slots 1,8 --level warp,block --chunks "$N" \
     --warmup 1000 --no-baseline
 done
+# One 8-byte chunk at a time (one slot): the round trip simple_write's LL
+# ping-pong measures, at its grids (256 threads a block).
+pipe p2-ll8 0 --ranks 2 --path ll --chunk 8 --slots 1 --level thread,warp,block --threads 256 --chunks "$N" \
+  --warmup 1000 --no-baseline
 pipe p2-levels 0 --ranks 2 --chunk 64K --slots 8 --path store,put --level thread,warp,block --chunks "$N" --warmup 1000 \
   --no-baseline
 pipe p3-slow 0 --ranks 3 --chunk 64 --slots 8 --path store --level warp --slow-stage 2 --delay-us 2 \

@@ -157,7 +157,7 @@ pub struct PipeReport {
     /// 1: nixlGetPtr gave no pointer to a neighbour's window.
     pub null_ptr: u32,
     pub reserved: u32,
-    /// Time waiting for credits, summed over channels, ns.
+    /// Time waiting for credits over the timed chunks, summed over channels, ns.
     pub stall_ns: u64,
     /// `%globaltimer` when the first timed chunk and the last chunk had
     /// arrived (max over channels), and when the last one's work ended.

@@ -27,7 +27,7 @@ use crate::stats::Summary;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageResult {
     pub rank: u32,
-    /// Waits for credits, summed over channels, ns.
+    /// Waits for credits over the timed chunks, summed over channels, ns.
     pub stall_ns: u64,
     pub overwrites: u64,
     /// `%globaltimer`, ns: the first timed chunk and the last one arrived;
@@ -56,6 +56,9 @@ pub struct Row {
     /// Per link, into stage 1, 2, …: GB/s.
     pub link_gbps: Vec<f64>,
     pub min_link_gbps: f64,
+    /// The slowest link's time per chunk, ns: with one slot and two stages
+    /// a round trip (the chunk there, its credit back).
+    pub link_ns_per_chunk: f64,
     pub e2e_gbps: f64,
     /// Stage 0's start to the last stage's end of a chunk.
     pub latency: Summary,
@@ -107,6 +110,9 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         .map(|(a, b)| b.saturating_sub(*a) as f64)
         .collect();
     let per_channel = |s: &StageResult| s.stall_ns as f64 / f64::from(channels.max(1));
+    let per_chunk = (stages[1..].iter())
+        .map(|s| s.arrive_last.saturating_sub(s.arrive_first) as f64 / (timed - 1).max(1) as f64)
+        .fold(0.0, f64::max);
     Row {
         path: case.path.name(),
         level: case.level.name(),
@@ -117,6 +123,7 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         timed_chunks: timed,
         min_link_gbps: link.iter().copied().fold(f64::INFINITY, f64::min),
         link_gbps: link,
+        link_ns_per_chunk: per_chunk,
         e2e_gbps: gbps(timed * case.chunk, span),
         latency: Summary::of(&lat),
         stall_us: stages.iter().map(|s| per_channel(s) / 1e3).collect(),
@@ -198,13 +205,14 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             .map(|(us, sh)| format!("{us:.0} ({:.0}%)", sh * 100.0))
             .collect();
         say!(
-            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9.2} {:>9.2} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
+            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
             r.path,
             r.level,
             fmt_bytes(r.chunk_bytes),
             r.slots,
             r.channels,
             r.min_link_gbps,
+            r.link_ns_per_chunk / 1e3,
             r.e2e_gbps,
             r.ce_gbps.map_or("-".into(), |v| format!("{v:.2}")),
             r.link_vs_ce.map_or("-".into(), |v| format!("{v:.2}")),
