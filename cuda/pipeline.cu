@@ -43,8 +43,8 @@ struct PipeParams {
     void *remote_mvh;  // remote view: element r is rank r's window
     uint8_t *window;
     struct PipeReport *report;
-    uint64_t *t_start;  // [stamps]: stage 0, when chunk warmup + i began (min over channels), ns
-    uint64_t *t_end;    // [stamps]: last stage, when chunk warmup + i was verified (max), ns
+    uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i, ns
+    uint64_t *t_end;    // [stamps]: last stage, when channel 0 had checked it, ns
     uint64_t off_ring;  // S slots of slot_bytes: what the previous stage writes
     uint64_t off_stage; // S slots of slot_bytes: the put path's outgoing copies
     uint64_t off_ready; // [S][channels] u64, written by the previous stage
@@ -312,6 +312,9 @@ template <nixl_gpu_level_t L>
 __device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t g) {
     using G = Lanes<L>;
     if (p.path == PIPE_PATH_PUT) {
+        // Every lane's part of the staging slot is written before any lane
+        // copies it: on cuda_ipc the put is the group's own loads and stores.
+        G::sync();
         const nixlMemViewElem src{p.local_mvh, 0, p.off_stage + slot_offset(p, g) + c.lo};
         const nixlMemViewElem dst{p.remote_mvh, p.stage + 1, p.off_ring + slot_offset(p, g) + c.lo};
         record_status(&p.report->base, nixlPut<L>(src, dst, c.len, c.index));
@@ -351,9 +354,12 @@ __device__ bool pipe_arrive(const PipeParams &p, const Channel &c, uint64_t g, b
     using G = Lanes<L>;
     if (G::rank() == 0) {
         const uint64_t *word = ready_word(p, p.window, c, g);
-        ok = pipe_wait(p, word, g + 1, PIPE_WAIT_READY, g);
-        if (ok && load_relaxed_system(word) != g + 1)
-            atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
+        const uint64_t start = globaltimer_ns();
+        const uint64_t v = spin_wait(word, g + 1, [&](uint64_t seen) { return pipe_stop(p, start, seen, PIPE_WAIT_READY, g); });
+        ok = reached(v, g + 1);
+        // A later sequence: the sender wrote chunk g + S (or later) into
+        // this slot before we consumed chunk g, past its credits.
+        if (ok && v != g + 1) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
         fence_acquire(p.same_gpu);
     }
     return ok;
@@ -370,19 +376,21 @@ __device__ uint64_t pipe_slot_free(const PipeParams &p, const Channel &c, uint64
     return globaltimer_ns() - t0;
 }
 
-// Chunk g's stamps: arrival (first timed and last chunk), stage 0's start
-// and the last stage's end of the first `stamps` timed chunks.
-__device__ void pipe_stamp(const PipeParams &p, uint64_t g, bool end) {
+// Chunk g's stamps: arrival (first timed and last chunk; max over
+// channels), and channel 0's start at stage 0 and end at the last stage of
+// the first `stamps` timed chunks (the channels run apart: one slice's
+// latency is channel 0's, not a spread over channels).
+__device__ void pipe_stamp(const PipeParams &p, const Channel &c, uint64_t g, bool end) {
     auto *r = p.report;
     const uint64_t now = globaltimer_ns();
-    const bool timed = g >= p.warmup && g - p.warmup < p.stamps;
+    const bool timed = g >= p.warmup && g - p.warmup < p.stamps && c.index == 0;
     if (!end) {
-        if (p.stage == 0 && timed) atomicMin(reinterpret_cast<unsigned long long *>(&p.t_start[g - p.warmup]), now);
+        if (p.stage == 0 && timed) p.t_start[g - p.warmup] = now;
         if (g == p.warmup) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_first), now);
         if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_last), now);
         return;
     }
-    if (p.stage + 1 == p.stages && timed) atomicMax(reinterpret_cast<unsigned long long *>(&p.t_end[g - p.warmup]), now);
+    if (p.stage + 1 == p.stages && timed) p.t_end[g - p.warmup] = now;
     if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->done_ns), now);
 }
 
@@ -424,7 +432,7 @@ __device__ bool pipe_chunk(const PipeParams &p, const Channel &c, uint64_t g, ui
     if (p.delay_ns != 0 && G::rank() == 0) pipe_delay(p.delay_ns);
     if (L != nixl_gpu_level_t::THREAD) ok = G::size() == 32 ? __all_sync(~0u, ok) : __syncthreads_and(ok);
     if (!ok) return false;  // (a wait that gave up stops the other groups itself: pipe_stop)
-    if (G::rank() == 0) pipe_stamp(p, g, false);
+    if (G::rank() == 0) pipe_stamp(p, c, g, false);
     if (p.path == PIPE_PATH_LL) {
         ok = ll_slice<L>(p, c, g);
         if (L != nixl_gpu_level_t::THREAD) ok = G::size() == 32 ? __all_sync(~0u, ok) : __syncthreads_and(ok);
@@ -435,12 +443,10 @@ __device__ bool pipe_chunk(const PipeParams &p, const Channel &c, uint64_t g, ui
                                                : c.next + p.off_ring + slot_offset(p, g) + c.lo;
         move_slice<L>(p, c, g, dst);
     }
-    if (!first && p.path != PIPE_PATH_LL && G::rank() == 0 && load_relaxed_system(ready_word(p, p.window, c, g)) != g + 1)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
-    if (last && G::rank() == 0) pipe_stamp(p, g, true);  // checked: the chunk is through
+    if (last && G::rank() == 0) pipe_stamp(p, c, g, true);  // checked: the chunk is through
     if (!first) pipe_credit<L>(p, c, g);
     if (!last && p.path != PIPE_PATH_LL) pipe_forward<L>(p, c, g);
-    if (!last && G::rank() == 0) pipe_stamp(p, g, true);
+    if (!last && G::rank() == 0) pipe_stamp(p, c, g, true);
     return true;
 }
 

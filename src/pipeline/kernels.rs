@@ -102,11 +102,10 @@ pub struct PipeParams {
     pub window: u64,
     /// [`PipeReport`].
     pub report: u64,
-    /// `[stamps]` u64, stage 0: when each timed chunk began (min over
-    /// channels), `%globaltimer` ns; the host sets it to all ones first.
+    /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk,
+    /// `%globaltimer` ns.
     pub t_start: u64,
-    /// `[stamps]` u64, last stage: when each timed chunk was verified (max
-    /// over channels); zeroed first.
+    /// `[stamps]` u64, last stage: when channel 0 had checked it.
     pub t_end: u64,
     pub off_ring: u64,
     pub off_stage: u64,

@@ -8,8 +8,10 @@
 //! data lands: the receiving stage's clock from the arrival of the first
 //! timed chunk to that of the last, over the chunks in between. End to end:
 //! from stage 0's start of the first timed chunk to the last stage's end of
-//! the last. Latency: stage 0's start of a chunk to the last stage's end of
-//! its check (`%globaltimer`; one GPU, so the clocks agree).
+//! the last. Latency: channel 0's slice of a chunk, from stage 0's start
+//! to the last stage's end of its check (`%globaltimer`; one GPU, so the
+//! clocks agree; the channels run apart, so a spread over channels would
+//! measure their drift, not the chain).
 
 use std::path::Path;
 
@@ -60,7 +62,8 @@ pub struct Row {
     /// a round trip (the chunk there, its credit back).
     pub link_ns_per_chunk: f64,
     pub e2e_gbps: f64,
-    /// Stage 0's start to the last stage's end of a chunk.
+    /// Channel 0's slice of a chunk: stage 0's start to the last stage's
+    /// end of its check, ns.
     pub latency: Summary,
     /// Per stage: time one channel waited for credits, µs, and as a share
     /// of the timed run.
@@ -186,13 +189,14 @@ fn print_table(ctx: &Context, rows: &[Row]) {
         }
     );
     say!(
-        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per stage (share)",
+        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per stage (share)",
         "path",
         "level",
         "chunk",
         "slots",
         "chan",
         "link min",
+        "us/chunk",
         "e2e",
         "ce GB/s",
         "link/ce",
@@ -223,7 +227,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
         );
     }
     say!(
-        "# link min: the slowest link's GB/s (1e9 B/s) of payload; lat: one chunk through the chain, us"
+        "# link min: the slowest link's GB/s (1e9 B/s) of payload, us/chunk its time per chunk; lat: channel 0's slice \
+         of a chunk through the chain, us; stall: one channel's wait for credits over the timed chunks"
     );
 }
 

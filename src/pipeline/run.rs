@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use cudarc::driver::sys;
 use serde::{Deserialize, Serialize};
 
 use super::config::{Case, Config};
@@ -250,17 +249,6 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
     let slot = cfg.slot_bytes.unwrap_or(0).max(case.slot_bytes());
     let w = Window::new(case.slots, slot, channels);
     b.window.zero(&gpu.stream)?;
-    b.t_end.zero(&gpu.stream)?;
-    // SAFETY: the stamps buffer holds `stamps` u64; all ones: atomicMin's start.
-    unsafe {
-        sys::cuMemsetD8Async(
-            b.t_start.addr(),
-            0xff,
-            b.t_start.len(),
-            gpu.stream.cu_stream(),
-        )
-        .result()?
-    };
     gpu.stream.synchronize()?;
     g.barrier(&format!("case{n}/go"))?;
     let p = params(ctx, net, b, case, &w, slot);
