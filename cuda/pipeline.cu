@@ -44,7 +44,7 @@ struct PipeParams {
     uint8_t *window;
     struct PipeReport *report;
     uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i, ns
-    uint64_t *t_end;    // [stamps]: last stage, when channel 0 had checked it, ns
+    uint64_t *t_end;    // [stamps]: last stage, when channel 0's leading lane had checked its share (LL: the group's), ns
     uint64_t off_ring;  // S slots of slot_bytes: what the previous stage writes
     uint64_t off_stage; // S slots of slot_bytes: the put path's outgoing copies
     uint64_t off_ready; // [S][channels] u64, written by the previous stage

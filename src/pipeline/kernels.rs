@@ -105,7 +105,8 @@ pub struct PipeParams {
     /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk,
     /// `%globaltimer` ns.
     pub t_start: u64,
-    /// `[stamps]` u64, last stage: when channel 0 had checked it.
+    /// `[stamps]` u64, last stage: when channel 0's leading lane had
+    /// checked its share of the chunk (LL: after the group's barrier).
     pub t_end: u64,
     pub off_ring: u64,
     pub off_stage: u64,
