@@ -67,7 +67,7 @@ pub const WATCHED_ENV: [&str; 9] = [
 
 /// The kernel sources `cuda/<name>.cu`, each built into its own fatbin
 /// that the library embeds as `NIXL_FATBIN_<NAME>`.
-pub const SOURCES: [&str; 4] = ["kernels", "put_and_signal", "ep", "collectives"];
+pub const SOURCES: [&str; 5] = ["kernels", "put_and_signal", "ep", "collectives", "pipeline"];
 
 /// Called by build.rs: prints the directives of [`directives`] for this
 /// build; panics (fails the build) only with `NIXL_REQUIRE_KERNELS=1`.

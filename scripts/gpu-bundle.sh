@@ -51,7 +51,7 @@ mask_check=$(cargo test --release --test ep_mask_check --no-run --message-format
 [[ -x $mask_check ]] || { echo "gpu-bundle: building tests/ep_mask_check.rs failed" >&2; exit 1; }
 
 rm -rf "$OUT"; mkdir -p "$OUT/stage/bin" "$OUT/stage/nixl"
-for b in target/release/simple_write target/release/ep target/release/collectives target/release/examples/*; do
+for b in target/release/simple_write target/release/ep target/release/collectives target/release/pipeline target/release/examples/*; do
   [[ -f "$b" && -x "$b" && "$b" != *.d && "$(basename "$b")" != *-* ]] && cp "$b" "$OUT/stage/bin/"
 done
 cp "$mask_check" "$OUT/stage/bin/ep_mask_check"

@@ -27,6 +27,7 @@ pub mod logging;
 pub mod machine;
 pub mod nixl;
 pub mod pattern;
+pub mod pipeline;
 pub mod ranks;
 pub mod results;
 pub mod rng;

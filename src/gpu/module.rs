@@ -16,6 +16,8 @@ pub enum Fatbin {
     Ep,
     /// `cuda/collectives.cu`: allreduce, allgather and reduce-scatter.
     Collectives,
+    /// `cuda/pipeline.cu`: the streaming pipeline's stage kernels.
+    Pipeline,
 }
 
 /// Why the kernels are not available in this binary, or not on this GPU.
@@ -38,6 +40,7 @@ fn image(which: Fatbin) -> Result<&'static [u8], &'static str> {
         Fatbin::PutAndSignal => include_bytes!(env!("NIXL_FATBIN_PUT_AND_SIGNAL")),
         Fatbin::Ep => include_bytes!(env!("NIXL_FATBIN_EP")),
         Fatbin::Collectives => include_bytes!(env!("NIXL_FATBIN_COLLECTIVES")),
+        Fatbin::Pipeline => include_bytes!(env!("NIXL_FATBIN_PIPELINE")),
     })
 }
 

@@ -1,0 +1,185 @@
+//! A run's configuration: what every rank must agree on (the cases, the
+//! chunk counts, the slow stage), checked before any network or GPU work;
+//! what cannot work is a usage error (exit 2) that names the fix.
+
+use serde::{Deserialize, Serialize};
+
+use super::kernels::{Level, PipePath};
+use super::ring;
+use crate::cli::{UsageError, fmt_bytes};
+
+/// One configuration for the whole run (rank 0's; the others must match).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// Stages, one rank each.
+    pub stages: u32,
+    /// Payload bytes per chunk, each a case.
+    pub chunk_sizes: Vec<u64>,
+    /// Slots per ring, each a case.
+    pub slots: Vec<u32>,
+    pub paths: Vec<PipePath>,
+    pub levels: Vec<Level>,
+    /// Chunks per case (the warm-up included), and the untimed first ones.
+    pub chunks: u64,
+    pub warmup: u64,
+    /// Bytes of one slot; `None`: what a chunk needs.
+    pub slot_bytes: Option<u64>,
+    pub blocks: Option<u32>,
+    pub threads: Option<u32>,
+    /// The slow stage and its delay per chunk, µs.
+    pub slow_stage: Option<u32>,
+    pub delay_us: u64,
+    /// Every GPU wait's limit (a dead or frozen neighbour), ns.
+    pub fault_timeout_ns: u64,
+    /// Test hook: this stage garbles word 0 of the first timed chunk.
+    pub corrupt_stage: Option<u32>,
+    /// Run the copy-engine baseline.
+    pub baseline: bool,
+}
+
+crate::json_value!(Config => "pipeline configuration");
+
+/// One case: a path, a level, a chunk size and a ring size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Case {
+    pub path: PipePath,
+    pub level: Level,
+    pub chunk: u64,
+    pub slots: u32,
+}
+
+impl Case {
+    /// Bytes of one slot of this case.
+    pub fn slot_bytes(&self) -> u64 {
+        ring::slot_bytes(self.chunk, self.path == PipePath::Ll)
+    }
+
+    /// Threads per block: `--threads`, else 512 on the store and LL paths
+    /// and 256 on the put path at block level (simple_write's), 256 at
+    /// warp and thread level.
+    pub fn threads(&self, cfg: &Config) -> u32 {
+        cfg.threads.unwrap_or(match (self.level, self.path) {
+            (Level::Block, PipePath::Put) => 256,
+            (Level::Block, _) => 512,
+            _ => 256,
+        })
+    }
+
+    /// Blocks: `--blocks`, else one per 16 KiB of chunk (block level) or
+    /// per 16 KiB × warps (warp level) or 1 (thread level), at most
+    /// `share` (this rank's share of the GPU's SMs).
+    pub fn blocks(&self, cfg: &Config, share: u32) -> u32 {
+        let per_block = match self.level {
+            Level::Block => 16 << 10,
+            Level::Warp => u64::from(self.threads(cfg) / 32) * (16 << 10),
+            Level::Thread => u64::MAX,
+        };
+        let want = self.chunk.div_ceil(per_block).max(1) as u32;
+        cfg.blocks.unwrap_or(want.min(share)).max(1)
+    }
+
+    /// A case in words, for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} path, {} level, {} chunks, {} slots",
+            self.path.name(),
+            self.level.name(),
+            fmt_bytes(self.chunk),
+            self.slots
+        )
+    }
+}
+
+impl Config {
+    /// Every case, in run order: path, level, chunk size, slots.
+    pub fn cases(&self) -> Vec<Case> {
+        let mut out = Vec::new();
+        for &path in &self.paths {
+            for &level in &self.levels {
+                for &chunk in &self.chunk_sizes {
+                    for &slots in &self.slots {
+                        out.push(Case {
+                            path,
+                            level,
+                            chunk,
+                            slots,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Refuses what cannot work, naming the fix.
+    pub fn validate(&self) -> Result<(), UsageError> {
+        let bad = |m: String| Err(UsageError(m));
+        if self.warmup >= self.chunks {
+            return bad(format!(
+                "--warmup {} must be below --chunks {}: no chunk would be timed",
+                self.warmup, self.chunks
+            ));
+        }
+        if self.chunks > u64::from(u32::MAX) {
+            return bad(format!(
+                "--chunks {}: at most {} (the LL lines' sequence is 32 bits)",
+                self.chunks,
+                u32::MAX
+            ));
+        }
+        if let Some(k) = self.slow_stage.filter(|&k| k >= self.stages) {
+            return bad(format!(
+                "--slow-stage {k}: the stages are 0..{}",
+                self.stages - 1
+            ));
+        }
+        if self.slow_stage.is_none() && self.delay_us != 0 {
+            return bad("--delay-us needs --slow-stage K (the stage that sleeps)".into());
+        }
+        if let Some(k) = self.corrupt_stage.filter(|&k| k + 1 >= self.stages) {
+            return bad(format!(
+                "--inject corrupt={k}: only stages 0..{} write chunks",
+                self.stages - 2
+            ));
+        }
+        for case in self.cases() {
+            self.check_case(&case)?;
+        }
+        Ok(())
+    }
+
+    /// A case's chunk must be whole vectors (LL: whole lines) and fit a slot.
+    fn check_case(&self, c: &Case) -> Result<(), UsageError> {
+        let unit = if c.path == PipePath::Ll { 8 } else { 16 };
+        if c.chunk == 0 || c.chunk % unit != 0 {
+            return Err(UsageError(format!(
+                "--chunk {}: the {} path moves chunks of whole {unit}-byte units; give a multiple of {unit}",
+                c.chunk,
+                c.path.name()
+            )));
+        }
+        match self.slot_bytes {
+            Some(have) if have < c.slot_bytes() => Err(UsageError(format!(
+                "a chunk of {} on the {} path needs a slot of {} bytes, but --slot-bytes is {have}: the ring cannot hold \
+                 one chunk; raise --slot-bytes to {} or lower --chunk",
+                fmt_bytes(c.chunk),
+                c.path.name(),
+                c.slot_bytes(),
+                c.slot_bytes()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The window every rank registers: the largest any case needs.
+    pub fn window_bytes(&self, share: u32) -> u64 {
+        (self.cases().iter())
+            .map(|c| {
+                let slot = self.slot_bytes.unwrap_or(0).max(c.slot_bytes());
+                let channels = c.level.channels(c.blocks(self, share), c.threads(self));
+                ring::Window::new(c.slots, slot, channels).bytes
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,215 @@
+//! The kernels of `cuda/pipeline.cu`, host side: their parameter and report
+//! structs (mirrored field for field; the sizes are asserted on both sides)
+//! and the launcher of a stage's kernel at a level.
+
+use std::mem::size_of;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError};
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::kernels::KernelReport;
+use crate::gpu::launch;
+
+/// How a chunk moves between two stages (`PIPE_PATH_*` in `cuda/`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PipePath {
+    /// nixlPut from a staging slot + nixlAtomicAdd ready and credit words:
+    /// any UCX device transport.
+    Put,
+    /// Stores through nixlGetPtr's pointer + release stores: NVLink / one GPU.
+    Store,
+    /// 16-byte lines {data, seq, data, seq} through the pointer, no ready
+    /// word: NVLink / one GPU, small chunks.
+    Ll,
+}
+
+impl PipePath {
+    pub fn name(self) -> &'static str {
+        match self {
+            PipePath::Put => "put",
+            PipePath::Store => "store",
+            PipePath::Ll => "ll",
+        }
+    }
+    /// The code the kernels take.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// The thread group one channel is (`nixl_gpu_level_t`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Thread,
+    Warp,
+    Block,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Thread => "thread",
+            Level::Warp => "warp",
+            Level::Block => "block",
+        }
+    }
+    /// Channels a grid of `blocks` × `threads` has at this level.
+    pub fn channels(self, blocks: u32, threads: u32) -> u32 {
+        match self {
+            Level::Thread => blocks * threads,
+            Level::Warp => blocks * (threads / 32),
+            Level::Block => blocks,
+        }
+    }
+}
+
+/// `PipeParams`: one stage's run of `chunks` chunks. Offsets are bytes into
+/// the window ([`super::ring::Window`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PipeParams {
+    /// `nixlMemViewH` of the local view of the window (one element).
+    pub local_mvh: u64,
+    /// `nixlMemViewH` of the remote view: element `r` is rank `r`'s window.
+    pub remote_mvh: u64,
+    pub window: u64,
+    /// [`PipeReport`].
+    pub report: u64,
+    /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk,
+    /// `%globaltimer` ns.
+    pub t_start: u64,
+    /// `[stamps]` u64, last stage: when channel 0's leading lane had
+    /// checked its share of the chunk (LL: after the group's barrier).
+    pub t_end: u64,
+    pub off_ring: u64,
+    pub off_stage: u64,
+    pub off_ready: u64,
+    pub off_credit: u64,
+    /// Payload bytes per chunk, per slot, per channel.
+    pub chunk_bytes: u64,
+    pub slot_bytes: u64,
+    pub slice_bytes: u64,
+    /// Chunks in all, the untimed ones first, and the timed ones stamped.
+    pub chunks: u64,
+    pub warmup: u64,
+    pub stamps: u64,
+    /// Every wait's limit, ns.
+    pub timeout_ns: u64,
+    /// This stage sleeps this long per chunk (`--slow-stage`), ns.
+    pub delay_ns: u64,
+    pub stage: u32,
+    pub stages: u32,
+    pub slots: u32,
+    pub path: u32,
+    /// 1: every rank on this GPU (GPU-scope fences suffice).
+    pub same_gpu: u32,
+    /// Test hook: this stage garbles word 0 of this chunk (−1: none).
+    pub corrupt_chunk: i32,
+}
+
+/// `PipeReport`: what one stage's kernel saw. It begins with the suite's
+/// [`KernelReport`], so [`crate::gpu::run::run_watched`] zeroes it, reads
+/// it and cancels through it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PipeReport {
+    pub base: KernelReport,
+    /// What the wait that gave up waited for: 1 a ready word (or LL line)
+    /// from the previous stage, 2 a credit from the next.
+    pub wait_on: u32,
+    pub wait_channel: u32,
+    pub wait_chunk: u64,
+    /// Slots found holding a later chunk than the one expected.
+    pub overwrites: u64,
+    /// Last stage: wrong words, and the first one.
+    pub mismatches: u64,
+    pub bad_chunk: u64,
+    pub bad_offset: u64,
+    pub bad_got: u32,
+    pub bad_want: u32,
+    /// 1: nixlGetPtr gave no pointer to a neighbour's window.
+    pub null_ptr: u32,
+    pub reserved: u32,
+    /// Time waiting for credits over the timed chunks, summed over channels, ns.
+    pub stall_ns: u64,
+    /// `%globaltimer` when the first timed chunk and the last chunk had
+    /// arrived (max over channels), and when the last one's work ended.
+    pub arrive_first: u64,
+    pub arrive_last: u64,
+    pub done_ns: u64,
+    /// Last stage: payload bytes verified.
+    pub checked: u64,
+}
+
+const _: () = {
+    assert!(size_of::<PipeParams>() == 168);
+    assert!(size_of::<PipeReport>() == 144);
+};
+
+// SAFETY: plain #[repr(C)] data whose layout matches the kernel parameter.
+unsafe impl DeviceRepr for PipeParams {}
+
+/// The stage kernels loaded into one GPU's context, one entry per level.
+pub struct PipeKernels {
+    _module: Arc<CudaModule>,
+    entries: [CudaFunction; 3],
+}
+
+impl PipeKernels {
+    /// Loads the embedded fatbin into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+        let module = crate::gpu::module::load(ctx, crate::gpu::module::Fatbin::Pipeline)?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
+        };
+        Ok(Self {
+            entries: [f("pipe_thread")?, f("pipe_warp")?, f("pipe_block")?],
+            _module: module,
+        })
+    }
+
+    /// Queues this stage's kernel at `level` over `blocks` × `threads`.
+    ///
+    /// # Safety
+    /// Every address in `p` must stay valid until the kernel completes.
+    pub unsafe fn launch(
+        &self,
+        s: &CudaStream,
+        level: Level,
+        (blocks, threads): (u32, u32),
+        p: &PipeParams,
+    ) -> Result<(), DriverError> {
+        let f = &self.entries[level as usize];
+        // SAFETY: as this function's contract; `PipeParams` is the entries'.
+        unsafe { launch::launch(s, f, (blocks, threads), p) }
+    }
+}

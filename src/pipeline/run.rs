@@ -1,0 +1,382 @@
+//! One rank's GPU run, from its configuration to its exit: the GPU and its
+//! kernels, then the group: the configuration agreed, every rank's GPU
+//! known, the window registered and the neighbours connected (stage r
+//! connects to r − 1 and r + 1 only: a chain), every case run and checked,
+//! and on rank 0 the report.
+//!
+//! A case: every rank zeroes its window (ready and credit words start at 0,
+//! old LL lines are gone), all meet at a barrier, each launches its stage's
+//! kernel once for all the case's chunks, the host watches it
+//! ([`crate::gpu::run::run_watched`]: the store is asked whether a rank
+//! gave up), and all meet again before anyone touches the window (a late
+//! credit must not land in the next case's).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use super::config::{Case, Config};
+use super::kernels::{PipeKernels, PipeParams, PipeReport};
+use super::report::{self, StageResult};
+use super::ring::{self, Window};
+use crate::cli::{DataMismatch, UsageError};
+use crate::gpu::run::run_watched;
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::nixl::net::{Net, PeerCard};
+use crate::nixl::serdes::Desc;
+use crate::ranks::RankEnv;
+use crate::ranks::group::{Group, open_store};
+use crate::ranks::sm_share::sm_share;
+
+/// Timed chunks whose latency is stamped, at most.
+pub const MAX_STAMPS: u64 = 2048;
+
+/// Where results go besides stdout, the GPUs to use, the host's limits.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    pub gpus: Option<u32>,
+    pub json: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    /// Every store wait's limit, and each case's on the host.
+    pub timeout: Duration,
+}
+
+/// What each rank tells the others about its GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub host: String,
+    pub gpu_name: String,
+    pub gpu_uuid: String,
+    pub sm_count: u32,
+    pub mps: bool,
+}
+
+crate::json_value!(RankInfo => "rank description", Vec<StageResult> => "stage results");
+
+/// What a rank's cases run with.
+struct Ctx<'a> {
+    g: &'a Group<'a>,
+    cfg: &'a Config,
+    gpu: &'a Gpu,
+    k: &'a PipeKernels,
+    out: &'a Outputs,
+    /// This rank's share of its GPU's SMs; all ranks on one GPU.
+    share: u32,
+    same_gpu: bool,
+}
+
+/// Runs this rank. Errors: usage errors (exit 2), a wrong word (exit 3),
+/// anything else (exit 1), each naming the cause.
+pub fn run(env: &RankEnv, cfg: &Config, out: &Outputs) -> Result<()> {
+    check_machine()?;
+    let visible = crate::gpu::context::device_count()? as u32;
+    let gpus = out.gpus.unwrap_or(visible);
+    if gpus > visible {
+        return Err(UsageError(format!("--gpus {gpus}: this machine has {visible} GPU(s)")).into());
+    }
+    let gpu = Gpu::open((env.local_rank % gpus) as usize)?;
+    let k = PipeKernels::load(&gpu.ctx)?;
+    let gi = gpu.info()?;
+    let info = RankInfo {
+        rank: env.rank,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        gpu_name: gi.name,
+        gpu_uuid: gi.uuid,
+        sm_count: gpu.sm_count,
+        mps: gi.mps,
+    };
+    tracing::info!("GPU {} ({}), MPS {}", gpu.ordinal, info.gpu_name, info.mps);
+    let store = open_store(env, out.timeout)?;
+    crate::interrupt::install()?;
+    let group = Group::new(store.as_ref(), env, out.timeout);
+    group.run(|| session(&group, cfg, out, &gpu, &k, &info).and_then(|()| group.leave()))
+}
+
+/// Everything local that must hold ([`crate::machine::check`]).
+pub fn check_machine() -> Result<()> {
+    crate::machine::check("pipeline", String::new).map(|_| ())
+}
+
+/// The rank's part of the run, inside the group.
+fn session(
+    g: &Group,
+    cfg: &Config,
+    out: &Outputs,
+    gpu: &Gpu,
+    k: &PipeKernels,
+    info: &RankInfo,
+) -> Result<()> {
+    g.same_config(&g.entry("config"), cfg)?;
+    g.put(&g.rank_entry(g.rank, "info"), info)?;
+    let infos: Vec<RankInfo> = g.gather_ranks("info", "rank description")?;
+    let gpus: Vec<_> = (infos.iter())
+        .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
+        .collect();
+    let (on_one, share) = sm_share(&gpus);
+    let ctx = Ctx {
+        g,
+        cfg,
+        gpu,
+        k,
+        out,
+        share,
+        same_gpu: on_one == g.world,
+    };
+    let bytes = cfg.window_bytes(share);
+    let window = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize).with_context(|| {
+        format!(
+            "allocating the window ({bytes} bytes) on GPU {}",
+            gpu.ordinal
+        )
+    })?;
+    let net = connect(g, &window, bytes)?;
+    g.barrier("ready")?;
+    let results = run_cases(&ctx, &net, &window);
+    if let Err(e) = &results {
+        // Before our memory goes: the others stop writing into it first.
+        g.abort(&format!("{e:#}"));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let results = results?;
+    g.put(&g.rank_entry(g.rank, "result"), &results)?;
+    net.close(|| g.barrier("released"))?;
+    if g.rank == 0 {
+        let all: Vec<Vec<StageResult>> = g.gather_ranks("result", "stage results")?;
+        report::publish(&ctx_report(&ctx, &infos), &all)?;
+    }
+    Ok(())
+}
+
+/// Agent, registration, card; then the neighbours' cards and the remote
+/// view over them (the other elements stay empty).
+fn connect(g: &Group, window: &DeviceBuffer, bytes: u64) -> Result<Net> {
+    let desc = Desc {
+        addr: window.addr(),
+        len: bytes,
+        dev_id: window.ordinal() as u64,
+    };
+    let (mut net, card) = Net::open(&g.agent_name(g.rank, 0), window, desc, g.world)?;
+    g.put(&g.rank_entry(g.rank, "card"), &card)?;
+    let neighbours = [
+        g.rank.checked_sub(1),
+        Some(g.rank + 1).filter(|&r| r < g.world),
+    ];
+    for r in neighbours.into_iter().flatten() {
+        let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
+        let want = g.agent_name(r, 0);
+        if card.agent != want {
+            bail!(
+                "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
+                card.agent
+            );
+        }
+        net.connect(r, &card, g.timeout())
+            .map_err(|e| g.blame_member(r as usize, e))?;
+    }
+    // SAFETY: no kernel runs yet; the neighbours keep their windows until
+    // every rank passed "released".
+    unsafe { net.rebuild(&[])? };
+    Ok(net)
+}
+
+/// The report's context: the configuration, the ranks, the copy engine.
+fn ctx_report<'a>(ctx: &'a Ctx, infos: &'a [RankInfo]) -> report::Context<'a> {
+    report::Context {
+        cfg: ctx.cfg,
+        infos,
+        gpu: ctx.gpu,
+        json: ctx.out.json.as_deref(),
+        csv: ctx.out.csv.as_deref(),
+        channels: Box::new(|c: &Case| busy(ctx, c)),
+    }
+}
+
+/// The channels of `c` that carry data.
+fn busy(ctx: &Ctx, c: &Case) -> u32 {
+    let all = c
+        .level
+        .channels(c.blocks(ctx.cfg, ctx.share), c.threads(ctx.cfg));
+    ring::busy_channels(c.chunk, all)
+}
+
+/// Every case in turn; this rank's results.
+fn run_cases(ctx: &Ctx, net: &Net, window: &DeviceBuffer) -> Result<Vec<StageResult>> {
+    let stamps = (ctx.cfg.chunks - ctx.cfg.warmup).min(MAX_STAMPS);
+    let report = DeviceBuffer::zeroed(&ctx.gpu.ctx, size_of::<PipeReport>())?;
+    let t_start = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * stamps as usize)?;
+    let t_end = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * stamps as usize)?;
+    let bufs = Bufs {
+        window,
+        report: &report,
+        t_start: &t_start,
+        t_end: &t_end,
+        stamps,
+    };
+    let cases = ctx.cfg.cases();
+    let mut out = Vec::with_capacity(cases.len());
+    for (n, case) in cases.iter().enumerate() {
+        let r = run_case(ctx, net, &bufs, case, n)
+            .with_context(|| format!("stage {}: {}", ctx.g.rank, case.describe()))?;
+        if ctx.g.rank == 0 {
+            tracing::info!("case {}/{} done: {}", n + 1, cases.len(), case.describe());
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// The buffers a case works on.
+struct Bufs<'a> {
+    window: &'a DeviceBuffer,
+    report: &'a DeviceBuffer,
+    t_start: &'a DeviceBuffer,
+    t_end: &'a DeviceBuffer,
+    stamps: u64,
+}
+
+/// One case on this rank: zero, meet, run the stage's kernel watched, meet
+/// again, check what it reports.
+fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<StageResult> {
+    let (g, cfg, gpu) = (ctx.g, ctx.cfg, ctx.gpu);
+    let blocks = case.blocks(cfg, ctx.share);
+    let threads = case.threads(cfg);
+    let channels = case.level.channels(blocks, threads);
+    let slot = cfg.slot_bytes.unwrap_or(0).max(case.slot_bytes());
+    let w = Window::new(case.slots, slot, channels);
+    b.window.zero(&gpu.stream)?;
+    gpu.stream.synchronize()?;
+    g.barrier(&format!("case{n}/go"))?;
+    let p = params(ctx, net, b, case, &w, slot);
+    let launch = |s: &cudarc::driver::CudaStream| -> Result<()> {
+        // SAFETY: every address in `p` lives until run_watched returned.
+        unsafe { ctx.k.launch(s, case.level, (blocks, threads), &p)? };
+        Ok(())
+    };
+    run_watched(gpu, b.report, ctx.out.timeout, None, launch, || g.probe())?;
+    g.barrier(&format!("case{n}/done"))?;
+    let mut r = PipeReport::default();
+    b.report
+        .download(&gpu.stream, bytemuck::bytes_of_mut(&mut r))?;
+    check_report(ctx, case, &r)?;
+    let stamps = |buf: &DeviceBuffer| buf.read_u64s(&gpu.stream);
+    Ok(StageResult {
+        rank: g.rank,
+        stall_ns: r.stall_ns,
+        overwrites: r.overwrites,
+        arrive_first: r.arrive_first,
+        arrive_last: r.arrive_last,
+        done_ns: r.done_ns,
+        checked: r.checked,
+        t_start: if g.rank == 0 {
+            stamps(b.t_start)?
+        } else {
+            Vec::new()
+        },
+        t_end: if g.rank + 1 == g.world {
+            stamps(b.t_end)?
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// The stage kernel's parameters for `case`.
+fn params(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, w: &Window, slot: u64) -> PipeParams {
+    let (g, cfg) = (ctx.g, ctx.cfg);
+    let views = net.views();
+    let channels = case
+        .level
+        .channels(case.blocks(cfg, ctx.share), case.threads(cfg));
+    let slow = cfg.slow_stage == Some(g.rank);
+    PipeParams {
+        local_mvh: views.local,
+        remote_mvh: views.remote,
+        window: b.window.addr(),
+        report: b.report.addr(),
+        t_start: b.t_start.addr(),
+        t_end: b.t_end.addr(),
+        off_ring: w.off_ring,
+        off_stage: w.off_stage,
+        off_ready: w.off_ready,
+        off_credit: w.off_credit,
+        chunk_bytes: case.chunk,
+        slot_bytes: slot,
+        slice_bytes: ring::slice_bytes(case.chunk, channels),
+        chunks: cfg.chunks,
+        warmup: cfg.warmup,
+        stamps: b.stamps,
+        timeout_ns: cfg.fault_timeout_ns,
+        delay_ns: if slow { cfg.delay_us * 1000 } else { 0 },
+        stage: g.rank,
+        stages: g.world,
+        slots: case.slots,
+        path: case.path.code(),
+        same_gpu: u32::from(ctx.same_gpu),
+        corrupt_chunk: match cfg.corrupt_stage == Some(g.rank) {
+            true => cfg.warmup as i32,
+            false => -1,
+        },
+    }
+}
+
+/// A wait that gave up (naming the neighbour), a failed NIXL call, an
+/// unmapped neighbour, a wrong word (exit 3).
+fn check_report(ctx: &Ctx, case: &Case, r: &PipeReport) -> Result<()> {
+    let me = ctx.g.rank;
+    if r.null_ptr != 0 {
+        bail!(
+            "nixlGetPtr gave no pointer to a neighbour's window: the {} path needs it mapped (NVLink or one GPU); use --path put",
+            case.path.name()
+        );
+    }
+    if r.base.timed_out != 0 {
+        let (peer, what) = match r.wait_on {
+            1 => (
+                me.wrapping_sub(1),
+                "chunk's data (its ready word or LL lines)",
+            ),
+            _ => (me + 1, "credit (a free slot)"),
+        };
+        let how = match r.base.timed_out {
+            2 => "the host cancelled the wait".to_string(),
+            _ => format!(
+                "no progress within --fault-timeout {} s",
+                ctx.cfg.fault_timeout_ns as f64 / 1e9
+            ),
+        };
+        bail!(
+            "stage {me} waited for stage {peer}'s {what} for chunk {} ({how}; the word read {}): stage {peer} died, is \
+             frozen, or runs other arguments",
+            r.wait_chunk,
+            r.base.observed
+        );
+    }
+    if r.base.errors != 0 {
+        bail!(
+            "{} NIXL device call(s) failed, the first with status {}",
+            r.base.errors,
+            r.base.first_status
+        );
+    }
+    if r.mismatches != 0 {
+        return Err(DataMismatch(format!(
+            "stage {me} (the last) found chunk {} wrong at byte offset {}: word {:#010x}, expected {:#010x} ({} wrong \
+             word(s) in this case)",
+            r.bad_chunk, r.bad_offset, r.bad_got, r.bad_want, r.mismatches
+        ))
+        .into());
+    }
+    let want = case.chunk * ctx.cfg.chunks;
+    if me + 1 == ctx.g.world && r.checked != want {
+        bail!(
+            "the last stage verified {} bytes, expected {want}",
+            r.checked
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! `pipeline` as users meet it without a GPU: its help, arguments that
+//! cannot work (exit 2, before any network or GPU work, naming the fix),
+//! and the connection check — three stages started by `pipeline --ranks 3`
+//! meet through the store and wire up their NIXL agents (the real library,
+//! over UCX). A short GPU run where a GPU is; SKIP elsewhere.
+
+use std::process::{Command, Output};
+
+mod common;
+
+fn pipeline() -> Command {
+    let mut c = common::launcher(env!("CARGO_BIN_EXE_pipeline"));
+    c.env("UCX_POSIX_USE_PROC_LINK", "n");
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn usage_error(args: &[&str], needle: &str) {
+    let o = pipeline().args(args).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(needle),
+        "{args:?} does not say '{needle}': {}",
+        text(&o)
+    );
+}
+
+#[test]
+fn help_names_the_paths_and_the_ring() {
+    let o = pipeline().arg("--help").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "--slots",
+        "--slow-stage",
+        "--delay-us",
+        "--fault-timeout",
+        "credit",
+        "nixlPut",
+        "ll",
+    ] {
+        assert!(
+            out.contains(needle),
+            "--help does not mention {needle}: {out}"
+        );
+    }
+}
+
+#[test]
+fn arguments_that_cannot_work_exit_2() {
+    // A ring whose slots cannot hold one chunk.
+    usage_error(
+        &["--chunk", "1M", "--slot-bytes", "64K"],
+        "cannot hold one chunk",
+    );
+    // LL lines take twice the payload.
+    usage_error(
+        &["--path", "ll", "--chunk", "64", "--slot-bytes", "64"],
+        "raise --slot-bytes to 128",
+    );
+    usage_error(&["--slots", "0"], "0");
+    usage_error(&["--chunk", "24", "--path", "put"], "multiple of 16");
+    usage_error(&["--chunk", "12", "--path", "ll"], "multiple of 8");
+    usage_error(&["--ranks", "1"], "1");
+    usage_error(&["--ranks", "17"], "17");
+    usage_error(
+        &["--ranks", "3", "--slow-stage", "3", "--delay-us", "5"],
+        "--slow-stage 3",
+    );
+    usage_error(&["--delay-us", "5"], "--slow-stage");
+    usage_error(
+        &["--chunks", "100", "--warmup", "100"],
+        "no chunk would be timed",
+    );
+    usage_error(&["--ranks", "3", "--inject", "corrupt=2"], "corrupt=2");
+    usage_error(&["--inject", "flip"], "corrupt=K");
+    let o = pipeline()
+        .args(["--ranks", "3"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_PORT", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
+fn three_stages_meet_and_connect_without_a_gpu() {
+    let o = pipeline()
+        .args(["--ranks", "3", "--check-connection", "--timeout", "20"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("[rank {r}] connected to all 2 other rank(s)")),
+            "rank {r}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn two_stages_stream_verified_chunks_on_a_gpu() {
+    let o = pipeline()
+        .args([
+            "--ranks",
+            "2",
+            "--chunk",
+            "64K",
+            "--chunks",
+            "200",
+            "--warmup",
+            "10",
+            "--no-baseline",
+        ])
+        .args(["--fault-timeout", "10", "--timeout", "60"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(1) && err.contains("cannot run pipeline") {
+        eprintln!(
+            "SKIP pipeline GPU run: this machine cannot run it ({})",
+            err.lines().last().unwrap_or("")
+        );
+        return;
+    }
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("store") && out.contains("put"), "{}", text(&o));
+}
