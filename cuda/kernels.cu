@@ -365,16 +365,36 @@ __device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_
 
 // One iteration for one group, LL path: the group's payload as lines
 // stamped with this iteration's seq. Nothing follows: no sync, no fence,
-// no signal; the lines are the signal.
+// no signal; the lines are the signal. A message of one line (up to 8
+// bytes) skips the layout and the copy's loops: on the round trip's
+// critical path every instruction before the store counts.
 template <nixl_gpu_level_t L>
 __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
-    const Layout at = layout_of<L>(p);
-    if (at.first >= at.end) return;
     const uint8_t *src = p.src_addr[iter & 1];
     const uint32_t seq = iter + 1;
+    if (p.size <= 8) {
+        // One line: its one writer loads the payload and stores the line.
+        if (Group<L>::index() == 0 && Group<L>::rank() == 0) {
+            ll_store(lines, tail_word(src, p.size), tail_word(src + 4, int64_t(p.size) - 4), seq);
+        }
+        return;
+    }
+    const Layout at = layout_of<L>(p);
+    if (at.first >= at.end) return;
     for (uint64_t off = at.first; off < at.end; off += at.step) {
         ll_copy<L>(lines + off / 8, src + off, min(at.len, at.end - off), seq);
     }
+}
+
+// Whether this thread stores any line of its group's message (ll_copy:
+// lane i takes 16-byte vectors i, i + n, ...; lane 0 also the tail).
+template <nixl_gpu_level_t L>
+__device__ bool ll_has_lines(const WriteParams &p) {
+    if (p.size <= 8) return Group<L>::index() == 0 && Group<L>::rank() == 0;
+    const Layout at = layout_of<L>(p);
+    if (at.first >= at.end) return false;
+    const uint64_t vecs = min(at.len, at.end - at.first) / 16;
+    return Group<L>::rank() < max(vecs, uint64_t(1));
 }
 
 // One iteration of the floor: no data, one thread stores the flag (the
@@ -472,6 +492,10 @@ __device__ bool each_wait_ack(const WriteParams &p, uint64_t target, uint64_t de
 // the message's first instruction and after its acknowledgement is seen.
 template <nixl_gpu_level_t L, uint32_t P>
 __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
+    // LL: a thread without a line of the message has nothing to send, and
+    // no barrier waits for it: it leaves rather than poll the ack beside
+    // the one that times (thread 0 always has a line).
+    if (P == PATH_LL && !ll_has_lines<L>(p)) return;
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
@@ -652,8 +676,10 @@ __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t dea
             ready[j] = !mine || ll_ready(v[j], seq);
         }
         for (uint32_t polls = 1; __any_sync(~0u, !(ready[0] && ready[1] && ready[2] && ready[3])); ++polls) {
+            // Every 64th poll (the same one for the whole warp) asks
+            // whether to give up; the other polls are a load and a vote.
             const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
-            if (__any_sync(~0u, why != 0)) {
+            if ((polls & 63) == 0 && __any_sync(~0u, why != 0)) {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     if (!ready[j]) record_lines_expired(p.report, why != 0 ? why : 1, v[j]);
