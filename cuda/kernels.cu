@@ -375,23 +375,14 @@ __device__ __forceinline__ LinePayload line_payload(const WriteParams &p, uint32
 
 // One iteration for one group, LL path: the group's payload as lines
 // stamped with this iteration's seq. Nothing follows: no sync, no fence,
-// no signal; the lines are the signal. A message of one line (up to 8
-// bytes) skips the layout and the copy's loops: on the round trip's
-// critical path every instruction before the store counts.
+// no signal; the lines are the signal. (A ping-pong message of one line
+// takes a shorter way: ping_pong below.)
 template <nixl_gpu_level_t L>
 __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
-    const uint32_t seq = iter + 1;
-    if (p.size <= 8) {
-        // One line: its one writer loads the payload and stores the line.
-        if (Group<L>::index() == 0 && Group<L>::rank() == 0) {
-            const LinePayload d = line_payload(p, iter);
-            ll_store(lines, d.lo, d.hi, seq);
-        }
-        return;
-    }
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;
     const uint8_t *src = p.src_addr[iter & 1];
+    const uint32_t seq = iter + 1;
     for (uint64_t off = at.first; off < at.end; off += at.step) {
         ll_copy<L>(lines + off / 8, src + off, min(at.len, at.end - off), seq);
     }
@@ -509,10 +500,6 @@ __device__ bool each_wait_ack(const WriteParams &p, uint64_t target, uint64_t de
 // theirs inside the round trip.
 template <nixl_gpu_level_t L, uint32_t P, bool kAhead>
 __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
-    // LL: a thread without a line of the message has nothing to send, and
-    // no barrier waits for it: it leaves rather than poll the ack beside
-    // the one that times (thread 0 always has a line).
-    if (P == PATH_LL && !ll_has_lines<L>(p)) return;
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
@@ -555,14 +542,37 @@ __device__ void write_signal(const WriteParams &p) {
     const Path<L, P> path(p);
     if (!path.usable(p)) return;
     if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
-        // A one-line LL message gets its own copy of the loop, so the
-        // payload read ahead does not take registers from the other.
-        if (P == PATH_LL && p.size <= 8) ping_pong<L, P, true>(p, path, deadline);
-        else ping_pong<L, P, false>(p, path, deadline);
+        ping_pong<L, P, false>(p, path, deadline);
     } else {
         // Host-sequenced ping-pong is one iteration per launch.
         stream_rounds<L, P>(p, path, deadline);
     }
+}
+
+// The LL path's spinning ping-pong has kernels of its own
+// (nixl_ll_pingpong_*), with the shortcuts for small messages. Built into
+// write_signal, the same shortcuts changed how the bandwidth kernels' copy
+// loop compiled (its source unchanged), and LL lost a third of its
+// bandwidth at 16-64 MiB on an H200. The host picks the kernel
+// (Kernels::launch_write).
+template <nixl_gpu_level_t L>
+__device__ void ll_ping_pong(const WriteParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const Path<L, PATH_LL> path(p);
+    if (!path.usable(p)) return;
+    if (!(p.flags & WRITE_PINGPONG) || (p.flags & WRITE_HOST_SEQUENCED)) {
+        // Spinning ping-pong only: the host launched the wrong kernel.
+        if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_INVALID_PARAM);
+        return;
+    }
+    // A thread without a line of the message has nothing to send, and no
+    // barrier waits for it: it leaves rather than poll the ack beside the
+    // one that times (thread 0 always has a line).
+    if (!ll_has_lines<L>(p)) return;
+    // A one-line message gets its own copy of the loop, so the payload
+    // read ahead does not take registers from the other.
+    if (p.size <= 8) ping_pong<L, PATH_LL, true>(p, path, deadline);
+    else ping_pong<L, PATH_LL, false>(p, path, deadline);
 }
 
 // Put path: nixlPut + nixlAtomicAdd. Every write kernel is bounded to 64
@@ -590,7 +600,8 @@ WRITE_KERNEL nixl_store_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_STORE>(p);
 }
 
-// LL path: nixlGetPtr + 16-byte lines that carry their own flag.
+// LL path: nixlGetPtr + 16-byte lines that carry their own flag. Bandwidth
+// (and host-sequenced ping-pong), then the spinning ping-pong.
 WRITE_KERNEL nixl_ll_write_thread(WriteParams p) {
     write_signal<nixl_gpu_level_t::THREAD, PATH_LL>(p);
 }
@@ -599,6 +610,15 @@ WRITE_KERNEL nixl_ll_write_warp(WriteParams p) {
 }
 WRITE_KERNEL nixl_ll_write_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_LL>(p);
+}
+WRITE_KERNEL nixl_ll_pingpong_thread(WriteParams p) {
+    ll_ping_pong<nixl_gpu_level_t::THREAD>(p);
+}
+WRITE_KERNEL nixl_ll_pingpong_warp(WriteParams p) {
+    ll_ping_pong<nixl_gpu_level_t::WARP>(p);
+}
+WRITE_KERNEL nixl_ll_pingpong_block(WriteParams p) {
+    ll_ping_pong<nixl_gpu_level_t::BLOCK>(p);
 }
 // The floor: a bare flag, one thread.
 WRITE_KERNEL nixl_flag_write(WriteParams p) {
@@ -753,7 +773,8 @@ __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadli
 // nixl_wait_signal. Bandwidth: every line must carry the last warm-up
 // iteration's seq (the barrier), then the last iteration's. Ping-pong:
 // every iteration's. The host verifies the lines once the kernel is done.
-extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
+template <bool kOwnLine>
+__device__ void ll_wait(const WaitParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
     const bool lead = threadIdx.x == 0;
@@ -764,7 +785,7 @@ extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
         return;
     }
     if (p.pong) {
-        const bool own = p.line_count <= blockDim.x;
+        const bool own = kOwnLine && p.line_count <= blockDim.x;
         for (uint32_t i = 0; i < total; ++i) {
             if (i == p.warmup && lead) p.report->t_start_ns = globaltimer_ns();
             const uint32_t seq = p.first_seq + i;
@@ -786,3 +807,9 @@ extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
     p.report->observed = last;
     if (!p.pong) ack.send(p);
 }
+// Bandwidth rounds (and ping-pong with more lines than threads) wait with
+// block_wait_lines alone; ping-pong rounds take nixl_ll_pong_wait, where
+// each thread polls its own line (wait_own_line). Two kernels for the
+// reason the writers have two (ll_ping_pong above).
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) { ll_wait<false>(p); }
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll_pong_wait(WaitParams p) { ll_wait<true>(p); }
