@@ -463,8 +463,12 @@ pub struct Kernels {
     _module: Arc<CudaModule>,
     /// Write + signal, indexed `[path][level]` (the flag path: one kernel).
     write: [[CudaFunction; 3]; 4],
+    /// The LL path's spinning ping-pong, by level (`nixl_ll_pingpong_*`).
+    ll_pingpong: [CudaFunction; 3],
     wait: CudaFunction,
     ll_wait: CudaFunction,
+    /// The LL target's wait in ping-pong rounds (`nixl_ll_pong_wait`).
+    ll_pong_wait: CudaFunction,
     stamp: CudaFunction,
     ack: CudaFunction,
 }
@@ -492,8 +496,14 @@ impl Kernels {
                 row(Path::Ll)?,
                 row(Path::Flag)?,
             ],
+            ll_pingpong: [
+                f("nixl_ll_pingpong_thread")?,
+                f("nixl_ll_pingpong_warp")?,
+                f("nixl_ll_pingpong_block")?,
+            ],
             wait: f("nixl_wait_signal")?,
             ll_wait: f("nixl_ll_wait")?,
+            ll_pong_wait: f("nixl_ll_pong_wait")?,
             stamp: f("nixl_stamp")?,
             ack: f("nixl_ack")?,
             _module: module,
@@ -541,7 +551,10 @@ impl Kernels {
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
     }
 
-    /// Queues the write + signal kernel: `blocks` × `threads`.
+    /// Queues the write + signal kernel: `blocks` × `threads`. An LL
+    /// ping-pong with a spinning wait runs `nixl_ll_pingpong_*`, whose
+    /// shortcuts for small messages are kept out of the bandwidth kernels
+    /// (`cuda/kernels.cu`, `ll_ping_pong`).
     ///
     /// # Safety
     /// The views, ack word and report in `p` must stay valid until the
@@ -554,8 +567,13 @@ impl Kernels {
         threads: u32,
         p: &WriteParams,
     ) -> Result<(), DriverError> {
+        let spinning_pingpong = p.flags & (WRITE_PINGPONG | WRITE_HOST_SEQUENCED) == WRITE_PINGPONG;
+        let f = match path {
+            Path::Ll if spinning_pingpong => &self.ll_pingpong[level as usize],
+            _ => self.write_fn(path, level),
+        };
         // SAFETY: as this function's contract.
-        unsafe { launch(stream, self.write_fn(path, level), (blocks, threads), p) }
+        unsafe { launch(stream, f, (blocks, threads), p) }
     }
 
     /// Queues the target's wait kernel (one thread).
@@ -572,7 +590,8 @@ impl Kernels {
     }
 
     /// Queues the target's LL wait kernel: one block of `threads` threads
-    /// polling the lines (at most 1024).
+    /// polling the lines (at most 1024); `nixl_ll_pong_wait` when
+    /// `p.pong`, where each thread polls its own line.
     ///
     /// # Safety
     /// As for [`Kernels::launch_write`]; `p.lines` must hold
@@ -585,8 +604,13 @@ impl Kernels {
     ) -> Result<(), DriverError> {
         // Whole warps: the kernel's lanes vote together (it refuses others).
         let threads = threads.clamp(1, 1024).next_multiple_of(32);
+        let f = if p.pong != 0 {
+            &self.ll_pong_wait
+        } else {
+            &self.ll_wait
+        };
         // SAFETY: as this function's contract.
-        unsafe { launch(stream, &self.ll_wait, (1, threads), p) }
+        unsafe { launch(stream, f, (1, threads), p) }
     }
 }
 
