@@ -375,8 +375,8 @@ __device__ __forceinline__ LinePayload line_payload(const WriteParams &p, uint32
 
 // One iteration for one group, LL path: the group's payload as lines
 // stamped with this iteration's seq. Nothing follows: no sync, no fence,
-// no signal; the lines are the signal. (A ping-pong message of one line
-// takes a shorter way: ping_pong below.)
+// no signal; the lines are the signal. (A spinning ping-pong takes
+// shorter ways: ll_ping_pong below.)
 template <nixl_gpu_level_t L>
 __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
     const Layout at = layout_of<L>(p);
@@ -747,9 +747,7 @@ __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t dea
 // Ping-pong, at most one line per thread: each thread polls its own line
 // as spin_wait polls a word (a load and a compare), and the block meets
 // once, after; a thread without a line goes straight there. Bandwidth
-// rounds keep block_wait_lines: there the target polls while the
-// initiator still writes the same lines, and polling them this tightly
-// took a third of LL's bandwidth at 16-64 MiB on an H200.
+// rounds keep block_wait_lines (nixl_ll_wait below).
 __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadline) {
     bool ok = true;
     if (threadIdx.x < p.line_count) {
@@ -807,9 +805,9 @@ __device__ void ll_wait(const WaitParams &p) {
     p.report->observed = last;
     if (!p.pong) ack.send(p);
 }
-// Bandwidth rounds (and ping-pong with more lines than threads) wait with
-// block_wait_lines alone; ping-pong rounds take nixl_ll_pong_wait, where
-// each thread polls its own line (wait_own_line). Two kernels for the
-// reason the writers have two (ll_ping_pong above).
+// Bandwidth rounds wait in nixl_ll_wait (block_wait_lines); ping-pong
+// rounds in nixl_ll_pong_wait, where each thread polls its own line
+// (wait_own_line) when there are no more lines than threads. Two kernels
+// for the reason the writers have two (ll_ping_pong above).
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) { ll_wait<false>(p); }
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll_pong_wait(WaitParams p) { ll_wait<true>(p); }
