@@ -44,14 +44,16 @@ struct WriteParams {
     uint32_t first_iter;     // global index of the first iteration (selects the source buffer)
     uint32_t flags;          // WRITE_* below
     uint32_t stamp_index;    // WRITE_STAMP: slot of iter_cycles that gets %globaltimer at start
-    uint32_t reserved;
+    uint32_t slots;          // --hbm kernels: iteration i uses slot i % slots (slot_of below)
     const uint8_t *src_addr[2];  // store path: the two sources, as local pointers
     uint64_t chunk;          // 0: each group puts one contiguous slice; else chunks of this many
                              // bytes dealt round-robin to the groups (see Layout below)
     uint64_t signal_base;    // flag path: iteration `iter` stores signal_base + iter + 1
     uint64_t *phase_cycles;  // nullable; ping-pong: 4 slots per timed iteration (Phases below)
+    uint64_t slot_bytes;     // --hbm kernels: bytes from one slot to the next
 };
-static_assert(sizeof(WriteParams) == 192, "WriteParams layout is shared with the host");
+static_assert(sizeof(WriteParams) == 200, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, slot_bytes) == 192, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, phase_cycles) == 184, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, signal_base) == 176, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, src_addr) == 152, "WriteParams layout is shared with the host");
@@ -234,8 +236,10 @@ struct NoPhases {
 
 // One iteration for one group, put path: nixlPut each of the group's
 // chunks, then fence and signal once.
+// `slot`: where this iteration's bytes start in both the sources and the
+// destination (--hbm, slot_of below; else 0).
 template <nixl_gpu_level_t L, class Ph>
-__device__ void put_and_signal(const WriteParams &p, uint32_t iter, Ph &ph) {
+__device__ void put_and_signal(const WriteParams &p, uint32_t iter, uint64_t slot, Ph &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;  // more groups than data: this one idles
@@ -245,8 +249,8 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter, Ph &ph) {
     src.index = iter & 1;  // alternate sources: a stale iteration cannot pass verification
     nixlMemViewElem dst = p.dst;
     for (uint64_t off = at.first; off < at.end; off += at.step) {
-        src.offset = off;
-        dst.offset = p.dst.offset + off;
+        src.offset = slot + off;
+        dst.offset = p.dst.offset + slot + off;
         record_status(p.report, nixlPut<L>(src, dst, min(at.len, at.end - off), channel));
     }
     ph.at_data();
@@ -274,12 +278,13 @@ __device__ __forceinline__ uint8_t *peer_ptr(const nixlMemViewElem &e) {
 // peer pointer, then one release add on the peer's signal. Same layout,
 // same signal count as the put path.
 template <nixl_gpu_level_t L, class Ph>
-__device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *dst,
+__device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint64_t slot, uint8_t *dst,
                                  unsigned long long *signal, Ph &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;
-    const uint8_t *src = p.src_addr[iter & 1];
+    const uint8_t *src = p.src_addr[iter & 1] + slot;
+    dst += slot;
     for (uint64_t off = at.first; off < at.end; off += at.step) {
         group_copy<L>(dst + off, src + off, min(at.len, at.end - off));
     }
@@ -406,8 +411,16 @@ __device__ void flag_write(const WriteParams &p, uint32_t iter, unsigned long lo
     store_relaxed_system(reinterpret_cast<uint64_t *>(signal), p.signal_base + iter + 1);
 }
 
-// One iteration on the round's path (PATH_* above).
-template <nixl_gpu_level_t L, uint32_t P>
+// --hbm: iteration `iter` reads and writes slot iter % slots of sources and
+// a destination that each span at least twice the L2 cache (the host sizes
+// them, Round::slots), so a slot has left the cache before it comes round
+// again and the round measures HBM. Put and store paths only.
+__device__ __forceinline__ uint64_t slot_of(const WriteParams &p, uint32_t iter) {
+    return uint64_t(iter % p.slots) * p.slot_bytes;
+}
+
+// One iteration on the round's path (PATH_* above); kSlots: --hbm.
+template <nixl_gpu_level_t L, uint32_t P, bool kSlots = false>
 struct Path {
     static constexpr bool kDst = P == PATH_STORE || P == PATH_LL;
     static constexpr bool kSignal = P == PATH_STORE || P == PATH_FLAG;
@@ -424,8 +437,9 @@ struct Path {
     }
     template <class Ph>
     __device__ void iteration(const WriteParams &p, uint32_t iter, Ph &ph) const {
-        if (P == PATH_PUT) put_and_signal<L>(p, iter, ph);
-        if (P == PATH_STORE) store_and_signal<L>(p, iter, dst, signal, ph);
+        const uint64_t slot = kSlots ? slot_of(p, iter) : 0;
+        if (P == PATH_PUT) put_and_signal<L>(p, iter, slot, ph);
+        if (P == PATH_STORE) store_and_signal<L>(p, iter, slot, dst, signal, ph);
         if (P == PATH_LL) ll_write<L>(p, iter, reinterpret_cast<uint4 *>(dst));
         if (P == PATH_FLAG) flag_write(p, iter, signal);
         if (P == PATH_LL || P == PATH_FLAG) ph.at_all();
@@ -443,8 +457,8 @@ __device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t d
 
 // Bandwidth: every group streams its slice `iters` times without waiting;
 // the target acknowledges once after warm-up and once at the end.
-template <nixl_gpu_level_t L, uint32_t P>
-__device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
+template <nixl_gpu_level_t L, uint32_t P, bool kS>
+__device__ void stream_rounds(const WriteParams &p, const Path<L, P, kS> &path, uint64_t deadline) {
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
     uint64_t ack_target = p.ack_base;
@@ -498,8 +512,8 @@ __device__ bool each_wait_ack(const WriteParams &p, uint64_t target, uint64_t de
 // advance), so a round trip holds the line's store, as the floor's holds
 // the flag's, and not the load before it. The store and put paths read
 // theirs inside the round trip.
-template <nixl_gpu_level_t L, uint32_t P, bool kAhead>
-__device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
+template <nixl_gpu_level_t L, uint32_t P, bool kAhead, bool kS>
+__device__ void ping_pong(const WriteParams &p, const Path<L, P, kS> &path, uint64_t deadline) {
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
@@ -533,16 +547,16 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
     }
 }
 
-template <nixl_gpu_level_t L, uint32_t P>
+template <nixl_gpu_level_t L, uint32_t P, bool kSlots = false>
 __device__ void write_signal(const WriteParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     if ((p.flags & WRITE_STAMP) && blockIdx.x == 0 && threadIdx.x == 0) {
         p.iter_cycles[p.stamp_index] = globaltimer_ns();
     }
-    const Path<L, P> path(p);
+    const Path<L, P, kSlots> path(p);
     if (!path.usable(p)) return;
     if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
-        ping_pong<L, P, false>(p, path, deadline);
+        ping_pong<L, P, false, kSlots>(p, path, deadline);
     } else {
         // Host-sequenced ping-pong is one iteration per launch.
         stream_rounds<L, P>(p, path, deadline);
@@ -571,8 +585,8 @@ __device__ void ll_ping_pong(const WriteParams &p) {
     if (!ll_has_lines<L>(p)) return;
     // A one-line message gets its own copy of the loop, so the payload
     // read ahead does not take registers from the other.
-    if (p.size <= 8) ping_pong<L, PATH_LL, true>(p, path, deadline);
-    else ping_pong<L, PATH_LL, false>(p, path, deadline);
+    if (p.size <= 8) ping_pong<L, PATH_LL, true, false>(p, path, deadline);
+    else ping_pong<L, PATH_LL, false, false>(p, path, deadline);
 }
 
 // Put path: nixlPut + nixlAtomicAdd. Every write kernel is bounded to 64
@@ -598,6 +612,26 @@ WRITE_KERNEL nixl_store_signal_warp(WriteParams p) {
 }
 WRITE_KERNEL nixl_store_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_STORE>(p);
+}
+
+// --hbm (slot_of above): the put and store paths rotating through slots.
+WRITE_KERNEL nixl_write_signal_hbm_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_PUT, true>(p);
+}
+WRITE_KERNEL nixl_write_signal_hbm_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, PATH_PUT, true>(p);
+}
+WRITE_KERNEL nixl_write_signal_hbm_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_PUT, true>(p);
+}
+WRITE_KERNEL nixl_store_signal_hbm_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_STORE, true>(p);
+}
+WRITE_KERNEL nixl_store_signal_hbm_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, PATH_STORE, true>(p);
+}
+WRITE_KERNEL nixl_store_signal_hbm_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_STORE, true>(p);
 }
 
 // LL path: nixlGetPtr + 16-byte lines that carry their own flag. Bandwidth

@@ -59,6 +59,10 @@ fn rust_and_cuda_assert_the_same_layout() {
             "offsetof(WriteParams, phase_cycles) == {}",
             offset_of!(WriteParams, phase_cycles)
         ),
+        format!(
+            "offsetof(WriteParams, slot_bytes) == {}",
+            offset_of!(WriteParams, slot_bytes)
+        ),
         format!("sizeof(WaitParams) == {}", size_of::<WaitParams>()),
         format!(
             "offsetof(WaitParams, ack_base) == {}",

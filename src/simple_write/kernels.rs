@@ -145,7 +145,10 @@ pub struct WriteParams {
     /// With [`WRITE_STAMP`]: the `iter_cycles` slot that gets the kernel's
     /// start time (`%globaltimer`, ns).
     pub stamp_index: u32,
-    pub reserved: u32,
+    /// `--hbm` kernels: iteration `i` (global) reads and writes slot
+    /// `i % slots` of the sources and the destination, `slot_bytes` apart
+    /// ([`crate::simple_write::plan::Round::slots`]); 0 or 1 elsewhere.
+    pub slots: u32,
     /// Store path: device addresses of the two sources (local pointers).
     pub src_addr: [u64; 2],
     /// 0: each group moves one contiguous slice; else chunks of this many
@@ -160,6 +163,8 @@ pub struct WriteParams {
     /// issued ([`crate::simple_write::initiator_role::rounds::Breakdown`]);
     /// 0: not recorded.
     pub phase_cycles: u64,
+    /// `--hbm` kernels: bytes from one slot to the next.
+    pub slot_bytes: u64,
 }
 
 /// Wait for the target's acknowledgement after every iteration (latency).
@@ -350,8 +355,9 @@ impl AckMode {
 
 // The layout contract with kernels.cu; a mismatch fails the build.
 const _: () = {
-    assert!(size_of::<WriteParams>() == 192);
+    assert!(size_of::<WriteParams>() == 200);
     assert!(offset_of!(WriteParams, phase_cycles) == 184);
+    assert!(offset_of!(WriteParams, slot_bytes) == 192);
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
     assert!(offset_of!(WriteParams, src_addr) == 152);
     assert!(offset_of!(WriteParams, signal_base) == 176);
@@ -465,6 +471,8 @@ pub struct Kernels {
     write: [[CudaFunction; 3]; 4],
     /// The LL path's spinning ping-pong, by level (`nixl_ll_pingpong_*`).
     ll_pingpong: [CudaFunction; 3],
+    /// `--hbm`: put and store rotating through slots, `[path][level]`.
+    write_hbm: [[CudaFunction; 3]; 2],
     wait: CudaFunction,
     ll_wait: CudaFunction,
     /// The LL target's wait in ping-pong rounds (`nixl_ll_pong_wait`).
@@ -500,6 +508,18 @@ impl Kernels {
                 f("nixl_ll_pingpong_thread")?,
                 f("nixl_ll_pingpong_warp")?,
                 f("nixl_ll_pingpong_block")?,
+            ],
+            write_hbm: [
+                [
+                    f("nixl_write_signal_hbm_thread")?,
+                    f("nixl_write_signal_hbm_warp")?,
+                    f("nixl_write_signal_hbm_block")?,
+                ],
+                [
+                    f("nixl_store_signal_hbm_thread")?,
+                    f("nixl_store_signal_hbm_warp")?,
+                    f("nixl_store_signal_hbm_block")?,
+                ],
             ],
             wait: f("nixl_wait_signal")?,
             ll_wait: f("nixl_ll_wait")?,
@@ -554,7 +574,8 @@ impl Kernels {
     /// Queues the write + signal kernel: `blocks` × `threads`. An LL
     /// ping-pong with a spinning wait runs `nixl_ll_pingpong_*`, whose
     /// shortcuts for small messages are kept out of the bandwidth kernels
-    /// (`cuda/kernels.cu`, `ll_ping_pong`).
+    /// (`cuda/kernels.cu`, `ll_ping_pong`); a put or store round with
+    /// `p.slots > 1` runs the `--hbm` kernels.
     ///
     /// # Safety
     /// The views, ack word and report in `p` must stay valid until the
@@ -570,6 +591,9 @@ impl Kernels {
         let spinning_pingpong = p.flags & (WRITE_PINGPONG | WRITE_HOST_SEQUENCED) == WRITE_PINGPONG;
         let f = match path {
             Path::Ll if spinning_pingpong => &self.ll_pingpong[level as usize],
+            Path::Put | Path::Store if p.slots > 1 => {
+                &self.write_hbm[path as usize][level as usize]
+            }
             _ => self.write_fn(path, level),
         };
         // SAFETY: as this function's contract.

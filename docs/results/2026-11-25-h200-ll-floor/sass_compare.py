@@ -4,7 +4,8 @@
     sass_compare.py NVDISASM OLD NEW
 
 OLD and NEW are each a fatbin (target/release/build/nixl-device-examples-*/out/
-kernels.fatbin) or a program that embeds one (a bundle's bin/simple_write).
+kernels.fatbin), a program that embeds one (a bundle's bin/simple_write), or
+a cubin (nvcc -cubin).
 The first sm_90 cubin in each is disassembled with NVDISASM (pip package
 nvidia-cuda-nvdisasm), and each kernel's instructions are compared with
 label numbers ignored. Prints one line per kernel: IDENTICAL, differs, or
@@ -19,6 +20,8 @@ import tempfile
 
 def cubin(path):
     data = open(path, "rb").read()
+    if data.startswith(b"\x7fELF") and b"\x50\xed\x55\xba" not in data:
+        return data  # a cubin already (nvcc -cubin)
     at = data.find(b"\x50\xed\x55\xba")  # fatbin magic
     if at < 0:
         sys.exit(f"{path}: no fatbin")
