@@ -336,7 +336,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         rounds,
         seed: seed(),
         timeout,
-        baselines: baselines(&args),
+        baselines: baselines(args),
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
         fence: args.fence_scope,
