@@ -44,14 +44,16 @@ struct WriteParams {
     uint32_t first_iter;     // global index of the first iteration (selects the source buffer)
     uint32_t flags;          // WRITE_* below
     uint32_t stamp_index;    // WRITE_STAMP: slot of iter_cycles that gets %globaltimer at start
-    uint32_t reserved;
+    uint32_t slots;          // --hbm kernels: iteration i uses slot i % slots (slot_of below)
     const uint8_t *src_addr[2];  // store path: the two sources, as local pointers
     uint64_t chunk;          // 0: each group puts one contiguous slice; else chunks of this many
                              // bytes dealt round-robin to the groups (see Layout below)
     uint64_t signal_base;    // flag path: iteration `iter` stores signal_base + iter + 1
     uint64_t *phase_cycles;  // nullable; ping-pong: 4 slots per timed iteration (Phases below)
+    uint64_t slot_bytes;     // --hbm kernels: bytes from one slot to the next
 };
-static_assert(sizeof(WriteParams) == 192, "WriteParams layout is shared with the host");
+static_assert(sizeof(WriteParams) == 200, "WriteParams layout is shared with the host");
+static_assert(offsetof(WriteParams, slot_bytes) == 192, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, phase_cycles) == 184, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, signal_base) == 176, "WriteParams layout is shared with the host");
 static_assert(offsetof(WriteParams, src_addr) == 152, "WriteParams layout is shared with the host");
@@ -234,8 +236,10 @@ struct NoPhases {
 
 // One iteration for one group, put path: nixlPut each of the group's
 // chunks, then fence and signal once.
+// `slot`: where this iteration's bytes start in both the sources and the
+// destination (--hbm, slot_of below; else 0).
 template <nixl_gpu_level_t L, class Ph>
-__device__ void put_and_signal(const WriteParams &p, uint32_t iter, Ph &ph) {
+__device__ void put_and_signal(const WriteParams &p, uint32_t iter, uint64_t slot, Ph &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;  // more groups than data: this one idles
@@ -245,8 +249,8 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter, Ph &ph) {
     src.index = iter & 1;  // alternate sources: a stale iteration cannot pass verification
     nixlMemViewElem dst = p.dst;
     for (uint64_t off = at.first; off < at.end; off += at.step) {
-        src.offset = off;
-        dst.offset = p.dst.offset + off;
+        src.offset = slot + off;
+        dst.offset = p.dst.offset + slot + off;
         record_status(p.report, nixlPut<L>(src, dst, min(at.len, at.end - off), channel));
     }
     ph.at_data();
@@ -274,12 +278,13 @@ __device__ __forceinline__ uint8_t *peer_ptr(const nixlMemViewElem &e) {
 // peer pointer, then one release add on the peer's signal. Same layout,
 // same signal count as the put path.
 template <nixl_gpu_level_t L, class Ph>
-__device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint8_t *dst,
+__device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint64_t slot, uint8_t *dst,
                                  unsigned long long *signal, Ph &ph) {
     using G = Group<L>;
     const Layout at = layout_of<L>(p);
     if (at.first >= at.end) return;
-    const uint8_t *src = p.src_addr[iter & 1];
+    const uint8_t *src = p.src_addr[iter & 1] + slot;
+    dst += slot;
     for (uint64_t off = at.first; off < at.end; off += at.step) {
         group_copy<L>(dst + off, src + off, min(at.len, at.end - off));
     }
@@ -363,9 +368,20 @@ __device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_
     }
 }
 
+// The payload of a message of one line (up to 8 bytes) in registers:
+// its two 4-byte halves, zero-padded.
+struct LinePayload {
+    uint32_t lo, hi;
+};
+__device__ __forceinline__ LinePayload line_payload(const WriteParams &p, uint32_t iter) {
+    const uint8_t *src = p.src_addr[iter & 1];
+    return LinePayload{tail_word(src, p.size), tail_word(src + 4, int64_t(p.size) - 4)};
+}
+
 // One iteration for one group, LL path: the group's payload as lines
 // stamped with this iteration's seq. Nothing follows: no sync, no fence,
-// no signal; the lines are the signal.
+// no signal; the lines are the signal. (A spinning ping-pong takes
+// shorter ways: ll_ping_pong below.)
 template <nixl_gpu_level_t L>
 __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
     const Layout at = layout_of<L>(p);
@@ -377,6 +393,17 @@ __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
     }
 }
 
+// Whether this thread stores any line of its group's message (ll_copy:
+// lane i takes 16-byte vectors i, i + n, ...; lane 0 also the tail).
+template <nixl_gpu_level_t L>
+__device__ bool ll_has_lines(const WriteParams &p) {
+    if (p.size <= 8) return Group<L>::index() == 0 && Group<L>::rank() == 0;
+    const Layout at = layout_of<L>(p);
+    if (at.first >= at.end) return false;
+    const uint64_t vecs = min(at.len, at.end - at.first) / 16;
+    return Group<L>::rank() < max(vecs, uint64_t(1));
+}
+
 // One iteration of the floor: no data, one thread stores the flag (the
 // peer's signal word) with a relaxed store. Nothing is cheaper.
 __device__ void flag_write(const WriteParams &p, uint32_t iter, unsigned long long *signal) {
@@ -384,8 +411,16 @@ __device__ void flag_write(const WriteParams &p, uint32_t iter, unsigned long lo
     store_relaxed_system(reinterpret_cast<uint64_t *>(signal), p.signal_base + iter + 1);
 }
 
-// One iteration on the round's path (PATH_* above).
-template <nixl_gpu_level_t L, uint32_t P>
+// --hbm: iteration `iter` reads and writes slot iter % slots of sources and
+// a destination that each span at least twice the L2 cache (the host sizes
+// them, Round::slots), so a slot has left the cache before it comes round
+// again and the round measures HBM. Put and store paths only.
+__device__ __forceinline__ uint64_t slot_of(const WriteParams &p, uint32_t iter) {
+    return uint64_t(iter % p.slots) * p.slot_bytes;
+}
+
+// One iteration on the round's path (PATH_* above); kSlots: --hbm.
+template <nixl_gpu_level_t L, uint32_t P, bool kSlots = false>
 struct Path {
     static constexpr bool kDst = P == PATH_STORE || P == PATH_LL;
     static constexpr bool kSignal = P == PATH_STORE || P == PATH_FLAG;
@@ -402,8 +437,9 @@ struct Path {
     }
     template <class Ph>
     __device__ void iteration(const WriteParams &p, uint32_t iter, Ph &ph) const {
-        if (P == PATH_PUT) put_and_signal<L>(p, iter, ph);
-        if (P == PATH_STORE) store_and_signal<L>(p, iter, dst, signal, ph);
+        const uint64_t slot = kSlots ? slot_of(p, iter) : 0;
+        if (P == PATH_PUT) put_and_signal<L>(p, iter, slot, ph);
+        if (P == PATH_STORE) store_and_signal<L>(p, iter, slot, dst, signal, ph);
         if (P == PATH_LL) ll_write<L>(p, iter, reinterpret_cast<uint4 *>(dst));
         if (P == PATH_FLAG) flag_write(p, iter, signal);
         if (P == PATH_LL || P == PATH_FLAG) ph.at_all();
@@ -421,8 +457,8 @@ __device__ bool block_wait_ack(const WriteParams &p, uint64_t target, uint64_t d
 
 // Bandwidth: every group streams its slice `iters` times without waiting;
 // the target acknowledges once after warm-up and once at the end.
-template <nixl_gpu_level_t L, uint32_t P>
-__device__ void stream_rounds(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
+template <nixl_gpu_level_t L, uint32_t P, bool kS>
+__device__ void stream_rounds(const WriteParams &p, const Path<L, P, kS> &path, uint64_t deadline) {
     const bool timer = blockIdx.x == 0 && threadIdx.x == 0;
     const bool spin = !(p.flags & WRITE_HOST_SEQUENCED);
     uint64_t ack_target = p.ack_base;
@@ -470,12 +506,19 @@ __device__ bool each_wait_ack(const WriteParams &p, uint64_t target, uint64_t de
 // The floor row runs this same loop with a bare flag as the message, so
 // every row's round trip is timed between the same two clock reads: before
 // the message's first instruction and after its acknowledgement is seen.
-template <nixl_gpu_level_t L, uint32_t P>
-__device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t deadline) {
+//
+// kAhead (LL, a message of one line): the next message's payload is read
+// while the ack of this one is awaited (a ping-pong's data is known in
+// advance), so a round trip holds the line's store, as the floor's holds
+// the flag's, and not the load before it. The store and put paths read
+// theirs inside the round trip.
+template <nixl_gpu_level_t L, uint32_t P, bool kAhead, bool kS>
+__device__ void ping_pong(const WriteParams &p, const Path<L, P, kS> &path, uint64_t deadline) {
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
     Phases ph;
+    LinePayload next = kAhead ? line_payload(p, p.first_iter) : LinePayload{};
     for (uint32_t i = 0; i < total; ++i) {
         if (i == p.warmup && timer) {
             p.report->t_start_ns = globaltimer_ns();
@@ -485,7 +528,13 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
         ph.at = stamp ? p.phase_cycles + 4 * uint64_t(i - p.warmup) : nullptr;
         const uint64_t c0 = clock64();
         if (stamp) ph.at[0] = c0;
-        path.iteration(p, p.first_iter + i, ph);
+        if (kAhead) {
+            ll_store(reinterpret_cast<uint4 *>(path.dst), next.lo, next.hi, p.first_iter + i + 1);
+            ph.at_all();
+            if (i + 1 < total) next = line_payload(p, p.first_iter + i + 1);
+        } else {
+            path.iteration(p, p.first_iter + i, ph);
+        }
         if (!each_wait_ack(p, p.ack_base + i + 1, deadline)) return;
         const uint64_t c1 = clock64();
         if (timer && i >= p.warmup) p.iter_cycles[i - p.warmup] = c1 - c0;
@@ -498,20 +547,46 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P> &path, uint64_t
     }
 }
 
-template <nixl_gpu_level_t L, uint32_t P>
+template <nixl_gpu_level_t L, uint32_t P, bool kSlots = false>
 __device__ void write_signal(const WriteParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     if ((p.flags & WRITE_STAMP) && blockIdx.x == 0 && threadIdx.x == 0) {
         p.iter_cycles[p.stamp_index] = globaltimer_ns();
     }
-    const Path<L, P> path(p);
+    const Path<L, P, kSlots> path(p);
     if (!path.usable(p)) return;
     if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
-        ping_pong<L, P>(p, path, deadline);
+        ping_pong<L, P, false, kSlots>(p, path, deadline);
     } else {
         // Host-sequenced ping-pong is one iteration per launch.
         stream_rounds<L, P>(p, path, deadline);
     }
+}
+
+// The LL path's spinning ping-pong has kernels of its own
+// (nixl_ll_pingpong_*), with the shortcuts for small messages. Built into
+// write_signal, the same shortcuts changed how the bandwidth kernels' copy
+// loop compiled (its source unchanged), and LL lost a third of its
+// bandwidth at 16-64 MiB on an H200. The host picks the kernel
+// (Kernels::launch_write).
+template <nixl_gpu_level_t L>
+__device__ void ll_ping_pong(const WriteParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const Path<L, PATH_LL> path(p);
+    if (!path.usable(p)) return;
+    if (!(p.flags & WRITE_PINGPONG) || (p.flags & WRITE_HOST_SEQUENCED)) {
+        // Spinning ping-pong only: the host launched the wrong kernel.
+        if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_INVALID_PARAM);
+        return;
+    }
+    // A thread without a line of the message has nothing to send, and no
+    // barrier waits for it: it leaves rather than poll the ack beside the
+    // one that times (thread 0 always has a line).
+    if (!ll_has_lines<L>(p)) return;
+    // A one-line message gets its own copy of the loop, so the payload
+    // read ahead does not take registers from the other.
+    if (p.size <= 8) ping_pong<L, PATH_LL, true, false>(p, path, deadline);
+    else ping_pong<L, PATH_LL, false, false>(p, path, deadline);
 }
 
 // Put path: nixlPut + nixlAtomicAdd. Every write kernel is bounded to 64
@@ -539,7 +614,28 @@ WRITE_KERNEL nixl_store_signal_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_STORE>(p);
 }
 
-// LL path: nixlGetPtr + 16-byte lines that carry their own flag.
+// --hbm (slot_of above): the put and store paths rotating through slots.
+WRITE_KERNEL nixl_write_signal_hbm_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_PUT, true>(p);
+}
+WRITE_KERNEL nixl_write_signal_hbm_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, PATH_PUT, true>(p);
+}
+WRITE_KERNEL nixl_write_signal_hbm_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_PUT, true>(p);
+}
+WRITE_KERNEL nixl_store_signal_hbm_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_STORE, true>(p);
+}
+WRITE_KERNEL nixl_store_signal_hbm_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, PATH_STORE, true>(p);
+}
+WRITE_KERNEL nixl_store_signal_hbm_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_STORE, true>(p);
+}
+
+// LL path: nixlGetPtr + 16-byte lines that carry their own flag. Bandwidth
+// (and host-sequenced ping-pong), then the spinning ping-pong.
 WRITE_KERNEL nixl_ll_write_thread(WriteParams p) {
     write_signal<nixl_gpu_level_t::THREAD, PATH_LL>(p);
 }
@@ -548,6 +644,15 @@ WRITE_KERNEL nixl_ll_write_warp(WriteParams p) {
 }
 WRITE_KERNEL nixl_ll_write_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_LL>(p);
+}
+WRITE_KERNEL nixl_ll_pingpong_thread(WriteParams p) {
+    ll_ping_pong<nixl_gpu_level_t::THREAD>(p);
+}
+WRITE_KERNEL nixl_ll_pingpong_warp(WriteParams p) {
+    ll_ping_pong<nixl_gpu_level_t::WARP>(p);
+}
+WRITE_KERNEL nixl_ll_pingpong_block(WriteParams p) {
+    ll_ping_pong<nixl_gpu_level_t::BLOCK>(p);
 }
 // The floor: a bare flag, one thread.
 WRITE_KERNEL nixl_flag_write(WriteParams p) {
@@ -673,12 +778,35 @@ __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t dea
     return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
 }
 
+// Ping-pong, at most one line per thread: each thread polls its own line
+// as spin_wait polls a word (a load and a compare), and the block meets
+// once, after; a thread without a line goes straight there. Bandwidth
+// rounds keep block_wait_lines (nixl_ll_wait below).
+__device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadline) {
+    bool ok = true;
+    if (threadIdx.x < p.line_count) {
+        const uint4 *line = p.lines + threadIdx.x;
+        uint4 v = ll_load(line);
+        for (uint32_t polls = 1; !ll_ready(v, seq); ++polls) {
+            const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
+            if (why != 0) {
+                record_lines_expired(p.report, why, v);
+                ok = false;
+                break;
+            }
+            v = ll_load(line);
+        }
+    }
+    return blockDim.x > 32 ? __syncthreads_and(ok) : __all_sync(~0u, ok);
+}
+
 // The target on the LL path, one block: polls the lines themselves (there
 // is no signal), acknowledges with a bare flag, and timestamps like
 // nixl_wait_signal. Bandwidth: every line must carry the last warm-up
 // iteration's seq (the barrier), then the last iteration's. Ping-pong:
 // every iteration's. The host verifies the lines once the kernel is done.
-extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
+template <bool kOwnLine>
+__device__ void ll_wait(const WaitParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
     const bool lead = threadIdx.x == 0;
@@ -689,9 +817,11 @@ extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
         return;
     }
     if (p.pong) {
+        const bool own = kOwnLine && p.line_count <= blockDim.x;
         for (uint32_t i = 0; i < total; ++i) {
             if (i == p.warmup && lead) p.report->t_start_ns = globaltimer_ns();
-            if (!block_wait_lines(p, p.first_seq + i, deadline)) return;
+            const uint32_t seq = p.first_seq + i;
+            if (!(own ? wait_own_line(p, seq, deadline) : block_wait_lines(p, seq, deadline))) return;
             if (!lead) continue;
             ack.send(p);
             if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
@@ -709,3 +839,9 @@ extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) {
     p.report->observed = last;
     if (!p.pong) ack.send(p);
 }
+// Bandwidth rounds wait in nixl_ll_wait (block_wait_lines); ping-pong
+// rounds in nixl_ll_pong_wait, where each thread polls its own line
+// (wait_own_line) when there are no more lines than threads. Two kernels
+// for the reason the writers have two (ll_ping_pong above).
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) { ll_wait<false>(p); }
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll_pong_wait(WaitParams p) { ll_wait<true>(p); }

@@ -114,12 +114,19 @@ impl std::fmt::Display for Mismatch {
 
 /// Compares `buf` with pattern (`seed`, `variant`); `None` when every byte matches.
 pub fn verify(buf: &[u8], seed: u64, variant: u64) -> Option<Mismatch> {
+    verify_at(buf, 0, seed, variant)
+}
+
+/// Compares `buf` with bytes `start..start+buf.len()` of pattern (`seed`,
+/// `variant`), as [`fill_at`] writes them (`start` a multiple of 8); a
+/// mismatch's offset is the pattern's (`start` + the index in `buf`).
+pub fn verify_at(buf: &[u8], start: u64, seed: u64, variant: u64) -> Option<Mismatch> {
     const CHUNK: usize = 1 << 20;
     let mut expect = vec![0u8; CHUNK.min(buf.len())];
     let mut first: Option<Mismatch> = None;
     let mut count = 0u64;
     for (ci, chunk) in buf.chunks(CHUNK).enumerate() {
-        let start = (ci * CHUNK) as u64;
+        let start = start + (ci * CHUNK) as u64;
         let e = &mut expect[..chunk.len()];
         fill_at(e, start, seed, variant);
         if e != chunk {
@@ -155,6 +162,27 @@ mod tests {
         let mut piece = vec![0u8; 1000 - 96];
         fill_at(&mut piece, 96, 7, 1);
         assert_eq!(&whole[96..], &piece[..]);
+    }
+
+    #[test]
+    fn a_piece_verifies_where_it_sits_in_the_pattern() {
+        let mut whole = vec![0u8; 3 << 20];
+        fill(&mut whole, 7, 1);
+        let (start, len) = (1 << 20 | 256, 5000);
+        let piece = &whole[start..start + len];
+        assert_eq!(verify_at(piece, start as u64, 7, 1), None);
+        assert!(
+            verify_at(piece, 0, 7, 1).is_some(),
+            "the piece is not the pattern's start"
+        );
+        assert!(
+            verify_at(piece, start as u64, 7, 0).is_some(),
+            "another variant"
+        );
+        let mut bad = piece.to_vec();
+        bad[10] ^= 1;
+        let m = verify_at(&bad, start as u64, 7, 1).unwrap();
+        assert_eq!((m.offset, m.count), (start as u64 + 10, 1));
     }
 
     #[test]

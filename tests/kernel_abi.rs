@@ -59,6 +59,10 @@ fn rust_and_cuda_assert_the_same_layout() {
             "offsetof(WriteParams, phase_cycles) == {}",
             offset_of!(WriteParams, phase_cycles)
         ),
+        format!(
+            "offsetof(WriteParams, slot_bytes) == {}",
+            offset_of!(WriteParams, slot_bytes)
+        ),
         format!("sizeof(WaitParams) == {}", size_of::<WaitParams>()),
         format!(
             "offsetof(WaitParams, ack_base) == {}",
@@ -72,6 +76,34 @@ fn rust_and_cuda_assert_the_same_layout() {
         assert!(
             cu.contains(&format!("static_assert({needle}")),
             "cuda/kernels.cu (with kernel_report.h) lacks static_assert({needle}, ...)"
+        );
+    }
+}
+
+#[test]
+fn every_kernel_the_host_loads_is_defined() {
+    // The host finds kernels by name at load time, on a GPU only; a name
+    // in src/simple_write/kernels.rs without its kernel would fail there.
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cu = std::fs::read_to_string(format!("{root}/cuda/kernels.cu")).unwrap();
+    let rs = std::fs::read_to_string(format!("{root}/src/simple_write/kernels.rs")).unwrap();
+    let names: Vec<&str> = rs
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.starts_with("nixl_") && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .collect();
+    assert!(names.len() >= 18, "only {} kernel names found", names.len());
+    for name in names {
+        let defined = cu.lines().any(|l| {
+            (l.starts_with("WRITE_KERNEL ") || l.starts_with("extern \"C\" __global__"))
+                && l.contains(&format!(" {name}("))
+        });
+        assert!(
+            defined,
+            "src/simple_write/kernels.rs loads {name}, which cuda/kernels.cu does not define"
         );
     }
 }

@@ -35,6 +35,7 @@ fn help_documents_the_options() {
         "--json",
         "--floor",
         "--no-floor",
+        "--hbm",
         "ll:",
     ] {
         assert!(text.contains(opt), "--help lacks {opt}");
@@ -76,6 +77,10 @@ fn bad_arguments_exit_2_with_a_reason() {
         // The floor's bare flag is a row of --floor, not a data path.
         (&["--path", "flag"][..], "flag"),
         (&["--fence-scope", "cta"][..], "fence scope"),
+        (
+            &["--hbm", "--path", "store,ll"][..],
+            "put and store paths only",
+        ),
     ] {
         let o = simple_write(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

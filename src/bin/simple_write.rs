@@ -26,7 +26,7 @@ use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator_role::{self, InitiatorConfig};
 use nixl_examples::simple_write::kernels::{FenceScope, Level, Path, WaitMode};
-use nixl_examples::simple_write::plan::{RoundSpec, size_sweep};
+use nixl_examples::simple_write::plan::{RoundSpec, size_sweep, slots_for};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target_role};
@@ -125,6 +125,13 @@ struct Args {
     /// No floor row (see --floor).
     #[arg(long, overrides_with = "floor")]
     no_floor: bool,
+
+    /// Rotate through buffers of at least twice the L2 cache: iteration i
+    /// reads and writes slot i mod N of the two sources and the destination,
+    /// so rows that would fit in L2 measure HBM (the table's `from` column).
+    /// Put and store paths; no baselines (their copies would come from L2).
+    #[arg(long)]
+    hbm: bool,
 
     /// With --pingpong: also show where each round trip's time goes on the
     /// initiator (its SM clock, p50 ns): the message's data issued, the
@@ -271,7 +278,7 @@ fn run(args: Args) -> Result<ExitCode> {
     }
     let (gpu, _) = check_machine(&args)?;
     if args.mode == Mode::Initiator {
-        check_fits(gpu, &rounds, !args.no_baseline)?;
+        check_fits(gpu, &rounds, baselines(&args))?;
     }
     let rt = runtime::load()?;
     info!("NIXL from {} ({})", rt.lib_dir.display(), rt.found_by);
@@ -329,7 +336,7 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
         rounds,
         seed: seed(),
         timeout,
-        baselines: !args.no_baseline,
+        baselines: baselines(args),
         wait: args.wait,
         corrupt: args.inject.as_deref() == Some("corrupt-data"),
         fence: args.fence_scope,
@@ -523,9 +530,21 @@ fn open_store(args: &Args, timeout: Duration) -> Result<Box<dyn store::Store>> {
 /// [`initiator_role::check_fits`] for the largest round, as a usage error:
 /// before any network wait, so a size the GPU cannot hold fails at once.
 fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
-    let max = rounds.iter().map(|r| r.size).max().unwrap_or(0);
-    initiator_role::check_fits(&Gpu::open(gpu)?, max, baselines)
-        .map_err(|e| UsageError(e.to_string()).into())
+    let gpu = Gpu::open(gpu)?;
+    let l2 = gpu.info()?.l2_bytes;
+    // What each source spans (Round::span): the size, or with --hbm its slots.
+    let span = |r: &RoundSpec| match r.hbm {
+        true => slots_for(r.size, l2) as u64 * r.size.max(1).next_multiple_of(256),
+        false => r.size,
+    };
+    let max = rounds.iter().map(span).max().unwrap_or(0);
+    initiator_role::check_fits(&gpu, max, baselines).map_err(|e| UsageError(e.to_string()).into())
+}
+
+/// Whether rounds measure the copy engine and NIXL's WRITE beside them:
+/// not with --no-baseline, nor with --hbm (their copies would come from L2).
+fn baselines(args: &Args) -> bool {
+    !args.no_baseline && !args.hbm
 }
 
 /// The rounds asked for: every size of the sweep (or the one --size) at
@@ -559,6 +578,7 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
             warmup: args.warmup,
             iters: args.iters,
             pingpong: true,
+            hbm: false,
         });
     }
     for &size in &sizes {
@@ -574,6 +594,7 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
                     warmup: args.warmup,
                     iters: args.iters,
                     pingpong: args.pingpong,
+                    hbm: args.hbm,
                 });
             }
         }
@@ -610,6 +631,12 @@ fn check_grid_args(args: &Args) -> Result<()> {
     if args.pingpong && args.blocks.is_some_and(|b| b > 1) {
         return Err(usage(
             "--pingpong times one group's round trips: it runs one block, so drop --blocks".into(),
+        ));
+    }
+    if args.hbm && args.path.contains(&Path::Ll) {
+        return Err(usage(
+            "--hbm rotates the put and store paths only: an LL target finds the data by polling it, and would              have to poll every slot; drop ll from --path"
+                .into(),
         ));
     }
     Ok(())

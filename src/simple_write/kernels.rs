@@ -145,7 +145,10 @@ pub struct WriteParams {
     /// With [`WRITE_STAMP`]: the `iter_cycles` slot that gets the kernel's
     /// start time (`%globaltimer`, ns).
     pub stamp_index: u32,
-    pub reserved: u32,
+    /// `--hbm` kernels: iteration `i` (global) reads and writes slot
+    /// `i % slots` of the sources and the destination, `slot_bytes` apart
+    /// ([`crate::simple_write::plan::Round::slots`]); 0 or 1 elsewhere.
+    pub slots: u32,
     /// Store path: device addresses of the two sources (local pointers).
     pub src_addr: [u64; 2],
     /// 0: each group moves one contiguous slice; else chunks of this many
@@ -160,6 +163,8 @@ pub struct WriteParams {
     /// issued ([`crate::simple_write::initiator_role::rounds::Breakdown`]);
     /// 0: not recorded.
     pub phase_cycles: u64,
+    /// `--hbm` kernels: bytes from one slot to the next.
+    pub slot_bytes: u64,
 }
 
 /// Wait for the target's acknowledgement after every iteration (latency).
@@ -350,8 +355,9 @@ impl AckMode {
 
 // The layout contract with kernels.cu; a mismatch fails the build.
 const _: () = {
-    assert!(size_of::<WriteParams>() == 192);
+    assert!(size_of::<WriteParams>() == 200);
     assert!(offset_of!(WriteParams, phase_cycles) == 184);
+    assert!(offset_of!(WriteParams, slot_bytes) == 192);
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
     assert!(offset_of!(WriteParams, src_addr) == 152);
     assert!(offset_of!(WriteParams, signal_base) == 176);
@@ -463,8 +469,14 @@ pub struct Kernels {
     _module: Arc<CudaModule>,
     /// Write + signal, indexed `[path][level]` (the flag path: one kernel).
     write: [[CudaFunction; 3]; 4],
+    /// The LL path's spinning ping-pong, by level (`nixl_ll_pingpong_*`).
+    ll_pingpong: [CudaFunction; 3],
+    /// `--hbm`: put and store rotating through slots, `[path][level]`.
+    write_hbm: [[CudaFunction; 3]; 2],
     wait: CudaFunction,
     ll_wait: CudaFunction,
+    /// The LL target's wait in ping-pong rounds (`nixl_ll_pong_wait`).
+    ll_pong_wait: CudaFunction,
     stamp: CudaFunction,
     ack: CudaFunction,
 }
@@ -492,8 +504,26 @@ impl Kernels {
                 row(Path::Ll)?,
                 row(Path::Flag)?,
             ],
+            ll_pingpong: [
+                f("nixl_ll_pingpong_thread")?,
+                f("nixl_ll_pingpong_warp")?,
+                f("nixl_ll_pingpong_block")?,
+            ],
+            write_hbm: [
+                [
+                    f("nixl_write_signal_hbm_thread")?,
+                    f("nixl_write_signal_hbm_warp")?,
+                    f("nixl_write_signal_hbm_block")?,
+                ],
+                [
+                    f("nixl_store_signal_hbm_thread")?,
+                    f("nixl_store_signal_hbm_warp")?,
+                    f("nixl_store_signal_hbm_block")?,
+                ],
+            ],
             wait: f("nixl_wait_signal")?,
             ll_wait: f("nixl_ll_wait")?,
+            ll_pong_wait: f("nixl_ll_pong_wait")?,
             stamp: f("nixl_stamp")?,
             ack: f("nixl_ack")?,
             _module: module,
@@ -541,7 +571,11 @@ impl Kernels {
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
     }
 
-    /// Queues the write + signal kernel: `blocks` × `threads`.
+    /// Queues the write + signal kernel: `blocks` × `threads`. An LL
+    /// ping-pong with a spinning wait runs `nixl_ll_pingpong_*`, whose
+    /// shortcuts for small messages are kept out of the bandwidth kernels
+    /// (`cuda/kernels.cu`, `ll_ping_pong`); a put or store round with
+    /// `p.slots > 1` runs the `--hbm` kernels.
     ///
     /// # Safety
     /// The views, ack word and report in `p` must stay valid until the
@@ -554,8 +588,16 @@ impl Kernels {
         threads: u32,
         p: &WriteParams,
     ) -> Result<(), DriverError> {
+        let spinning_pingpong = p.flags & (WRITE_PINGPONG | WRITE_HOST_SEQUENCED) == WRITE_PINGPONG;
+        let f = match path {
+            Path::Ll if spinning_pingpong => &self.ll_pingpong[level as usize],
+            Path::Put | Path::Store if p.slots > 1 => {
+                &self.write_hbm[path as usize][level as usize]
+            }
+            _ => self.write_fn(path, level),
+        };
         // SAFETY: as this function's contract.
-        unsafe { launch(stream, self.write_fn(path, level), (blocks, threads), p) }
+        unsafe { launch(stream, f, (blocks, threads), p) }
     }
 
     /// Queues the target's wait kernel (one thread).
@@ -572,7 +614,8 @@ impl Kernels {
     }
 
     /// Queues the target's LL wait kernel: one block of `threads` threads
-    /// polling the lines (at most 1024).
+    /// polling the lines (at most 1024); `nixl_ll_pong_wait` when
+    /// `p.pong`, where each thread polls its own line.
     ///
     /// # Safety
     /// As for [`Kernels::launch_write`]; `p.lines` must hold
@@ -585,8 +628,13 @@ impl Kernels {
     ) -> Result<(), DriverError> {
         // Whole warps: the kernel's lanes vote together (it refuses others).
         let threads = threads.clamp(1, 1024).next_multiple_of(32);
+        let f = if p.pong != 0 {
+            &self.ll_pong_wait
+        } else {
+            &self.ll_wait
+        };
         // SAFETY: as this function's contract.
-        unsafe { launch(stream, &self.ll_wait, (1, threads), p) }
+        unsafe { launch(stream, f, (1, threads), p) }
     }
 }
 

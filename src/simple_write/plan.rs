@@ -33,9 +33,33 @@ pub struct Round {
     /// Latency mode: one group, and the target acknowledges every
     /// iteration before the next is sent (round trips are timed).
     pub pingpong: bool,
+    /// `--hbm`: iteration `i` (global) reads and writes slot `i % slots`
+    /// of sources and destination that span at least twice the L2 cache
+    /// ([`slots_for`]); 1 (every iteration the same bytes) otherwise.
+    #[serde(default = "one_slot")]
+    pub slots: u32,
+}
+
+fn one_slot() -> u32 {
+    1
 }
 
 impl Round {
+    /// Bytes from one slot to the next (`--hbm`): the size rounded up to
+    /// 256 bytes, so every slot starts aligned for vector access.
+    pub fn slot_bytes(&self) -> u64 {
+        self.size.next_multiple_of(256)
+    }
+
+    /// Bytes of each source (and, on the put and store paths, of the
+    /// destination) the round cycles through: the size, or all its slots.
+    pub fn span(&self) -> u64 {
+        match self.slots {
+            0 | 1 => self.size,
+            n => n as u64 * self.slot_bytes(),
+        }
+    }
+
     /// Threads that make one collective call.
     pub fn group_size(&self) -> u32 {
         self.level.group_size(self.threads)
@@ -71,6 +95,12 @@ impl Round {
         }
     }
 
+    /// Bytes the round may write in the target's buffer: its wire size,
+    /// or with `--hbm` every slot ([`Round::span`]).
+    pub fn wire_span(&self) -> u64 {
+        self.wire_size().max(self.span())
+    }
+
     /// Acknowledgements the target sends in this round.
     pub fn acks(&self) -> u64 {
         if self.pingpong {
@@ -89,6 +119,20 @@ impl Round {
         } else {
             "bandwidth"
         }
+    }
+
+    /// `--hbm`: each slot the round wrote, with the pattern variant its
+    /// last writer left there (that iteration's parity), as `(slot,
+    /// variant)`. The round's last `slots` iterations are each slot's last
+    /// writer; fewer iterations leave the other slots unwritten.
+    pub fn slot_writers(&self, first_iter: u32) -> Vec<(u64, u64)> {
+        let end = first_iter as u64 + (self.warmup + self.iters) as u64;
+        let from = end
+            .saturating_sub(self.slots.max(1) as u64)
+            .max(first_iter as u64);
+        (from..end)
+            .map(|g| (g % self.slots.max(1) as u64, g & 1))
+            .collect()
     }
 
     /// Pattern variant the target's buffer holds after the round: the
@@ -111,14 +155,17 @@ pub struct RoundSpec {
     pub warmup: Option<u32>,
     pub iters: Option<u32>,
     pub pingpong: bool,
+    /// `--hbm`: rotate through buffers of at least twice the L2 cache.
+    pub hbm: bool,
 }
 
 impl RoundSpec {
     /// Fills the defaults: threads per level, blocks ([`auto_blocks`] at
     /// BLOCK level in bandwidth mode, else 1), iterations ([`auto_iters`])
-    /// and warm-up ([`auto_warmup`]). `max_resident(path, level, threads)`
-    /// is the most blocks the round may have resident at once.
-    pub fn resolve(&self, max_resident: impl Fn(Path, Level, u32) -> u32) -> Round {
+    /// and warm-up ([`auto_warmup`]), and with `--hbm` the slots
+    /// ([`slots_for`] the GPU's `l2_bytes`). `max_resident(path, level,
+    /// threads)` is the most blocks the round may have resident at once.
+    pub fn resolve(&self, l2_bytes: u64, max_resident: impl Fn(Path, Level, u32) -> u32) -> Round {
         // Ping-pong times one group; wide blocks only add barrier cost there.
         let threads = self
             .threads
@@ -150,8 +197,29 @@ impl RoundSpec {
             warmup: self.warmup.unwrap_or_else(|| auto_warmup(iters)),
             iters,
             pingpong: self.pingpong,
+            slots: if self.hbm {
+                slots_for(self.size, l2_bytes)
+            } else {
+                1
+            },
         }
     }
+}
+
+/// Slots a `--hbm` round of `size` bytes rotates through: the fewest that
+/// span at least twice the L2 cache (`l2_bytes`), so a slot has been
+/// evicted by the time it comes round again; made odd, so a slot's pattern
+/// variant (the iteration's parity) alternates from one visit to the next
+/// and a visit that did not land cannot pass as the one before. 1 when one
+/// slot already spans that much (or the L2 size is unknown).
+pub fn slots_for(size: u64, l2_bytes: u64) -> u32 {
+    let stride = size.max(1).next_multiple_of(256);
+    let need = 2 * l2_bytes;
+    if stride >= need {
+        return 1;
+    }
+    let n = need.div_ceil(stride);
+    (n | 1).min(u32::MAX as u64) as u32
 }
 
 /// The whole run.
@@ -168,14 +236,14 @@ pub struct RunPlan {
 }
 
 impl RunPlan {
-    /// Largest size of any round: the buffers' size.
+    /// Largest span of any round ([`Round::span`]): the sources' size.
     pub fn max_size(&self) -> u64 {
-        self.rounds.iter().map(|r| r.size).max().unwrap_or(0)
+        self.rounds.iter().map(Round::span).max().unwrap_or(0)
     }
 
-    /// Largest buffer any round needs on the target ([`Round::wire_size`]).
+    /// Largest buffer any round needs on the target ([`Round::wire_span`]).
     pub fn max_wire_size(&self) -> u64 {
-        self.rounds.iter().map(Round::wire_size).max().unwrap_or(0)
+        self.rounds.iter().map(Round::wire_span).max().unwrap_or(0)
     }
 
     /// The timeout of every wait.
@@ -275,6 +343,7 @@ mod tests {
             warmup: 0,
             iters: 1,
             pingpong: false,
+            slots: 1,
         };
         assert_eq!(r.groups(), 4);
         assert_eq!(r.signals_per_iter(), 1);
@@ -288,6 +357,7 @@ mod tests {
             warmup: 1,
             iters: 1,
             pingpong: false,
+            slots: 1,
         };
         assert_eq!(r.signals_per_iter(), 4);
     }
@@ -304,6 +374,7 @@ mod tests {
             warmup: 1,
             iters: 1,
             pingpong: false,
+            slots: 1,
         };
         assert_eq!(round(Path::Ll, 1 << 20).signals_per_iter(), 0);
         assert_eq!(round(Path::Ll, 1 << 20).wire_size(), 2 << 20);
@@ -323,6 +394,52 @@ mod tests {
             rounds: vec![round(Path::Put, 1 << 20), round(Path::Ll, 1 << 20)],
         };
         assert_eq!((plan.max_size(), plan.max_wire_size()), (1 << 20, 2 << 20));
+    }
+
+    #[test]
+    fn hbm_slots_span_twice_the_l2_in_an_odd_count() {
+        let l2 = 60 << 20;
+        for size in [8u64, 4096, 65536, 1 << 20, 5 << 20, 16 << 20] {
+            let n = slots_for(size, l2);
+            let stride = size.next_multiple_of(256);
+            assert_eq!(n % 2, 1, "size {size}");
+            assert!(n as u64 * stride >= 2 * l2, "size {size}");
+            assert!(
+                (n as u64 - 2) * stride < 2 * l2,
+                "size {size}: more slots than needed"
+            );
+        }
+        // One slot already twice the L2, or the L2 unknown: no rotation.
+        assert_eq!(slots_for(128 << 20, l2), 1);
+        assert_eq!(slots_for(1 << 20, 0), 1);
+        let round = Round {
+            size: 1000,
+            level: Level::Block,
+            path: Path::Store,
+            chunk: 0,
+            blocks: 1,
+            threads: 256,
+            warmup: 1,
+            iters: 1,
+            pingpong: false,
+            slots: 3,
+        };
+        assert_eq!(
+            (round.slot_bytes(), round.span(), round.wire_span()),
+            (1024, 3072, 3072)
+        );
+        assert_eq!(Round { slots: 1, ..round }.span(), 1000);
+        // Iterations 10 and 11 (warm-up 1, 1 timed) write slots 1 and 2
+        // of 3; slot 0 is left unwritten.
+        assert_eq!(round.slot_writers(10), vec![(1, 0), (2, 1)]);
+        // Seven iterations from 10: the last three, 14-16, are the last
+        // writers of slots 2, 0, 1.
+        let seven = Round {
+            warmup: 2,
+            iters: 5,
+            ..round
+        };
+        assert_eq!(seven.slot_writers(10), vec![(2, 0), (0, 1), (1, 0)]);
     }
 
     #[test]

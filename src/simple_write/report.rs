@@ -62,8 +62,11 @@ pub struct Row {
     pub baselines: Baselines,
     /// `gb_per_s` over the best same-run baseline.
     pub ratio: Option<f64>,
-    /// Bandwidth rows: bytes every iteration touches on the busiest GPU
-    /// (see [`mark_cache`]).
+    /// Bytes each source cycles through: the size, or with `--hbm` all
+    /// its slots ([`crate::simple_write::plan::Round::span`]).
+    pub span_bytes: u64,
+    /// Bandwidth rows: bytes the round's iterations cycle through on the
+    /// busiest GPU (see [`mark_cache`]).
     pub working_set_bytes: Option<u64>,
     /// Bandwidth rows: whether that working set fits in the GPU's L2 cache,
     /// so the rate is the cache's rather than HBM's ([`mark_cache`]).
@@ -115,6 +118,7 @@ impl Row {
             kernel_event_us: r.event_us,
             baselines,
             ratio,
+            span_bytes: round.span(),
             working_set_bytes: None,
             l2_resident: None,
             verified: r.verdict.ok(),
@@ -191,13 +195,14 @@ impl Row {
 /// rewrites the same bytes (two alternating sources, one destination), so
 /// once they fit in the L2 cache the rate measured is the cache's, and a
 /// ratio to a copy engine that pays its per-copy setup says little. The
-/// working set is all three (3 × size) when both processes use one GPU,
-/// else the two sources on the initiator's GPU (2 × size). `l2` is that
+/// working set is all three (3 × span) when both processes use one GPU,
+/// else the two sources on the initiator's GPU (2 × span); the span is the
+/// size, or with `--hbm` every slot, at least twice the L2. `l2` is that
 /// GPU's L2 in bytes (0: unknown, rows stay unmarked).
 pub fn mark_cache(rows: &mut [Row], l2: u64, same_gpu: bool) {
     let copies = if same_gpu { 3 } else { 2 };
     for r in rows.iter_mut().filter(|r| r.mode == "bandwidth") {
-        let set = r.size_bytes.saturating_mul(copies);
+        let set = r.span_bytes.max(r.size_bytes).saturating_mul(copies);
         r.working_set_bytes = Some(set);
         r.l2_resident = (l2 > 0).then_some(set <= l2);
     }
@@ -412,6 +417,7 @@ mod tests {
             kernel_event_us: 0.0,
             baselines: Baselines::default(),
             ratio: None,
+            span_bytes: 8,
             working_set_bytes: None,
             l2_resident: None,
             verified: true,
@@ -483,5 +489,14 @@ mod tests {
             Some(true),
             "across GPUs only the sources share an L2"
         );
+        // --hbm: 1 MiB rotating through 101 MiB of slots is read from HBM.
+        let mut rows = vec![Row {
+            size_bytes: mib(1),
+            span_bytes: mib(101),
+            ..row("store", None)
+        }];
+        mark_cache(&mut rows, mib(50), true);
+        assert_eq!(rows[0].l2_resident, Some(false));
+        assert_eq!(rows[0].working_set_bytes, Some(mib(303)));
     }
 }

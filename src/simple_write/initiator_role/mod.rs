@@ -142,7 +142,7 @@ fn set_up(cfg: &InitiatorConfig, member: &Member) -> Result<Local> {
             .rounds
             .iter()
             .map(|spec| {
-                spec.resolve(|path, level, threads| {
+                spec.resolve(me.l2_bytes, |path, level, threads| {
                     kernels.grid_limit(&gpu, path, level, threads).unwrap_or(1)
                 })
             })

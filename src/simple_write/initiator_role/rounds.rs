@@ -313,6 +313,8 @@ impl Launch<'_> {
             // Iteration i (global) stores signal_base + i + 1, which is
             // the round's signal base plus the iterations so far.
             signal_base: self.signal_base.wrapping_sub(self.first_iter as u64),
+            slots: round.slots,
+            slot_bytes: round.slot_bytes(),
             ..Default::default()
         }
     }

@@ -45,7 +45,7 @@ pub(super) fn run_all(held: &Held, member: &Member) -> Result<()> {
         if i == 0 {
             say!("[target] Signal received!");
         }
-        let n = round.wire_size() as usize;
+        let n = round.wire_span() as usize;
         if n > 0 {
             held.data.download(&held.gpu.stream, &mut host[..n])?;
         }
@@ -62,9 +62,13 @@ pub(super) fn run_all(held: &Held, member: &Member) -> Result<()> {
             None => None,
         };
         let variant = round.final_variant(first_iter);
-        let verdict = match payload_of(&host[..n], round, wait.last_seq()) {
-            Ok(data) => judge(&data, held.plan.seed, variant, arrivals, i, round),
-            Err(e) => line_mismatch(&host[..n], round, e),
+        let verdict = if round.slots > 1 {
+            judge_slots(&host[..n], held.plan.seed, first_iter, arrivals, round)
+        } else {
+            match payload_of(&host[..n], round, wait.last_seq()) {
+                Ok(data) => judge(&data, held.plan.seed, variant, arrivals, i, round),
+                Err(e) => line_mismatch(&host[..n], round, e),
+            }
         };
         member.put(&p::verdict(i), &verdict)?;
         if let Verdict::Mismatch { first, .. } = verdict {
@@ -140,6 +144,44 @@ fn judge(
             }
         }
     }
+}
+
+/// `--hbm`: checks every slot the round wrote against the pattern where
+/// the sources hold it (slot `k` at byte `k × slot_bytes`), with the
+/// variant of its last writer ([`Round::slot_writers`]).
+fn judge_slots(
+    buf: &[u8],
+    seed: u64,
+    first_iter: u32,
+    arrivals: Option<Summary>,
+    round: &Round,
+) -> Verdict {
+    let (size, stride) = (round.size as usize, round.slot_bytes() as usize);
+    let writers = round.slot_writers(first_iter);
+    let mut checksum = 0;
+    for &(slot, variant) in &writers {
+        let at = slot as usize * stride;
+        let data = &buf[at..at + size];
+        checksum += pattern::byte_sum(data);
+        if let Some(m) = pattern::verify_at(data, at as u64, seed, variant) {
+            let first = format!("slot {slot} of {} (bytes {at}..): {m}", round.slots);
+            crate::eline!(
+                "[target] ✗ MISMATCH: round of {size} B, {}, {first}",
+                round.level
+            );
+            return Verdict::Mismatch {
+                checksum,
+                expected_checksum: 0,
+                first,
+            };
+        }
+    }
+    say!(
+        "[target] ✓ Checksum OK: {checksum} ({} of {} slots written and checked)",
+        writers.len(),
+        round.slots
+    );
+    Verdict::Ok { checksum, arrivals }
 }
 
 /// One round's wait on the target's GPU, in either wait mode.
