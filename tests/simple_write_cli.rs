@@ -184,7 +184,13 @@ fn ucx_tls_without_cuda_ipc_is_named() {
 /// Starts `simple_write --mode initiator --check-connection` in the
 /// background, stdout and stderr captured.
 fn spawn_connection_initiator(port: &str, timeout: &str) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_simple_write"))
+    connection_initiator(port, timeout).spawn().unwrap()
+}
+
+/// `simple_write --mode initiator --check-connection` on `port`, not started.
+fn connection_initiator(port: &str, timeout: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_simple_write"));
+    c
         .args([
             "--mode",
             "initiator",
@@ -195,9 +201,8 @@ fn spawn_connection_initiator(port: &str, timeout: &str) -> std::process::Child 
             timeout,
         ])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(std::process::Stdio::piped());
+    c
 }
 
 fn free_port() -> String {
@@ -310,7 +315,19 @@ fn an_initiator_without_target_says_the_target_did_not_join() {
 #[test]
 fn sigint_while_waiting_for_the_peer_exits_130_promptly() {
     let port = free_port();
-    let mut init = spawn_connection_initiator(&port, "30");
+    // A terminal's Ctrl-C: SIGINT at its default disposition. A shell that
+    // starts this suite in the background without job control hands every
+    // child SIGINT ignored, which the initiator would rightly keep ignoring
+    // until it installs its own handler.
+    let mut cmd = connection_initiator(&port, "30");
+    // SAFETY: signal(2) is async-signal-safe, called between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    };
+    let mut init = cmd.spawn().unwrap();
     // Let the target join, then interrupt the initiator while it waits for
     // the target's metadata... here the target never starts, so the
     // initiator is still waiting for the join: a plain SIGINT ends it.
