@@ -1511,7 +1511,11 @@ mod tests {
             // fails the test rather than hanging it.
             let out = m.map(|h| h.join().unwrap());
             released.store(true, SeqCst);
-            j.join().unwrap().unwrap();
+            // The joiner plays a process the launcher declared dead: whether
+            // its own begin still finds the members' cards depends on whether
+            // they had finished (and deleted them) first. What is tested is
+            // the members' decision, so its result is not.
+            let _ = j.join().unwrap();
             out.map(|d| d.unwrap()).into()
         });
         for d in decided {
