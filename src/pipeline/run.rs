@@ -15,11 +15,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use serde::{Deserialize, Serialize};
 
 use super::config::{Case, Config};
 use super::kernels::{PipeKernels, PipeParams, PipeReport};
-use super::report::{self, StageResult};
+use super::report::{self, RankInfo, StageResult};
 use super::ring::{self, Window};
 use crate::cli::{DataMismatch, UsageError};
 use crate::gpu::run::run_watched;
@@ -42,19 +41,6 @@ pub struct Outputs {
     /// Every store wait's limit, and each case's on the host.
     pub timeout: Duration,
 }
-
-/// What each rank tells the others about its GPU.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RankInfo {
-    pub rank: u32,
-    pub host: String,
-    pub gpu_name: String,
-    pub gpu_uuid: String,
-    pub sm_count: u32,
-    pub mps: bool,
-}
-
-crate::json_value!(RankInfo => "rank description", Vec<StageResult> => "stage results");
 
 /// What a rank's cases run with.
 struct Ctx<'a> {
