@@ -190,18 +190,17 @@ fn spawn_connection_initiator(port: &str, timeout: &str) -> std::process::Child 
 /// `simple_write --mode initiator --check-connection` on `port`, not started.
 fn connection_initiator(port: &str, timeout: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_simple_write"));
-    c
-        .args([
-            "--mode",
-            "initiator",
-            "--check-connection",
-            "--port",
-            port,
-            "--timeout",
-            timeout,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    c.args([
+        "--mode",
+        "initiator",
+        "--check-connection",
+        "--port",
+        port,
+        "--timeout",
+        timeout,
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
     c
 }
 

@@ -228,7 +228,8 @@ fn elastic_plan(args: &Args, env: Option<&RankEnv>) -> Result<Option<Plan>, Usag
     };
     nixl_examples::collectives::elastic::check_plan(&plan)?;
     let torchrun = env.filter(|e| !e.launcher_store);
-    if let Some(e) = torchrun.filter(|e| plan.len() != 1 || plan.members(0).len() as u32 != e.world) {
+    if let Some(e) = torchrun.filter(|e| plan.len() != 1 || plan.members(0).len() as u32 != e.world)
+    {
         return Err(UsageError(format!(
             "--plan {} under torchrun: torchrun starts every rank at once, so the plan is one phase of ranks 0..{} \
              (ranks that join later need collectives' own launcher: run without torchrun)",

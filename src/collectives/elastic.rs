@@ -197,7 +197,8 @@ pub fn run(
     rounds: u32,
 ) -> Result<(ElasticTimes, Vec<RankInfo>)> {
     let g = base.group;
-    let mut infos: BTreeMap<u32, RankInfo> = base.infos.iter().map(|i| (i.rank, i.clone())).collect();
+    let mut infos: BTreeMap<u32, RankInfo> =
+        base.infos.iter().map(|i| (i.rank, i.clone())).collect();
     let mut out = ElasticTimes {
         rank: g.rank,
         ..Default::default()
@@ -205,7 +206,10 @@ pub fn run(
     for i in el.life() {
         out.joins.extend(connect(base, s, el, me, i, &mut infos)?);
         let known: Vec<RankInfo> = infos.values().cloned().collect();
-        let plan = block_plan(base.cfg, known.iter().filter(|k| el.members(i).contains(&k.rank)));
+        let plan = block_plan(
+            base.cfg,
+            known.iter().filter(|k| el.members(i).contains(&k.rank)),
+        );
         let ctx = Context {
             infos: &known,
             plan: &plan,
@@ -238,9 +242,17 @@ fn connect(
     let t0 = Instant::now();
     let new = el.begin_phase(i, me, || Ok(()))?;
     let mut unreachable = new.gone.clone();
-    let cards: Vec<(u32, &PeerCard)> = new.peers.iter().map(|p| (p.rank, &p.payload.card)).collect();
+    let cards: Vec<(u32, &PeerCard)> = new
+        .peers
+        .iter()
+        .map(|p| (p.rank, &p.payload.card))
+        .collect();
     for (r, e) in s.reconnect(&el.agents(i), &cards, ctx.group.timeout())? {
-        let inc = new.peers.iter().find(|p| p.rank == r).map_or(i, |p| p.incarnation);
+        let inc = new
+            .peers
+            .iter()
+            .find(|p| p.rank == r)
+            .map_or(i, |p| p.incarnation);
         match el.is_dead(r, inc)? {
             // Died while we connected: the opening round agrees on it.
             true => unreachable.insert(r),
@@ -261,12 +273,20 @@ fn connect(
         false => new.peers.iter().map(|p| p.rank).collect(),
     };
     if !joined.is_empty() && ctx.group.rank == lowest(&el.active(i)) {
-        tracing::info!("phase {i}: rank(s) {joined:?} join; members {:?}", el.active(i));
+        tracing::info!(
+            "phase {i}: rank(s) {joined:?} join; members {:?}",
+            el.active(i)
+        );
     }
     let connect_ms = (t0.elapsed() - new.waited).as_secs_f64() * 1e3;
     let step = first_step(i, ctx.cfg.elastic.map_or(1, |e| e.rounds), cases(ctx).len());
     Ok((joined.into_iter())
-        .map(|rank| Join { rank, phase: i, step, connect_ms })
+        .map(|rank| Join {
+            rank,
+            phase: i,
+            step,
+            connect_ms,
+        })
         .collect())
 }
 
@@ -525,12 +545,32 @@ fn detection_line(d: &Detection) -> String {
 fn table(rows: &[PhaseRow]) -> String {
     let mut t = format!(
         "{:<14} {:<9} {:<6} {:<9} {:>10} {:>5} {:>6} {:>7} {:>5} {:>10} {:>10}\n",
-        "op", "algo", "path", "type", "bytes", "phase", "ranks", "calls", "lost", "p50 µs", "p99 µs"
+        "op",
+        "algo",
+        "path",
+        "type",
+        "bytes",
+        "phase",
+        "ranks",
+        "calls",
+        "lost",
+        "p50 µs",
+        "p99 µs"
     );
     for r in rows {
         t += &format!(
             "{:<14} {:<9} {:<6} {:<9} {:>10} {:>5} {:>6} {:>7} {:>5} {:>10.2} {:>10.2}\n",
-            r.op, r.algo, r.path, r.dtype, r.bytes, r.phase, r.ranks, r.calls, r.lost, r.p50_us, r.p99_us
+            r.op,
+            r.algo,
+            r.path,
+            r.dtype,
+            r.bytes,
+            r.phase,
+            r.ranks,
+            r.calls,
+            r.lost,
+            r.p50_us,
+            r.p99_us
         );
     }
     t
@@ -541,7 +581,17 @@ fn csv_text(rows: &[PhaseRow]) -> String {
     for r in rows {
         t += &format!(
             "{},{},{},{},{},{},{},{},{},{:.3},{:.3}\n",
-            r.op, r.algo, r.path, r.dtype, r.bytes, r.phase, r.ranks, r.calls, r.lost, r.p50_us, r.p99_us
+            r.op,
+            r.algo,
+            r.path,
+            r.dtype,
+            r.bytes,
+            r.phase,
+            r.ranks,
+            r.calls,
+            r.lost,
+            r.p50_us,
+            r.p99_us
         );
     }
     t
@@ -587,6 +637,9 @@ mod tests {
         assert!(ok("[[0,1,-2,3],[0,1,3,4],[0,1,3,4,5,6]]"));
         assert!(!ok("[[0,1,2],[0,1]]"), "rank 2 leaves without dying");
         assert!(!ok("[[0,1,-2],[0,1,2]]"), "rank 2's id comes back");
-        assert!(!ok("[[0,1],[0,1,2],[0,1,-2],[0,1,2]]"), "rank 2's id comes back later");
+        assert!(
+            !ok("[[0,1],[0,1,2],[0,1,-2],[0,1,2]]"),
+            "rank 2's id comes back later"
+        );
     }
 }

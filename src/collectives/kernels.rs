@@ -301,7 +301,11 @@ impl CollKernels {
         out: u64,
     ) -> Result<(), DriverError> {
         let mut b = s.launch_builder(&self.probe);
-        b.arg(&remote_mvh).arg(&ranks).arg(&rank).arg(&wanted).arg(&out);
+        b.arg(&remote_mvh)
+            .arg(&ranks)
+            .arg(&rank)
+            .arg(&wanted)
+            .arg(&out);
         // SAFETY: as this function's contract; the arguments are the kernel's.
         unsafe { b.launch(grid(1, 64)) }.map(|_| ())
     }

@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-
 use anyhow::Result;
 
 use crate::ranks::membership::{Membership, OnDeath, lowest};

@@ -296,7 +296,10 @@ impl Session {
         let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
         let wanted = ranks.iter().fold(0u64, |m, &r| m | 1u64 << r);
         if remote == 0 {
-            return Ok((probe, ranks.iter().copied().filter(|&r| r != g.rank).collect()));
+            return Ok((
+                probe,
+                ranks.iter().copied().filter(|&r| r != g.rank).collect(),
+            ));
         }
         // SAFETY: the view is live, its elements of `ranks` are connected;
         // the probe buffer holds `world` u64.
@@ -306,7 +309,11 @@ impl Session {
         };
         let mut raw = vec![0u64; g.world as usize];
         probe.download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
-        let none = ranks.iter().copied().filter(|&r| raw[r as usize] == 0).collect();
+        let none = ranks
+            .iter()
+            .copied()
+            .filter(|&r| raw[r as usize] == 0)
+            .collect();
         Ok((probe, none))
     }
 
