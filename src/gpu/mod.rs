@@ -10,6 +10,7 @@ pub mod context;
 pub mod copy;
 pub mod kernels;
 pub mod launch;
+pub mod level;
 pub mod ll;
 pub mod module;
 pub mod path;

@@ -51,44 +51,7 @@ impl PipePath {
     }
 }
 
-/// The thread group one channel is (`nixl_gpu_level_t`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Thread,
-    Warp,
-    Block,
-}
-
-impl Level {
-    pub fn name(self) -> &'static str {
-        match self {
-            Level::Thread => "thread",
-            Level::Warp => "warp",
-            Level::Block => "block",
-        }
-    }
-    /// Channels a grid of `blocks` × `threads` has at this level.
-    pub fn channels(self, blocks: u32, threads: u32) -> u32 {
-        match self {
-            Level::Thread => blocks * threads,
-            Level::Warp => blocks * (threads / 32),
-            Level::Block => blocks,
-        }
-    }
-}
+pub use crate::gpu::level::Level;
 
 /// `PipeParams`: one stage's run of `chunks` chunks. Offsets are bytes into
 /// the window ([`super::ring::Window`]).
