@@ -780,12 +780,15 @@ __device__ bool block_wait_lines(const WaitParams &p, uint32_t seq, uint64_t dea
 
 // Ping-pong, at most one line per thread: each thread polls its own line
 // as spin_wait polls a word (a load and a compare), and the block meets
-// once, after; a thread without a line goes straight there. Bandwidth
-// rounds keep block_wait_lines (nixl_ll_wait below).
+// once, after. A thread past the last line polls the last line too (the
+// same address: one request for the warp): the warp polls as one and
+// meets at the vote together, where idle lanes waiting at the vote kept
+// the warp diverged around the one lane's loop. Bandwidth rounds keep
+// block_wait_lines (nixl_ll_wait below).
 __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadline) {
     bool ok = true;
-    if (threadIdx.x < p.line_count) {
-        const uint4 *line = p.lines + threadIdx.x;
+    if (p.line_count > 0) {
+        const uint4 *line = p.lines + min(uint64_t(threadIdx.x), p.line_count - 1);
         uint4 v = ll_load(line);
         for (uint32_t polls = 1; !ll_ready(v, seq); ++polls) {
             const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
