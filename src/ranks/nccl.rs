@@ -261,35 +261,50 @@ pub fn exchange_id(member: &Member, entry: &Entry<Bytes>, rank: u32) -> Result<s
 
 /// Makes the communicator of all ranks (rank 0's unique id through the
 /// store under `nccl_id`). `ncclCommInitRank` blocks until every rank
-/// joins, so it runs on a thread this one watches with the group's timeout
-/// and probes; a thread stuck in NCCL is left behind. Errors: NCCL's own
-/// message, a peer that gave up, or the timeout.
+/// joins, so it runs [`watched`]. Errors: NCCL's own message, a peer that
+/// gave up, or the group's timeout.
 pub fn connect(group: &Group, gpu: &Gpu) -> Result<Comm> {
     let id = exchange_id(group, &group.entry("nccl_id"), group.rank)?;
-    let (ctx, world, rank) = (gpu.ctx.clone(), group.world, group.rank);
+    let (world, rank) = (group.world, group.rank);
+    watched(group, gpu, group.timeout(), "ncclCommInitRank", move || {
+        Comm::init(world, id, rank)
+    })
+}
+
+/// Runs `work` (NCCL calls that may block the host until the peers take
+/// part) on a thread bound to `gpu`'s context, while this one asks the
+/// group's probes every 100 ms whether a peer gave up and gives up itself
+/// after `limit`. A thread stuck in NCCL is left behind: the caller fails,
+/// and must not free what the thread or its queued work still uses (see
+/// [`Comm::abort`]). Errors: `work`'s, a peer's, or `what` past `limit`.
+pub fn watched<T: Send + 'static>(
+    group: &Group,
+    gpu: &Gpu,
+    limit: Duration,
+    what: &str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let ctx = gpu.ctx.clone();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let made = ctx
+        let done = ctx
             .bind_to_thread()
             .map_err(anyhow::Error::from)
-            .and_then(|()| Comm::init(world, id, rank));
-        let _ = tx.send(made);
+            .and_then(|()| work());
+        let _ = tx.send(done);
     });
     let start = Instant::now();
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(made) => return made,
+            Ok(done) => return done,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the NCCL setup thread died"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the thread running {what} died"),
         }
         if let Some(why) = group.probe() {
-            bail!("{why} (during NCCL setup)");
+            bail!("{why} (during {what})");
         }
-        if start.elapsed() > group.timeout() {
-            bail!(
-                "ncclCommInitRank did not return within {:?} (NCCL_DEBUG=INFO says why)",
-                group.timeout()
-            );
+        if start.elapsed() > limit {
+            bail!("{what} did not return within {limit:?} (NCCL_DEBUG=INFO says why)");
         }
     }
 }
