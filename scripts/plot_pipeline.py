@@ -5,8 +5,10 @@ nixlPut dotted, LL lines dash-dotted), with the same-run baselines where they
 ran: the copy engine's copy of one chunk (grey, dashed) and NCCL's
 ncclSend/ncclRecv through the same chain (black, dashed, per stage count);
 and one chunk's latency through the chain against chunk size, p50 (solid
-markers) and p99 (hollow). Every file goes into the same two panels; a run
-with a slow stage is labelled so. Files whose rows repeat a case are all drawn.
+markers) and p99 (hollow). Every file goes into the same two panels, a line
+per file and case (runs with other block counts or a slow stage are not
+joined); where no baseline ran, the reason (the run's NCCL note) is printed
+under the plot.
 Usage: plot_pipeline.py OUT.png FILE.csv|FILE.json [...]"""
 import csv
 import io
@@ -76,10 +78,11 @@ def load(path):
     return run, out
 
 
-def label_of(run, r):
+def label_of(path, run, r):
     slow = (run.get("config") or {}).get("slow_stage")
     extra = f", slow stage {slow}" if slow is not None else ""
-    return f"{int(r['stages'])} st, {r['path']}, {r['level']}, {int(r['slots'])} slots{extra}"
+    tag = os.path.splitext(os.path.basename(path))[0]
+    return f"{tag}: {int(r['stages'])} st, {r['path']}, {r['level']}, {int(r['slots'])} slots{extra}"
 
 
 def collect(files):
@@ -96,7 +99,7 @@ def collect(files):
         for r in rows:
             if r["chunk_bytes"] is None or r["min_link_gbps"] is None:
                 continue
-            key = (r["path"], label_of(run, r))
+            key = (r["path"], label_of(path, run, r))
             series.setdefault(key, {})[r["chunk_bytes"]] = r
             if r["ce_gbps"]:
                 ce.setdefault(r["chunk_bytes"], []).append(r["ce_gbps"])
@@ -119,10 +122,10 @@ def draw(ax_t, ax_l, series, ce, nccl):
         p99 = [(x, pts[x]["latency_p99_ns"]) for x in xs if pts[x]["latency_p99_ns"]]
         if p50:
             ax_l.plot([p[0] for p in p50], [p[1] / 1e3 for p in p50], STYLE.get(path, "-"), marker="o", ms=3,
-                      color=line.get_color(), label=label + ", p50")
+                      color=line.get_color(), label=label)
         if p99:
             ax_l.plot([p[0] for p in p99], [p[1] / 1e3 for p in p99], STYLE.get(path, "-"), marker="o", ms=4,
-                      mfc="none", color=line.get_color(), alpha=0.6, label=label + ", p99")
+                      mfc="none", color=line.get_color(), alpha=0.6)
     if ce:
         xs = sorted(ce)
         ax_t.plot(xs, [median(ce[x]) for x in xs], "--", color="grey", marker="s", ms=3, lw=1,
