@@ -5,7 +5,11 @@
 # must exit 3; a frozen stage must be named by its neighbours); beside
 # them simple_write's put and store bandwidth and its LL half round trip,
 # measured in the same call on the same GPU, so the ratios are same-run.
-# One table per run, JSON and CSV, logs in --out.
+# The runs with baselines also time NCCL's ncclSend/ncclRecv through the same
+# chain where NCCL runs (ranks on distinct GPUs; on one GPU the tables say
+# why not). One table per run, JSON and CSV, logs in --out, and
+# scripts/plot_pipeline.py's plot of every CSV ($OUT/pipeline.png; skipped
+# with a note when python3 has no matplotlib).
 #
 #   scripts/run_pipeline.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                           [--stages "2 3 4"] [--slow-chunks N] [--no-mps] [--quick]
@@ -105,4 +109,9 @@ pipe p3-slow 0 --ranks 3 --chunk 64 --slots 8 --path store --level warp --slow-s
 pipe p3-corrupt 3 --ranks 3 --chunk 4K --slots 4 --path put --chunks 2000 --no-baseline --inject corrupt=1
 ((QUICK)) || frozen
 ((mps)) && mps_stop
+if python3 -c 'import matplotlib' 2>/dev/null; then
+  python3 "$ROOT/scripts/plot_pipeline.py" "$OUT/pipeline.png" "$OUT"/p*.csv >&2 || fail=1
+else
+  echo "note: python3 has no matplotlib; no plot (the CSV and JSON files hold every figure)" >&2
+fi
 exit $fail

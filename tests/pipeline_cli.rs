@@ -46,6 +46,8 @@ fn help_names_the_paths_and_the_ring() {
         "credit",
         "nixlPut",
         "ll",
+        "ncclSend/ncclRecv",
+        "copy engine",
     ] {
         assert!(
             out.contains(needle),
@@ -137,4 +139,56 @@ fn two_stages_stream_verified_chunks_on_a_gpu() {
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("store") && out.contains("put"), "{}", text(&o));
+}
+
+/// With the baselines: the copy engine's and NCCL's columns in the table
+/// and the JSON; NCCL's figures where it ran, else the reason it did not
+/// (on one GPU NCCL refuses ranks that share it). SKIP without a GPU.
+#[test]
+fn the_baselines_are_in_the_table_and_the_json_on_a_gpu() {
+    let dir = std::env::temp_dir().join(format!("pipeline-nccl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("p.json");
+    let o = pipeline()
+        .args([
+            "--ranks", "2", "--chunk", "64K", "--chunks", "200", "--warmup", "10",
+        ])
+        .args([
+            "--path",
+            "store",
+            "--fault-timeout",
+            "10",
+            "--timeout",
+            "60",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(1) && err.contains("cannot run pipeline") {
+        eprintln!("SKIP pipeline baselines: this machine cannot run it");
+        return;
+    }
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("nccl GB/s") && out.contains("ce GB/s"),
+        "{}",
+        text(&o)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let note = doc["run"]["nccl"].as_str().unwrap_or_default().to_string();
+    assert!(
+        out.contains(&note),
+        "the table names NCCL's state '{note}': {}",
+        text(&o)
+    );
+    let row = &doc["rows"][0];
+    assert!(row["ce_gbps"].as_f64().is_some(), "{row}");
+    match note.starts_with("NCCL baseline skipped") {
+        true => assert!(row["nccl_gbps"].is_null(), "{row}"),
+        false => assert!(row["nccl_gbps"].as_f64().unwrap() > 0.0, "{note}: {row}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -43,7 +43,13 @@ use nixl_examples::results::ResultFiles;
 /// Reported per case: the slowest link's and the end-to-end throughput
 /// (GB/s = 1e9 B/s, GPU clock, warm-up excluded), one chunk's latency
 /// through the chain (p50/p99), each stage's wait for credits, overwritten
-/// slots, and the same run's copy engine.
+/// slots, and two same-run baselines: the copy engine's device-to-device
+/// copy of one chunk, and NCCL's ncclSend/ncclRecv through the same chain
+/// (each middle stage forwards chunk c-1 while it receives chunk c, in one
+/// NCCL group; no transform, no slow stage; the last stage checks the last
+/// two chunks). NCCL runs where it loads (NCCL_LIB, or Python's
+/// site-packages) and the ranks are on distinct GPUs; otherwise the report
+/// says why.
 ///
 /// Without RANK in the environment, `pipeline` starts --ranks processes
 /// itself; under torchrun each process is one rank. Results go to stdout
@@ -132,7 +138,7 @@ struct Args {
     #[arg(long)]
     check_connection: bool,
 
-    /// Skip the copy engine's same-run copies.
+    /// Skip the same-run baselines: the copy engine's copies and NCCL's send/recv chain.
     #[arg(long, alias = "no-baselines")]
     no_baseline: bool,
 

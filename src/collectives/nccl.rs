@@ -7,54 +7,14 @@
 //! ([`crate::ranks::nccl::prepare`]).
 //!
 //! NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); the
-//! communicator is still tried, and its error is what the report says.
+//! communicator is still tried ([`crate::ranks::nccl::connect_all`]), and
+//! its error is what the report says.
 
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-use anyhow::{Result, bail};
 use cudarc::nccl::sys;
 
 use super::layout::Dtype;
-use super::member::Group;
-use crate::gpu::Gpu;
 pub use crate::ranks::nccl::Comm;
 pub use crate::ranks::nccl::check;
-use crate::ranks::nccl::exchange_id;
-
-/// Makes the communicator of all ranks (rank 0's unique id through the
-/// store). `ncclCommInitRank` blocks until every rank joins, so it runs on
-/// a thread this one watches with the run's timeout and the group's probes;
-/// a thread stuck in NCCL is left behind. Errors: NCCL's own message.
-pub fn connect(group: &Group, gpu: &Gpu) -> Result<Comm> {
-    let id = exchange_id(group, &group.entry("nccl_id"), group.rank)?;
-    let (ctx, world, rank) = (gpu.ctx.clone(), group.world, group.rank);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let made = ctx
-            .bind_to_thread()
-            .map_err(anyhow::Error::from)
-            .and_then(|()| Comm::init(world, id, rank));
-        let _ = tx.send(made);
-    });
-    let start = Instant::now();
-    loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(made) => return made,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the NCCL setup thread died"),
-        }
-        if let Some(why) = group.probe() {
-            bail!("{why} (during NCCL setup)");
-        }
-        if start.elapsed() > group.timeout() {
-            bail!(
-                "ncclCommInitRank did not return within {:?} (NCCL_DEBUG=INFO says why)",
-                group.timeout()
-            );
-        }
-    }
-}
 
 /// One NCCL call as every operation makes it ([`super::ops::Collective::nccl`]):
 /// nccl-tests' `count` of `dtype` from `input` to `output` (device

@@ -25,7 +25,7 @@ use super::kernels::{
 };
 use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout};
 use super::member::Group;
-use super::nccl::{self, Comm, NcclCall};
+use super::nccl::{Comm, NcclCall};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
 use super::report::RankTimes;
 use crate::cli::DataMismatch;
@@ -49,13 +49,8 @@ pub struct RankInfo {
     pub nccl: NcclStatus,
 }
 
-/// A rank's NCCL setup: `Some(why)` when it failed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NcclOutcome(pub Option<String>);
-
 crate::json_value!(
     RankInfo => "rank description",
-    NcclOutcome => "NCCL setup outcome",
     super::plan::RunConfig => "run configuration",
     super::report::RankTimes => "rank result",
 );
@@ -802,32 +797,12 @@ fn elapsed_ns(events: &[(CudaEvent, CudaEvent)]) -> Result<Vec<f64>> {
 /// Connects NCCL when every rank has it; otherwise, or when NCCL refuses,
 /// returns why (every rank learns every rank's outcome, so all agree).
 pub fn connect_nccl(ctx: &Context, infos: &[RankInfo]) -> Result<Result<Comm, String>> {
-    let g = ctx.group;
     if !ctx.cfg.baseline {
         return Ok(Err("--no-baseline".into()));
     }
-    if let Some((r, why)) = infos.iter().find_map(|i| match &i.nccl {
-        NcclStatus::Unavailable(why) => Some((i.rank, why.clone())),
-        NcclStatus::Ready(_) => None,
-    }) {
-        return Ok(Err(format!("rank {r}: {why}")));
-    }
-    let shared = match ctx.plan.max_ranks_on_gpu {
-        1 => String::new(),
-        n => format!(" ({n} ranks share a GPU, which NCCL refuses: \"Duplicate GPU detected\")"),
-    };
-    let mine = nccl::connect(g, ctx.gpu).map_err(|e| anyhow::anyhow!("{e:#}{shared}"));
-    let status = NcclOutcome(mine.as_ref().err().map(|e| format!("{e:#}")));
-    g.put(&g.rank_entry(g.rank, "nccl"), &status)?;
-    let all: Vec<NcclOutcome> = g.gather_ranks("nccl", "NCCL setup outcome")?;
-    if let Some((r, why)) = all
-        .iter()
-        .enumerate()
-        .find_map(|(r, o)| o.0.as_ref().map(|w| (r, w)))
-    {
-        return Ok(Err(format!("rank {r}: {why}")));
-    }
-    Ok(mine.map_err(|e| format!("{e:#}")))
+    let statuses: Vec<&NcclStatus> = infos.iter().map(|i| &i.nccl).collect();
+    let (g, gpu) = (ctx.group, ctx.gpu);
+    crate::ranks::nccl::connect_all(g, gpu, &statuses, ctx.plan.max_ranks_on_gpu)
 }
 
 /// What one elastic step left behind ([`Session::run_step`]).

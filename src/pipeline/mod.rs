@@ -16,6 +16,7 @@
 //! - [`kernels`]: `cuda/pipeline.cu`'s structs and its launcher;
 //! - [`config`]: the cases and what cannot work (exit 2);
 //! - [`run`]: one rank's run on the ranks layer ([`crate::ranks`]);
+//! - [`nccl`]: the same-run baseline, NCCL's send/recv through the chain;
 //! - [`report`]: rows, the table, JSON and CSV.
 
 /// `pipeline` as the ranks layer names it: keys under `nixl_pipe/`,
@@ -28,6 +29,7 @@ pub const PROGRAM: crate::ranks::Program = crate::ranks::Program {
 pub mod config;
 pub mod data;
 pub mod kernels;
+pub mod nccl;
 pub mod report;
 pub mod ring;
 pub mod run;

@@ -1,8 +1,9 @@
 //! What a run reports: every stage's figures gathered on rank 0, one row
 //! per case (per-link and end-to-end throughput, one chunk's latency
 //! through the chain, each stage's stall on credits, overwritten slots),
-//! beside the same run's copy engine; the table on stdout, `--json`,
-//! `--csv`.
+//! beside the same run's copy engine and, where NCCL runs, NCCL's
+//! send/recv through the same chain ([`super::nccl`]); the table on stdout,
+//! `--json`, `--csv`.
 //!
 //! Throughput is GB/s (1e9 B/s) of payload. A link's is measured where the
 //! data lands: the receiving stage's clock from the arrival of the first
@@ -19,6 +20,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::config::{Case, Config};
+use super::nccl::NcclTimes;
 use crate::cli::fmt_bytes;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::say;
@@ -33,6 +35,8 @@ pub struct RankInfo {
     pub gpu_uuid: String,
     pub sm_count: u32,
     pub mps: bool,
+    /// Whether NCCL loaded in this rank ([`crate::ranks::nccl::prepare`]).
+    pub nccl: crate::ranks::nccl::NcclStatus,
 }
 
 crate::json_value!(RankInfo => "rank description", Vec<StageResult> => "stage results");
@@ -87,6 +91,12 @@ pub struct Row {
     /// slowest link against it.
     pub ce_gbps: Option<f64>,
     pub link_vs_ce: Option<f64>,
+    /// NCCL's ncclSend/ncclRecv chain at the same chunk size, per link
+    /// (into stage 1, 2, …), GB/s; its slowest link; our slowest link
+    /// against it (above 1: faster). `None`: NCCL did not run.
+    pub nccl_link_gbps: Option<Vec<f64>>,
+    pub nccl_gbps: Option<f64>,
+    pub link_vs_nccl: Option<f64>,
 }
 
 /// What the report needs from the run.
@@ -98,6 +108,10 @@ pub struct Context<'a> {
     pub csv: Option<&'a Path>,
     /// The channels of a case that carry data.
     pub channels: Box<dyn Fn(&Case) -> u32 + 'a>,
+    /// NCCL's version and call, or why its baseline did not run.
+    pub nccl_note: String,
+    /// Every rank's NCCL chain times (rank order), where it ran.
+    pub nccl: Option<Vec<Vec<NcclTimes>>>,
 }
 
 /// One row from every stage's result of `case` (`stages[r]`: rank r's).
@@ -149,7 +163,29 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         overwrites: stages.iter().map(|s| s.overwrites).sum(),
         ce_gbps: None,
         link_vs_ce: None,
+        nccl_link_gbps: None,
+        nccl_gbps: None,
+        link_vs_nccl: None,
     }
+}
+
+/// NCCL's per-link GB/s at `chunk` from every rank's times (`all[r]`):
+/// each receiver's chunk bytes × timed chunks over its span.
+pub fn nccl_links(all: &[Vec<NcclTimes>], chunk: u64) -> Option<Vec<f64>> {
+    (all.iter().skip(1))
+        .map(|rank| {
+            let t = rank.iter().find(|t| t.chunk == chunk)?;
+            (t.span_ns > 0.0).then(|| (t.chunk * t.timed) as f64 / t.span_ns)
+        })
+        .collect()
+}
+
+/// Sets the NCCL columns of `r` from every rank's times.
+pub fn add_nccl(r: &mut Row, all: &[Vec<NcclTimes>]) {
+    r.nccl_link_gbps = nccl_links(all, r.chunk_bytes);
+    r.nccl_gbps =
+        (r.nccl_link_gbps.as_ref()).map(|l| l.iter().copied().fold(f64::INFINITY, f64::min));
+    r.link_vs_nccl = r.nccl_gbps.map(|n| r.min_link_gbps / n);
 }
 
 /// Rank 0: the rows (with the copy engine beside them), the table, the files.
@@ -166,6 +202,9 @@ pub fn publish(ctx: &Context, all: &[Vec<StageResult>]) -> Result<()> {
             r.ce_gbps = Some(ce);
             r.link_vs_ce = Some(r.min_link_gbps / ce);
         }
+    }
+    if let Some(all) = &ctx.nccl {
+        rows.iter_mut().for_each(|r| add_nccl(r, all));
     }
     print_table(ctx, &rows);
     write_files(ctx, &rows)
@@ -200,8 +239,10 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             None => "none".into(),
         }
     );
+    say!("# {}", ctx.nccl_note);
     say!(
-        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per stage (share)",
+        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per stage \
+         (share)",
         "path",
         "level",
         "chunk",
@@ -212,6 +253,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
         "e2e",
         "ce GB/s",
         "link/ce",
+        "nccl GB/s",
+        "link/nccl",
         "lat p50",
         "lat p99",
         "ovw"
@@ -221,7 +264,7 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             .map(|(us, sh)| format!("{us:.0} ({:.0}%)", sh * 100.0))
             .collect();
         say!(
-            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
+            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
             r.path,
             r.level,
             fmt_bytes(r.chunk_bytes),
@@ -232,6 +275,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             r.e2e_gbps,
             r.ce_gbps.map_or("-".into(), |v| format!("{v:.2}")),
             r.link_vs_ce.map_or("-".into(), |v| format!("{v:.2}")),
+            r.nccl_gbps.map_or("-".into(), |v| format!("{v:.2}")),
+            r.link_vs_nccl.map_or("-".into(), |v| format!("{v:.2}")),
             r.latency.p50_ns / 1e3,
             r.latency.p99_ns / 1e3,
             r.overwrites,
@@ -240,7 +285,9 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     }
     say!(
         "# link min: the slowest link's GB/s (1e9 B/s) of payload, us/chunk its time per chunk; lat: channel 0's slice \
-         of a chunk through the chain, us; stall: one channel's wait for credits over the timed chunks"
+         of a chunk through the chain, us; stall: one channel's wait for credits over the timed chunks; ce: the copy \
+         engine's device-to-device copy of one chunk; nccl: NCCL's ncclSend/ncclRecv chain's slowest link (no \
+         transform, no slow stage)"
     );
 }
 
@@ -251,6 +298,8 @@ struct Info<'a> {
     run: crate::results::RunEnv,
     config: &'a Config,
     gpus: Vec<String>,
+    /// NCCL's version and call, or why its baseline did not run.
+    nccl: &'a str,
 }
 
 fn write_files(ctx: &Context, rows: &[Row]) -> Result<()> {
@@ -258,6 +307,7 @@ fn write_files(ctx: &Context, rows: &[Row]) -> Result<()> {
         run: crate::results::RunEnv::capture("pipeline"),
         config: ctx.cfg,
         gpus: ctx.infos.iter().map(|i| i.gpu_name.clone()).collect(),
+        nccl: &ctx.nccl_note,
     };
     if let Some(p) = ctx.json {
         let doc = serde_json::json!({ "run": info, "rows": rows });
@@ -268,4 +318,58 @@ fn write_files(ctx: &Context, rows: &[Row]) -> Result<()> {
         crate::results::write_csv(p, &info, rows)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times(chunk: u64, timed: u64, span_ns: f64) -> NcclTimes {
+        NcclTimes {
+            chunk,
+            timed,
+            span_ns,
+        }
+    }
+
+    #[test]
+    fn nccl_links_are_measured_where_the_data_lands() {
+        // Stage 0's own span is not a link; stages 1 and 2 receive.
+        let all = vec![
+            vec![times(1 << 20, 100, 1.0)],
+            vec![times(1 << 20, 100, 1e6)],
+            vec![times(1 << 20, 100, 2e6)],
+        ];
+        let links = nccl_links(&all, 1 << 20).unwrap();
+        let per = (100u64 << 20) as f64;
+        assert_eq!(links, vec![per / 1e6, per / 2e6]);
+        assert_eq!(nccl_links(&all, 64), None, "a chunk size NCCL did not run");
+    }
+
+    #[test]
+    fn the_nccl_columns_are_in_every_row_and_file() {
+        let cfg: Config = serde_json::from_value(serde_json::json!({
+            "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": ["store"], "levels": ["block"],
+            "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
+            "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": true
+        }))
+        .unwrap();
+        let stage = |first, last| StageResult {
+            arrive_first: first,
+            arrive_last: last,
+            ..Default::default()
+        };
+        let (a, b) = (stage(0, 0), stage(0, 9 * 1024));
+        let mut r = row(&cfg, &cfg.cases()[0], 1, &[&a, &b]);
+        assert_eq!(r.min_link_gbps, 1.0);
+        let none = serde_json::to_value(&r).unwrap();
+        for key in ["nccl_link_gbps", "nccl_gbps", "link_vs_nccl", "ce_gbps"] {
+            assert!(none[key].is_null(), "{key} without NCCL: {none}");
+        }
+        add_nccl(&mut r, &[vec![], vec![times(1024, 10, 5120.0)]]);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["nccl_link_gbps"], serde_json::json!([2.0]));
+        assert_eq!(v["nccl_gbps"], 2.0);
+        assert_eq!(v["link_vs_nccl"], 0.5);
+    }
 }

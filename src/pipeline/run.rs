@@ -2,7 +2,8 @@
 //! kernels, then the group: the configuration agreed, every rank's GPU
 //! known, the window registered and the neighbours connected (stage r
 //! connects to r − 1 and r + 1 only: a chain), every case run and checked,
-//! and on rank 0 the report.
+//! then NCCL's send/recv through the same chain where NCCL runs
+//! ([`super::nccl`]), and on rank 0 the report.
 //!
 //! A case: every rank zeroes its window (ready and credit words start at 0,
 //! old LL lines are gone), all meet at a barrier, each launches its stage's
@@ -18,6 +19,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::config::{Case, Config};
 use super::kernels::{PipeKernels, PipeParams, PipeReport};
+use super::nccl::{self, NcclTimes};
 use super::report::{self, RankInfo, StageResult};
 use super::ring::{self, Window};
 use crate::cli::{DataMismatch, UsageError};
@@ -27,6 +29,7 @@ use crate::nixl::net::{Net, PeerCard};
 use crate::nixl::serdes::Desc;
 use crate::ranks::RankEnv;
 use crate::ranks::group::{Group, open_store};
+use crate::ranks::nccl::{self as loader, NcclStatus};
 use crate::ranks::sm_share::sm_share;
 
 /// Timed chunks whose latency is stamped, at most.
@@ -49,14 +52,25 @@ struct Ctx<'a> {
     gpu: &'a Gpu,
     k: &'a PipeKernels,
     out: &'a Outputs,
-    /// This rank's share of its GPU's SMs; all ranks on one GPU.
+    /// This rank's share of its GPU's SMs; all ranks on one GPU; the most
+    /// ranks on one GPU.
     share: u32,
     same_gpu: bool,
+    ranks_on_gpu: u32,
 }
 
 /// Runs this rank. Errors: usage errors (exit 2), a wrong word (exit 3),
 /// anything else (exit 1), each naming the cause.
 pub fn run(env: &RankEnv, cfg: &Config, out: &Outputs) -> Result<()> {
+    // May re-execute this process to load NCCL: before anything else.
+    let nccl = match cfg.baseline {
+        true => loader::prepare(),
+        false => NcclStatus::Unavailable("--no-baseline".into()),
+    };
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
     check_machine()?;
     let visible = crate::gpu::context::device_count()? as u32;
     let gpus = out.gpus.unwrap_or(visible);
@@ -75,8 +89,15 @@ pub fn run(env: &RankEnv, cfg: &Config, out: &Outputs) -> Result<()> {
         gpu_uuid: gi.uuid,
         sm_count: gpu.sm_count,
         mps: gi.mps,
+        nccl,
     };
-    tracing::info!("GPU {} ({}), MPS {}", gpu.ordinal, info.gpu_name, info.mps);
+    tracing::info!(
+        "GPU {} ({}), MPS {}; {}",
+        gpu.ordinal,
+        info.gpu_name,
+        info.mps,
+        info.nccl
+    );
     let store = open_store(env, out.timeout)?;
     crate::interrupt::install()?;
     let group = Group::new(store.as_ref(), env, out.timeout);
@@ -112,6 +133,7 @@ fn session(
         out,
         share,
         same_gpu: on_one == g.world,
+        ranks_on_gpu: on_one,
     };
     let bytes = cfg.window_bytes(share);
     let window = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize).with_context(|| {
@@ -122,20 +144,66 @@ fn session(
     })?;
     let net = connect(g, &window, bytes)?;
     g.barrier("ready")?;
-    let results = run_cases(&ctx, &net, &window);
+    let results =
+        run_cases(&ctx, &net, &window).and_then(|r| nccl_baseline(&ctx, &infos).map(|n| (r, n)));
     if let Err(e) = &results {
         // Before our memory goes: the others stop writing into it first.
         g.abort(&format!("{e:#}"));
         std::thread::sleep(Duration::from_millis(300));
     }
-    let results = results?;
+    let (results, (nccl_note, nccl_ran)) = results?;
     g.put(&g.rank_entry(g.rank, "result"), &results)?;
     net.close(|| g.barrier("released"))?;
     if g.rank == 0 {
         let all: Vec<Vec<StageResult>> = g.gather_ranks("result", "stage results")?;
-        report::publish(&ctx_report(&ctx, &infos), &all)?;
+        let nccl = match nccl_ran {
+            true => Some(g.gather_ranks::<Vec<NcclTimes>>("nccl_result", "NCCL chain results")?),
+            false => None,
+        };
+        let rctx = report::Context {
+            nccl_note,
+            nccl,
+            ..ctx_report(&ctx, &infos)
+        };
+        report::publish(&rctx, &all)?;
     }
     Ok(())
+}
+
+/// NCCL's chain beside the pipeline ([`super::nccl`]), after its cases so
+/// that NCCL's setup touches none of them: connected where every rank has
+/// NCCL and NCCL accepts the ranks (all agree), run, and this rank's times
+/// put under `rank/<r>/nccl_result`. Returns the report's note (NCCL's
+/// version, or why the baseline did not run) and whether it ran.
+fn nccl_baseline(ctx: &Ctx, infos: &[RankInfo]) -> Result<(String, bool)> {
+    let g = ctx.g;
+    if !ctx.cfg.baseline {
+        return Ok(("NCCL baseline skipped: --no-baseline".into(), false));
+    }
+    let statuses: Vec<&NcclStatus> = infos.iter().map(|i| &i.nccl).collect();
+    let comm = match loader::connect_all(g, ctx.gpu, &statuses, ctx.ranks_on_gpu)? {
+        Ok(comm) => comm,
+        Err(why) => return Ok((format!("NCCL baseline skipped: {why}"), false)),
+    };
+    match nccl::measure(g, ctx.gpu, &comm, ctx.cfg, ctx.out.timeout) {
+        Ok(times) => {
+            drop(comm);
+            g.put(&g.rank_entry(g.rank, "nccl_result"), &times)?;
+        }
+        Err(e) => {
+            // NCCL may still run (a thread stuck in it): no destroy, no abort.
+            std::mem::forget(comm);
+            return Err(e);
+        }
+    }
+    let version = match &infos[0].nccl {
+        NcclStatus::Ready(v) => v.as_str(),
+        NcclStatus::Unavailable(_) => "?",
+    };
+    Ok((
+        format!("NCCL {version}: ncclSend/ncclRecv through the same chain"),
+        true,
+    ))
 }
 
 /// Agent, registration, card; then the neighbours' cards and the remote
@@ -179,6 +247,8 @@ fn ctx_report<'a>(ctx: &'a Ctx, infos: &'a [RankInfo]) -> report::Context<'a> {
         json: ctx.out.json.as_deref(),
         csv: ctx.out.csv.as_deref(),
         channels: Box::new(|c: &Case| busy(ctx, c)),
+        nccl_note: String::new(),
+        nccl: None,
     }
 }
 

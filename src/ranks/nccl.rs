@@ -16,11 +16,15 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use cudarc::nccl::{result, sys};
 use serde::{Deserialize, Serialize};
 
+use super::group::Group;
+use crate::gpu::Gpu;
 use crate::group::{Bytes, Entry, Member};
 
 /// Whether NCCL can be used in this process.
@@ -211,6 +215,15 @@ impl Comm {
     pub fn raw(&self) -> sys::ncclComm_t {
         self.0
     }
+
+    /// `ncclCommAbort`: frees the communicator without waiting for its
+    /// queued work (which it aborts), for the error paths, where a peer
+    /// may be gone and `ncclCommDestroy` (the drop) could wait forever.
+    pub fn abort(self) {
+        let comm = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the communicator is live; it is not used again.
+        let _ = unsafe { result::comm_abort(comm.0) };
+    }
 }
 
 impl Drop for Comm {
@@ -244,4 +257,100 @@ pub fn exchange_id(member: &Member, entry: &Entry<Bytes>, rank: u32) -> Result<s
         *d = *s as _;
     }
     Ok(id)
+}
+
+/// Makes the communicator of all ranks (rank 0's unique id through the
+/// store under `nccl_id`). `ncclCommInitRank` blocks until every rank
+/// joins, so it runs [`watched`]. Errors: NCCL's own message, a peer that
+/// gave up, or the group's timeout.
+pub fn connect(group: &Group, gpu: &Gpu) -> Result<Comm> {
+    let id = exchange_id(group, &group.entry("nccl_id"), group.rank)?;
+    let (world, rank) = (group.world, group.rank);
+    watched(group, gpu, group.timeout(), "ncclCommInitRank", move || {
+        Comm::init(world, id, rank)
+    })
+}
+
+/// Runs `work` (NCCL calls that may block the host until the peers take
+/// part) on a thread bound to `gpu`'s context, while this one asks the
+/// group's probes every 100 ms whether a peer gave up and gives up itself
+/// after `limit`. A thread stuck in NCCL is left behind: the caller fails,
+/// and must not free what the thread or its queued work still uses (see
+/// [`Comm::abort`]). Errors: `work`'s, a peer's, or `what` past `limit`.
+pub fn watched<T: Send + 'static>(
+    group: &Group,
+    gpu: &Gpu,
+    limit: Duration,
+    what: &str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let ctx = gpu.ctx.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let done = ctx
+            .bind_to_thread()
+            .map_err(anyhow::Error::from)
+            .and_then(|()| work());
+        let _ = tx.send(done);
+    });
+    let start = Instant::now();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(done) => return done,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the thread running {what} died"),
+        }
+        if let Some(why) = group.probe() {
+            bail!("{why} (during {what})");
+        }
+        if start.elapsed() > limit {
+            bail!("{what} did not return within {limit:?} (NCCL_DEBUG=INFO says why)");
+        }
+    }
+}
+
+/// A rank's NCCL setup outcome as the others read it (`rank/<r>/nccl`):
+/// `Some(why)` when it failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NcclOutcome(pub Option<String>);
+
+crate::json_value!(NcclOutcome => "NCCL setup outcome");
+
+/// Connects NCCL over all ranks when every rank loaded it (`statuses[r]`:
+/// rank r's [`prepare`]); otherwise, or when NCCL refuses on any rank,
+/// returns why, and every rank returns the same (each writes its outcome
+/// under `rank/<r>/nccl` and reads all), so all agree on whether the
+/// baseline runs. NCCL refuses ranks that share a GPU ("Duplicate GPU
+/// detected"); the communicator is still tried, and with `ranks_on_gpu` > 1
+/// the reason says so. Errors (the outer `Result`): the store.
+pub fn connect_all(
+    g: &Group,
+    gpu: &Gpu,
+    statuses: &[&NcclStatus],
+    ranks_on_gpu: u32,
+) -> Result<Result<Comm, String>> {
+    if let Some((r, why)) = statuses.iter().enumerate().find_map(|(r, s)| match s {
+        NcclStatus::Unavailable(why) => Some((r, why.clone())),
+        NcclStatus::Ready(_) => None,
+    }) {
+        return Ok(Err(format!("rank {r}: {why}")));
+    }
+    let shared = match ranks_on_gpu {
+        0 | 1 => String::new(),
+        n => format!(" ({n} ranks share a GPU, which NCCL refuses: \"Duplicate GPU detected\")"),
+    };
+    let mine = connect(g, gpu).map_err(|e| anyhow::anyhow!("{e:#}{shared}"));
+    let status = NcclOutcome(mine.as_ref().err().map(|e| format!("{e:#}")));
+    g.put(&g.rank_entry(g.rank, "nccl"), &status)?;
+    let all: Vec<NcclOutcome> = g.gather_ranks("nccl", "NCCL setup outcome")?;
+    if let Some((r, why)) = all
+        .iter()
+        .enumerate()
+        .find_map(|(r, o)| o.0.as_ref().map(|w| (r, w)))
+    {
+        // A peer's failure: ours is not waited on (abort, not destroy).
+        mine.map(Comm::abort).ok();
+        return Ok(Err(format!("rank {r}: {why}")));
+    }
+    Ok(mine.map_err(|e| format!("{e:#}")))
 }
