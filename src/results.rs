@@ -78,9 +78,7 @@ impl RunEnv {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string()),
+            hostname: Some(hostname()).filter(|h| !h.is_empty()),
             driver_version: crate::gpu::context::driver_version(),
             nixl_version: rt.as_ref().and_then(|r| r.nixl_version()),
             nixl_lib_dir: rt.as_ref().map(|r| r.lib_dir.display().to_string()),
@@ -167,6 +165,14 @@ fn cell(v: &Value) -> String {
         Value::Array(items) => items.iter().map(cell).collect::<Vec<_>>().join(";"),
         v => v.to_string(),
     }
+}
+
+/// This machine's host name (Linux: `/proc/sys/kernel/hostname`), empty
+/// where it cannot be read.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

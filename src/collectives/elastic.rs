@@ -46,11 +46,12 @@ use serde::{Deserialize, Serialize};
 
 use super::case::Case;
 use super::layout::Path;
-use super::session::{Context, RankInfo, Session, StepOutcome, block_plan, describe};
+use super::session::{Context, Session, StepOutcome, block_plan, describe};
 use crate::cli::UsageError;
 use crate::group::entry::{Value, json_decode, json_encode};
 use crate::nixl::net::PeerCard;
 use crate::ranks::check::decision_line;
+use crate::ranks::info::RankInfo;
 use crate::ranks::membership::{Membership, lowest, unix_ns};
 use crate::ranks::plan::Plan;
 use crate::say;

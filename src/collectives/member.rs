@@ -10,7 +10,7 @@
 //! | key | set by | value |
 //! |---|---|---|
 //! | `config` | rank 0 | the [`super::plan::RunConfig`]; others must match it |
-//! | `rank/<r>/info` | rank r | host, GPU, NCCL ([`super::session::RankInfo`]) |
+//! | `rank/<r>/info` | rank r | host, GPU, NCCL ([`crate::ranks::info::RankInfo`]) |
 //! | `rank/<r>/metadata` | rank r | NIXL agent metadata |
 //! | `rank/<r>/window` | rank r | its window's descriptor list (nixlSerDes) |
 //! | `rank/<r>/store` | rank r | peers `nixlGetPtr` did not reach |

@@ -16,10 +16,11 @@ use super::layout::{Path, WindowLayout};
 use super::member::{Group, RankEnv, run_member};
 use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
-use super::session::{Context, RankInfo, Session, block_plan, connect_nccl};
+use super::session::{Context, Session, block_plan, connect_nccl};
 use crate::cli::{UsageError, fmt_bytes};
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
+use crate::ranks::info::RankInfo;
 use crate::ranks::nccl::{self as loader, NcclStatus};
 use crate::say;
 
@@ -59,18 +60,7 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
     let gpu = Gpu::open(ordinal as usize)?;
     check_memory(&gpu, cfg, sharing)?;
     let kernels = CollKernels::load(&gpu.ctx)?;
-    let g = gpu.info()?;
-    let info = RankInfo {
-        rank: env.rank,
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        gpu_name: g.name,
-        gpu_uuid: g.uuid,
-        sm_count: gpu.sm_count,
-        mps: g.mps,
-        nccl,
-    };
+    let info = RankInfo::describe(env.rank, &gpu, nccl)?;
     tracing::info!(
         "GPU {ordinal} ({}), {sharing} rank(s) on it, MPS {}; {}",
         info.gpu_name,

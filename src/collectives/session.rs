@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result, sys};
-use serde::{Deserialize, Serialize};
 
 use super::case::Case;
 use super::kernels::{
@@ -34,23 +33,11 @@ use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::net::{Net, PeerCard};
 use crate::nixl::serdes::Desc;
+use crate::ranks::info::RankInfo;
 use crate::ranks::nccl::NcclStatus;
 use crate::ranks::sm_share::{RankGpu, sm_share};
 
-/// What each rank tells the others about itself.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RankInfo {
-    pub rank: u32,
-    pub host: String,
-    pub gpu_name: String,
-    pub gpu_uuid: String,
-    pub sm_count: u32,
-    pub mps: bool,
-    pub nccl: NcclStatus,
-}
-
 crate::json_value!(
-    RankInfo => "rank description",
     super::plan::RunConfig => "run configuration",
     super::report::RankTimes => "rank result",
 );

@@ -134,9 +134,7 @@ fn rank_info(
     let g = gpu.info()?;
     Ok(RankInfo {
         rank: env.rank,
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        host: crate::results::hostname(),
         pid: std::process::id(),
         gpu_ordinal: g.ordinal,
         gpu_name: g.name,

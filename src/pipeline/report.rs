@@ -23,23 +23,11 @@ use super::config::{Case, Config};
 use super::nccl::NcclTimes;
 use crate::cli::fmt_bytes;
 use crate::gpu::{DeviceBuffer, Gpu};
+use crate::ranks::info::RankInfo;
 use crate::say;
 use crate::stats::Summary;
 
-/// What each rank tells the others about its GPU.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RankInfo {
-    pub rank: u32,
-    pub host: String,
-    pub gpu_name: String,
-    pub gpu_uuid: String,
-    pub sm_count: u32,
-    pub mps: bool,
-    /// Whether NCCL loaded in this rank ([`crate::ranks::nccl::prepare`]).
-    pub nccl: crate::ranks::nccl::NcclStatus,
-}
-
-crate::json_value!(RankInfo => "rank description", Vec<StageResult> => "stage results");
+crate::json_value!(Vec<StageResult> => "stage results");
 
 /// One stage's figures for one case.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, bail};
 use super::config::{Case, Config};
 use super::kernels::{PipeKernels, PipeParams, PipeReport};
 use super::nccl::{self, NcclTimes};
-use super::report::{self, RankInfo, StageResult};
+use super::report::{self, StageResult};
 use super::ring::{self, Window};
 use crate::cli::{DataMismatch, UsageError};
 use crate::gpu::run::run_watched;
@@ -29,6 +29,7 @@ use crate::nixl::net::{Net, PeerCard};
 use crate::nixl::serdes::Desc;
 use crate::ranks::RankEnv;
 use crate::ranks::group::{Group, open_store};
+use crate::ranks::info::RankInfo;
 use crate::ranks::nccl::{self as loader, NcclStatus};
 use crate::ranks::sm_share::sm_share;
 
@@ -79,18 +80,7 @@ pub fn run(env: &RankEnv, cfg: &Config, out: &Outputs) -> Result<()> {
     }
     let gpu = Gpu::open((env.local_rank % gpus) as usize)?;
     let k = PipeKernels::load(&gpu.ctx)?;
-    let gi = gpu.info()?;
-    let info = RankInfo {
-        rank: env.rank,
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
-        gpu_name: gi.name,
-        gpu_uuid: gi.uuid,
-        sm_count: gpu.sm_count,
-        mps: gi.mps,
-        nccl,
-    };
+    let info = RankInfo::describe(env.rank, &gpu, nccl)?;
     tracing::info!(
         "GPU {} ({}), MPS {}; {}",
         gpu.ordinal,

@@ -24,13 +24,15 @@
 //!   phase's ranks, kills the plan's victims at random moments, and writes a
 //!   notice for every death it sees; [`args`]: the flags that choose and
 //!   steer an elastic run, the same in every program;
-//! - [`nccl`], [`sm_share`]: what N-rank GPU programs share: loading NCCL
-//!   for their same-run baseline, and ranks sharing one GPU's SMs.
+//! - [`info`], [`nccl`], [`sm_share`]: what N-rank GPU programs share: what
+//!   a rank tells the others about its GPU, loading NCCL for their same-run
+//!   baseline, and ranks sharing one GPU's SMs.
 
 pub mod args;
 pub mod check;
 pub mod env;
 pub mod group;
+pub mod info;
 pub mod keys;
 pub mod launch;
 pub mod membership;

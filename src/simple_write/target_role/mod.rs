@@ -77,7 +77,7 @@ pub fn run(cfg: &TargetConfig, member: &Member) -> Result<()> {
 pub(super) fn claim_pair(member: &Member, check_only: bool) -> Result<()> {
     let me = Claim {
         pid: std::process::id(),
-        host: hostname(),
+        host: crate::results::hostname(),
         check_only,
     };
     if let Some(holder) = member.claim(&p::target_claim(), &me)? {
@@ -89,12 +89,6 @@ pub(super) fn claim_pair(member: &Member, check_only: bool) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }
 
 fn set_up(cfg: &TargetConfig, plan: RunPlan, member: &Member) -> Result<Held> {
