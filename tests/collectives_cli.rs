@@ -3,9 +3,11 @@
 //! — three ranks started by `collectives --ranks 3` meet through the store
 //! and wire up their NIXL agents (the real library, over UCX).
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 mod common;
+
+use common::both as text;
 
 fn collectives() -> Command {
     let mut c = common::launcher(env!("CARGO_BIN_EXE_collectives"));
@@ -13,23 +15,8 @@ fn collectives() -> Command {
     c
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn usage_error(args: &[&str], needle: &str) {
-    let o = collectives().args(args).output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains(needle),
-        "{args:?} does not say '{needle}': {}",
-        text(&o)
-    );
+    common::usage_error(collectives(), args, needle);
 }
 
 #[test]
@@ -44,14 +31,7 @@ fn arguments_that_cannot_work_exit_2() {
     usage_error(&["--ranks", "17"], "17");
     usage_error(&["--ranks", "2", "--inject", "corrupt=5"], "corrupt=R");
     usage_error(&["-w", "0"], "0");
-    let o = collectives()
-        .args(["--ranks", "3"])
-        .env("RANK", "0")
-        .env("WORLD_SIZE", "2")
-        .env("MASTER_PORT", "1")
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    common::refuses_a_world_that_disagrees(collectives());
 }
 
 #[test]
@@ -60,15 +40,7 @@ fn three_ranks_meet_and_connect_without_a_gpu() {
         .args(["--ranks", "3", "--check-connection", "--timeout", "20"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    for r in 0..3 {
-        assert!(
-            out.contains(&format!("[rank {r}] connected to all 2 other rank(s)")),
-            "rank {r}: {}",
-            text(&o)
-        );
-    }
+    common::assert_all_connected(&o, 3);
 }
 
 #[test]

@@ -6,21 +6,14 @@
 
 mod common;
 
+use common::both as text;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn ep() -> Command {
     // The test's own environment must not make the launcher a rank.
     common::launcher(env!("CARGO_BIN_EXE_ep"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A child killed and reaped when dropped, so a failing test leaves nothing.

@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::both as text;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -62,15 +64,6 @@ fn run_plan(plan: &Path, extra: &[&str]) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     common::Reaped::new(c.spawn().expect("starting ep")).wait_output(Duration::from_secs(600))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The `ranks gone` lines of `stdout`, as (rank, phase, the set as printed).

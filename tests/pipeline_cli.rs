@@ -4,9 +4,11 @@
 //! meet through the store and wire up their NIXL agents (the real library,
 //! over UCX). A short GPU run where a GPU is; SKIP elsewhere.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 mod common;
+
+use common::both as text;
 
 fn pipeline() -> Command {
     let mut c = common::launcher(env!("CARGO_BIN_EXE_pipeline"));
@@ -14,23 +16,8 @@ fn pipeline() -> Command {
     c
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn usage_error(args: &[&str], needle: &str) {
-    let o = pipeline().args(args).output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains(needle),
-        "{args:?} does not say '{needle}': {}",
-        text(&o)
-    );
+    common::usage_error(pipeline(), args, needle);
 }
 
 #[test]
@@ -84,14 +71,7 @@ fn arguments_that_cannot_work_exit_2() {
     );
     usage_error(&["--ranks", "3", "--inject", "corrupt=2"], "corrupt=2");
     usage_error(&["--inject", "flip"], "corrupt=K");
-    let o = pipeline()
-        .args(["--ranks", "3"])
-        .env("RANK", "0")
-        .env("WORLD_SIZE", "2")
-        .env("MASTER_PORT", "1")
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    common::refuses_a_world_that_disagrees(pipeline());
 }
 
 #[test]
@@ -100,15 +80,7 @@ fn three_stages_meet_and_connect_without_a_gpu() {
         .args(["--ranks", "3", "--check-connection", "--timeout", "20"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    for r in 0..3 {
-        assert!(
-            out.contains(&format!("[rank {r}] connected to all 2 other rank(s)")),
-            "rank {r}: {}",
-            text(&o)
-        );
-    }
+    common::assert_all_connected(&o, 3);
 }
 
 #[test]

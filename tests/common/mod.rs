@@ -328,6 +328,42 @@ impl Drop for Streamed {
     }
 }
 
+/// `cmd` with `args` must exit 2 (a usage error) and say `needle` on
+/// stderr.
+pub fn usage_error(mut cmd: Command, args: &[&str], needle: &str) {
+    let o = cmd.args(args).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", both(&o));
+    assert!(
+        stderr(&o).contains(needle),
+        "{args:?} does not say '{needle}': {}",
+        both(&o)
+    );
+}
+
+/// An N-rank program started as a torchrun rank whose WORLD_SIZE (2)
+/// disagrees with its `--ranks 3` must refuse with exit 2.
+pub fn refuses_a_world_that_disagrees(mut cmd: Command) {
+    let o = cmd
+        .args(["--ranks", "3"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_PORT", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", both(&o));
+}
+
+/// `--ranks N --check-connection` succeeded and every rank said it reached
+/// the other N - 1.
+pub fn assert_all_connected(o: &Output, ranks: u32) {
+    assert!(o.status.success(), "{}", both(o));
+    let out = stdout(o);
+    for r in 0..ranks {
+        let line = format!("[rank {r}] connected to all {} other rank(s)", ranks - 1);
+        assert!(out.contains(&line), "rank {r}: {}", both(o));
+    }
+}
+
 /// `bin` as a launcher: none of torchrun's variables (nor `ep`'s
 /// incarnation) inherited from the test's environment, which would make it
 /// a rank.
