@@ -146,6 +146,15 @@ struct Team {
         if (kind == TEAM_BLOCK) __syncthreads();
         else if (kind == TEAM_WARP) __syncwarp();
     }
+    // The leader's `v` to every member, at a barrier (block: through
+    // `slot`, a shared word, rewritten only after the next barrier).
+    __device__ uint32_t share(uint32_t v, uint32_t *slot) const {
+        if (kind == TEAM_WARP) return __shfl_sync(~0u, v, 0);
+        if (kind == TEAM_ONE) return v;
+        if (rank == 0) *slot = v;
+        __syncthreads();
+        return *slot;
+    }
     // Every member's `ok`, anded: the members' barrier.
     __device__ bool all(bool ok) const {
         if (kind == TEAM_BLOCK) return __syncthreads_and(ok);
@@ -205,15 +214,18 @@ struct Channel {
     uint32_t mul, add;       // last stage: the middle stages composed, x -> x * mul + add
 };
 
-// What a channel's leader carries from one chunk to the next: the words
+// The most chunks one handshake covers (a batch; batch_max below).
+constexpr uint32_t PIPE_BATCH = 4;
+
+// What a channel's leader carries from one batch to the next: the words
 // it read early, so that a wait which would succeed at once costs no
 // round trip of its own (pipe_read_ahead), and its stall time.
 struct Carry {
-    uint64_t credit;   // producer: the credit word as last read
-    uint64_t ahead;    // producer: the credit word read during the last chunk, not yet looked at
-    uint64_t ready;    // consumer: the next chunk's ready word, read during this chunk
-    bool acquired;     // consumer: a fence ran after that read (it is acquired)
-    uint64_t stall;    // ns waited for credits over the timed chunks
+    uint64_t credit;             // producer: the credit word as last read
+    uint64_t ahead;              // producer: the credit word read during the last batch, not yet looked at
+    uint64_t ready[PIPE_BATCH];  // consumer: the next batch's ready words, read during this batch
+    bool acquired;               // consumer: a fence ran after those reads (they are acquired)
+    uint64_t stall;              // SM clock cycles waited for credits over the timed chunks
 };
 
 __device__ __forceinline__ uint64_t *ready_word(const PipeParams &p, uint8_t *window, const Channel &c, uint64_t g) {
@@ -331,8 +343,10 @@ __device__ bool ll_wait_line(const PipeParams &p, const uint4 *line, uint32_t se
 // writes them, stamped with g + 1, into the next stage's ring. What a
 // line must carry (last stage) or will carry (stage 0) is computed before
 // the wait or the store, as simple_write's ping-pong reads its payload
-// ahead: the arrival is followed by one compare.
-__device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g) {
+// ahead: the arrival is followed by one compare. `at` (the leader, when
+// `stamp`): the clock just before its first line's store (stage 0) or
+// just after its first line arrived and was checked.
+__device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, bool stamp, uint64_t &at) {
     const uint32_t seq = uint32_t(g + 1);
     const bool last = p.stage + 1 == p.stages;
     const uint64_t first = c.lo / 8, lines = c.len / 8;
@@ -346,155 +360,197 @@ __device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, u
         if (last) {
             pipe_check(p, g, w, v.x, a);
             pipe_check(p, g, w + 1, v.z, b);
-            continue;
+        } else {
+            if (p.stage > 0) a = v.x * 3u + p.stage, b = v.z * 3u + p.stage;
+            if (p.corrupt_chunk >= 0 && uint64_t(p.corrupt_chunk) == g && w == 0) a ^= 1;
         }
-        if (p.stage > 0) a = v.x * 3u + p.stage, b = v.z * 3u + p.stage;
-        if (p.corrupt_chunk >= 0 && uint64_t(p.corrupt_chunk) == g && w == 0) a ^= 1;
-        ll_store(out + i, a, b, seq);
+        if (stamp && i == t.rank) at = globaltimer_ns();
+        if (!last) ll_store(out + i, a, b, seq);
     }
     return true;
 }
 
 // ----------------------------------------------------- signal and credit
 
-// Store path, once the team's slice of chunk g is in the next stage's slot
-// (not the last stage) and has been read from ours (not stage 0): one
-// barrier, then the leader alone fences once and raises both words, each
-// a plain store of the new value (one writer each). One thread's fence is
-// enough, as in simple_write's store path: the barrier orders every
-// member's loads and stores before the leader's fence, and the fence is
-// cumulative, so the peers see the data before the ready word and the
-// reads done before the credit. The same fence (acquire side) orders the
-// next chunk's reads after the ready word the leader read ahead.
-__device__ void store_signal(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, Carry &k) {
+// Store path, once the team's slices of the batch's chunks h .. h + n - 1
+// are in the next stage's slots (not the last stage) and have been read
+// from ours (not stage 0): one barrier, then the leader alone fences once
+// and raises the words, each a plain store of the new value (one writer
+// each): our credit to h + n, the slots' ready words to their chunks'
+// sequences. One thread's fence is enough, as in simple_write's store
+// path: the barrier orders every member's loads and stores before the
+// leader's fence, and the fence is cumulative, so the peers see the data
+// before the ready words and the reads done before the credit. The same
+// fence (acquire side) orders the next batch's reads after the ready words
+// the leader read ahead; and one fence covers the whole batch.
+__device__ void store_signal(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n, Carry &k) {
     t.sync();
     if (t.rank != 0) return;
     fence_acq_rel(p.same_gpu);
     k.acquired = true;
-    if (p.stage > 0) store_relaxed_system(credit_word(p, c.prev, c), g + 1);
-    if (p.stage + 1 < p.stages) store_relaxed_system(ready_word(p, c.next, c, g), g + 1);
+    if (p.stage > 0) store_relaxed_system(credit_word(p, c.prev, c), h + n);
+    if (p.stage + 1 == p.stages) return;
+    for (uint32_t j = 0; j < n; ++j) store_relaxed_system(ready_word(p, c.next, c, h + j), h + j + 1);
 }
 
-// Put path, after the team's slice of chunk g went to our staging slot:
-// nixlPut copies it into the next stage's slot, then the slot's ready word
-// is raised by what it lacks, g + 1 minus the sequence of chunk g - S
-// (only this channel writes it). nixlAtomicAdd is not a release, and on
-// cuda_ipc the put is the group's own stores: the group syncs, then every
-// member fences (release), so whichever member the add runs on, the data
-// is visible before the ready word.
+// Put path, after the team's slices of chunks h .. h + n - 1 went to our
+// staging slots: nixlPut copies each into the next stage's slot, then
+// each slot's ready word is raised by what it lacks, g + 1 minus the
+// sequence of chunk g - S (only this channel writes it). nixlAtomicAdd is
+// not a release, and on cuda_ipc the put is the group's own stores: the
+// group syncs, then every member fences (release), so whichever member the
+// add runs on, the data is visible before the ready word.
 template <nixl_gpu_level_t L>
-__device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t g) {
+__device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t h, uint32_t n) {
     using G = Lanes<L>;
     // Every lane's part of the staging slot is written before any lane
     // copies it: on cuda_ipc the put is the group's own loads and stores.
     G::sync();
-    const nixlMemViewElem src{p.local_mvh, 0, p.off_stage + slot_offset(p, g) + c.lo};
-    const nixlMemViewElem dst{p.remote_mvh, p.stage + 1, p.off_ring + slot_offset(p, g) + c.lo};
-    record_status(&p.report->base, nixlPut<L>(src, dst, c.len, c.index));
+    for (uint64_t g = h; g < h + n; ++g) {
+        const nixlMemViewElem src{p.local_mvh, 0, p.off_stage + slot_offset(p, g) + c.lo};
+        const nixlMemViewElem dst{p.remote_mvh, p.stage + 1, p.off_ring + slot_offset(p, g) + c.lo};
+        record_status(&p.report->base, nixlPut<L>(src, dst, c.len, c.index));
+    }
     G::sync();
     fence_release(p.same_gpu);
-    const uint64_t add = g < p.slots ? g + 1 : p.slots;
-    const nixlMemViewElem word{p.remote_mvh, p.stage + 1, ready_offset(p, c, g)};
-    record_status(&p.report->base, nixlAtomicAdd<L>(add, word, c.index));
+    for (uint64_t g = h; g < h + n; ++g) {
+        const nixlMemViewElem word{p.remote_mvh, p.stage + 1, ready_offset(p, c, g)};
+        record_status(&p.report->base, nixlAtomicAdd<L>(g < p.slots ? g + 1 : p.slots, word, c.index));
+    }
 }
 
-// After the team read its slice of chunk g from our slot (put and LL
-// paths): the previous stage may reuse the slot, so our credit word in its
-// window becomes g + 1 (the put path adds 1). A release: our reads of the
-// slot come first. (The put path's team is the whole group: pipe_team.)
+// After the team read its slices of chunks h .. h + n - 1 from our slots
+// (put and LL paths): the previous stage may reuse them, so our credit
+// word in its window becomes h + n (the put path adds n; its team is the
+// whole group, pipe_team). The reads must come first. Put: the add is
+// ordered after the group's barrier as simple_write's put path orders it.
+// LL: a plain store after the barrier, as simple_write's LL ping-pong
+// acknowledges its lines: every lane has loaded its lines and compared
+// them before the barrier (the loads have returned their values), and the
+// store, issued after, cannot take effect before them. A release here
+// (a fence) would cost about 0.4 us a chunk on an H200, a third of the
+// one-slot round trip.
 template <nixl_gpu_level_t L>
-__device__ void pipe_credit(const PipeParams &p, const Channel &c, const Team &t, uint64_t g) {
+__device__ void pipe_credit(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n) {
     t.sync();
     const uint64_t off = p.off_credit + 8ull * c.index;
     if (p.path == PIPE_PATH_PUT) {
         const nixlMemViewElem word{p.remote_mvh, p.stage - 1, off};
-        record_status(&p.report->base, nixlAtomicAdd<L>(1, word, c.index));
+        record_status(&p.report->base, nixlAtomicAdd<L>(n, word, c.index));
     } else if (t.rank == 0) {
-        release_store(reinterpret_cast<uint64_t *>(c.prev + off), g + 1, p.same_gpu);
+        store_relaxed_system(reinterpret_cast<uint64_t *>(c.prev + off), h + n);
     }
 }
 
 // ------------------------------------------------------ the leader's waits
 
-// The leader waits for chunk g's ready word (simple form) and checks its
-// sequence; the team then reads the slot. The word may have been read
-// already (pipe_read_ahead): if it showed g + 1, no poll, and if a fence
-// followed that read (store path), no fence either. False: gave up.
-__device__ bool pipe_arrive(const PipeParams &p, const Channel &c, uint64_t g, Carry &k) {
-    const uint64_t want = g + 1;
-    const bool early = reached(k.ready, want);
-    const uint64_t v = early ? k.ready : pipe_wait(p, ready_word(p, p.window, c, g), want, PIPE_WAIT_READY, g);
-    if (!reached(v, want)) return false;
-    // A later sequence: the sender wrote chunk g + S (or later) into this
-    // slot before we consumed chunk g, past its credits.
-    if (v != want) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
+// The most chunks one handshake covers: at most half the ring (the two
+// ends then still overlap: one fills half the ring while the other drains
+// the other half), PIPE_BATCH, and 1 on the LL path (its lines are their
+// own ready words, and it is the small-chunk, low-latency form).
+__device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
+    return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.slots / 2));
+}
+
+// The leader waits for chunk h's ready word (simple form), then counts how
+// many of the chunks h + 1, ... (up to `most` in all) the words it read
+// ahead show arrived: one handshake takes them all. Each word's sequence
+// is checked (a later one: the slot was overwritten, counted). If the
+// first word had been read ahead and a fence followed (store path), no
+// poll and no fence. Returns the count; 0: the wait gave up.
+__device__ uint32_t pipe_arrived(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most, Carry &k) {
+    const bool early = reached(k.ready[0], h + 1);
+    const uint64_t v = early ? k.ready[0] : pipe_wait(p, ready_word(p, p.window, c, h), h + 1, PIPE_WAIT_READY, h);
+    if (!reached(v, h + 1)) return 0;
+    uint32_t n = 1, ovw = v != h + 1;
+#pragma unroll
+    for (uint32_t j = 1; j < PIPE_BATCH; ++j) {
+        if (n == j && j < most && reached(k.ready[j], h + j + 1)) ++n, ovw += k.ready[j] != h + j + 1;
+    }
+    if (ovw != 0) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), ovw);
     if (!(early && k.acquired)) fence_acquire(p.same_gpu);
-    return true;
+    return n;
 }
 
-// The leader waits for a free slot downstream: credit >= g + 1 - S. The
-// credit last seen (or read ahead) often shows it already: the receiver
-// is more than one slot behind only when the ring runs full. Time spent
-// polling beyond that goes to the stage's stall.
-__device__ bool pipe_slot_free(const PipeParams &p, const Channel &c, uint64_t g, Carry &k) {
-    if (g < p.slots) return true;
-    const uint64_t need = g + 1 - p.slots;
+// The leader waits for room downstream: chunk g needs credit >= g + 1 - S.
+// Returns how many of the chunks h, h + 1, ... (up to `most`) have their
+// slot free; 0: the wait gave up. The credit last seen (or read ahead)
+// usually shows room already: only a full ring polls, and the time spent
+// polling goes to the stage's stall (SM clock cycles: %globaltimer reads
+// cost about 0.1 us each).
+__device__ uint32_t pipe_room(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most, Carry &k) {
     if (reached(k.ahead, k.credit)) k.credit = k.ahead;
-    if (reached(k.credit, need)) return true;
-    const uint64_t t0 = globaltimer_ns();
-    k.credit = pipe_wait(p, credit_word(p, p.window, c), need, PIPE_WAIT_CREDIT, g);
-    if (g >= p.warmup) k.stall += globaltimer_ns() - t0;
-    return reached(k.credit, need);
+    if (h >= p.slots && !reached(k.credit, h + 1 - p.slots)) {
+        const uint64_t t0 = clock64();
+        k.credit = pipe_wait(p, credit_word(p, p.window, c), h + 1 - p.slots, PIPE_WAIT_CREDIT, h);
+        if (h >= p.warmup) k.stall += clock64() - t0;
+        if (!reached(k.credit, h + 1 - p.slots)) return 0;
+    }
+    return uint32_t(min(uint64_t(most), k.credit + p.slots - h));  // chunks h .. credit + S - 1 have a slot
 }
 
-// The leader's waits before chunk g: for it to have arrived (not stage 0;
-// simple form: its ready word), for a free slot downstream (not the last
-// stage), then the slow stage's delay. False: a wait gave up.
-__device__ bool pipe_wait_turn(const PipeParams &p, const Channel &c, uint64_t g, Carry &k) {
-    if (p.stage > 0 && p.path != PIPE_PATH_LL && !pipe_arrive(p, c, g, k)) return false;
-    if (p.stage + 1 < p.stages && !pipe_slot_free(p, c, g, k)) return false;
-    if (p.delay_ns != 0) pipe_delay(p.delay_ns);
-    return true;
+// The leader's waits before the batch from chunk h: for its chunks to have
+// arrived (not stage 0; simple form: the ready words), for room downstream
+// (not the last stage), then the slow stage's delay. Returns the batch's
+// size; 0: a wait gave up.
+__device__ uint32_t pipe_turn(const PipeParams &p, const Channel &c, uint64_t h, Carry &k) {
+    uint32_t n = uint32_t(min(uint64_t(batch_max(p)), p.chunks - h));
+    if (p.stage > 0 && p.path != PIPE_PATH_LL) n = pipe_arrived(p, c, h, n, k);
+    if (n != 0 && p.stage + 1 < p.stages) n = pipe_room(p, c, h, n, k);
+    if (n != 0 && p.delay_ns != 0) pipe_delay(p.delay_ns * n);
+    return n;
 }
 
-// The leader's reads for the next chunk, issued while the team moves this
-// one and looked at only then: the next ready word (consumer, simple form)
-// and our credit word (producer). Their round trips overlap the data's.
-__device__ void pipe_read_ahead(const PipeParams &p, const Channel &c, uint64_t g, Carry &k) {
-    if (p.stage > 0 && p.path != PIPE_PATH_LL && g + 1 < p.chunks) {
-        k.ready = load_relaxed_system(ready_word(p, p.window, c, g + 1));
+// The leader's reads for the next batch (from chunk `next`), issued while
+// the team moves this one and looked at only then: the next ready words
+// (consumer, simple form) and our credit word (producer). Their round
+// trips overlap the data's.
+__device__ void pipe_read_ahead(const PipeParams &p, const Channel &c, uint64_t next, Carry &k) {
+    if (p.stage > 0 && p.path != PIPE_PATH_LL) {
+#pragma unroll
+        for (uint32_t j = 0; j < PIPE_BATCH; ++j) {
+            const bool want = j < batch_max(p) && next + j < p.chunks;
+            k.ready[j] = want ? load_relaxed_system(ready_word(p, p.window, c, next + j)) : 0;
+        }
         k.acquired = false;
     }
-    if (p.stage + 1 < p.stages && g + 1 >= p.slots) k.ahead = load_relaxed_system(credit_word(p, p.window, c));
+    if (p.stage + 1 < p.stages) k.ahead = load_relaxed_system(credit_word(p, p.window, c));
 }
 
 // ------------------------------------------------------------- the stamps
 
-// The clock for chunk g's stamps, or 0 where it has none: arrival
-// (`end` false: the first timed and the last chunk; max over channels),
-// channel 0's start at stage 0 and end at the last stage of the first
-// `stamps` timed chunks (the channels run apart: one slice's latency is
-// channel 0's, not a spread over channels), and the last chunk's end.
-// Most chunks read no clock at all.
-__device__ uint64_t pipe_clock(const PipeParams &p, const Channel &c, uint64_t g, bool end) {
+// Whether chunk g has a stamp (`end` false: arrival, the first timed and
+// the last chunk, max over channels; channel 0's start at stage 0 and end
+// at the last stage of the first `stamps` timed chunks: the channels run
+// apart, so one slice's latency is channel 0's; the last chunk's end).
+// Most chunks have none and read no clock.
+__device__ bool pipe_stamped(const PipeParams &p, const Channel &c, uint64_t g, bool end) {
     const bool timed = c.index == 0 && g >= p.warmup && g - p.warmup < p.stamps;
-    const bool mine = g + 1 == p.chunks || (end ? p.stage + 1 == p.stages && timed : g == p.warmup || (p.stage == 0 && timed));
-    return mine ? globaltimer_ns() : 0;
+    return g + 1 == p.chunks || (end ? p.stage + 1 == p.stages && timed : g == p.warmup || (p.stage == 0 && timed));
 }
 
-// Writes chunk g's stamps taken at `now` (pipe_clock; 0: none).
-__device__ void pipe_stamp(const PipeParams &p, const Channel &c, uint64_t g, bool end, uint64_t now) {
+// The clock for the stamps of chunks h .. h + n - 1, or 0 if none has one.
+__device__ uint64_t pipe_clock(const PipeParams &p, const Channel &c, uint64_t h, uint32_t n, bool end) {
+    for (uint64_t g = h; g < h + n; ++g)
+        if (pipe_stamped(p, c, g, end)) return globaltimer_ns();
+    return 0;
+}
+
+// Writes the stamps of chunks h .. h + n - 1, taken at `now` (0: none).
+__device__ void pipe_stamp(const PipeParams &p, const Channel &c, uint64_t h, uint32_t n, bool end, uint64_t now) {
     if (now == 0) return;
     auto *r = p.report;
-    const bool timed = c.index == 0 && g >= p.warmup && g - p.warmup < p.stamps;
-    if (!end) {
-        if (p.stage == 0 && timed) p.t_start[g - p.warmup] = now;
-        if (g == p.warmup) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_first), now);
-        if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_last), now);
-        return;
+    for (uint64_t g = h; g < h + n; ++g) {
+        const bool timed = c.index == 0 && g >= p.warmup && g - p.warmup < p.stamps;
+        if (!end) {
+            if (p.stage == 0 && timed) p.t_start[g - p.warmup] = now;
+            if (g == p.warmup) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_first), now);
+            if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_last), now);
+            continue;
+        }
+        if (p.stage + 1 == p.stages && timed) p.t_end[g - p.warmup] = now;
+        if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->done_ns), now);
     }
-    if (p.stage + 1 == p.stages && timed) p.t_end[g - p.warmup] = now;
-    if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->done_ns), now);
 }
 
 // ------------------------------------------------------------- the stage
@@ -533,53 +589,82 @@ __device__ Team pipe_team(const PipeParams &p, const Channel &c) {
     return group;
 }
 
-// One chunk through this stage, one team: the leader waits for it (not
-// stage 0) and for a free slot downstream (not the last stage), the team
-// moves it, credits upstream and forwards. False once a wait gave up.
+// Where this stage writes its slice of chunk g (simple form): our staging
+// slot (put), the next stage's slot (store), nowhere (the last stage).
+__device__ __forceinline__ uint8_t *pipe_dst(const PipeParams &p, const Channel &c, uint64_t g) {
+    if (p.path == PIPE_PATH_PUT) return p.window + p.off_stage + slot_offset(p, g) + c.lo;
+    return c.next ? c.next + p.off_ring + slot_offset(p, g) + c.lo : nullptr;
+}
+
+// The LL form of a batch (always one chunk, h): the lines, then the credit
+// (not stage 0) and the stamps, taken where the leader's line was stored
+// (stage 0) or had arrived and been checked (ll_slice).
 template <nixl_gpu_level_t L>
-__device__ bool pipe_chunk(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, Carry &k) {
-    const bool first = p.stage == 0, last = p.stage + 1 == p.stages;
-    const bool lead = t.rank == 0;
-    if (!t.all(!lead || pipe_wait_turn(p, c, g, k))) return false;  // (a wait that gave up stops the others: pipe_stop)
-    if (lead) {
-        pipe_stamp(p, c, g, false, pipe_clock(p, c, g, false));
-        pipe_read_ahead(p, c, g, k);
-    }
-    if (p.path == PIPE_PATH_LL) {
-        if (!t.all(ll_slice(p, c, t, g))) return false;
-    } else {
-        uint8_t *dst = p.path == PIPE_PATH_PUT ? p.window + p.off_stage + slot_offset(p, g) + c.lo
-                       : last                  ? nullptr
-                                               : c.next + p.off_ring + slot_offset(p, g) + c.lo;
-        move_slice(p, c, t, g, dst);
-    }
-    // The last stage's clock is read now (checked: the chunk is through)
-    // and written after the credit, so the credit's fence does not wait
-    // for the stamp's store.
-    const uint64_t now = lead && last ? pipe_clock(p, c, g, true) : 0;
-    if (p.path == PIPE_PATH_STORE) store_signal(p, c, t, g, k);
-    else if (!first) pipe_credit<L>(p, c, t, g);
-    if (p.path == PIPE_PATH_PUT && !last) pipe_forward<L>(p, c, g);
-    if (lead) pipe_stamp(p, c, g, true, last ? now : pipe_clock(p, c, g, true));
+__device__ bool pipe_ll_chunk(const PipeParams &p, const Channel &c, const Team &t, uint64_t h) {
+    const bool last = p.stage + 1 == p.stages;
+    const bool stamp = t.rank == 0 && (pipe_stamped(p, c, h, false) || (last && pipe_stamped(p, c, h, true)));
+    uint64_t at = 0;
+    if (!t.all(ll_slice(p, c, t, h, stamp, at))) return false;
+    if (p.stage > 0) pipe_credit<L>(p, c, t, h, 1);
+    if (t.rank != 0) return true;
+    if (pipe_stamped(p, c, h, false)) pipe_stamp(p, c, h, 1, false, at);
+    pipe_stamp(p, c, h, 1, true, last ? at : pipe_clock(p, c, h, 1, true));
     return true;
 }
 
+// One batch through this stage, one team: the leader waits for chunks
+// h, h + 1, ... (not stage 0) and for room downstream (not the last
+// stage) and says how many it takes; the team moves them, credits
+// upstream and forwards, one handshake for all. Returns the batch's
+// size; 0 once a wait gave up (which stops the other channels too:
+// pipe_stop).
+template <nixl_gpu_level_t L>
+__device__ uint32_t pipe_batch(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, Carry &k,
+                               uint32_t *shared) {
+    const bool first = p.stage == 0, last = p.stage + 1 == p.stages, lead = t.rank == 0;
+    const uint32_t n = t.share(lead ? pipe_turn(p, c, h, k) : 0, shared);
+    if (n == 0) return 0;
+    if (p.path == PIPE_PATH_LL) return pipe_ll_chunk<L>(p, c, t, h) ? 1 : 0;
+    if (lead) {
+        pipe_stamp(p, c, h, n, false, pipe_clock(p, c, h, n, false));
+        pipe_read_ahead(p, c, h + n, k);
+    }
+    for (uint32_t j = 0; j < n; ++j) move_slice(p, c, t, h + j, pipe_dst(p, c, h + j));
+    // The last stage's clock is read now (checked: the chunks are through)
+    // and written after the credit, so the credit's fence does not wait
+    // for the stamp's store.
+    const uint64_t now = lead && last ? pipe_clock(p, c, h, n, true) : 0;
+    if (p.path == PIPE_PATH_STORE) store_signal(p, c, t, h, n, k);
+    else if (!first) pipe_credit<L>(p, c, t, h, n);
+    if (p.path == PIPE_PATH_PUT && !last) pipe_forward<L>(p, c, h, n);
+    if (lead) pipe_stamp(p, c, h, n, true, last ? now : pipe_clock(p, c, h, n, true));
+    return n;
+}
+
+// The stall (SM clock cycles, pipe_room) in ns: the leader's SM clock
+// against %globaltimer over the whole run.
+__device__ uint64_t stall_ns(const Carry &k, uint64_t c0, uint64_t t0) {
+    const uint64_t dc = clock64() - c0, dt = globaltimer_ns() - t0;
+    return dc == 0 ? 0 : uint64_t(double(k.stall) * double(dt) / double(dc));
+}
+
 // One kernel per level and path: the path a constant (`q.path`, folded
-// into every function below), so each kernel holds only its path's code
+// into every function above), so each kernel holds only its path's code
 // and registers. With the three paths in one kernel, pipe_block spilled.
 template <nixl_gpu_level_t L, uint32_t P>
 __device__ void pipe_stage(const PipeParams &p) {
+    __shared__ uint32_t batch;  // the block team's batch size (Team::share)
     PipeParams q = p;
     q.path = P;
     Channel c;
     if (!pipe_channel<L>(q, c) || c.len == 0) return;  // unmapped neighbour, or no data for this channel
     const Team t = pipe_team<L>(q, c);
     if (t.rank >= t.size) return;  // a lane the slice does not need
-    Carry k{0, 0, 0, false, 0};
-    for (uint64_t g = 0; g < q.chunks; ++g)
-        if (!pipe_chunk<L>(q, c, t, g, k)) break;
+    Carry k{0, 0, {0, 0, 0, 0}, false, 0};
+    const uint64_t c0 = clock64(), t0 = globaltimer_ns();
+    for (uint64_t g = 0, n = 1; g < q.chunks && n != 0; g += n) n = pipe_batch<L>(q, c, t, g, k, &batch);
     if (t.rank == 0) {
-        atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->stall_ns), k.stall);
+        atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->stall_ns), stall_ns(k, c0, t0));
         if (q.stage + 1 == q.stages)
             atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->checked), c.len * q.chunks);
     }
