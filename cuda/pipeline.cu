@@ -15,6 +15,10 @@
 // cleared: laps differ by their sequence), consumes the slot, checks the
 // word still reads g + 1 (a later value means the slot was overwritten:
 // counted), and raises its credit word in the sender's window to g + 1.
+// A handshake may cover a batch of up to min(4, S/2) chunks (the ones
+// that have arrived and have a free slot): one barrier, one fence, one
+// credit (the batch's last g + 1) and a ready word per slot. The fences
+// (~0.4 us each on an H200) and barriers were most of a chunk's time.
 //
 // A chunk is cut into one slice per channel; a channel is a thread group at
 // the kernel's level (block, warp or thread), and each channel is a
@@ -24,8 +28,8 @@
 //          nixlPut copies it into the receiver's slot, nixlAtomicAdd raises
 //          the ready word; credits are nixlAtomicAdd too (any transport);
 //   store: the sender stores straight into the receiver's slot through the
-//          pointer nixlGetPtr gives, then a release store of the sequence
-//          (NVLink / one GPU only);
+//          pointer nixlGetPtr gives, then one fence and plain stores of
+//          the sequences (NVLink / one GPU only);
 //   ll:    16-byte lines {data, seq, data, seq} (cuda/kernels.cu's LL
 //          lines) stored through the pointer: every line carries the chunk's
 //          sequence, so there is no ready word; the receiver polls the lines.
@@ -43,8 +47,8 @@ struct PipeParams {
     void *remote_mvh;  // remote view: element r is rank r's window
     uint8_t *window;
     struct PipeReport *report;
-    uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i, ns
-    uint64_t *t_end;    // [stamps]: last stage, when channel 0's leading lane had checked its share (LL: the group's), ns
+    uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i (LL: just before its leader's line store), ns
+    uint64_t *t_end;    // [stamps]: last stage, when channel 0's leading lane had checked its share (LL: its own line), ns
     uint64_t off_ring;  // S slots of slot_bytes: what the previous stage writes
     uint64_t off_stage; // S slots of slot_bytes: the put path's outgoing copies
     uint64_t off_ready; // [S][channels] u64, written by the previous stage

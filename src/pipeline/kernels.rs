@@ -65,11 +65,12 @@ pub struct PipeParams {
     pub window: u64,
     /// [`PipeReport`].
     pub report: u64,
-    /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk,
-    /// `%globaltimer` ns.
+    /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk
+    /// (LL: just before its leading lane's line store), `%globaltimer` ns.
     pub t_start: u64,
     /// `[stamps]` u64, last stage: when channel 0's leading lane had
-    /// checked its share of the chunk (LL: after the group's barrier).
+    /// checked its share of the chunk (LL: its own line, just after it
+    /// arrived).
     pub t_end: u64,
     pub off_ring: u64,
     pub off_stage: u64,
@@ -120,7 +121,9 @@ pub struct PipeReport {
     /// 1: nixlGetPtr gave no pointer to a neighbour's window.
     pub null_ptr: u32,
     pub reserved: u32,
-    /// Time waiting for credits over the timed chunks, summed over channels, ns.
+    /// Time waiting for credits over the timed chunks, summed over channels,
+    /// ns (counted on the SM clock, converted with the kernel's own
+    /// clock against `%globaltimer`).
     pub stall_ns: u64,
     /// `%globaltimer` when the first timed chunk and the last chunk had
     /// arrived (max over channels), and when the last one's work ended.
