@@ -15,6 +15,10 @@
 // cleared: laps differ by their sequence), consumes the slot, checks the
 // word still reads g + 1 (a later value means the slot was overwritten:
 // counted), and raises its credit word in the sender's window to g + 1.
+// A handshake may cover a batch of up to min(4, S/2) chunks (the ones
+// that have arrived and have a free slot): one barrier, one fence, one
+// credit (the batch's last g + 1) and a ready word per slot. The fences
+// (~0.4 us each on an H200) and barriers were most of a chunk's time.
 //
 // A chunk is cut into one slice per channel; a channel is a thread group at
 // the kernel's level (block, warp or thread), and each channel is a
@@ -24,8 +28,8 @@
 //          nixlPut copies it into the receiver's slot, nixlAtomicAdd raises
 //          the ready word; credits are nixlAtomicAdd too (any transport);
 //   store: the sender stores straight into the receiver's slot through the
-//          pointer nixlGetPtr gives, then a release store of the sequence
-//          (NVLink / one GPU only);
+//          pointer nixlGetPtr gives, then one fence and plain stores of
+//          the sequences (NVLink / one GPU only);
 //   ll:    16-byte lines {data, seq, data, seq} (cuda/kernels.cu's LL
 //          lines) stored through the pointer: every line carries the chunk's
 //          sequence, so there is no ready word; the receiver polls the lines.
@@ -43,8 +47,8 @@ struct PipeParams {
     void *remote_mvh;  // remote view: element r is rank r's window
     uint8_t *window;
     struct PipeReport *report;
-    uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i, ns
-    uint64_t *t_end;    // [stamps]: last stage, when channel 0's leading lane had checked its share (LL: the group's), ns
+    uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i (LL: just before its leader's line store), ns
+    uint64_t *t_end;    // [stamps]: last stage, when channel 0's leading lane had checked its share (LL: its own line), ns
     uint64_t off_ring;  // S slots of slot_bytes: what the previous stage writes
     uint64_t off_stage; // S slots of slot_bytes: the put path's outgoing copies
     uint64_t off_ready; // [S][channels] u64, written by the previous stage
@@ -129,18 +133,54 @@ template <> struct Lanes<nixl_gpu_level_t::BLOCK> {
     __device__ static void sync() { __syncthreads(); }
 };
 
+// -------------------------------------------------------------- the team
+
+// The threads of a channel that work on its chunks, and how they meet. A
+// channel is a group at the kernel's level (Lanes<L>), but a small slice
+// (store and LL paths) keeps only as many lanes as it has vectors or
+// lines, rounded up to the cheapest meeting: lane 0 alone (no barrier at
+// all, as simple_write's LL ping-pong with a one-line message), one warp
+// (a vote), or the whole block. The rest leave at the start. The put path
+// keeps the group: nixlPut and nixlAtomicAdd are calls of the whole group.
+enum : uint32_t { TEAM_ONE = 0, TEAM_WARP = 1, TEAM_BLOCK = 2 };
+struct Team {
+    unsigned rank, size;
+    uint32_t kind;
+    __device__ void sync() const {
+        if (kind == TEAM_BLOCK) __syncthreads();
+        else if (kind == TEAM_WARP) __syncwarp();
+    }
+    // The leader's `v` to every member, at a barrier (block: through
+    // `slot`, a shared word, rewritten only after the next barrier).
+    __device__ uint32_t share(uint32_t v, uint32_t *slot) const {
+        if (kind == TEAM_WARP) return __shfl_sync(~0u, v, 0);
+        if (kind == TEAM_ONE) return v;
+        if (rank == 0) *slot = v;
+        __syncthreads();
+        return *slot;
+    }
+    // Every member's `ok`, anded: the members' barrier.
+    __device__ bool all(bool ok) const {
+        if (kind == TEAM_BLOCK) return __syncthreads_and(ok);
+        if (kind == TEAM_WARP) return __all_sync(~0u, ok);
+        return ok;
+    }
+};
+
 // ------------------------------------------------------------- the waits
 
 __device__ __forceinline__ bool given_up(const PipeReport *r) {
     return *static_cast<const volatile uint32_t *>(&r->base.timed_out) != 0;
 }
 
-// Whether a wait that began at `start` must stop: another thread gave up,
-// its deadline passed or the host cancelled. The first to give up records
-// what it waited for.
-__device__ bool pipe_stop(const PipeParams &p, uint64_t start, uint64_t seen, uint32_t on, uint64_t g) {
+// Whether a wait must stop: another thread gave up, its deadline passed or
+// the host cancelled. The clock starts at the first check (`start` 0:
+// not yet), so a wait that succeeds within its first polls reads no clock.
+// The first to give up records what it waited for.
+__device__ bool pipe_stop(const PipeParams &p, uint64_t &start, uint64_t seen, uint32_t on, uint64_t g) {
     PipeReport *r = p.report;
     if (given_up(r)) return true;
+    if (start == 0) start = globaltimer_ns();
     const uint32_t why = wait_expired(&r->base, start + p.timeout_ns);
     if (why == 0) return false;
     if (atomicCAS(&r->base.timed_out, 0u, why) == 0) {
@@ -152,11 +192,19 @@ __device__ bool pipe_stop(const PipeParams &p, uint64_t start, uint64_t seen, ui
     return true;
 }
 
-// One thread waits until *word reaches target; false when it gave up.
-__device__ bool pipe_wait(const PipeParams &p, const uint64_t *word, uint64_t target, uint32_t on, uint64_t g) {
-    const uint64_t start = globaltimer_ns();
-    const uint64_t v = spin_wait(word, target, [&](uint64_t seen) { return pipe_stop(p, start, seen, on, g); });
-    return reached(v, target);
+// One thread waits until *word reaches target; returns the value seen
+// last (not reached: it gave up).
+__device__ uint64_t pipe_wait(const PipeParams &p, const uint64_t *word, uint64_t target, uint32_t on, uint64_t g) {
+    uint64_t start = 0;
+    return spin_wait(word, target, [&](uint64_t seen) { return pipe_stop(p, start, seen, on, g); });
+}
+
+// Release and acquire in one fence: what a consumer's leader issues
+// between its reads of one chunk and its credit for it, after having read
+// the next chunk's ready word (Carry below).
+__device__ __forceinline__ void fence_acq_rel(bool gpu_scope) {
+    if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
+    else cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_system);
 }
 
 // ---------------------------------------------------------- the channel
@@ -170,11 +218,28 @@ struct Channel {
     uint32_t mul, add;       // last stage: the middle stages composed, x -> x * mul + add
 };
 
+// The most chunks one handshake covers (a batch; batch_max below).
+constexpr uint32_t PIPE_BATCH = 4;
+
+// What a channel's leader carries from one batch to the next: the words
+// it read early, so that a wait which would succeed at once costs no
+// round trip of its own (pipe_read_ahead), and its stall time.
+struct Carry {
+    uint64_t credit;             // producer: the credit word as last read
+    uint64_t ahead;              // producer: the credit word read during the last batch, not yet looked at
+    uint64_t ready[PIPE_BATCH];  // consumer: the next batch's ready words, read during this batch
+    bool acquired;               // consumer: a fence ran after those reads (they are acquired)
+    uint64_t stall;              // SM clock cycles waited for credits over the timed chunks
+};
+
 __device__ __forceinline__ uint64_t *ready_word(const PipeParams &p, uint8_t *window, const Channel &c, uint64_t g) {
     return reinterpret_cast<uint64_t *>(window + p.off_ready) + (g % p.slots) * c.count + c.index;
 }
 __device__ __forceinline__ uint64_t ready_offset(const PipeParams &p, const Channel &c, uint64_t g) {
     return p.off_ready + 8 * ((g % p.slots) * c.count + c.index);
+}
+__device__ __forceinline__ uint64_t *credit_word(const PipeParams &p, uint8_t *window, const Channel &c) {
+    return reinterpret_cast<uint64_t *>(window + p.off_credit) + c.index;
 }
 __device__ __forceinline__ uint64_t slot_offset(const PipeParams &p, uint64_t g) {
     return (g % p.slots) * p.slot_bytes;
@@ -194,9 +259,13 @@ __device__ __forceinline__ uint32_t pipe_transform(const PipeParams &p, uint64_t
     return p.stage == 0 ? pipe_word(g, w) : in * 3u + p.stage;
 }
 
+// Last stage: what word w of chunk g must read.
+__device__ __forceinline__ uint32_t pipe_want(const Channel &c, uint64_t g, uint64_t w) {
+    return pipe_word(g, w) * c.mul + c.add;
+}
+
 // Last stage: word w of chunk g read `got`; a wrong one is recorded.
-__device__ __forceinline__ void pipe_check(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, uint32_t got) {
-    const uint32_t want = pipe_word(g, w) * c.mul + c.add;
+__device__ __forceinline__ void pipe_check(const PipeParams &p, uint64_t g, uint64_t w, uint32_t got, uint32_t want) {
     if (got == want) return;
     PipeReport *r = p.report;
     if (atomicAdd(reinterpret_cast<unsigned long long *>(&r->mismatches), 1ull) == 0) {
@@ -212,10 +281,10 @@ __device__ __forceinline__ void pipe_check(const PipeParams &p, const Channel &c
 // last stage).
 __device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, uint4 v, uint4 *out) {
     if (p.stage + 1 == p.stages) {
-        pipe_check(p, c, g, w, v.x);
-        pipe_check(p, c, g, w + 1, v.y);
-        pipe_check(p, c, g, w + 2, v.z);
-        pipe_check(p, c, g, w + 3, v.w);
+        pipe_check(p, g, w, v.x, pipe_want(c, g, w));
+        pipe_check(p, g, w + 1, v.y, pipe_want(c, g, w + 1));
+        pipe_check(p, g, w + 2, v.z, pipe_want(c, g, w + 2));
+        pipe_check(p, g, w + 3, v.w, pipe_want(c, g, w + 3));
         return;
     }
     v = make_uint4(pipe_transform(p, g, w, v.x), pipe_transform(p, g, w + 1, v.y), pipe_transform(p, g, w + 2, v.z),
@@ -224,26 +293,26 @@ __device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, 
     *out = v;
 }
 
-// The group's slice of chunk g, simple form (put and store paths): from
+// The team's slice of chunk g, simple form (put and store paths): from
 // our ring slot to `dst` (the next stage's slot, or our staging slot).
-template <nixl_gpu_level_t L>
-__device__ void move_slice(const PipeParams &p, const Channel &c, uint64_t g, uint8_t *dst) {
-    using G = Lanes<L>;
+// Up to four vectors a lane per round, all their loads issued before any
+// is used: a lane waits for L2 (or the link) once per round. Every round
+// is full but the last (predicated), so a slice of 2 vectors a lane (1 MiB
+// over 64 blocks of 512) is one round trip, not two.
+__device__ void move_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, uint8_t *dst) {
     const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + slot_offset(p, g) + c.lo);
     uint4 *out = reinterpret_cast<uint4 *>(dst);
-    const uint64_t vecs = c.len / 16, w0 = c.lo / 4, n = G::size();
-    // Four vectors in flight per lane: their loads are issued together, so
-    // a lane waits for L2 (or the link) once per four, not once per vector.
+    const uint64_t vecs = c.len / 16, w0 = c.lo / 4, n = t.size;
     constexpr uint32_t U = 4;
-    uint64_t i = G::rank();
-    for (; i + (U - 1) * n < vecs; i += U * n) {
+    for (uint64_t i = t.rank; i < vecs; i += U * n) {
         uint4 v[U];
 #pragma unroll
-        for (uint32_t u = 0; u < U; ++u) v[u] = p.stage > 0 ? __ldcg(in + i + u * n) : make_uint4(0, 0, 0, 0);
+        for (uint32_t u = 0; u < U; ++u)
+            v[u] = p.stage > 0 && i + u * n < vecs ? __ldcg(in + i + u * n) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (uint32_t u = 0; u < U; ++u) pipe_vec(p, c, g, w0 + 4 * (i + u * n), v[u], out + i + u * n);
+        for (uint32_t u = 0; u < U; ++u)
+            if (i + u * n < vecs) pipe_vec(p, c, g, w0 + 4 * (i + u * n), v[u], out + i + u * n);
     }
-    for (; i < vecs; i += n) pipe_vec(p, c, g, w0 + 4 * i, p.stage > 0 ? __ldcg(in + i) : make_uint4(0, 0, 0, 0), out + i);
 }
 
 // An LL line as cuda/kernels.cu writes it: one 16-byte volatile store.
@@ -263,7 +332,7 @@ __device__ __forceinline__ uint4 ll_load(const uint4 *line) {
 // Polls one line until both halves carry `seq` or later; false when the
 // wait gave up. A later seq means the slot was overwritten (counted).
 __device__ bool ll_wait_line(const PipeParams &p, const uint4 *line, uint32_t seq, uint64_t g, uint4 &v) {
-    const uint64_t start = globaltimer_ns();
+    uint64_t start = 0;
     v = ll_load(line);
     for (uint32_t n = 1; !(reached(v.y, seq) && reached(v.w, seq)); ++n) {
         if ((n & 63) == 0 && pipe_stop(p, start, min(v.y, v.w), PIPE_WAIT_READY, g)) return false;
@@ -273,125 +342,219 @@ __device__ bool ll_wait_line(const PipeParams &p, const uint4 *line, uint32_t se
     return true;
 }
 
-// The group's slice of chunk g, LL form: each lane takes whole lines (8
+// The team's slice of chunk g, LL form: each lane takes whole lines (8
 // payload bytes each), waits for them in our ring (unless stage 0), and
-// writes them, stamped with g + 1, into the next stage's ring.
-template <nixl_gpu_level_t L>
-__device__ bool ll_slice(const PipeParams &p, const Channel &c, uint64_t g) {
-    using G = Lanes<L>;
+// writes them, stamped with g + 1, into the next stage's ring. What a
+// line must carry (last stage) or will carry (stage 0) is computed before
+// the wait or the store, as simple_write's ping-pong reads its payload
+// ahead: the arrival is followed by one compare. `at` (the leader, when
+// `stamp`): the clock just before its first line's store (stage 0) or
+// just after its first line arrived and was checked.
+__device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, bool stamp, uint64_t &at) {
     const uint32_t seq = uint32_t(g + 1);
+    const bool last = p.stage + 1 == p.stages;
     const uint64_t first = c.lo / 8, lines = c.len / 8;
     const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + slot_offset(p, g)) + first;
     uint4 *out = c.next ? reinterpret_cast<uint4 *>(c.next + p.off_ring + slot_offset(p, g)) + first : nullptr;
-    bool ok = true;
-    for (uint64_t i = G::rank(); ok && i < lines; i += G::size()) {
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (p.stage > 0) ok = ll_wait_line(p, in + i, seq, g, v);
+    for (uint64_t i = t.rank; i < lines; i += t.size) {
         const uint64_t w = (c.lo + 8 * i) / 4;
-        if (p.stage + 1 == p.stages) {
-            pipe_check(p, c, g, w, v.x);
-            pipe_check(p, c, g, w + 1, v.z);
-            continue;
+        uint32_t a = last ? pipe_want(c, g, w) : pipe_word(g, w), b = last ? pipe_want(c, g, w + 1) : pipe_word(g, w + 1);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (p.stage > 0 && !ll_wait_line(p, in + i, seq, g, v)) return false;
+        if (last) {
+            pipe_check(p, g, w, v.x, a);
+            pipe_check(p, g, w + 1, v.z, b);
+        } else {
+            if (p.stage > 0) a = v.x * 3u + p.stage, b = v.z * 3u + p.stage;
+            if (p.corrupt_chunk >= 0 && uint64_t(p.corrupt_chunk) == g && w == 0) a ^= 1;
         }
-        uint32_t a = pipe_transform(p, g, w, v.x), b = pipe_transform(p, g, w + 1, v.z);
-        if (p.corrupt_chunk >= 0 && uint64_t(p.corrupt_chunk) == g && w == 0) a ^= 1;
-        ll_store(out + i, a, b, seq);
+        if (stamp && i == t.rank) at = globaltimer_ns();
+        if (!last) ll_store(out + i, a, b, seq);
     }
-    return ok;
+    return true;
 }
 
 // ----------------------------------------------------- signal and credit
 
-// After the group's slice of chunk g is in the next stage's slot (store:
-// our stores; put: nixlPut from our staging slot): raise the slot's ready
-// word to g + 1. The group syncs, then each member's release fence makes
-// its stores visible before whichever member raises the word: the ready
-// word follows the data. The put path adds (g + 1) minus what the word
-// held, the sequence of chunk g - S (only this channel writes it).
+// Store path, once the team's slices of the batch's chunks h .. h + n - 1
+// are in the next stage's slots (not the last stage) and have been read
+// from ours (not stage 0): one barrier, then the leader alone fences once
+// and raises the words, each a plain store of the new value (one writer
+// each): our credit to h + n, the slots' ready words to their chunks'
+// sequences. One thread's fence is enough, as in simple_write's store
+// path: the barrier orders every member's loads and stores before the
+// leader's fence, and the fence is cumulative, so the peers see the data
+// before the ready words and the reads done before the credit. The same
+// fence (acquire side) orders the next batch's reads after the ready words
+// the leader read ahead; and one fence covers the whole batch.
+__device__ void store_signal(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n, Carry &k) {
+    t.sync();
+    if (t.rank != 0) return;
+    fence_acq_rel(p.same_gpu);
+    k.acquired = true;
+    if (p.stage > 0) store_relaxed_system(credit_word(p, c.prev, c), h + n);
+    if (p.stage + 1 == p.stages) return;
+    for (uint32_t j = 0; j < n; ++j) store_relaxed_system(ready_word(p, c.next, c, h + j), h + j + 1);
+}
+
+// Put path, after the team's slices of chunks h .. h + n - 1 went to our
+// staging slots: nixlPut copies each into the next stage's slot, then
+// each slot's ready word is raised by what it lacks, g + 1 minus the
+// sequence of chunk g - S (only this channel writes it). nixlAtomicAdd is
+// not a release, and on cuda_ipc the put is the group's own stores: the
+// group syncs, then every member fences (release), so whichever member the
+// add runs on, the data is visible before the ready word.
 template <nixl_gpu_level_t L>
-__device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t g) {
+__device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t h, uint32_t n) {
     using G = Lanes<L>;
-    if (p.path == PIPE_PATH_PUT) {
-        // Every lane's part of the staging slot is written before any lane
-        // copies it: on cuda_ipc the put is the group's own loads and stores.
-        G::sync();
+    // Every lane's part of the staging slot is written before any lane
+    // copies it: on cuda_ipc the put is the group's own loads and stores.
+    G::sync();
+    for (uint64_t g = h; g < h + n; ++g) {
         const nixlMemViewElem src{p.local_mvh, 0, p.off_stage + slot_offset(p, g) + c.lo};
         const nixlMemViewElem dst{p.remote_mvh, p.stage + 1, p.off_ring + slot_offset(p, g) + c.lo};
         record_status(&p.report->base, nixlPut<L>(src, dst, c.len, c.index));
     }
     G::sync();
     fence_release(p.same_gpu);
-    const uint64_t seq = g + 1;
-    if (p.path == PIPE_PATH_PUT) {
-        const uint64_t add = g < p.slots ? seq : p.slots;
+    for (uint64_t g = h; g < h + n; ++g) {
         const nixlMemViewElem word{p.remote_mvh, p.stage + 1, ready_offset(p, c, g)};
-        record_status(&p.report->base, nixlAtomicAdd<L>(add, word, c.index));
-    } else if (G::rank() == 0) {
-        release_store(ready_word(p, c.next, c, g), seq, p.same_gpu);
+        record_status(&p.report->base, nixlAtomicAdd<L>(g < p.slots ? g + 1 : p.slots, word, c.index));
     }
 }
 
-// After the group read its slice of chunk g from our slot: the previous
-// stage may reuse the slot, so our credit word in its window becomes g + 1
-// (the put path adds 1). A release: our reads of the slot come first.
+// After the team read its slices of chunks h .. h + n - 1 from our slots
+// (put and LL paths): the previous stage may reuse them, so our credit
+// word in its window becomes h + n (the put path adds n; its team is the
+// whole group, pipe_team). The reads must come first. Put: the add is
+// ordered after the group's barrier as simple_write's put path orders it.
+// LL: a plain store after the barrier, as simple_write's LL ping-pong
+// acknowledges its lines: every lane has loaded its lines and compared
+// them before the barrier (the loads have returned their values), and the
+// store, issued after, cannot take effect before them. A release here
+// (a fence) would cost about 0.4 us a chunk on an H200, a third of the
+// one-slot round trip.
 template <nixl_gpu_level_t L>
-__device__ void pipe_credit(const PipeParams &p, const Channel &c, uint64_t g) {
-    using G = Lanes<L>;
-    G::sync();
+__device__ void pipe_credit(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n) {
+    t.sync();
     const uint64_t off = p.off_credit + 8ull * c.index;
     if (p.path == PIPE_PATH_PUT) {
         const nixlMemViewElem word{p.remote_mvh, p.stage - 1, off};
-        record_status(&p.report->base, nixlAtomicAdd<L>(1, word, c.index));
-    } else if (G::rank() == 0) {
-        release_store(reinterpret_cast<uint64_t *>(c.prev + off), g + 1, p.same_gpu);
+        record_status(&p.report->base, nixlAtomicAdd<L>(n, word, c.index));
+    } else if (t.rank == 0) {
+        store_relaxed_system(reinterpret_cast<uint64_t *>(c.prev + off), h + n);
     }
 }
 
-// The group's leader waits for chunk g's ready word (simple form) and
-// checks its sequence; the group then reads the slot. False: gave up.
-template <nixl_gpu_level_t L>
-__device__ bool pipe_arrive(const PipeParams &p, const Channel &c, uint64_t g, bool &ok) {
-    using G = Lanes<L>;
-    if (G::rank() == 0) {
-        const uint64_t *word = ready_word(p, p.window, c, g);
-        const uint64_t start = globaltimer_ns();
-        const uint64_t v = spin_wait(word, g + 1, [&](uint64_t seen) { return pipe_stop(p, start, seen, PIPE_WAIT_READY, g); });
-        ok = reached(v, g + 1);
-        // A later sequence: the sender wrote chunk g + S (or later) into
-        // this slot before we consumed chunk g, past its credits.
-        if (ok && v != g + 1) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
-        fence_acquire(p.same_gpu);
+// ------------------------------------------------------ the leader's waits
+
+// The most chunks one handshake covers: at most half the ring (the two
+// ends then still overlap: one fills half the ring while the other drains
+// the other half), PIPE_BATCH, and 1 on the LL path (its lines are their
+// own ready words, and it is the small-chunk, low-latency form).
+__device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
+    return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.slots / 2));
+}
+
+// The leader waits for chunk h's ready word (simple form), then counts how
+// many of the chunks h + 1, ... (up to `most` in all) the words it read
+// ahead show arrived: one handshake takes them all. Each word's sequence
+// is checked (a later one: the slot was overwritten, counted). If the
+// first word had been read ahead and a fence followed (store path), no
+// poll and no fence. Returns the count; 0: the wait gave up.
+__device__ uint32_t pipe_arrived(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most, Carry &k) {
+    const bool early = reached(k.ready[0], h + 1);
+    const uint64_t v = early ? k.ready[0] : pipe_wait(p, ready_word(p, p.window, c, h), h + 1, PIPE_WAIT_READY, h);
+    if (!reached(v, h + 1)) return 0;
+    uint32_t n = 1, ovw = v != h + 1;
+#pragma unroll
+    for (uint32_t j = 1; j < PIPE_BATCH; ++j) {
+        if (n == j && j < most && reached(k.ready[j], h + j + 1)) ++n, ovw += k.ready[j] != h + j + 1;
     }
-    return ok;
+    if (ovw != 0) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), ovw);
+    if (!(early && k.acquired)) fence_acquire(p.same_gpu);
+    return n;
 }
 
-// The leader waits for a free slot downstream: credit >= g + 1 - S.
-// Returns the time it waited (the stage's stall on credits), ns.
-template <nixl_gpu_level_t L>
-__device__ uint64_t pipe_slot_free(const PipeParams &p, const Channel &c, uint64_t g, bool &ok) {
-    if (Lanes<L>::rank() != 0 || g < p.slots) return 0;
-    const uint64_t t0 = globaltimer_ns();
-    const uint64_t *word = reinterpret_cast<const uint64_t *>(p.window + p.off_credit) + c.index;
-    ok = pipe_wait(p, word, g + 1 - p.slots, PIPE_WAIT_CREDIT, g);
-    return globaltimer_ns() - t0;
+// The leader waits for room downstream: chunk g needs credit >= g + 1 - S.
+// Returns how many of the chunks h, h + 1, ... (up to `most`) have their
+// slot free; 0: the wait gave up. The credit last seen (or read ahead)
+// usually shows room already: only a full ring polls, and the time spent
+// polling goes to the stage's stall (SM clock cycles: %globaltimer reads
+// cost about 0.1 us each).
+__device__ uint32_t pipe_room(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most, Carry &k) {
+    if (reached(k.ahead, k.credit)) k.credit = k.ahead;
+    if (h >= p.slots && !reached(k.credit, h + 1 - p.slots)) {
+        const uint64_t t0 = clock64();
+        k.credit = pipe_wait(p, credit_word(p, p.window, c), h + 1 - p.slots, PIPE_WAIT_CREDIT, h);
+        if (h >= p.warmup) k.stall += clock64() - t0;
+        if (!reached(k.credit, h + 1 - p.slots)) return 0;
+    }
+    return uint32_t(min(uint64_t(most), k.credit + p.slots - h));  // chunks h .. credit + S - 1 have a slot
 }
 
-// Chunk g's stamps: arrival (first timed and last chunk; max over
-// channels), and channel 0's start at stage 0 and end at the last stage of
-// the first `stamps` timed chunks (the channels run apart: one slice's
-// latency is channel 0's, not a spread over channels).
-__device__ void pipe_stamp(const PipeParams &p, const Channel &c, uint64_t g, bool end) {
+// The leader's waits before the batch from chunk h: for its chunks to have
+// arrived (not stage 0; simple form: the ready words), for room downstream
+// (not the last stage), then the slow stage's delay. Returns the batch's
+// size; 0: a wait gave up.
+__device__ uint32_t pipe_turn(const PipeParams &p, const Channel &c, uint64_t h, Carry &k) {
+    uint32_t n = uint32_t(min(uint64_t(batch_max(p)), p.chunks - h));
+    if (p.stage > 0 && p.path != PIPE_PATH_LL) n = pipe_arrived(p, c, h, n, k);
+    if (n != 0 && p.stage + 1 < p.stages) n = pipe_room(p, c, h, n, k);
+    if (n != 0 && p.delay_ns != 0) pipe_delay(p.delay_ns * n);
+    return n;
+}
+
+// The leader's reads for the next batch (from chunk `next`), issued while
+// the team moves this one and looked at only then: the next ready words
+// (consumer, simple form) and our credit word (producer). Their round
+// trips overlap the data's.
+__device__ void pipe_read_ahead(const PipeParams &p, const Channel &c, uint64_t next, Carry &k) {
+    if (p.stage > 0 && p.path != PIPE_PATH_LL) {
+#pragma unroll
+        for (uint32_t j = 0; j < PIPE_BATCH; ++j) {
+            const bool want = j < batch_max(p) && next + j < p.chunks;
+            k.ready[j] = want ? load_relaxed_system(ready_word(p, p.window, c, next + j)) : 0;
+        }
+        k.acquired = false;
+    }
+    if (p.stage + 1 < p.stages) k.ahead = load_relaxed_system(credit_word(p, p.window, c));
+}
+
+// ------------------------------------------------------------- the stamps
+
+// Whether chunk g has a stamp (`end` false: arrival, the first timed and
+// the last chunk, max over channels; channel 0's start at stage 0 and end
+// at the last stage of the first `stamps` timed chunks: the channels run
+// apart, so one slice's latency is channel 0's; the last chunk's end).
+// Most chunks have none and read no clock.
+__device__ bool pipe_stamped(const PipeParams &p, const Channel &c, uint64_t g, bool end) {
+    const bool timed = c.index == 0 && g >= p.warmup && g - p.warmup < p.stamps;
+    return g + 1 == p.chunks || (end ? p.stage + 1 == p.stages && timed : g == p.warmup || (p.stage == 0 && timed));
+}
+
+// The clock for the stamps of chunks h .. h + n - 1, or 0 if none has one.
+__device__ uint64_t pipe_clock(const PipeParams &p, const Channel &c, uint64_t h, uint32_t n, bool end) {
+    for (uint64_t g = h; g < h + n; ++g)
+        if (pipe_stamped(p, c, g, end)) return globaltimer_ns();
+    return 0;
+}
+
+// Writes the stamps of chunks h .. h + n - 1, taken at `now` (0: none).
+__device__ void pipe_stamp(const PipeParams &p, const Channel &c, uint64_t h, uint32_t n, bool end, uint64_t now) {
+    if (now == 0) return;
     auto *r = p.report;
-    const uint64_t now = globaltimer_ns();
-    const bool timed = g >= p.warmup && g - p.warmup < p.stamps && c.index == 0;
-    if (!end) {
-        if (p.stage == 0 && timed) p.t_start[g - p.warmup] = now;
-        if (g == p.warmup) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_first), now);
-        if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_last), now);
-        return;
+    for (uint64_t g = h; g < h + n; ++g) {
+        const bool timed = c.index == 0 && g >= p.warmup && g - p.warmup < p.stamps;
+        if (!end) {
+            if (p.stage == 0 && timed) p.t_start[g - p.warmup] = now;
+            if (g == p.warmup) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_first), now);
+            if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->arrive_last), now);
+            continue;
+        }
+        if (p.stage + 1 == p.stages && timed) p.t_end[g - p.warmup] = now;
+        if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->done_ns), now);
     }
-    if (p.stage + 1 == p.stages && timed) p.t_end[g - p.warmup] = now;
-    if (g + 1 == p.chunks) atomicMax(reinterpret_cast<unsigned long long *>(&r->done_ns), now);
 }
 
 // ------------------------------------------------------------- the stage
@@ -416,58 +579,110 @@ __device__ bool pipe_channel(const PipeParams &p, Channel &c) {
     return ok;
 }
 
-// One chunk through this stage, one group: wait for it (not stage 0), for
-// a free slot downstream (not the last stage), move it, credit upstream,
-// forward. False once a wait gave up.
+// The channel's team (Team above): the whole group, or on the store and
+// LL paths only the lanes its slice needs (vectors, or lines).
 template <nixl_gpu_level_t L>
-__device__ bool pipe_chunk(const PipeParams &p, const Channel &c, uint64_t g, uint64_t &stall) {
+__device__ Team pipe_team(const PipeParams &p, const Channel &c) {
     using G = Lanes<L>;
-    const bool first = p.stage == 0, last = p.stage + 1 == p.stages;
-    bool ok = true;
-    if (!first && p.path != PIPE_PATH_LL) pipe_arrive<L>(p, c, g, ok);
-    if (!last) {
-        const uint64_t waited = pipe_slot_free<L>(p, c, g, ok);
-        if (g >= p.warmup) stall += waited;
-    }
-    if (p.delay_ns != 0 && G::rank() == 0) pipe_delay(p.delay_ns);
-    if (L != nixl_gpu_level_t::THREAD) ok = G::size() == 32 ? __all_sync(~0u, ok) : __syncthreads_and(ok);
-    if (!ok) return false;  // (a wait that gave up stops the other groups itself: pipe_stop)
-    if (G::rank() == 0) pipe_stamp(p, c, g, false);
-    if (p.path == PIPE_PATH_LL) {
-        ok = ll_slice<L>(p, c, g);
-        if (L != nixl_gpu_level_t::THREAD) ok = G::size() == 32 ? __all_sync(~0u, ok) : __syncthreads_and(ok);
-        if (!ok) return false;
-    } else {
-        uint8_t *dst = p.path == PIPE_PATH_PUT ? p.window + p.off_stage + slot_offset(p, g) + c.lo
-                       : last                  ? nullptr
-                                               : c.next + p.off_ring + slot_offset(p, g) + c.lo;
-        move_slice<L>(p, c, g, dst);
-    }
-    if (last && G::rank() == 0) pipe_stamp(p, c, g, true);  // checked: the chunk is through
-    if (!first) pipe_credit<L>(p, c, g);
-    if (!last && p.path != PIPE_PATH_LL) pipe_forward<L>(p, c, g);
-    if (!last && G::rank() == 0) pipe_stamp(p, c, g, true);
+    const uint32_t kind = L == nixl_gpu_level_t::THREAD ? TEAM_ONE : L == nixl_gpu_level_t::WARP ? TEAM_WARP : TEAM_BLOCK;
+    const Team group{G::rank(), G::size(), kind};
+    if (p.path == PIPE_PATH_PUT) return group;
+    const uint64_t work = p.path == PIPE_PATH_LL ? c.len / 8 : c.len / 16;
+    if (work <= 1) return Team{G::rank(), 1, TEAM_ONE};
+    if (work <= 32 && kind == TEAM_BLOCK && G::size() % 32 == 0) return Team{G::rank(), 32, TEAM_WARP};
+    return group;
+}
+
+// Where this stage writes its slice of chunk g (simple form): our staging
+// slot (put), the next stage's slot (store), nowhere (the last stage).
+__device__ __forceinline__ uint8_t *pipe_dst(const PipeParams &p, const Channel &c, uint64_t g) {
+    if (p.path == PIPE_PATH_PUT) return p.window + p.off_stage + slot_offset(p, g) + c.lo;
+    return c.next ? c.next + p.off_ring + slot_offset(p, g) + c.lo : nullptr;
+}
+
+// The LL form of a batch (always one chunk, h): the lines, then the credit
+// (not stage 0) and the stamps, taken where the leader's line was stored
+// (stage 0) or had arrived and been checked (ll_slice).
+template <nixl_gpu_level_t L>
+__device__ bool pipe_ll_chunk(const PipeParams &p, const Channel &c, const Team &t, uint64_t h) {
+    const bool last = p.stage + 1 == p.stages;
+    const bool stamp = t.rank == 0 && (pipe_stamped(p, c, h, false) || (last && pipe_stamped(p, c, h, true)));
+    uint64_t at = 0;
+    if (!t.all(ll_slice(p, c, t, h, stamp, at))) return false;
+    if (p.stage > 0) pipe_credit<L>(p, c, t, h, 1);
+    if (t.rank != 0) return true;
+    if (pipe_stamped(p, c, h, false)) pipe_stamp(p, c, h, 1, false, at);
+    pipe_stamp(p, c, h, 1, true, last ? at : pipe_clock(p, c, h, 1, true));
     return true;
 }
 
+// One batch through this stage, one team: the leader waits for chunks
+// h, h + 1, ... (not stage 0) and for room downstream (not the last
+// stage) and says how many it takes; the team moves them, credits
+// upstream and forwards, one handshake for all. Returns the batch's
+// size; 0 once a wait gave up (which stops the other channels too:
+// pipe_stop).
 template <nixl_gpu_level_t L>
+__device__ uint32_t pipe_batch(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, Carry &k,
+                               uint32_t *shared) {
+    const bool first = p.stage == 0, last = p.stage + 1 == p.stages, lead = t.rank == 0;
+    const uint32_t n = t.share(lead ? pipe_turn(p, c, h, k) : 0, shared);
+    if (n == 0) return 0;
+    if (p.path == PIPE_PATH_LL) return pipe_ll_chunk<L>(p, c, t, h) ? 1 : 0;
+    if (lead) {
+        pipe_stamp(p, c, h, n, false, pipe_clock(p, c, h, n, false));
+        pipe_read_ahead(p, c, h + n, k);
+    }
+    for (uint32_t j = 0; j < n; ++j) move_slice(p, c, t, h + j, pipe_dst(p, c, h + j));
+    // The last stage's clock is read now (checked: the chunks are through)
+    // and written after the credit, so the credit's fence does not wait
+    // for the stamp's store.
+    const uint64_t now = lead && last ? pipe_clock(p, c, h, n, true) : 0;
+    if (p.path == PIPE_PATH_STORE) store_signal(p, c, t, h, n, k);
+    else if (!first) pipe_credit<L>(p, c, t, h, n);
+    if (p.path == PIPE_PATH_PUT && !last) pipe_forward<L>(p, c, h, n);
+    if (lead) pipe_stamp(p, c, h, n, true, last ? now : pipe_clock(p, c, h, n, true));
+    return n;
+}
+
+// The stall (SM clock cycles, pipe_room) in ns: the leader's SM clock
+// against %globaltimer over the whole run.
+__device__ uint64_t stall_ns(const Carry &k, uint64_t c0, uint64_t t0) {
+    const uint64_t dc = clock64() - c0, dt = globaltimer_ns() - t0;
+    return dc == 0 ? 0 : uint64_t(double(k.stall) * double(dt) / double(dc));
+}
+
+// One kernel per level and path: the path a constant (`q.path`, folded
+// into every function above), so each kernel holds only its path's code
+// and registers. With the three paths in one kernel, pipe_block spilled.
+template <nixl_gpu_level_t L, uint32_t P>
 __device__ void pipe_stage(const PipeParams &p) {
-    using G = Lanes<L>;
+    __shared__ uint32_t batch;  // the block team's batch size (Team::share)
+    PipeParams q = p;
+    q.path = P;
     Channel c;
-    if (!pipe_channel<L>(p, c) || c.len == 0) return;  // unmapped neighbour, or no data for this channel
-    uint64_t stall = 0;
-    for (uint64_t g = 0; g < p.chunks; ++g)
-        if (!pipe_chunk<L>(p, c, g, stall)) break;
-    if (G::rank() == 0) {
-        atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->stall_ns), stall);
-        if (p.stage + 1 == p.stages)
-            atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->checked), c.len * p.chunks);
+    if (!pipe_channel<L>(q, c) || c.len == 0) return;  // unmapped neighbour, or no data for this channel
+    const Team t = pipe_team<L>(q, c);
+    if (t.rank >= t.size) return;  // a lane the slice does not need
+    Carry k{0, 0, {0, 0, 0, 0}, false, 0};
+    const uint64_t c0 = clock64(), t0 = globaltimer_ns();
+    for (uint64_t g = 0, n = 1; g < q.chunks && n != 0; g += n) n = pipe_batch<L>(q, c, t, g, k, &batch);
+    if (t.rank == 0) {
+        atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->stall_ns), stall_ns(k, c0, t0));
+        if (q.stage + 1 == q.stages)
+            atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->checked), c.len * q.chunks);
     }
 }
 
-#define PIPE_ENTRY(name, level) \
-    extern "C" __global__ void __launch_bounds__(1024) name(PipeParams p) { pipe_stage<level>(p); }
+#define PIPE_ENTRY(name, level, path) \
+    extern "C" __global__ void __launch_bounds__(1024) name(PipeParams p) { pipe_stage<level, path>(p); }
 
-PIPE_ENTRY(pipe_thread, nixl_gpu_level_t::THREAD)
-PIPE_ENTRY(pipe_warp, nixl_gpu_level_t::WARP)
-PIPE_ENTRY(pipe_block, nixl_gpu_level_t::BLOCK)
+PIPE_ENTRY(pipe_thread_put, nixl_gpu_level_t::THREAD, PIPE_PATH_PUT)
+PIPE_ENTRY(pipe_warp_put, nixl_gpu_level_t::WARP, PIPE_PATH_PUT)
+PIPE_ENTRY(pipe_block_put, nixl_gpu_level_t::BLOCK, PIPE_PATH_PUT)
+PIPE_ENTRY(pipe_thread_store, nixl_gpu_level_t::THREAD, PIPE_PATH_STORE)
+PIPE_ENTRY(pipe_warp_store, nixl_gpu_level_t::WARP, PIPE_PATH_STORE)
+PIPE_ENTRY(pipe_block_store, nixl_gpu_level_t::BLOCK, PIPE_PATH_STORE)
+PIPE_ENTRY(pipe_thread_ll, nixl_gpu_level_t::THREAD, PIPE_PATH_LL)
+PIPE_ENTRY(pipe_warp_ll, nixl_gpu_level_t::WARP, PIPE_PATH_LL)
+PIPE_ENTRY(pipe_block_ll, nixl_gpu_level_t::BLOCK, PIPE_PATH_LL)

@@ -65,11 +65,12 @@ pub struct PipeParams {
     pub window: u64,
     /// [`PipeReport`].
     pub report: u64,
-    /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk,
-    /// `%globaltimer` ns.
+    /// `[stamps]` u64, stage 0: when channel 0 began each timed chunk
+    /// (LL: just before its leading lane's line store), `%globaltimer` ns.
     pub t_start: u64,
     /// `[stamps]` u64, last stage: when channel 0's leading lane had
-    /// checked its share of the chunk (LL: after the group's barrier).
+    /// checked its share of the chunk (LL: its own line, just after it
+    /// arrived).
     pub t_end: u64,
     pub off_ring: u64,
     pub off_stage: u64,
@@ -120,7 +121,9 @@ pub struct PipeReport {
     /// 1: nixlGetPtr gave no pointer to a neighbour's window.
     pub null_ptr: u32,
     pub reserved: u32,
-    /// Time waiting for credits over the timed chunks, summed over channels, ns.
+    /// Time waiting for credits over the timed chunks, summed over channels,
+    /// ns (counted on the SM clock, converted with the kernel's own
+    /// clock against `%globaltimer`).
     pub stall_ns: u64,
     /// `%globaltimer` when the first timed chunk and the last chunk had
     /// arrived (max over channels), and when the last one's work ended.
@@ -139,10 +142,13 @@ const _: () = {
 // SAFETY: plain #[repr(C)] data whose layout matches the kernel parameter.
 unsafe impl DeviceRepr for PipeParams {}
 
-/// The stage kernels loaded into one GPU's context, one entry per level.
+/// The stage kernels loaded into one GPU's context, one entry per level
+/// and path (`pipe_<level>_<path>`: the path is a constant in each, so a
+/// kernel holds only its path's code and registers).
 pub struct PipeKernels {
     _module: Arc<CudaModule>,
-    entries: [CudaFunction; 3],
+    /// `[level][path]`, as [`Level`] and [`PipePath`] number them.
+    entries: Vec<[CudaFunction; 3]>,
 }
 
 impl PipeKernels {
@@ -154,13 +160,24 @@ impl PipeKernels {
                 .load_function(name)
                 .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
         };
+        let paths = [PipePath::Put, PipePath::Store, PipePath::Ll];
+        let mut entries = Vec::new();
+        for level in Level::ALL {
+            let name = |path: PipePath| format!("pipe_{}_{}", level.name(), path.name());
+            entries.push([
+                f(&name(paths[0]))?,
+                f(&name(paths[1]))?,
+                f(&name(paths[2]))?,
+            ]);
+        }
         Ok(Self {
-            entries: [f("pipe_thread")?, f("pipe_warp")?, f("pipe_block")?],
+            entries,
             _module: module,
         })
     }
 
-    /// Queues this stage's kernel at `level` over `blocks` × `threads`.
+    /// Queues this stage's kernel at `level` for `p.path` over `blocks` ×
+    /// `threads`.
     ///
     /// # Safety
     /// Every address in `p` must stay valid until the kernel completes.
@@ -171,7 +188,7 @@ impl PipeKernels {
         (blocks, threads): (u32, u32),
         p: &PipeParams,
     ) -> Result<(), DriverError> {
-        let f = &self.entries[level as usize];
+        let f = &self.entries[level as usize][p.path as usize];
         // SAFETY: as this function's contract; `PipeParams` is the entries'.
         unsafe { launch::launch(s, f, (blocks, threads), p) }
     }
