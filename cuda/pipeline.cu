@@ -428,10 +428,14 @@ __device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t h, 
 // word in its window becomes h + n (the put path adds n; its team is the
 // whole group, pipe_team). The reads must come first. Put: the add is
 // ordered after the group's barrier as simple_write's put path orders it.
-// LL: a plain store after the barrier, as simple_write's LL ping-pong
-// acknowledges its lines: every lane has loaded its lines and compared
-// them before the barrier (the loads have returned their values), and the
-// store, issued after, cannot take effect before them. A release here
+// LL: a plain store after the barrier, as NCCL's LL protocol returns its
+// credit (src/device/prims_ll.h, postRecv: a volatile store of the head,
+// no fence) and simple_write's LL ping-pong acknowledges its lines: every
+// lane has loaded its lines and compared them before the barrier (the
+// loads have returned their values), and the store, issued after, cannot
+// take effect before them. The PTX memory model itself promises that only
+// of a release; this relies, as NCCL does, on the GPU never letting a
+// store overtake loads whose values decided to reach it. A release here
 // (a fence) would cost about 0.4 us a chunk on an H200, a third of the
 // one-slot round trip.
 template <nixl_gpu_level_t L>
