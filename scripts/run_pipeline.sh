@@ -91,7 +91,7 @@ N=20000; ((QUICK)) && N=2000
 one sw-bw 0 "$SW" -m pair -b 1M -e 4M -f 4 --path put,store -l block --json "$OUT/sw-bw.json"
 one sw-ll 0 "$SW" -m pair -s 8 --path ll --pingpong --json "$OUT/sw-ll.json"
 for s in $STAGES; do
-  pipe "p${s}-1M" 0 --ranks "$s" --chunk 1M --slots 2,8 --path store,put --chunks "$((N / 10))" --warmup 100
+  pipe "p${s}-1M" 0 --ranks "$s" --chunk 1M --slots 2,8,16 --path store,put --chunks "$((N / 10))" --warmup 100
   pipe "p${s}-ll" 0 --ranks "$s" --path ll --chunk 8,4K,64K --slots 1,8 --level warp,block --chunks "$N" \
     --warmup 1000 --no-baseline
 done
@@ -99,9 +99,11 @@ done
 # ping-pong measures, at its grids (256 threads a block).
 pipe p2-ll8 0 --ranks 2 --path ll --chunk 8 --slots 1 --level thread,warp,block --threads 256 --chunks "$N" \
   --warmup 1000 --no-baseline
-# Larger chunks, and fewer channels (more bytes per step of each).
-pipe p2-4M 0 --ranks 2 --chunk 4M --slots 4 --path store,put --chunks 500 --warmup 50
-pipe p2-1M-b16 0 --ranks 2 --chunk 1M --slots 8 --path store,put --blocks 16 --chunks 2000 --warmup 100 --no-baseline
+# Larger chunks; and more channels (two blocks an SM's share: fewer bytes a
+# step of each, more handshakes in flight).
+pipe p2-4M 0 --ranks 2 --chunk 4M --slots 4,8 --path store,put --chunks 500 --warmup 50
+pipe p2-b128 0 --ranks 2 --chunk 1M,4M --slots 8,16 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
+  --no-baseline
 pipe p2-levels 0 --ranks 2 --chunk 64K --slots 8 --path store,put --level thread,warp,block --chunks "$N" --warmup 1000 \
   --no-baseline
 pipe p3-slow 0 --ranks 3 --chunk 64 --slots 8 --path store --level warp --slow-stage 2 --delay-us 2 \
