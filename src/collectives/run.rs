@@ -38,14 +38,7 @@ pub struct Outputs {
 /// anything else (exit 1), each naming the cause.
 pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
     // May re-execute this process to load NCCL: before anything else.
-    let nccl = match cfg.baseline {
-        true => loader::prepare(),
-        false => NcclStatus::Unavailable("--no-baseline".into()),
-    };
-    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
-        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
-    }
+    let nccl = loader::start(cfg.baseline);
     check_machine()?;
     let visible = device_count()? as u32;
     let gpus = out.gpus.unwrap_or(visible);

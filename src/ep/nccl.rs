@@ -18,7 +18,7 @@ pub use super::report::NcclTimes;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ranks::group::Group;
 use crate::ranks::nccl::{Comm, check, exchange_id};
-pub use crate::ranks::nccl::{NcclStatus, prepare};
+pub use crate::ranks::nccl::{NcclStatus, prepare, start};
 
 /// Runs the baseline for both phases. NCCL calls can block forever when a
 /// rank is gone, so they run on a worker thread; this thread waits with the

@@ -31,15 +31,7 @@ use crate::ranks::plan::Plan;
 /// each naming the cause.
 pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     // May re-execute this process (see nccl.rs): before anything else.
-    let nccl_status = if cfg.baseline {
-        nccl::prepare()
-    } else {
-        NcclStatus::Unavailable("--no-baseline".into())
-    };
-    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        // SAFETY: no other thread exists yet. NVLink SHARP stays off here.
-        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
-    }
+    let nccl_status = nccl::start(cfg.baseline);
     check_machine(cfg.baseline)?;
     let (gpu, ranks_on_gpu) = open_gpu(env, opts)?;
     let model = Model::new(cfg, env.rank);

@@ -49,6 +49,23 @@ impl std::fmt::Display for NcclStatus {
 /// Set (to the library's path) in the re-executed process.
 const REEXEC_MARK: &str = "NIXL_NCCL_REEXEC";
 
+/// A rank's NCCL at start-up: [`prepare`]d when the program runs its
+/// same-run baseline (`baseline`), else unavailable for `--no-baseline`;
+/// and NVLink SHARP (`NCCL_NVLS_ENABLE`) off unless the user set it, as
+/// the launcher sets it for its ranks. Call first, before any thread or
+/// connection exists: it may re-execute the process.
+pub fn start(baseline: bool) -> NcclStatus {
+    let status = match baseline {
+        true => prepare(),
+        false => NcclStatus::Unavailable("--no-baseline".into()),
+    };
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: no other thread exists yet (this function's contract).
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
+    status
+}
+
 /// Makes NCCL loadable by cudarc, re-executing this process once if
 /// needed (see the module docs). Call before any thread or connection
 /// exists. Never fails: an unavailable NCCL only skips the baseline.
