@@ -231,14 +231,7 @@ impl Session {
         let g = ctx.group;
         g.put(&g.rank_entry(g.rank, "card"), card)?;
         for r in (0..g.world).filter(|&r| r != g.rank) {
-            let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
-            let want = g.agent_name(r, 0);
-            if card.agent != want {
-                bail!(
-                    "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
-                    card.agent
-                );
-            }
+            let card = g.peer_card(r)?;
             (self.net.connect(r, &card, g.timeout())).map_err(|e| g.blame_member(r as usize, e))?;
         }
         // SAFETY: no kernel runs yet; peers keep their windows until every

@@ -25,7 +25,7 @@ use super::ring::{self, Window};
 use crate::cli::{DataMismatch, UsageError};
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
-use crate::nixl::net::{Net, PeerCard};
+use crate::nixl::net::Net;
 use crate::nixl::serdes::Desc;
 use crate::ranks::RankEnv;
 use crate::ranks::group::{Group, open_store};
@@ -204,14 +204,7 @@ fn connect(g: &Group, window: &DeviceBuffer, bytes: u64) -> Result<Net> {
         Some(g.rank + 1).filter(|&r| r < g.world),
     ];
     for r in neighbours.into_iter().flatten() {
-        let card: PeerCard = g.get(&g.rank_entry(r, "card"), r, "peer card")?;
-        let want = g.agent_name(r, 0);
-        if card.agent != want {
-            bail!(
-                "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
-                card.agent
-            );
-        }
+        let card = g.peer_card(r)?;
         net.connect(r, &card, g.timeout())
             .map_err(|e| g.blame_member(r as usize, e))?;
     }

@@ -66,6 +66,23 @@ impl<'a> Group<'a> {
         format!("{}-rank-{}", self.program.name, process_name(r, inc))
     }
 
+    /// Rank `r`'s NIXL card of its first phase (`rank/<r>/card`, as each
+    /// rank publishes it), waited for as [`Member::get`] waits. Errors: the
+    /// card names another agent than [`Self::agent_name`] expects (another
+    /// run uses this store), and `get`'s.
+    pub fn peer_card(&self, r: u32) -> Result<crate::nixl::net::PeerCard> {
+        let card: crate::nixl::net::PeerCard =
+            self.get(&self.rank_entry(r, "card"), r, "peer card")?;
+        let want = self.agent_name(r, 0);
+        if card.agent != want {
+            anyhow::bail!(
+                "rank {r}'s card names agent '{}', expected '{want}': another run uses this store",
+                card.agent
+            );
+        }
+        Ok(card)
+    }
+
     /// One configuration for the whole run under `entry`: the first rank to
     /// get there stores `mine` (compare-and-set; the key is shared, so it
     /// outlives any rank), every other must match it. Errors: a usage error
