@@ -514,7 +514,8 @@ pub fn publish(
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
     }
     if let Some(p) = csv {
-        std::fs::write(p, csv_text(&rows))?;
+        let info = serde_json::json!({"config": ctx.cfg, "ranks": ctx.group.world});
+        crate::results::write_csv(p, &info, &rows)?;
     }
     Ok(())
 }
@@ -561,27 +562,6 @@ fn table(rows: &[PhaseRow]) -> String {
     for r in rows {
         t += &format!(
             "{:<14} {:<9} {:<6} {:<9} {:>10} {:>5} {:>6} {:>7} {:>5} {:>10.2} {:>10.2}\n",
-            r.op,
-            r.algo,
-            r.path,
-            r.dtype,
-            r.bytes,
-            r.phase,
-            r.ranks,
-            r.calls,
-            r.lost,
-            r.p50_us,
-            r.p99_us
-        );
-    }
-    t
-}
-
-fn csv_text(rows: &[PhaseRow]) -> String {
-    let mut t = String::from("op,algo,path,dtype,bytes,phase,ranks,calls,lost,p50_us,p99_us\n");
-    for r in rows {
-        t += &format!(
-            "{},{},{},{},{},{},{},{},{},{:.3},{:.3}\n",
             r.op,
             r.algo,
             r.path,
