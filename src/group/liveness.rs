@@ -80,20 +80,17 @@ impl Member<'_> {
         found
     }
 
-    /// The abort a member published, or a lost store.
+    /// The abort a member published, or a lost store. One CHECK while
+    /// there is none; read without waiting (`try_get`), as the host deletes
+    /// it at the end of the run.
     fn aborted(&self) -> Option<String> {
         let entry = self.abort_entry();
-        match self.store.check(&[entry.key()]) {
-            Ok(false) => None,
-            Ok(true) => {
-                let why = (self.store.get(entry.key()).ok())
-                    .and_then(|b| entry.decode(&b).ok())
-                    .map_or_else(
-                        || "a member gave up (no reason given)".into(),
-                        |a| format!("{} gave up: {}", a.member, a.message),
-                    );
-                Some(why)
-            }
+        match self.store.try_get(entry.key()) {
+            Ok(None) => None,
+            Ok(Some(b)) => Some(entry.decode(&b).map_or_else(
+                |_| "a member gave up (no reason given)".into(),
+                |a| format!("{} gave up: {}", a.member, a.message),
+            )),
             Err(e) => Some(self.roster.store_lost(self.me, &e)),
         }
     }
@@ -133,6 +130,14 @@ impl Member<'_> {
     /// The heartbeat values of `who` (member, name in keys) whose keys
     /// exist: all or none unless `each`, which asks for the missing ones
     /// one by one (N requests more, only while some key is missing).
+    ///
+    /// The values are read without waiting (`try_multi_get`): a member that
+    /// leaves deletes its heartbeat key, and one deleted between our CHECK
+    /// and a MULTI_GET would hold our connection for the whole reply
+    /// deadline, which is longer than [`super::SILENT_AFTER`]: our own
+    /// heartbeat queues behind it, so the others would find *us* silent
+    /// (a host in its teardown then left, taking the store from a member
+    /// still reading the run's last decision).
     fn heartbeats(
         &self,
         who: &[(usize, String)],
@@ -156,12 +161,14 @@ impl Member<'_> {
         }
         let keys: Vec<String> = present.iter().map(|(_, n)| key(n)).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        match self.store.multi_get(&refs) {
-            Ok(values) => Ok(present.into_iter().zip(values).collect()),
-            // A key deleted between CHECK and MULTI_GET: a member that left.
-            Err(crate::store::StoreError::Timeout { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
+        let values = self.store.try_multi_get(&refs)?;
+        // A key deleted since the CHECK is a member that left.
+        if !each && values.iter().any(Option::is_none) {
+            return Ok(Vec::new());
         }
+        Ok((present.into_iter().zip(values))
+            .filter_map(|(m, v)| Some((m, v?)))
+            .collect())
     }
 
     /// Makes the probe watch only `who` (member, name in keys: a member's
@@ -215,13 +222,14 @@ impl Member<'_> {
     }
 
     /// Whether member `i` is gone: its heartbeat key is missing (it left)
-    /// or stood still long enough (dead, frozen), or the store fails.
+    /// or stood still long enough (dead, frozen), or the store fails. Read
+    /// without waiting (see [`Member::heartbeats`]).
     pub(super) fn gone(&self, i: usize) -> bool {
         let key = self.alive_key(i);
-        if !self.store.check(&[&key]).unwrap_or(false) {
+        let Ok(Some(raw)) = self.store.try_get(&key) else {
             return true;
-        }
-        let Some(value) = self.store.get(&key).ok().and_then(|b| parse(&b)) else {
+        };
+        let Some(value) = parse(&raw) else {
             return true;
         };
         let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());

@@ -122,8 +122,13 @@ impl<'a> Member<'a> {
             Pace::Every(Duration::ZERO),
             || {
                 if self.wait_slice(&[key], &format!("{}'s {what}", self.label(from)))? {
-                    let raw = self.store.get(key).map_err(|e| self.lost(e))?;
-                    return self.read(entry, raw);
+                    // Without waiting: a key deleted since the WAIT found it
+                    // (a report its writer deletes once the round is
+                    // decided) reads as not there yet. A GET would wait for
+                    // it, holding our connection, and so our heartbeat, for
+                    // the whole reply deadline: longer than the others give
+                    // a silent member.
+                    return self.try_get(entry);
                 }
                 Ok(None)
             },
@@ -207,18 +212,6 @@ impl<'a> Member<'a> {
             Some(raw) => Ok(Some(entry.decode(&raw)?)),
             None => Ok(None),
         }
-    }
-
-    /// `raw`, just read for `entry`, decoded; `None` when the key was
-    /// deleted just before the read: a GET answers a missing key with an
-    /// empty value (torch's server does the same), and a key read between
-    /// its CHECK and its deletion (a report its writer deletes once the
-    /// round is decided) must read as gone, not as a broken value.
-    fn read<T: Value>(&self, entry: &Entry<T>, raw: Vec<u8>) -> Result<Option<T>> {
-        if raw.is_empty() && !self.store.check(&[entry.key()]).map_err(|e| self.lost(e))? {
-            return Ok(None);
-        }
-        Ok(Some(entry.decode(&raw)?))
     }
 
     /// One slice (about 200 ms) of a wait for `keys`: `Ok(true)` once they

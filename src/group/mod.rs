@@ -31,6 +31,13 @@
 //! them at most every [`PROBE_EVERY`], however often it is called, so N
 //! members make O(N) requests a second, not O(N²).
 //!
+//! No read of a member waits for its key ([`crate::store::Store::try_get`],
+//! [`crate::store::Store::try_multi_get`]): keys are deleted while others
+//! read them (a member that leaves deletes its heartbeat), and a read that
+//! waited for a deleted key would hold the member's one connection for the
+//! whole reply deadline, longer than [`SILENT_AFTER`]. Its own heartbeat
+//! queues behind that read, so the others would find the reader silent.
+//!
 //! Keys, all under the run's prefix (`NIXL_2PROC/` for `simple_write`,
 //! `nixl_ep/` for `ep`); a member's name is `initiator`/`target` or its
 //! rank:

@@ -44,7 +44,11 @@
 //! `super::keys`' table. Silence is the agreement's to judge: in a
 //! surviving run the group's probe watches nobody's heartbeat; under
 //! [`OnDeath::Fail`] it watches the phase's members, and a silent one ends
-//! any wait with its name.
+//! any wait with its name. Under our launcher a process that is still
+//! starting (its first phase, up to and including that phase's opening
+//! round) is proven dead by the launcher's notice alone, never by its
+//! silence: a live process's start can hold its heartbeat still for longer
+//! than the probe's limit (`Membership::silence_proves`).
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -555,14 +559,17 @@ impl<'a> Membership<'a> {
         Ok(dead)
     }
 
-    /// Whether process `<r>.<inc>` is proven dead: the launcher's notice
-    /// (one request, every call), or, at most every [`PROBE_EVERY`]
-    /// (`next_look`), a heartbeat silent for the probe's limit.
+    /// Whether process `<r>.<inc>` is proven dead while the current phase
+    /// begins: the launcher's notice (one request, every call), or, at
+    /// most every [`PROBE_EVERY`] (`next_look`), a heartbeat silent for the
+    /// probe's limit where silence proves it ([`Self::silence_proves`]).
     fn proven_dead(&self, r: u32, inc: usize, next_look: &mut Instant) -> Result<bool> {
         if self.noticed(r, inc)? {
             return Ok(true);
         }
-        if Instant::now() < *next_look {
+        let phase = self.state().phase;
+        let starting = phase.is_some_and(|i| !self.silence_proves(inc, i, None));
+        if starting || Instant::now() < *next_look {
             return Ok(false);
         }
         *next_look = Instant::now() + PROBE_EVERY;
@@ -571,9 +578,10 @@ impl<'a> Membership<'a> {
     }
 
     /// Whether process `<r>.<inc>`, which we failed to reach, is dead: the
-    /// launcher's notice, or its heartbeat silent for the probe's limit;
-    /// looked for up to that limit and a second more (a live peer's
-    /// failure is then ours to report).
+    /// launcher's notice, or its heartbeat silent for the probe's limit
+    /// (where silence proves it: not for a process still starting under
+    /// our launcher, see the module docs); looked for up to that limit and
+    /// a second more (a live peer's failure is then ours to report).
     pub fn is_dead(&self, r: u32, inc: usize) -> Result<bool> {
         let until = Instant::now() + crate::group::SILENT_AFTER + Duration::from_secs(1);
         let mut next_look = Instant::now();
@@ -589,6 +597,39 @@ impl<'a> Membership<'a> {
     /// Whether the launcher noticed process `<r>.<inc>` die or stop.
     fn noticed(&self, r: u32, inc: usize) -> Result<bool> {
         Ok(self.death(r, inc)?.is_some())
+    }
+
+    /// Whether a heartbeat silent for the probe's limit proves that a
+    /// process started in phase `inc` died, judged in phase `i`'s round
+    /// `step` (`None`: while the phase begins, before its rounds). Where no
+    /// launcher watches, always: silence is the only evidence there. Under
+    /// our launcher, not while the process is starting, that is in its
+    /// first phase up to and including the phase's opening round: a
+    /// starting process loads NIXL and UCX, creates its agent and makes its
+    /// first connections, and on a loaded machine its heartbeat can stand
+    /// still for longer than the limit while it is alive. That stall is its
+    /// own, so our beats, which stretch the limit when the whole machine is
+    /// slow, do not stretch with it (a joiner whose card came late, its
+    /// heartbeat standing still meanwhile, was once agreed gone this way).
+    /// The launcher sees a child die or stop at once and writes its notice,
+    /// so a starting process that dies is still named at once.
+    fn silence_proves(&self, inc: usize, i: usize, step: Option<u64>) -> bool {
+        !self.group.launcher || inc != i || step.is_some_and(|s| s != OPEN)
+    }
+
+    /// Those of `ranks` (members of phase `i`) whose silence may prove them
+    /// dead in round `step` ([`Self::silence_proves`]), as the group names
+    /// their processes.
+    fn judged_by_silence(
+        &self,
+        ranks: impl IntoIterator<Item = u32>,
+        i: usize,
+        step: u64,
+    ) -> Vec<(usize, String)> {
+        let judged = ranks
+            .into_iter()
+            .filter(|&r| self.silence_proves(self.inc(r, i), i, Some(step)));
+        self.names(judged, i)
     }
 
     /// The launcher's notice of process `<r>.<inc>`'s death, if it wrote one.
@@ -748,7 +789,10 @@ impl<'a> Membership<'a> {
             return Ok(false);
         }
         let name = self.names([leader], i);
-        if !g.silent_among(&name)?.is_empty() {
+        if !g
+            .silent_among(&self.judged_by_silence([leader], i, step))?
+            .is_empty()
+        {
             return Ok(true);
         }
         let before = match &watch.before {
@@ -892,7 +936,8 @@ impl<'a> Membership<'a> {
                 watch.before.insert(g.heartbeats_of(&all)?).clone()
             }
         };
-        gone.extend(g.silent_among(&names)?.into_iter().map(|r| r as u32));
+        let judged = self.judged_by_silence(missing.iter().copied(), round.i, round.step);
+        gone.extend(g.silent_among(&judged)?.into_iter().map(|r| r as u32));
         if !g.launcher && round.clock.passed(g, self.fault_timeout) {
             let now = g.heartbeats_of(&names)?;
             let still = |r: &u32| now.get(&(*r as usize)) == before.get(&(*r as usize));
@@ -975,7 +1020,8 @@ impl<'a> Membership<'a> {
             let ranks: Vec<u32> = open.iter().copied().collect();
             open = &open - &self.noticed_among(&ranks, i)?;
             if watch.due() {
-                let silent = g.silent_among(&self.names(open.iter().copied(), i))?;
+                let judged = self.judged_by_silence(open.iter().copied(), i, step);
+                let silent = g.silent_among(&judged)?;
                 open.retain(|r| !silent.contains(&(*r as usize)));
             }
             // The backstop where the notice is late or missing.
@@ -1520,6 +1566,85 @@ mod tests {
         });
         for d in decided {
             assert_eq!(d.gone, BTreeSet::from([2]), "{d:?}");
+        }
+    }
+
+    /// A joiner whose heartbeat stands still while it starts (it beat
+    /// once, then loaded its libraries and created its agent on a loaded
+    /// machine) is not agreed gone by its silence under our launcher: the
+    /// members wait for its card and connect to it (plan
+    /// `[[0,1],[0,1,2]]`). Its card comes only once the members have waited
+    /// past the probe's limit, by the wall clock and by their own beats
+    /// (their heartbeat counters in the store); where silence judged a
+    /// starting process too, they found it gone before it came.
+    #[test]
+    fn a_starting_joiner_whose_heartbeat_stands_still_is_waited_for() {
+        use crate::group::{SILENT_AFTER, SILENT_BEATS};
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let plan = Plan::parse("[[0,1],[0,1,2]]").unwrap();
+        let prefix = launched(0, 3).key_prefix();
+        let waiting = [AtomicBool::new(false), AtomicBool::new(false)];
+        let member = |r: u32| -> Result<Newcomers<Bytes>> {
+            let g = Group::new(&store, &launched(r, 3), Duration::from_secs(30));
+            g.run(|| {
+                let e = Membership::new(&g, &plan, 0, Duration::from_secs(2), SURVIVE)?;
+                let new = e.begin_phase(0, &Bytes(vec![r as u8]), || Ok(()))?;
+                e.opened(0, &new.gone)?;
+                e.end_phase(0)?;
+                waiting[r as usize].store(true, SeqCst);
+                let new = e.begin_phase(1, &Bytes(vec![r as u8]), || Ok(()))?;
+                e.opened(1, &new.gone)?;
+                e.end_phase(1)?;
+                Ok(new)
+            })
+        };
+        let beats = || -> Vec<i64> {
+            (0..2)
+                .map(|r| store.add(&format!("{prefix}alive/{r}.0"), 0).unwrap())
+                .collect()
+        };
+        let joiner = || -> Result<()> {
+            // It beat once, and then stood still while it started.
+            store.add(&format!("{prefix}alive/2.1"), 1)?;
+            let t0 = Instant::now();
+            let hang_guard = |what: &str| {
+                anyhow::ensure!(t0.elapsed() < Duration::from_secs(60), "{what}");
+                std::thread::sleep(Duration::from_millis(10));
+                Ok(())
+            };
+            while !waiting.iter().all(|w| w.load(SeqCst)) {
+                hang_guard("phase 0 never ended")?;
+            }
+            let (since, before) = (Instant::now(), beats());
+            let limit = SILENT_BEATS as i64 + 2;
+            while since.elapsed() < SILENT_AFTER + Duration::from_secs(1)
+                || beats().iter().zip(&before).any(|(now, b)| now - b < limit)
+            {
+                hang_guard("the members stopped beating")?;
+            }
+            let env = RankEnv {
+                incarnation: 1,
+                ..launched(2, 3)
+            };
+            let g = Group::new(&store, &env, Duration::from_secs(30));
+            g.run(|| {
+                let e = Membership::new(&g, &plan, 1, Duration::from_secs(2), SURVIVE)?;
+                let new = e.begin_phase(1, &Bytes(vec![2]), || Ok(()))?;
+                e.opened(1, &new.gone)?;
+                e.end_phase(1).map(drop)
+            })
+        };
+        let (members, joined) = std::thread::scope(|s| {
+            let j = s.spawn(joiner);
+            let m = [s.spawn(|| member(0)), s.spawn(|| member(1))];
+            (m.map(|h| h.join().unwrap()), j.join().unwrap())
+        });
+        joined.unwrap();
+        for new in members {
+            let new = new.unwrap();
+            assert!(new.gone.is_empty(), "{new:?}");
+            assert_eq!(new.peers.iter().map(|p| p.rank).collect::<Vec<_>>(), [2]);
         }
     }
 

@@ -221,6 +221,12 @@ pub trait Store: Send + Sync {
     /// its read reads as `None` (a plain CHECK then GET would wait the
     /// whole deadline for it, holding the connection).
     fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Each key's value if it exists now, `None` for each that does not,
+    /// in order: [`Store::try_get`] for many keys at once, never waiting
+    /// for one. A [`Store::multi_get`] after a CHECK would wait the whole
+    /// deadline for a key deleted in between, holding the connection (and
+    /// every request of this client queued behind it) all that time.
+    fn try_multi_get(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
     /// Adds `delta` to the integer stored (as decimal ASCII) at `key`,
     /// creating it at 0; returns the new value.
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError>;
@@ -288,6 +294,16 @@ pub(crate) trait Bounded: Send + Sync {
             Err(StoreError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+    /// [`Store::try_multi_get`]. This default reads key by key
+    /// ([`Bounded::try_get_by`]); the native client reads them all in one
+    /// request.
+    fn try_multi_get_by(
+        &self,
+        keys: &[&str],
+        deadline: Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|k| self.try_get_by(k, deadline)).collect()
     }
     fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError>;
     fn compare_set_by(
@@ -367,6 +383,9 @@ impl<T: Deadlined> Store for T {
     }
     fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.backend().try_get_by(key, self.deadline())
+    }
+    fn try_multi_get(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.backend().try_multi_get_by(keys, self.deadline())
     }
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         self.backend().add_by(key, delta, self.deadline())

@@ -105,6 +105,20 @@ impl Bounded for MemoryStore {
         Ok(keys.iter().all(|k| map.contains_key(*k)))
     }
 
+    /// Under one lock: a key is there or not, never half-deleted.
+    fn try_get_by(&self, key: &str, _: Duration) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.map().get(key).cloned())
+    }
+
+    fn try_multi_get_by(
+        &self,
+        keys: &[&str],
+        _: Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let map = self.map();
+        Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
+    }
+
     fn add_by(&self, key: &str, delta: i64, _: Duration) -> Result<i64, StoreError> {
         let mut map = self.map();
         let now = match map.get(key) {

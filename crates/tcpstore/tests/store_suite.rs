@@ -78,6 +78,7 @@ pub fn run_all(label: &str, a: &dyn Store, b: &dyn Store) {
     wait_for_several_keys(a, b, &format!("{label}/waitmany"));
     check_reports_presence(a, b, &format!("{label}/check"));
     try_get_never_waits(a, b, &format!("{label}/tryget"));
+    try_multi_get_never_waits(a, b, &format!("{label}/trymultiget"));
     add_stores_decimal_ascii(a, b, &format!("{label}/add"));
     concurrent_adds_are_atomic(a, b, &format!("{label}/addrace"));
     delete_key_reports_existence(a, b, &format!("{label}/delete"));
@@ -253,6 +254,31 @@ pub fn try_get_never_waits(a: &dyn Store, b: &dyn Store, ns: &str) {
     assert_eq!(a.try_get(&e).unwrap().as_deref(), Some(&b""[..]));
     assert!(b.delete_key(&k).unwrap());
     assert_eq!(a.try_get(&k).unwrap(), None);
+}
+
+/// `try_multi_get`: missing keys are `None` at once (no wait for them),
+/// values and an empty value come back in order, a deleted key is `None`
+/// again, and no keys read as none.
+pub fn try_multi_get_never_waits(a: &dyn Store, b: &dyn Store, ns: &str) {
+    let (k, e, m) = (
+        format!("{ns}/k"),
+        format!("{ns}/empty"),
+        format!("{ns}/missing"),
+    );
+    let t0 = Instant::now();
+    assert_eq!(a.try_multi_get(&[&k, &m]).unwrap(), [None, None]);
+    assert!(t0.elapsed() < a.timeout(), "try_multi_get waited for a key");
+    b.set(&k, b"v").unwrap();
+    b.set(&e, b"").unwrap();
+    synced(b);
+    let got = a.try_multi_get(&[&k, &m, &e]).unwrap();
+    assert_eq!(got, [Some(b"v".to_vec()), None, Some(Vec::new())]);
+    assert!(b.delete_key(&k).unwrap());
+    assert_eq!(
+        a.try_multi_get(&[&k, &e]).unwrap(),
+        [None, Some(Vec::new())]
+    );
+    assert_eq!(a.try_multi_get(&[]).unwrap(), Vec::<Option<Vec<u8>>>::new());
 }
 
 pub fn add_stores_decimal_ascii(a: &dyn Store, b: &dyn Store, ns: &str) {

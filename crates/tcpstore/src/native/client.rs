@@ -363,11 +363,18 @@ impl Client {
         if !self.wait(ctx, keys, timeout)? {
             return Ok(None);
         }
+        self.multi_get_now(ctx, keys).map(Some)
+    }
+
+    /// MULTI_GET alone, without torch's WAIT before it: a missing key reads
+    /// as an empty value (the caller CHECKs those).
+    pub(crate) fn multi_get_now(
+        &mut self,
+        ctx: &Ctx<'_>,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
         self.send(ctx, &Request::MultiGet { keys: fields(keys) })?;
-        (0..keys.len())
-            .map(|_| self.recv_value(ctx))
-            .collect::<Result<_, _>>()
-            .map(Some)
+        (0..keys.len()).map(|_| self.recv_value(ctx)).collect()
     }
 
     /// ADD; returns the new value.

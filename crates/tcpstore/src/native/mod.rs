@@ -342,6 +342,35 @@ impl Bounded for TcpStore {
         Ok(Some(value))
     }
 
+    /// One MULTI_GET without the WAIT before it (the server answers a
+    /// missing key with an empty value, as torch's does), then, on the same
+    /// connection, a CHECK for each empty value, which tells a deleted key
+    /// from an empty one: one round trip while every key exists.
+    fn try_multi_get_by(
+        &self,
+        keys: &[&str],
+        deadline: Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wkeys = wire_keys(keys)?;
+        let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
+        let ctx = Ctx {
+            op: "MULTI_GET",
+            keys,
+            deadline,
+        };
+        let mut client = self.client(&ctx)?;
+        let values = client.multi_get_now(&ctx, &refs)?;
+        let mut out = Vec::with_capacity(values.len());
+        for (value, key) in values.into_iter().zip(&refs) {
+            let gone = value.is_empty() && !client.check(&ctx, &[key])?;
+            out.push((!gone).then_some(value));
+        }
+        Ok(out)
+    }
+
     fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError> {
         let wkey = wire_key(key);
         check_limits(&wkey, None)?;
