@@ -67,6 +67,8 @@ struct PipeParams {
     uint32_t path;
     uint32_t same_gpu;     // 1: every rank on this GPU, GPU-scope ordering suffices
     int32_t corrupt_chunk; // test hook: this stage garbles word 0 of this chunk (-1: none)
+    uint32_t batch;        // the most chunks one handshake covers, 1 .. PIPE_BATCH (LL: 1)
+    uint32_t reserved;
 };
 
 // Begins with the suite's KernelReport: gpu::run::run_watched zeroes it,
@@ -83,7 +85,7 @@ struct PipeReport {
     uint32_t bad_got;
     uint32_t bad_want;
     uint32_t null_ptr;      // 1: nixlGetPtr gave no pointer to a neighbour
-    uint32_t reserved;
+    uint32_t handshakes;    // channel 0's handshakes over the run (chunks / handshakes: the mean batch)
     uint64_t stall_ns;      // summed over channels: waits for credits (timed chunks)
     uint64_t arrive_first;  // max over channels: when chunk `warmup` was there, ns
     uint64_t arrive_last;   // ... chunk M-1
@@ -91,7 +93,7 @@ struct PipeReport {
     uint64_t checked;       // last stage: payload bytes verified
 };
 
-static_assert(sizeof(PipeParams) == 168, "PipeParams layout is shared with the host");
+static_assert(sizeof(PipeParams) == 176, "PipeParams layout is shared with the host");
 static_assert(sizeof(PipeReport) == 144, "PipeReport layout is shared with the host");
 
 // ------------------------------------------------------------- the data
@@ -230,6 +232,7 @@ struct Carry {
     uint64_t ready[PIPE_BATCH];  // consumer: the next batch's ready words, read during this batch
     bool acquired;               // consumer: a fence ran after those reads (they are acquired)
     uint64_t stall;              // SM clock cycles waited for credits over the timed chunks
+    uint32_t handshakes;         // batches so far
 };
 
 __device__ __forceinline__ uint64_t *ready_word(const PipeParams &p, uint8_t *window, const Channel &c, uint64_t g) {
@@ -293,17 +296,20 @@ __device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, 
     *out = v;
 }
 
-// The team's slice of chunk g, simple form (put and store paths): from
-// our ring slot to `dst` (the next stage's slot, or our staging slot).
-// Up to four vectors a lane per round, all their loads issued before any
-// is used: a lane waits for L2 (or the link) once per round. Every round
-// is full but the last (predicated), so a slice of 2 vectors a lane (1 MiB
-// over 64 blocks of 512) is one round trip, not two.
+// Vectors a lane moves per round: all their loads are issued before any
+// is used, so a lane waits for L2 (or the link) once per round.
+constexpr uint32_t MOVE_ROUND = 4;
+
+// The team's slice of chunk g, simple form (put and store paths): from our
+// ring slot to the same slot from `dst` (the next stage's ring, our
+// staging slots; null at the last stage), a slot's start plus the
+// channel's offset. Every round is full but the last (predicated).
 __device__ void move_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, uint8_t *dst) {
-    const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + slot_offset(p, g) + c.lo);
-    uint4 *out = reinterpret_cast<uint4 *>(dst);
+    const uint64_t at = (g % p.slots) * p.slot_bytes;
+    const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + c.lo + at);
+    uint4 *out = reinterpret_cast<uint4 *>(dst + at);
     const uint64_t vecs = c.len / 16, w0 = c.lo / 4, n = t.size;
-    constexpr uint32_t U = 4;
+    constexpr uint32_t U = MOVE_ROUND;
     for (uint64_t i = t.rank; i < vecs; i += U * n) {
         uint4 v[U];
 #pragma unroll
@@ -312,6 +318,59 @@ __device__ void move_slice(const PipeParams &p, const Channel &c, const Team &t,
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u)
             if (i + u * n < vecs) pipe_vec(p, c, g, w0 + 4 * (i + u * n), v[u], out + i + u * n);
+    }
+}
+
+// A lane's walk through a batch's slices, chunk after chunk: its m-th
+// vector of chunk h + j lies in slot `slot`, vector rank + m * size of the
+// channel's slice. Stepping needs no division (a lane has q vectors a
+// chunk).
+struct Walk {
+    uint32_t j, m, slot;
+    __device__ __forceinline__ void step(uint32_t q, uint32_t slots) {
+        if (++m < q) return;
+        m = 0, ++j;
+        if (++slot == slots) slot = 0;
+    }
+    // The vector's byte offset from a slot's start plus the channel's.
+    __device__ __forceinline__ uint64_t offset(const PipeParams &p, const Team &t) const {
+        return uint64_t(slot) * p.slot_bytes + 16ull * (t.rank + m * t.size);
+    }
+};
+
+// The team's slices of chunks h .. h + n - 1 (a batch), as move_slice
+// moves one. When a lane's share of a chunk fills a round, chunk by chunk.
+// When it does not (a 1 MiB chunk over 128 blocks of 512 is one vector a
+// lane), a lane's vectors of the whole batch are one sequence, moved a
+// round at a time: a batch of four chunks then costs one round trip, not
+// four. On an H200 that took 1 MiB store chunks from about 655 to 885
+// GB/s (16 slots); at 4 MiB and at warp level, where a chunk fills
+// rounds anyway, the walk's bookkeeping cost 5-9%, so they keep the
+// chunk-by-chunk loop.
+__device__ void move_batch(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n, uint8_t *dst) {
+    const uint32_t vecs = uint32_t(c.len / 16);
+    const uint32_t q = t.rank < vecs ? (vecs - t.rank + t.size - 1) / t.size : 0;  // this lane's vectors a chunk
+    constexpr uint32_t U = MOVE_ROUND;
+    if (q >= U) {
+        for (uint32_t j = 0; j < n; ++j) move_slice(p, c, t, h + j, dst);
+        return;
+    }
+    const uint8_t *in = p.window + p.off_ring + c.lo;
+    Walk w{0, 0, uint32_t(h % p.slots)};
+    for (uint32_t e = 0; e < n * q; e += U) {
+        uint4 v[U];
+        Walk r = w;
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u, r.step(q, p.slots)) {
+            const bool load = p.stage > 0 && e + u < n * q;
+            v[u] = load ? __ldcg(reinterpret_cast<const uint4 *>(in + r.offset(p, t))) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u, w.step(q, p.slots)) {
+            if (e + u >= n * q) continue;
+            uint4 *out = reinterpret_cast<uint4 *>(dst + w.offset(p, t));
+            pipe_vec(p, c, h + w.j, c.lo / 4 + 4 * (t.rank + w.m * t.size), v[u], out);
+        }
     }
 }
 
@@ -452,12 +511,13 @@ __device__ void pipe_credit(const PipeParams &p, const Channel &c, const Team &t
 
 // ------------------------------------------------------ the leader's waits
 
-// The most chunks one handshake covers: at most half the ring (the two
-// ends then still overlap: one fills half the ring while the other drains
-// the other half), PIPE_BATCH, and 1 on the LL path (its lines are their
-// own ready words, and it is the small-chunk, low-latency form).
+// The most chunks one handshake covers (`--batch`; the host's default is
+// half the ring, so the two ends still overlap: one fills half the ring
+// while the other drains the other half, at most PIPE_BATCH; and 1 on the
+// LL path, whose lines are their own ready words: the small-chunk,
+// low-latency form).
 __device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
-    return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.slots / 2));
+    return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.batch));
 }
 
 // The leader waits for chunk h's ready word (simple form), then counts how
@@ -597,11 +657,12 @@ __device__ Team pipe_team(const PipeParams &p, const Channel &c) {
     return group;
 }
 
-// Where this stage writes its slice of chunk g (simple form): our staging
-// slot (put), the next stage's slot (store), nowhere (the last stage).
-__device__ __forceinline__ uint8_t *pipe_dst(const PipeParams &p, const Channel &c, uint64_t g) {
-    if (p.path == PIPE_PATH_PUT) return p.window + p.off_stage + slot_offset(p, g) + c.lo;
-    return c.next ? c.next + p.off_ring + slot_offset(p, g) + c.lo : nullptr;
+// Where this stage writes its slices (simple form), before the slot's
+// offset: our staging slots (put), the next stage's slots (store), nowhere
+// (the last stage).
+__device__ __forceinline__ uint8_t *pipe_dst(const PipeParams &p, const Channel &c) {
+    if (p.path == PIPE_PATH_PUT) return p.window + p.off_stage + c.lo;
+    return c.next ? c.next + p.off_ring + c.lo : nullptr;
 }
 
 // The LL form of a batch (always one chunk, h): the lines, then the credit
@@ -632,12 +693,13 @@ __device__ uint32_t pipe_batch(const PipeParams &p, const Channel &c, const Team
     const bool first = p.stage == 0, last = p.stage + 1 == p.stages, lead = t.rank == 0;
     const uint32_t n = t.share(lead ? pipe_turn(p, c, h, k) : 0, shared);
     if (n == 0) return 0;
+    k.handshakes += lead;
     if (p.path == PIPE_PATH_LL) return pipe_ll_chunk<L>(p, c, t, h) ? 1 : 0;
     if (lead) {
         pipe_stamp(p, c, h, n, false, pipe_clock(p, c, h, n, false));
         pipe_read_ahead(p, c, h + n, k);
     }
-    for (uint32_t j = 0; j < n; ++j) move_slice(p, c, t, h + j, pipe_dst(p, c, h + j));
+    move_batch(p, c, t, h, n, pipe_dst(p, c));
     // The last stage's clock is read now (checked: the chunks are through)
     // and written after the credit, so the credit's fence does not wait
     // for the stamp's store.
@@ -668,11 +730,12 @@ __device__ void pipe_stage(const PipeParams &p) {
     if (!pipe_channel<L>(q, c) || c.len == 0) return;  // unmapped neighbour, or no data for this channel
     const Team t = pipe_team<L>(q, c);
     if (t.rank >= t.size) return;  // a lane the slice does not need
-    Carry k{0, 0, {0, 0, 0, 0}, false, 0};
+    Carry k{0, 0, {0, 0, 0, 0}, false, 0, 0};
     const uint64_t c0 = clock64(), t0 = globaltimer_ns();
     for (uint64_t g = 0, n = 1; g < q.chunks && n != 0; g += n) n = pipe_batch<L>(q, c, t, g, k, &batch);
     if (t.rank == 0) {
         atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->stall_ns), stall_ns(k, c0, t0));
+        if (c.index == 0) q.report->handshakes = k.handshakes;
         if (q.stage + 1 == q.stages)
             atomicAdd(reinterpret_cast<unsigned long long *>(&q.report->checked), c.len * q.chunks);
     }

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import sys
+import textwrap
 
 # Arguments before matplotlib: --help and a bad call need no plotting library.
 if sys.argv[1:2] in (["-h"], ["--help"]):
@@ -140,8 +141,6 @@ def draw(ax_t, ax_l, series, ce, nccl):
              title="latency, p50 (filled) and p99 (hollow)")
     for a in (ax_t, ax_l):
         a.grid(True, which="both", alpha=0.3)
-        if a.lines:
-            a.legend(fontsize=6)
 
 
 out, files = sys.argv[1], sys.argv[2:]
@@ -153,8 +152,11 @@ fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(15, 6))
 draw(ax_t, ax_l, series, ce, nccl)
 title = ", ".join(sorted({os.path.basename(f) for f in files}))
 fig.suptitle(f"pipeline: {title}", fontsize=9)
+# One legend for both panels (a series has one colour in both), beside them.
+fig.legend(*ax_t.get_legend_handles_labels(), loc="center right", fontsize=7)
 if notes and not nccl:
-    fig.text(0.01, 0.005, "; ".join(sorted(notes))[:300], fontsize=6)
-fig.tight_layout(rect=(0, 0.02, 1, 0.97))
-fig.savefig(out, dpi=110)
+    note = textwrap.fill("; ".join(sorted(notes))[:400], 200)
+    fig.text(0.01, 0.005, note, fontsize=6)
+fig.tight_layout(rect=(0, 0.04, 0.84, 0.97))
+fig.savefig(out, dpi=90)
 print(f"wrote {out}")

@@ -4,7 +4,8 @@
 # slow stage over a million chunks, and the failure cases (a wrong word
 # must exit 3; a frozen stage must be named by its neighbours); beside
 # them simple_write's put and store bandwidth and its LL half round trip,
-# measured in the same call on the same GPU, so the ratios are same-run.
+# measured in the same call on the same GPU, so the ratios are same-run
+# (also at a ring's working set: $OUT/vs-simple-write.txt).
 # The runs with baselines also time NCCL's ncclSend/ncclRecv through the same
 # chain where NCCL runs (ranks on distinct GPUs; on one GPU the tables say
 # why not). One table per run, JSON and CSV, logs in --out, and
@@ -89,6 +90,12 @@ N=20000; ((QUICK)) && N=2000
 # simple_write in the same call: put and store bandwidth at the chunk size,
 # the LL half round trip of 8 bytes.
 one sw-bw 0 "$SW" -m pair -b 1M -e 4M -f 4 --path put,store -l block --json "$OUT/sw-bw.json"
+# ... and rotating through 3, 5 and 11 slots: working sets (3 x the slots:
+# two sources and the destination) near the rings' below, 8 to 128 MiB,
+# where one buffer would stay in L2 (pipeline_vs_simple_write.py pairs them).
+for s in 3 5 11; do
+  one "sw-ring$s" 0 "$SW" -m pair -b 1M -e 4M -f 4 --slots "$s" --path put,store -l block --json "$OUT/sw-ring$s.json"
+done
 one sw-ll 0 "$SW" -m pair -s 8 --path ll --pingpong --json "$OUT/sw-ll.json"
 for s in $STAGES; do
   pipe "p${s}-1M" 0 --ranks "$s" --chunk 1M --slots 2,8,16 --path store,put --chunks "$((N / 10))" --warmup 100
@@ -104,6 +111,9 @@ pipe p2-ll8 0 --ranks 2 --path ll --chunk 8 --slots 1 --level thread,warp,block 
 pipe p2-4M 0 --ranks 2 --chunk 4M --slots 4,8 --path store,put --chunks 500 --warmup 50
 pipe p2-b128 0 --ranks 2 --chunk 1M,4M --slots 8,16 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
   --no-baseline
+# The most chunks one handshake covers: 1, 2 and 4.
+pipe p2-batch 0 --ranks 2 --chunk 1M --slots 16 --batch 1,2,4 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
+  --no-baseline
 pipe p2-levels 0 --ranks 2 --chunk 64K --slots 8 --path store,put --level thread,warp,block --chunks "$N" --warmup 1000 \
   --no-baseline
 pipe p3-slow 0 --ranks 3 --chunk 64 --slots 8 --path store --level warp --slow-stage 2 --delay-us 2 \
@@ -111,8 +121,12 @@ pipe p3-slow 0 --ranks 3 --chunk 64 --slots 8 --path store --level warp --slow-s
 pipe p3-corrupt 3 --ranks 3 --chunk 4K --slots 4 --path put --chunks 2000 --no-baseline --inject corrupt=1
 ((QUICK)) || frozen
 ((mps)) && mps_stop
+# Every store and put row beside simple_write's, plain and at the ring's footprint.
+python3 "$ROOT/scripts/pipeline_vs_simple_write.py" "$OUT"/sw-*.json "$OUT"/p*.json >"$OUT/vs-simple-write.txt" || fail=1
+# The plot: the two-stage sweeps over chunk sizes (LL 8 B - 64 KiB; store
+# and put 1 and 4 MiB), one line each; every other run is in its table.
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$ROOT/scripts/plot_pipeline.py" "$OUT/pipeline.png" "$OUT"/p*.csv >&2 || fail=1
+  python3 "$ROOT/scripts/plot_pipeline.py" "$OUT/pipeline.png" "$OUT/p2-ll.csv" "$OUT/p2-b128.csv" >&2 || fail=1
 else
   echo "note: python3 has no matplotlib; no plot (the CSV and JSON files hold every figure)" >&2
 fi

@@ -36,6 +36,7 @@ fn help_documents_the_options() {
         "--floor",
         "--no-floor",
         "--hbm",
+        "--slots",
         "ll:",
     ] {
         assert!(text.contains(opt), "--help lacks {opt}");
@@ -81,6 +82,11 @@ fn bad_arguments_exit_2_with_a_reason() {
             &["--hbm", "--path", "store,ll"][..],
             "put and store paths only",
         ),
+        (
+            &["--slots", "16", "--path", "ll"][..],
+            "put and store paths only",
+        ),
+        (&["--slots", "16", "--hbm"][..], "cannot be used with"),
     ] {
         let o = simple_write(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

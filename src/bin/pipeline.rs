@@ -79,6 +79,13 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "8", value_parser = clap::value_parser!(u32).range(1..=4096))]
     slots: Vec<u32>,
 
+    /// The most chunks one handshake covers (one barrier, one fence, one
+    /// credit for all), comma-separated for one case each, 1 to 4, at
+    /// most the slots [default: half the slots, at most 4; the LL path
+    /// always 1].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4))]
+    batch: Vec<u32>,
+
     /// Bytes of one slot [default: what one chunk needs; LL: 16 per 8 payload bytes].
     #[arg(long, value_parser = parse_bytes)]
     slot_bytes: Option<u64>,
@@ -234,6 +241,7 @@ fn config(args: &Args, stages: u32) -> Result<Config, UsageError> {
         stages,
         chunk_sizes: dedup(&args.chunk),
         slots: dedup(&args.slots),
+        batches: dedup(&args.batch),
         paths: dedup(&args.path),
         levels: dedup(&args.level),
         chunks: args.chunks,

@@ -26,7 +26,7 @@ use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator_role::{self, InitiatorConfig};
 use nixl_examples::simple_write::kernels::{FenceScope, Level, Path, WaitMode};
-use nixl_examples::simple_write::plan::{RoundSpec, size_sweep, slots_for};
+use nixl_examples::simple_write::plan::{RoundSpec, odd_slots, size_sweep, slots_for};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
 use nixl_examples::simple_write::{connection, target_role};
@@ -132,6 +132,14 @@ struct Args {
     /// Put and store paths; no baselines (their copies would come from L2).
     #[arg(long)]
     hbm: bool,
+
+    /// Rotate through N slots of the size, as --hbm does but with the
+    /// count given: the footprint of a ring of N slots (the pipeline
+    /// program's --slots), to compare a ring's throughput at the same
+    /// footprint. Made odd (N + 1 when N is even), so a stale slot cannot
+    /// pass verification. Put and store paths; no baselines.
+    #[arg(long, conflicts_with = "hbm", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    slots: Option<u32>,
 
     /// With --pingpong: also show where each round trip's time goes on the
     /// initiator (its SM clock, p50 ns): the message's data issued, the
@@ -533,18 +541,21 @@ fn check_fits(gpu: usize, rounds: &[RoundSpec], baselines: bool) -> Result<()> {
     let gpu = Gpu::open(gpu)?;
     let l2 = gpu.info()?.l2_bytes;
     // What each source spans (Round::span): the size, or with --hbm its slots.
-    let span = |r: &RoundSpec| match r.hbm {
-        true => slots_for(r.size, l2) as u64 * r.size.max(1).next_multiple_of(256),
-        false => r.size,
+    let stride = |r: &RoundSpec| r.size.max(1).next_multiple_of(256);
+    let span = |r: &RoundSpec| match (r.slots, r.hbm) {
+        (Some(n), _) => odd_slots(n) as u64 * stride(r),
+        (None, true) => slots_for(r.size, l2) as u64 * stride(r),
+        (None, false) => r.size,
     };
     let max = rounds.iter().map(span).max().unwrap_or(0);
     initiator_role::check_fits(&gpu, max, baselines).map_err(|e| UsageError(e.to_string()).into())
 }
 
 /// Whether rounds measure the copy engine and NIXL's WRITE beside them:
-/// not with --no-baseline, nor with --hbm (their copies would come from L2).
+/// not with --no-baseline, nor with --hbm or --slots (their copies would
+/// not rotate).
 fn baselines(args: &Args) -> bool {
-    !args.no_baseline && !args.hbm
+    !args.no_baseline && !args.hbm && args.slots.is_none()
 }
 
 /// The rounds asked for: every size of the sweep (or the one --size) at
@@ -579,6 +590,7 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
             iters: args.iters,
             pingpong: true,
             hbm: false,
+            slots: None,
         });
     }
     for &size in &sizes {
@@ -595,6 +607,7 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
                     iters: args.iters,
                     pingpong: args.pingpong,
                     hbm: args.hbm,
+                    slots: args.slots,
                 });
             }
         }
@@ -633,9 +646,10 @@ fn check_grid_args(args: &Args) -> Result<()> {
             "--pingpong times one group's round trips: it runs one block, so drop --blocks".into(),
         ));
     }
-    if args.hbm && args.path.contains(&Path::Ll) {
+    if (args.hbm || args.slots.is_some()) && args.path.contains(&Path::Ll) {
         return Err(usage(
-            "--hbm rotates the put and store paths only: an LL target finds the data by polling it, and would              have to poll every slot; drop ll from --path"
+            "--hbm and --slots rotate the put and store paths only: an LL target finds the data by polling it, and \
+             would have to poll every slot; drop ll from --path"
                 .into(),
         ));
     }

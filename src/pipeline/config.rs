@@ -17,6 +17,10 @@ pub struct Config {
     pub chunk_sizes: Vec<u64>,
     /// Slots per ring, each a case.
     pub slots: Vec<u32>,
+    /// The most chunks one handshake covers, each a case (1 ..=
+    /// [`MAX_BATCH`]); empty: [`auto_batch`].
+    #[serde(default)]
+    pub batches: Vec<u32>,
     pub paths: Vec<PipePath>,
     pub levels: Vec<Level>,
     /// Chunks per case (the warm-up included), and the untimed first ones.
@@ -39,13 +43,33 @@ pub struct Config {
 
 crate::json_value!(Config => "pipeline configuration");
 
-/// One case: a path, a level, a chunk size and a ring size.
+/// The most chunks one handshake may cover (`PIPE_BATCH` in
+/// `cuda/pipeline.cu`: the consumer's leader reads that many ready words
+/// ahead).
+pub const MAX_BATCH: u32 = 4;
+
+/// The most chunks one handshake covers when `--batch` is not given: half
+/// the ring (so the two ends still overlap, one filling half while the
+/// other drains the other), at most [`MAX_BATCH`]; 1 on the LL path, whose
+/// lines are their own ready words.
+pub fn auto_batch(path: PipePath, slots: u32) -> u32 {
+    match path {
+        PipePath::Ll => 1,
+        _ => (slots / 2).clamp(1, MAX_BATCH),
+    }
+}
+
+/// One case: a path, a level, a chunk size, a ring size and the most
+/// chunks one handshake covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Case {
     pub path: PipePath,
     pub level: Level,
     pub chunk: u64,
     pub slots: u32,
+    /// The most chunks one handshake covers: `--batch` (at most the
+    /// slots; 1 on the LL path), or [`auto_batch`].
+    pub batch: u32,
 }
 
 impl Case {
@@ -81,31 +105,51 @@ impl Case {
     /// A case in words, for messages.
     pub fn describe(&self) -> String {
         format!(
-            "{} path, {} level, {} chunks, {} slots",
+            "{} path, {} level, {} chunks, {} slots, batches of up to {}",
             self.path.name(),
             self.level.name(),
             fmt_bytes(self.chunk),
-            self.slots
+            self.slots,
+            self.batch
         )
     }
 }
 
 impl Config {
-    /// Every case, in run order: path, level, chunk size, slots.
+    /// Every case, in run order: path, level, chunk size, slots, batch
+    /// (batches that come to the same on a case, as every batch on the LL
+    /// path, run once).
     pub fn cases(&self) -> Vec<Case> {
         let mut out = Vec::new();
         for &path in &self.paths {
             for &level in &self.levels {
                 for &chunk in &self.chunk_sizes {
                     for &slots in &self.slots {
-                        out.push(Case {
-                            path,
-                            level,
-                            chunk,
-                            slots,
-                        });
+                        for batch in self.batches_for(path, slots) {
+                            out.push(Case {
+                                path,
+                                level,
+                                chunk,
+                                slots,
+                                batch,
+                            });
+                        }
                     }
                 }
+            }
+        }
+        out
+    }
+
+    /// The batches a case runs with, in `--batch` order, each once.
+    fn batches_for(&self, path: PipePath, slots: u32) -> Vec<u32> {
+        if self.batches.is_empty() || path == PipePath::Ll {
+            return vec![auto_batch(path, slots)];
+        }
+        let mut out: Vec<u32> = Vec::new();
+        for b in self.batches.iter().map(|&b| b.min(slots)) {
+            if !out.contains(&b) {
+                out.push(b);
             }
         }
         out
@@ -131,6 +175,11 @@ impl Config {
             return bad(format!(
                 "--slow-stage {k}: the stages are 0..{}",
                 self.stages - 1
+            ));
+        }
+        if let Some(&b) = self.batches.iter().find(|&&b| b == 0 || b > MAX_BATCH) {
+            return bad(format!(
+                "--batch {b}: a handshake covers 1 to {MAX_BATCH} chunks"
             ));
         }
         if self.slow_stage.is_none() && self.delay_us != 0 {
@@ -181,5 +230,57 @@ impl Config {
             })
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(slots: Vec<u32>, batches: Vec<u32>, paths: Vec<PipePath>) -> Config {
+        Config {
+            stages: 2,
+            chunk_sizes: vec![1 << 20],
+            slots,
+            batches,
+            paths,
+            levels: vec![Level::Block],
+            chunks: 10,
+            warmup: 1,
+            slot_bytes: None,
+            blocks: None,
+            threads: None,
+            slow_stage: None,
+            delay_us: 0,
+            fault_timeout_ns: 1,
+            corrupt_stage: None,
+            baseline: false,
+        }
+    }
+
+    fn batches(cfg: &Config) -> Vec<(u32, u32)> {
+        cfg.cases().iter().map(|c| (c.slots, c.batch)).collect()
+    }
+
+    #[test]
+    fn a_batch_is_at_most_the_ring_and_runs_once_per_case() {
+        let cfg = config(vec![1, 2, 16], vec![1, 2, 4], vec![PipePath::Store]);
+        assert_eq!(
+            batches(&cfg),
+            [(1, 1), (2, 1), (2, 2), (16, 1), (16, 2), (16, 4)]
+        );
+        // Without --batch: half the ring, at most MAX_BATCH; LL always 1.
+        let auto = config(vec![1, 2, 6, 16], vec![], vec![PipePath::Put]);
+        assert_eq!(batches(&auto), [(1, 1), (2, 1), (6, 3), (16, 4)]);
+        let ll = config(vec![8], vec![2, 4], vec![PipePath::Ll]);
+        assert_eq!(batches(&ll), [(8, 1)]);
+    }
+
+    #[test]
+    fn a_batch_outside_one_to_max_is_a_usage_error() {
+        for b in [0, MAX_BATCH + 1] {
+            let err = config(vec![8], vec![b], vec![PipePath::Store]).validate();
+            assert!(err.is_err_and(|e| e.0.contains("--batch")), "batch {b}");
+        }
     }
 }

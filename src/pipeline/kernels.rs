@@ -96,6 +96,9 @@ pub struct PipeParams {
     pub same_gpu: u32,
     /// Test hook: this stage garbles word 0 of this chunk (−1: none).
     pub corrupt_chunk: i32,
+    /// The most chunks one handshake covers (1 ..= 4; the LL path 1).
+    pub batch: u32,
+    pub reserved: u32,
 }
 
 /// `PipeReport`: what one stage's kernel saw. It begins with the suite's
@@ -120,7 +123,9 @@ pub struct PipeReport {
     pub bad_want: u32,
     /// 1: nixlGetPtr gave no pointer to a neighbour's window.
     pub null_ptr: u32,
-    pub reserved: u32,
+    /// Channel 0's handshakes over the run: the chunks over this is the
+    /// mean batch.
+    pub handshakes: u32,
     /// Time waiting for credits over the timed chunks, summed over channels,
     /// ns (counted on the SM clock, converted with the kernel's own
     /// clock against `%globaltimer`).
@@ -135,7 +140,7 @@ pub struct PipeReport {
 }
 
 const _: () = {
-    assert!(size_of::<PipeParams>() == 168);
+    assert!(size_of::<PipeParams>() == 176);
     assert!(size_of::<PipeReport>() == 144);
 };
 

@@ -42,6 +42,9 @@ pub struct StageResult {
     pub arrive_last: u64,
     pub done_ns: u64,
     pub checked: u64,
+    /// Channel 0's handshakes over the run (every chunk, warm-up included).
+    #[serde(default)]
+    pub handshakes: u64,
     /// Stage 0: each stamped chunk's start; the last stage: its end.
     pub t_start: Vec<u64>,
     pub t_end: Vec<u64>,
@@ -55,6 +58,10 @@ pub struct Row {
     pub stages: u32,
     pub chunk_bytes: u64,
     pub slots: u32,
+    /// The most chunks one handshake covers.
+    pub batch: u32,
+    /// Per stage: channel 0's chunks per handshake, the mean batch.
+    pub chunks_per_handshake: Vec<f64>,
     /// Channels carrying data (thread groups, each its own ring words).
     pub channels: u32,
     /// Chunks timed (after the warm-up).
@@ -136,6 +143,10 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         stages: stages.len() as u32,
         chunk_bytes: case.chunk,
         slots: case.slots,
+        batch: case.batch,
+        chunks_per_handshake: (stages.iter())
+            .map(|s| cfg.chunks as f64 / s.handshakes.max(1) as f64)
+            .collect(),
         channels,
         timed_chunks: timed,
         min_link_gbps: link.iter().copied().fold(f64::INFINITY, f64::min),
@@ -229,12 +240,13 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     );
     say!("# {}", ctx.nccl_note);
     say!(
-        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per stage \
-         (share)",
+        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per \
+         stage (share; chunks a handshake)",
         "path",
         "level",
         "chunk",
         "slots",
+        "batch",
         "chan",
         "link min",
         "us/chunk",
@@ -249,14 +261,16 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     );
     for r in rows {
         let stalls: Vec<String> = (r.stall_us.iter().zip(&r.stall_share))
-            .map(|(us, sh)| format!("{us:.0} ({:.0}%)", sh * 100.0))
+            .zip(&r.chunks_per_handshake)
+            .map(|((us, sh), b)| format!("{us:.0} ({:.0}%; {b:.2})", sh * 100.0))
             .collect();
         say!(
-            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>9.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
+            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
             r.path,
             r.level,
             fmt_bytes(r.chunk_bytes),
             r.slots,
+            r.batch,
             r.channels,
             r.min_link_gbps,
             r.link_ns_per_chunk / 1e3,
@@ -273,7 +287,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     }
     say!(
         "# link min: the slowest link's GB/s (1e9 B/s) of payload, us/chunk its time per chunk; lat: channel 0's slice \
-         of a chunk through the chain, us; stall: one channel's wait for credits over the timed chunks; ce: the copy \
+         of a chunk through the chain, us; batch: the most chunks one handshake covers; stall: one channel's wait for credits over the timed \
+         chunks, and its mean batch; ce: the copy \
          engine's device-to-device copy of one chunk; nccl: NCCL's ncclSend/ncclRecv chain's slowest link (no \
          transform, no slow stage)"
     );

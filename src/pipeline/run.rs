@@ -304,6 +304,7 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
         arrive_last: r.arrive_last,
         done_ns: r.done_ns,
         checked: r.checked,
+        handshakes: u64::from(r.handshakes),
         t_start: if g.rank == 0 {
             stamps(b.t_start)?
         } else {
@@ -353,6 +354,8 @@ fn params(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, w: &Window, slot: u64) ->
             true => cfg.warmup as i32,
             false => -1,
         },
+        batch: case.batch,
+        reserved: 0,
     }
 }
 

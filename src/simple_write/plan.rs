@@ -157,6 +157,10 @@ pub struct RoundSpec {
     pub pingpong: bool,
     /// `--hbm`: rotate through buffers of at least twice the L2 cache.
     pub hbm: bool,
+    /// `--slots N`: rotate through N slots ([`odd_slots`]), the footprint
+    /// of a ring of N slots of the size (the pipeline's); `None`: as
+    /// `hbm` says.
+    pub slots: Option<u32>,
 }
 
 impl RoundSpec {
@@ -197,10 +201,10 @@ impl RoundSpec {
             warmup: self.warmup.unwrap_or_else(|| auto_warmup(iters)),
             iters,
             pingpong: self.pingpong,
-            slots: if self.hbm {
-                slots_for(self.size, l2_bytes)
-            } else {
-                1
+            slots: match (self.slots, self.hbm) {
+                (Some(n), _) => odd_slots(n),
+                (None, true) => slots_for(self.size, l2_bytes),
+                (None, false) => 1,
             },
         }
     }
@@ -220,6 +224,13 @@ pub fn slots_for(size: u64, l2_bytes: u64) -> u32 {
     }
     let n = need.div_ceil(stride);
     (n | 1).min(u32::MAX as u64) as u32
+}
+
+/// Slots a `--slots N` round rotates through: N made odd (N + 1 when N is
+/// even), so a slot's pattern variant (the iteration's parity) alternates
+/// from one visit to the next, as [`slots_for`]'s; 1 stays 1.
+pub fn odd_slots(n: u32) -> u32 {
+    n.max(1) | 1
 }
 
 /// The whole run.
@@ -394,6 +405,14 @@ mod tests {
             rounds: vec![round(Path::Put, 1 << 20), round(Path::Ll, 1 << 20)],
         };
         assert_eq!((plan.max_size(), plan.max_wire_size()), (1 << 20, 2 << 20));
+    }
+
+    #[test]
+    fn given_slots_are_made_odd_so_a_stale_slot_cannot_verify() {
+        assert_eq!(
+            (odd_slots(16), odd_slots(17), odd_slots(1), odd_slots(0)),
+            (17, 17, 1, 1)
+        );
     }
 
     #[test]
