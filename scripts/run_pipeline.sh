@@ -2,7 +2,8 @@
 # The pipeline matrix on a GPU machine: chains of 2, 3 and 4 stages on the
 # store and put paths (1 MiB chunks), the LL form with small chunks, a
 # slow stage over a million chunks, and the failure cases (a wrong word
-# must exit 3; a frozen stage must be named by its neighbours); beside
+# must exit 3; a frozen stage must be named by its neighbours; a grid that
+# cannot be resident at once must exit 2); beside
 # them simple_write's put and store bandwidth and its LL half round trip,
 # measured in the same call on the same GPU, so the ratios are same-run
 # (also at a ring's working set: $OUT/vs-simple-write.txt).
@@ -118,6 +119,9 @@ pipe p2-levels 0 --ranks 2 --chunk 64K --slots 8 --path store,put --level thread
   --no-baseline
 pipe p3-slow 0 --ranks 3 --chunk 64 --slots 8 --path store --level warp --slow-stage 2 --delay-us 2 \
   --chunks "$SLOW_CHUNKS" --warmup 1000 --no-baseline --timeout 280
+# More blocks than the GPU keeps resident beside the other stage's must be
+# refused up front (exit 2), not end in a timeout that blames a neighbour.
+pipe p2-resident 2 --ranks 2 --chunk 1M --slots 4 --path store --blocks 1024 --threads 1024 --chunks 200 --no-baseline
 pipe p3-corrupt 3 --ranks 3 --chunk 4K --slots 4 --path put --chunks 2000 --no-baseline --inject corrupt=1
 ((QUICK)) || frozen
 ((mps)) && mps_stop

@@ -108,7 +108,9 @@ struct Args {
 
     /// Blocks per stage [default: one per 16 KiB of chunk at block level,
     /// per 16 KiB × warps at warp level, 1 at thread level; at most the
-    /// rank's share of the GPU's SMs].
+    /// rank's share of the GPU's SMs]. A stage's blocks wait on its
+    /// neighbours' blocks, so every rank's blocks must be resident on the
+    /// GPU at once: a grid that cannot be exits 2 with the most that fit.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     blocks: Option<u32>,
 

@@ -181,6 +181,18 @@ impl PipeKernels {
         })
     }
 
+    /// Most blocks of `threads` threads of the stage kernel at `level` for
+    /// `path` resident at once on one SM (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    pub fn blocks_per_sm(
+        &self,
+        level: Level,
+        path: PipePath,
+        threads: u32,
+    ) -> Result<u32, DriverError> {
+        self.entries[level as usize][path as usize]
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+    }
+
     /// Queues this stage's kernel at `level` for `p.path` over `blocks` ×
     /// `threads`.
     ///

@@ -179,7 +179,7 @@ pub enum Buf {
 /// and the one it sends from: stage 0 chunk c (the last chunk's source for
 /// the last), a middle stage chunk c − 1 (what the step before received).
 pub fn schedule(rank: u32, world: u32, chunks: u64, c: u64) -> (Option<Buf>, Option<Buf>) {
-    let recv = (rank > 0 && c < chunks).then(|| Buf::Recv((c % 2) as usize));
+    let recv = (rank > 0 && c < chunks).then_some(Buf::Recv((c % 2) as usize));
     let send = match rank {
         _ if rank + 1 == world => None,
         0 => (c < chunks).then(|| Buf::Src(usize::from(c + 1 == chunks))),

@@ -31,7 +31,7 @@ use crate::ranks::RankEnv;
 use crate::ranks::group::{Group, open_store};
 use crate::ranks::info::RankInfo;
 use crate::ranks::nccl::{self as loader, NcclStatus};
-use crate::ranks::sm_share::sm_share;
+use crate::ranks::sm_share::{ranks_sharing, sm_share};
 
 /// Timed chunks whose latency is stamped, at most.
 pub const MAX_STAMPS: u64 = 2048;
@@ -108,6 +108,8 @@ fn session(
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str(), i.sm_count))
         .collect();
     let (on_one, share) = sm_share(&gpus);
+    let sharing = ranks_sharing(&gpus, (&info.host, &info.gpu_uuid));
+    check_resident(cfg, k, share, (info.sm_count, sharing))?;
     let ctx = Ctx {
         g,
         cfg,
@@ -149,6 +151,35 @@ fn session(
             ..ctx_report(&ctx, &infos)
         };
         report::publish(&rctx, &all)?;
+    }
+    Ok(())
+}
+
+/// Every case's grid must be resident at once, with the grids of the other
+/// ranks on this GPU (`gpu`: its SMs, the ranks sharing it): a stage's
+/// channels spin on its neighbours' channels, so a block that waits for an
+/// SM while its partner spins for it never comes, and the run would end
+/// in a timeout that blames a neighbour. Errors: a usage error (exit 2)
+/// naming the case and the most blocks that fit.
+fn check_resident(
+    cfg: &Config,
+    k: &PipeKernels,
+    share: u32,
+    (sms, sharing): (u32, u32),
+) -> Result<()> {
+    for case in cfg.cases() {
+        let (blocks, threads) = (case.blocks(cfg, share), case.threads(cfg));
+        let per_sm = k.blocks_per_sm(case.level, case.path, threads)?;
+        let room = per_sm * sms / sharing.max(1);
+        if blocks > room {
+            return Err(UsageError(format!(
+                "--blocks {blocks} of {threads} threads ({}): this GPU keeps only {room} such blocks a rank resident at once \
+                 ({sms} SMs × {per_sm} blocks, shared by {sharing} rank(s)); each stage's blocks wait on its neighbours' blocks, \
+                 so every block must be resident together: use at most {room} blocks (or fewer threads)",
+                case.describe()
+            ))
+            .into());
+        }
     }
     Ok(())
 }
