@@ -28,7 +28,8 @@ fn stop(p: &mut Reaped) {
     let stopped = || {
         let s = std::fs::read_to_string(&stat).unwrap_or_default();
         // The state follows the command name, which is in parentheses.
-        s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
     };
     while !stopped() {
         std::thread::sleep(Duration::from_millis(5));
@@ -95,7 +96,11 @@ fn send_recv_sender_notices_a_receiver_frozen_mid_stream() {
     let (store, mut receiver, mut sender) = streaming_pair();
     wait_for_line(&mut sender, "[sender] Sent 100/");
     stop(&mut receiver);
-    assert_notices(sender, "receiver", "no progress report from the receiver within 3");
+    assert_notices(
+        sender,
+        "receiver",
+        "no progress report from the receiver within 3",
+    );
     drop(store);
 }
 
