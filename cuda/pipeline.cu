@@ -201,14 +201,6 @@ __device__ uint64_t pipe_wait(const PipeParams &p, const uint64_t *word, uint64_
     return spin_wait(word, target, [&](uint64_t seen) { return pipe_stop(p, start, seen, on, g); });
 }
 
-// Release and acquire in one fence: what a consumer's leader issues
-// between its reads of one chunk and its credit for it, after having read
-// the next chunk's ready word (Carry below).
-__device__ __forceinline__ void fence_acq_rel(bool gpu_scope) {
-    if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
-    else cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_system);
-}
-
 // ---------------------------------------------------------- the channel
 
 // One channel's share of the run: its slice of every chunk, its words.
@@ -223,16 +215,15 @@ struct Channel {
 // The most chunks one handshake covers (a batch; batch_max below).
 constexpr uint32_t PIPE_BATCH = 4;
 
-// What a channel's leader carries from one batch to the next: the words
-// it read early, so that a wait which would succeed at once costs no
-// round trip of its own (pipe_read_ahead), and its stall time.
+// What a channel's leader carries from one batch to the next. (Nothing
+// is read ahead: on an H200 a word read during one batch for the next
+// cost its full round trip at once, the value going to a spilled
+// register, and the batches it showed were older, so smaller: reading the
+// words when they are needed was 8-40% faster at 1 and 4 MiB.)
 struct Carry {
-    uint64_t credit;             // producer: the credit word as last read
-    uint64_t ahead;              // producer: the credit word read during the last batch, not yet looked at
-    uint64_t ready[PIPE_BATCH];  // consumer: the next batch's ready words, read during this batch
-    bool acquired;               // consumer: a fence ran after those reads (they are acquired)
-    uint64_t stall;              // SM clock cycles waited for credits over the timed chunks
-    uint32_t handshakes;         // batches so far
+    uint64_t credit;      // producer: the credit word as last read
+    uint64_t stall;       // SM clock cycles waited for credits over the timed chunks
+    uint32_t handshakes;  // batches so far
 };
 
 __device__ __forceinline__ uint64_t *ready_word(const PipeParams &p, uint8_t *window, const Channel &c, uint64_t g) {
@@ -443,14 +434,12 @@ __device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, u
 // sequences. One thread's fence is enough, as in simple_write's store
 // path: the barrier orders every member's loads and stores before the
 // leader's fence, and the fence is cumulative, so the peers see the data
-// before the ready words and the reads done before the credit. The same
-// fence (acquire side) orders the next batch's reads after the ready words
-// the leader read ahead; and one fence covers the whole batch.
-__device__ void store_signal(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n, Carry &k) {
+// before the ready words and the reads done before the credit; one fence
+// covers the whole batch.
+__device__ void store_signal(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n) {
     t.sync();
     if (t.rank != 0) return;
-    fence_acq_rel(p.same_gpu);
-    k.acquired = true;
+    fence_release(p.same_gpu);
     if (p.stage > 0) store_relaxed_system(credit_word(p, c.prev, c), h + n);
     if (p.stage + 1 == p.stages) return;
     for (uint32_t j = 0; j < n; ++j) store_relaxed_system(ready_word(p, c.next, c, h + j), h + j + 1);
@@ -520,34 +509,37 @@ __device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
     return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.batch));
 }
 
-// The leader waits for chunk h's ready word (simple form), then counts how
-// many of the chunks h + 1, ... (up to `most` in all) the words it read
-// ahead show arrived: one handshake takes them all. Each word's sequence
-// is checked (a later one: the slot was overwritten, counted). If the
-// first word had been read ahead and a fence followed (store path), no
-// poll and no fence. Returns the count; 0: the wait gave up.
-__device__ uint32_t pipe_arrived(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most, Carry &k) {
-    const bool early = reached(k.ready[0], h + 1);
-    const uint64_t v = early ? k.ready[0] : pipe_wait(p, ready_word(p, p.window, c, h), h + 1, PIPE_WAIT_READY, h);
-    if (!reached(v, h + 1)) return 0;
-    uint32_t n = 1, ovw = v != h + 1;
+// The leader polls the ready words of chunks h, h + 1, ... (up to `most`,
+// all loads of a poll in flight together) until chunk h's has arrived,
+// then takes every chunk that has, up to the first that has not: one
+// handshake for them all. Each word's sequence is checked (a later one:
+// the slot was overwritten, counted). Returns the count; 0: the wait gave
+// up.
+__device__ uint32_t pipe_arrived(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most) {
+    uint64_t v[PIPE_BATCH], start = 0;
+    for (;;) {
 #pragma unroll
-    for (uint32_t j = 1; j < PIPE_BATCH; ++j) {
-        if (n == j && j < most && reached(k.ready[j], h + j + 1)) ++n, ovw += k.ready[j] != h + j + 1;
+        for (uint32_t j = 0; j < PIPE_BATCH; ++j)
+            v[j] = j < most ? load_relaxed_system(ready_word(p, p.window, c, h + j)) : 0;
+        if (reached(v[0], h + 1)) break;
+        if (pipe_stop(p, start, v[0], PIPE_WAIT_READY, h)) return 0;
     }
+    uint32_t n = 1, ovw = v[0] != h + 1;
+#pragma unroll
+    for (uint32_t j = 1; j < PIPE_BATCH; ++j)
+        if (n == j && j < most && reached(v[j], h + j + 1)) ++n, ovw += v[j] != h + j + 1;
     if (ovw != 0) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), ovw);
-    if (!(early && k.acquired)) fence_acquire(p.same_gpu);
+    fence_acquire(p.same_gpu);
     return n;
 }
 
 // The leader waits for room downstream: chunk g needs credit >= g + 1 - S.
 // Returns how many of the chunks h, h + 1, ... (up to `most`) have their
-// slot free; 0: the wait gave up. The credit last seen (or read ahead)
-// usually shows room already: only a full ring polls, and the time spent
+// slot free; 0: the wait gave up. The credit last seen usually shows room
+// already: only a ring that looked full is read again, and the time spent
 // polling goes to the stage's stall (SM clock cycles: %globaltimer reads
 // cost about 0.1 us each).
 __device__ uint32_t pipe_room(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most, Carry &k) {
-    if (reached(k.ahead, k.credit)) k.credit = k.ahead;
     if (h >= p.slots && !reached(k.credit, h + 1 - p.slots)) {
         const uint64_t t0 = clock64();
         k.credit = pipe_wait(p, credit_word(p, p.window, c), h + 1 - p.slots, PIPE_WAIT_CREDIT, h);
@@ -563,26 +555,10 @@ __device__ uint32_t pipe_room(const PipeParams &p, const Channel &c, uint64_t h,
 // size; 0: a wait gave up.
 __device__ uint32_t pipe_turn(const PipeParams &p, const Channel &c, uint64_t h, Carry &k) {
     uint32_t n = uint32_t(min(uint64_t(batch_max(p)), p.chunks - h));
-    if (p.stage > 0 && p.path != PIPE_PATH_LL) n = pipe_arrived(p, c, h, n, k);
+    if (p.stage > 0 && p.path != PIPE_PATH_LL) n = pipe_arrived(p, c, h, n);
     if (n != 0 && p.stage + 1 < p.stages) n = pipe_room(p, c, h, n, k);
     if (n != 0 && p.delay_ns != 0) pipe_delay(p.delay_ns * n);
     return n;
-}
-
-// The leader's reads for the next batch (from chunk `next`), issued while
-// the team moves this one and looked at only then: the next ready words
-// (consumer, simple form) and our credit word (producer). Their round
-// trips overlap the data's.
-__device__ void pipe_read_ahead(const PipeParams &p, const Channel &c, uint64_t next, Carry &k) {
-    if (p.stage > 0 && p.path != PIPE_PATH_LL) {
-#pragma unroll
-        for (uint32_t j = 0; j < PIPE_BATCH; ++j) {
-            const bool want = j < batch_max(p) && next + j < p.chunks;
-            k.ready[j] = want ? load_relaxed_system(ready_word(p, p.window, c, next + j)) : 0;
-        }
-        k.acquired = false;
-    }
-    if (p.stage + 1 < p.stages) k.ahead = load_relaxed_system(credit_word(p, p.window, c));
 }
 
 // ------------------------------------------------------------- the stamps
@@ -695,16 +671,13 @@ __device__ uint32_t pipe_batch(const PipeParams &p, const Channel &c, const Team
     if (n == 0) return 0;
     k.handshakes += lead;
     if (p.path == PIPE_PATH_LL) return pipe_ll_chunk<L>(p, c, t, h) ? 1 : 0;
-    if (lead) {
-        pipe_stamp(p, c, h, n, false, pipe_clock(p, c, h, n, false));
-        pipe_read_ahead(p, c, h + n, k);
-    }
+    if (lead) pipe_stamp(p, c, h, n, false, pipe_clock(p, c, h, n, false));
     move_batch(p, c, t, h, n, pipe_dst(p, c));
     // The last stage's clock is read now (checked: the chunks are through)
     // and written after the credit, so the credit's fence does not wait
     // for the stamp's store.
     const uint64_t now = lead && last ? pipe_clock(p, c, h, n, true) : 0;
-    if (p.path == PIPE_PATH_STORE) store_signal(p, c, t, h, n, k);
+    if (p.path == PIPE_PATH_STORE) store_signal(p, c, t, h, n);
     else if (!first) pipe_credit<L>(p, c, t, h, n);
     if (p.path == PIPE_PATH_PUT && !last) pipe_forward<L>(p, c, h, n);
     if (lead) pipe_stamp(p, c, h, n, true, last ? now : pipe_clock(p, c, h, n, true));
@@ -730,7 +703,7 @@ __device__ void pipe_stage(const PipeParams &p) {
     if (!pipe_channel<L>(q, c) || c.len == 0) return;  // unmapped neighbour, or no data for this channel
     const Team t = pipe_team<L>(q, c);
     if (t.rank >= t.size) return;  // a lane the slice does not need
-    Carry k{0, 0, {0, 0, 0, 0}, false, 0, 0};
+    Carry k{0, 0, 0};
     const uint64_t c0 = clock64(), t0 = globaltimer_ns();
     for (uint64_t g = 0, n = 1; g < q.chunks && n != 0; g += n) n = pipe_batch<L>(q, c, t, g, k, &batch);
     if (t.rank == 0) {
