@@ -15,7 +15,7 @@
 // cleared: laps differ by their sequence), consumes the slot, checks the
 // word still reads g + 1 (a later value means the slot was overwritten:
 // counted), and raises its credit word in the sender's window to g + 1.
-// A handshake may cover a batch of up to min(4, S/2) chunks (the ones
+// A handshake may cover a batch of up to min(8, S/2) chunks (the ones
 // that have arrived and have a free slot): one barrier, one fence, one
 // credit (the batch's last g + 1) and a ready word per slot. The fences
 // (~0.4 us each on an H200) and barriers were most of a chunk's time.
@@ -212,8 +212,9 @@ struct Channel {
     uint32_t mul, add;       // last stage: the middle stages composed, x -> x * mul + add
 };
 
-// The most chunks one handshake covers (a batch; batch_max below).
-constexpr uint32_t PIPE_BATCH = 4;
+// The most chunks one handshake covers (a batch; batch_max below). On an
+// H200, 8 over 16 slots moved 1 MiB store chunks about 30% faster than 4.
+constexpr uint32_t PIPE_BATCH = 8;
 
 // What a channel's leader carries from one batch to the next. (Nothing
 // is read ahead: on an H200 a word read during one batch for the next

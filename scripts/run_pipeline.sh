@@ -112,8 +112,8 @@ pipe p2-ll8 0 --ranks 2 --path ll --chunk 8 --slots 1 --level thread,warp,block 
 pipe p2-4M 0 --ranks 2 --chunk 4M --slots 4,8 --path store,put --chunks 500 --warmup 50
 pipe p2-b128 0 --ranks 2 --chunk 1M,4M --slots 8,16 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
   --no-baseline
-# The most chunks one handshake covers: 1, 2 and 4.
-pipe p2-batch 0 --ranks 2 --chunk 1M --slots 16 --batch 1,2,4 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
+# The most chunks one handshake covers: 1, 2, 4 and 8.
+pipe p2-batch 0 --ranks 2 --chunk 1M --slots 16 --batch 1,2,4,8 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
   --no-baseline
 pipe p2-levels 0 --ranks 2 --chunk 64K --slots 8 --path store,put --level thread,warp,block --chunks "$N" --warmup 1000 \
   --no-baseline

@@ -15,7 +15,7 @@ use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, parse_bytes, parse_timeout};
 use nixl_examples::pipeline::PROGRAM;
-use nixl_examples::pipeline::config::Config;
+use nixl_examples::pipeline::config::{Config, MAX_BATCH};
 use nixl_examples::pipeline::kernels::{Level, PipePath};
 use nixl_examples::pipeline::run::{self, Outputs};
 use nixl_examples::ranks::RankEnv;
@@ -80,10 +80,10 @@ struct Args {
     slots: Vec<u32>,
 
     /// The most chunks one handshake covers (one barrier, one fence, one
-    /// credit for all), comma-separated for one case each, 1 to 4, at
-    /// most the slots [default: half the slots, at most 4; the LL path
+    /// credit for all), comma-separated for one case each, 1 to 8, at
+    /// most the slots [default: half the slots, at most 8; the LL path
     /// always 1].
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4))]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH as i64))]
     batch: Vec<u32>,
 
     /// Bytes of one slot [default: what one chunk needs; LL: 16 per 8 payload bytes].

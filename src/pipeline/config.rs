@@ -44,9 +44,11 @@ pub struct Config {
 crate::json_value!(Config => "pipeline configuration");
 
 /// The most chunks one handshake may cover (`PIPE_BATCH` in
-/// `cuda/pipeline.cu`: the consumer's leader reads that many ready words
-/// ahead).
-pub const MAX_BATCH: u32 = 4;
+/// `cuda/pipeline.cu`: the consumer's leader polls that many ready words
+/// at once). On an H200, 8 over 16 slots moved 1 MiB store chunks about
+/// 30% faster than 4; the register room it costs slowed batches of 4 by
+/// about 5%.
+pub const MAX_BATCH: u32 = 8;
 
 /// The most chunks one handshake covers when `--batch` is not given: half
 /// the ring (so the two ends still overlap, one filling half while the
@@ -270,8 +272,8 @@ mod tests {
             [(1, 1), (2, 1), (2, 2), (16, 1), (16, 2), (16, 4)]
         );
         // Without --batch: half the ring, at most MAX_BATCH; LL always 1.
-        let auto = config(vec![1, 2, 6, 16], vec![], vec![PipePath::Put]);
-        assert_eq!(batches(&auto), [(1, 1), (2, 1), (6, 3), (16, 4)]);
+        let auto = config(vec![1, 2, 6, 16, 32], vec![], vec![PipePath::Put]);
+        assert_eq!(batches(&auto), [(1, 1), (2, 1), (6, 3), (16, 8), (32, 8)]);
         let ll = config(vec![8], vec![2, 4], vec![PipePath::Ll]);
         assert_eq!(batches(&ll), [(8, 1)]);
     }
