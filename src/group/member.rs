@@ -292,6 +292,10 @@ impl<'a> Member<'a> {
                     self.abort(&format!("{e:#}"));
                 }
             }
+            // Not our heartbeat key yet: while it exists and ours is not
+            // out, the host waits for us; deleted now, it would judge us
+            // gone, delete the shared keys and leave before we are out.
+            lock(&self.written).remove(&self.alive_key(self.me));
             self.delete_written();
             self.count_out();
             out

@@ -32,6 +32,14 @@ impl MemoryStore {
         }
     }
 
+    /// Every key stored now, sorted: what a test names when keys were left
+    /// behind.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.map().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
     fn map(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
