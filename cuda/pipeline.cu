@@ -6,7 +6,8 @@
 // in the loop: KERNEL_GUIDE.md ("A streaming pipeline") walks through it.
 //
 // Per link (stage s -> s+1), in the receiver's window: a ring of S slots
-// and a ready word per (slot, channel); in the sender's window: a credit
+// (each channel's slices of them one after another: slice_offset) and a
+// ready word per (slot, channel); in the sender's window: a credit
 // word per channel. Chunk g goes to slot g % S with sequence g + 1. The
 // sender waits until credit >= g + 1 - S (the receiver has consumed chunk
 // g - S, so the slot is free), writes the data, then raises the slot's
@@ -15,7 +16,7 @@
 // cleared: laps differ by their sequence), consumes the slot, checks the
 // word still reads g + 1 (a later value means the slot was overwritten:
 // counted), and raises its credit word in the sender's window to g + 1.
-// A handshake may cover a batch of up to min(8, S/2) chunks (the ones
+// A handshake may cover a batch of up to min(16, S/2) chunks (the ones
 // that have arrived and have a free slot): one barrier, one fence, one
 // credit (the batch's last g + 1) and a ready word per slot. The fences
 // (~0.4 us each on an H200) and barriers were most of a chunk's time.
@@ -49,12 +50,12 @@ struct PipeParams {
     struct PipeReport *report;
     uint64_t *t_start;  // [stamps]: stage 0, when channel 0 began chunk warmup + i (LL: just before its leader's line store), ns
     uint64_t *t_end;    // [stamps]: last stage, when channel 0's leading lane had checked its share (LL: its own line), ns
-    uint64_t off_ring;  // S slots of slot_bytes: what the previous stage writes
-    uint64_t off_stage; // S slots of slot_bytes: the put path's outgoing copies
+    uint64_t off_ring;  // [channels][S] slices of slice_stride: what the previous stage writes
+    uint64_t off_stage; // [channels][S] slices of slice_stride: the put path's outgoing copies
     uint64_t off_ready; // [S][channels] u64, written by the previous stage
     uint64_t off_credit;// [channels] u64, written by the next stage
     uint64_t chunk_bytes;  // payload bytes per chunk
-    uint64_t slot_bytes;   // bytes per slot (LL: 16 per 8 payload bytes)
+    uint64_t slice_stride; // bytes from a channel's slice of one slot to the next (LL: 16 per 8 payload bytes)
     uint64_t slice_bytes;  // payload bytes per channel (a multiple of 16)
     uint64_t chunks;       // M, warm-up included
     uint64_t warmup;       // the first chunks, not timed
@@ -99,16 +100,23 @@ static_assert(sizeof(PipeReport) == 144, "PipeReport layout is shared with the h
 // ------------------------------------------------------------- the data
 
 // Word w (4 bytes) of chunk g as stage 0 produces it (src/pipeline/data.rs
-// word()): a cheap mix of both, so a word from another chunk or offset
-// fails.
-__host__ __device__ __forceinline__ uint32_t pipe_word(uint64_t g, uint64_t w) {
-    uint32_t x = uint32_t(g) * 0x9E3779B1u ^ uint32_t(w) * 0x85EBCA77u ^ uint32_t(g >> 32) * 0xC2B2AE3Du;
+// word()): a mix of g, plus w steps of an odd constant. A word from
+// another chunk (another lap of the slot) or another offset fails, and
+// the words of a vector follow from its first by adds, so checking a word
+// costs an add and a compare: with a hash of (g, w) a word, the last
+// stage's checks took about a fifth of a 1 MiB link's throughput on an
+// H200 (its SMs are the writer's too, on one GPU).
+__host__ __device__ __forceinline__ uint32_t pipe_chunk_mix(uint64_t g) {
+    uint32_t x = uint32_t(g) * 0x9E3779B1u ^ uint32_t(g >> 32) * 0xC2B2AE3Du;
     x ^= x >> 15;
     x *= 0x2C1B3C6Du;
     x ^= x >> 12;
     return x;
 }
-
+constexpr uint32_t PIPE_WORD_STEP = 0x85EBCA77u;
+__host__ __device__ __forceinline__ uint32_t pipe_word(uint64_t g, uint64_t w) {
+    return pipe_chunk_mix(g) + uint32_t(w) * PIPE_WORD_STEP;
+}
 
 // ------------------------------------------------------------ the groups
 
@@ -213,8 +221,10 @@ struct Channel {
 };
 
 // The most chunks one handshake covers (a batch; batch_max below). On an
-// H200, 8 over 16 slots moved 1 MiB store chunks about 30% faster than 4.
-constexpr uint32_t PIPE_BATCH = 8;
+// H200, 8 over 16 slots moved 1 MiB store chunks about 30% faster than 4,
+// and 16 over 32 about 10-25% faster than 8 over 16 (the ring's 32 MiB
+// still in L2; 64 slots were slower).
+constexpr uint32_t PIPE_BATCH = 16;
 
 // What a channel's leader carries from one batch to the next. (Nothing
 // is read ahead: on an H200 a word read during one batch for the next
@@ -236,8 +246,14 @@ __device__ __forceinline__ uint64_t ready_offset(const PipeParams &p, const Chan
 __device__ __forceinline__ uint64_t *credit_word(const PipeParams &p, uint8_t *window, const Channel &c) {
     return reinterpret_cast<uint64_t *>(window + p.off_credit) + c.index;
 }
-__device__ __forceinline__ uint64_t slot_offset(const PipeParams &p, uint64_t g) {
-    return (g % p.slots) * p.slot_bytes;
+// Where channel c's slice of chunk g lies, from the ring's (or the staging
+// slots') start: each channel has a ring of its own, its S slices one
+// after another, as NCCL gives each channel a FIFO of its own. The put
+// path then moves a batch of slices with one nixlPut: a block-level put
+// of one 8 KiB slice kept 2 of the block's 8 warps busy (UCX's cuda_ipc
+// copy hands each warp 4 KiB), and cost a call per chunk.
+__device__ __forceinline__ uint64_t slice_offset(const PipeParams &p, const Channel &c, uint64_t g) {
+    return (uint64_t(c.index) * p.slots + g % p.slots) * p.slice_stride;
 }
 
 // The stage's GPU sleeps `ns` (--slow-stage): __nanosleep sleeps at most
@@ -248,11 +264,6 @@ __device__ void pipe_delay(uint64_t ns) {
 }
 
 // ------------------------------------------------------ moving the data
-
-// The word the stage writes for input word `in` (stage 0: none read).
-__device__ __forceinline__ uint32_t pipe_transform(const PipeParams &p, uint64_t g, uint64_t w, uint32_t in) {
-    return p.stage == 0 ? pipe_word(g, w) : in * 3u + p.stage;
-}
 
 // Last stage: what word w of chunk g must read.
 __device__ __forceinline__ uint32_t pipe_want(const Channel &c, uint64_t g, uint64_t w) {
@@ -273,17 +284,24 @@ __device__ __forceinline__ void pipe_check(const PipeParams &p, uint64_t g, uint
 
 // One 16-byte vector (4 words from word w) through the stage: `v` as read
 // (stage 0: nothing), transformed or checked, written to `out` (unless the
-// last stage).
+// last stage). The words of a vector are `d` apart (pipe_word; the middle
+// stages scale the step by c.mul), so one product gives all four.
 __device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, uint4 v, uint4 *out) {
     if (p.stage + 1 == p.stages) {
-        pipe_check(p, g, w, v.x, pipe_want(c, g, w));
-        pipe_check(p, g, w + 1, v.y, pipe_want(c, g, w + 1));
-        pipe_check(p, g, w + 2, v.z, pipe_want(c, g, w + 2));
-        pipe_check(p, g, w + 3, v.w, pipe_want(c, g, w + 3));
+        const uint32_t a = pipe_want(c, g, w), d = c.mul * PIPE_WORD_STEP;
+        if (((v.x ^ a) | (v.y ^ (a + d)) | (v.z ^ (a + 2 * d)) | (v.w ^ (a + 3 * d))) == 0) return;
+        pipe_check(p, g, w, v.x, a);
+        pipe_check(p, g, w + 1, v.y, a + d);
+        pipe_check(p, g, w + 2, v.z, a + 2 * d);
+        pipe_check(p, g, w + 3, v.w, a + 3 * d);
         return;
     }
-    v = make_uint4(pipe_transform(p, g, w, v.x), pipe_transform(p, g, w + 1, v.y), pipe_transform(p, g, w + 2, v.z),
-                   pipe_transform(p, g, w + 3, v.w));
+    if (p.stage == 0) {
+        const uint32_t a = pipe_word(g, w);
+        v = make_uint4(a, a + PIPE_WORD_STEP, a + 2 * PIPE_WORD_STEP, a + 3 * PIPE_WORD_STEP);
+    } else {
+        v = make_uint4(v.x * 3u + p.stage, v.y * 3u + p.stage, v.z * 3u + p.stage, v.w * 3u + p.stage);
+    }
     if (p.corrupt_chunk >= 0 && uint64_t(p.corrupt_chunk) == g && w == 0) v.x ^= 1;
     *out = v;
 }
@@ -293,12 +311,12 @@ __device__ __forceinline__ void pipe_vec(const PipeParams &p, const Channel &c, 
 constexpr uint32_t MOVE_ROUND = 4;
 
 // The team's slice of chunk g, simple form (put and store paths): from our
-// ring slot to the same slot from `dst` (the next stage's ring, our
-// staging slots; null at the last stage), a slot's start plus the
-// channel's offset. Every round is full but the last (predicated).
+// ring's slice to the same place from `dst` (the next stage's ring, our
+// staging slots; null at the last stage). Every round is full but the
+// last (predicated).
 __device__ void move_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, uint8_t *dst) {
-    const uint64_t at = (g % p.slots) * p.slot_bytes;
-    const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + c.lo + at);
+    const uint64_t at = slice_offset(p, c, g);
+    const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + at);
     uint4 *out = reinterpret_cast<uint4 *>(dst + at);
     const uint64_t vecs = c.len / 16, w0 = c.lo / 4, n = t.size;
     constexpr uint32_t U = MOVE_ROUND;
@@ -314,8 +332,8 @@ __device__ void move_slice(const PipeParams &p, const Channel &c, const Team &t,
 }
 
 // A lane's walk through a batch's slices, chunk after chunk: its m-th
-// vector of chunk h + j lies in slot `slot`, vector rank + m * size of the
-// channel's slice. Stepping needs no division (a lane has q vectors a
+// vector of chunk h + j lies in the channel's slice of slot `slot`, vector
+// rank + m * size. Stepping needs no division (a lane has q vectors a
 // chunk).
 struct Walk {
     uint32_t j, m, slot;
@@ -324,11 +342,35 @@ struct Walk {
         m = 0, ++j;
         if (++slot == slots) slot = 0;
     }
-    // The vector's byte offset from a slot's start plus the channel's.
+    // The vector's byte offset from the start of the channel's ring.
     __device__ __forceinline__ uint64_t offset(const PipeParams &p, const Team &t) const {
-        return uint64_t(slot) * p.slot_bytes + 16ull * (t.rank + m * t.size);
+        return uint64_t(slot) * p.slice_stride + 16ull * (t.rank + m * t.size);
     }
 };
+
+// A lane's q vectors a chunk of the batch's n chunks as one sequence
+// (move_batch), a round at a time.
+__device__ void move_walk(const PipeParams &p, const Channel &c, const Team &t, uint64_t h, uint32_t n, uint32_t q, uint8_t *dst) {
+    constexpr uint32_t U = MOVE_ROUND;
+    const uint8_t *in = p.window + p.off_ring + slice_offset(p, c, 0);
+    dst += slice_offset(p, c, 0);
+    Walk w{0, 0, uint32_t(h % p.slots)};
+    for (uint32_t e = 0; e < n * q; e += U) {
+        uint4 v[U];
+        Walk r = w;
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u, r.step(q, p.slots)) {
+            const bool load = p.stage > 0 && e + u < n * q;
+            v[u] = load ? __ldcg(reinterpret_cast<const uint4 *>(in + r.offset(p, t))) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u, w.step(q, p.slots)) {
+            if (e + u >= n * q) continue;
+            uint4 *out = reinterpret_cast<uint4 *>(dst + w.offset(p, t));
+            pipe_vec(p, c, h + w.j, c.lo / 4 + 4 * (t.rank + w.m * t.size), v[u], out);
+        }
+    }
+}
 
 // The team's slices of chunks h .. h + n - 1 (a batch), as move_slice
 // moves one. When a lane's share of a chunk fills a round, chunk by chunk.
@@ -347,23 +389,7 @@ __device__ void move_batch(const PipeParams &p, const Channel &c, const Team &t,
         for (uint32_t j = 0; j < n; ++j) move_slice(p, c, t, h + j, dst);
         return;
     }
-    const uint8_t *in = p.window + p.off_ring + c.lo;
-    Walk w{0, 0, uint32_t(h % p.slots)};
-    for (uint32_t e = 0; e < n * q; e += U) {
-        uint4 v[U];
-        Walk r = w;
-#pragma unroll
-        for (uint32_t u = 0; u < U; ++u, r.step(q, p.slots)) {
-            const bool load = p.stage > 0 && e + u < n * q;
-            v[u] = load ? __ldcg(reinterpret_cast<const uint4 *>(in + r.offset(p, t))) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < U; ++u, w.step(q, p.slots)) {
-            if (e + u >= n * q) continue;
-            uint4 *out = reinterpret_cast<uint4 *>(dst + w.offset(p, t));
-            pipe_vec(p, c, h + w.j, c.lo / 4 + 4 * (t.rank + w.m * t.size), v[u], out);
-        }
-    }
+    move_walk(p, c, t, h, n, q, dst);
 }
 
 // An LL line as cuda/kernels.cu writes it: one 16-byte volatile store.
@@ -404,9 +430,9 @@ __device__ bool ll_wait_line(const PipeParams &p, const uint4 *line, uint32_t se
 __device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, bool stamp, uint64_t &at) {
     const uint32_t seq = uint32_t(g + 1);
     const bool last = p.stage + 1 == p.stages;
-    const uint64_t first = c.lo / 8, lines = c.len / 8;
-    const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + slot_offset(p, g)) + first;
-    uint4 *out = c.next ? reinterpret_cast<uint4 *>(c.next + p.off_ring + slot_offset(p, g)) + first : nullptr;
+    const uint64_t lines = c.len / 8;
+    const uint4 *in = reinterpret_cast<const uint4 *>(p.window + p.off_ring + slice_offset(p, c, g));
+    uint4 *out = c.next ? reinterpret_cast<uint4 *>(c.next + p.off_ring + slice_offset(p, c, g)) : nullptr;
     for (uint64_t i = t.rank; i < lines; i += t.size) {
         const uint64_t w = (c.lo + 8 * i) / 4;
         uint32_t a = last ? pipe_want(c, g, w) : pipe_word(g, w), b = last ? pipe_want(c, g, w + 1) : pipe_word(g, w + 1);
@@ -447,8 +473,10 @@ __device__ void store_signal(const PipeParams &p, const Channel &c, const Team &
 }
 
 // Put path, after the team's slices of chunks h .. h + n - 1 went to our
-// staging slots: nixlPut copies each into the next stage's slot, then
-// each slot's ready word is raised by what it lacks, g + 1 minus the
+// staging slots: nixlPut copies them into the next stage's slots, one call
+// per run of slices that lie one after another in the channel's ring (one,
+// or two where the batch wraps; one a slice when the slices are padded).
+// Then each slot's ready word is raised by what it lacks, g + 1 minus the
 // sequence of chunk g - S (only this channel writes it). nixlAtomicAdd is
 // not a release, and on cuda_ipc the put is the group's own stores: the
 // group syncs, then every member fences (release), so whichever member the
@@ -459,10 +487,13 @@ __device__ void pipe_forward(const PipeParams &p, const Channel &c, uint64_t h, 
     // Every lane's part of the staging slot is written before any lane
     // copies it: on cuda_ipc the put is the group's own loads and stores.
     G::sync();
-    for (uint64_t g = h; g < h + n; ++g) {
-        const nixlMemViewElem src{p.local_mvh, 0, p.off_stage + slot_offset(p, g) + c.lo};
-        const nixlMemViewElem dst{p.remote_mvh, p.stage + 1, p.off_ring + slot_offset(p, g) + c.lo};
-        record_status(&p.report->base, nixlPut<L>(src, dst, c.len, c.index));
+    const bool packed = c.len == p.slice_stride;
+    for (uint64_t g = h; g < h + n;) {
+        const uint64_t run = packed ? min(uint64_t(h + n - g), p.slots - g % p.slots) : 1;
+        const nixlMemViewElem src{p.local_mvh, 0, p.off_stage + slice_offset(p, c, g)};
+        const nixlMemViewElem dst{p.remote_mvh, p.stage + 1, p.off_ring + slice_offset(p, c, g)};
+        record_status(&p.report->base, nixlPut<L>(src, dst, run * c.len, c.index));
+        g += run;
     }
     G::sync();
     fence_release(p.same_gpu);
@@ -510,25 +541,32 @@ __device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
     return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.batch));
 }
 
-// The leader polls the ready words of chunks h, h + 1, ... (up to `most`,
+// The leader polls the ready words of chunks h .. h + 7 (up to `most`,
 // all loads of a poll in flight together) until chunk h's has arrived,
-// then takes every chunk that has, up to the first that has not: one
-// handshake for them all. Each word's sequence is checked (a later one:
-// the slot was overwritten, counted). Returns the count; 0: the wait gave
-// up.
+// then takes every chunk that has, up to the first that has not (reading
+// the next eight words while all eight so far had): one handshake for
+// them all. Each word's sequence is checked (a later one: the slot was
+// overwritten, counted). Returns the count; 0: the wait gave up. (Eight
+// at a time whatever the batch: the words a poll holds are registers.)
 __device__ uint32_t pipe_arrived(const PipeParams &p, const Channel &c, uint64_t h, uint32_t most) {
-    uint64_t v[PIPE_BATCH], start = 0;
+    constexpr uint32_t G = 8;  // words a poll has in flight
+    uint64_t v[G], start = 0;
     for (;;) {
 #pragma unroll
-        for (uint32_t j = 0; j < PIPE_BATCH; ++j)
-            v[j] = j < most ? load_relaxed_system(ready_word(p, p.window, c, h + j)) : 0;
+        for (uint32_t j = 0; j < G; ++j) v[j] = j < most ? load_relaxed_system(ready_word(p, p.window, c, h + j)) : 0;
         if (reached(v[0], h + 1)) break;
         if (pipe_stop(p, start, v[0], PIPE_WAIT_READY, h)) return 0;
     }
-    uint32_t n = 1, ovw = v[0] != h + 1;
+    uint32_t n = 0, ovw = 0;
+    for (uint32_t j0 = 0;; j0 += G) {
 #pragma unroll
-    for (uint32_t j = 1; j < PIPE_BATCH; ++j)
-        if (n == j && j < most && reached(v[j], h + j + 1)) ++n, ovw += v[j] != h + j + 1;
+        for (uint32_t j = 0; j < G; ++j)
+            if (n == j0 + j && j0 + j < most && reached(v[j], h + j0 + j + 1)) ++n, ovw += v[j] != h + j0 + j + 1;
+        if (n != j0 + G || n >= most) break;
+#pragma unroll
+        for (uint32_t j = 0; j < G; ++j)
+            v[j] = n + j < most ? load_relaxed_system(ready_word(p, p.window, c, h + n + j)) : 0;
+    }
     if (ovw != 0) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), ovw);
     fence_acquire(p.same_gpu);
     return n;
@@ -638,8 +676,8 @@ __device__ Team pipe_team(const PipeParams &p, const Channel &c) {
 // offset: our staging slots (put), the next stage's slots (store), nowhere
 // (the last stage).
 __device__ __forceinline__ uint8_t *pipe_dst(const PipeParams &p, const Channel &c) {
-    if (p.path == PIPE_PATH_PUT) return p.window + p.off_stage + c.lo;
-    return c.next ? c.next + p.off_ring + c.lo : nullptr;
+    if (p.path == PIPE_PATH_PUT) return p.window + p.off_stage;
+    return c.next ? c.next + p.off_ring : nullptr;
 }
 
 // The LL form of a batch (always one chunk, h): the lines, then the credit

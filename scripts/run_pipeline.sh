@@ -91,15 +91,15 @@ N=20000; ((QUICK)) && N=2000
 # simple_write in the same call: put and store bandwidth at the chunk size,
 # the LL half round trip of 8 bytes.
 one sw-bw 0 "$SW" -m pair -b 1M -e 4M -f 4 --path put,store -l block --json "$OUT/sw-bw.json"
-# ... and rotating through 3, 5 and 11 slots: working sets (3 x the slots:
+# ... and rotating through 3, 5, 11 and 21 slots: working sets (3 x the slots:
 # two sources and the destination) near the rings' below, 8 to 128 MiB,
 # where one buffer would stay in L2 (pipeline_vs_simple_write.py pairs them).
-for s in 3 5 11; do
+for s in 3 5 11 21; do
   one "sw-ring$s" 0 "$SW" -m pair -b 1M -e 4M -f 4 --slots "$s" --path put,store -l block --json "$OUT/sw-ring$s.json"
 done
 one sw-ll 0 "$SW" -m pair -s 8 --path ll --pingpong --json "$OUT/sw-ll.json"
 for s in $STAGES; do
-  pipe "p${s}-1M" 0 --ranks "$s" --chunk 1M --slots 2,8,16 --path store,put --chunks "$((N / 10))" --warmup 100
+  pipe "p${s}-1M" 0 --ranks "$s" --chunk 1M --slots 2,8,16,32 --path store,put --chunks "$((N / 10))" --warmup 100
   pipe "p${s}-ll" 0 --ranks "$s" --path ll --chunk 8,4K,64K --slots 1,8 --level warp,block --chunks "$N" \
     --warmup 1000 --no-baseline
 done
@@ -110,10 +110,10 @@ pipe p2-ll8 0 --ranks 2 --path ll --chunk 8 --slots 1 --level thread,warp,block 
 # Larger chunks; and more channels (two blocks an SM's share: fewer bytes a
 # step of each, more handshakes in flight).
 pipe p2-4M 0 --ranks 2 --chunk 4M --slots 4,8 --path store,put --chunks 500 --warmup 50
-pipe p2-b128 0 --ranks 2 --chunk 1M,4M --slots 8,16 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
+pipe p2-b128 0 --ranks 2 --chunk 1M,4M --slots 8,16,32 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
   --no-baseline
-# The most chunks one handshake covers: 1, 2, 4 and 8.
-pipe p2-batch 0 --ranks 2 --chunk 1M --slots 16 --batch 1,2,4,8 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
+# The most chunks one handshake covers: 1 to 16.
+pipe p2-batch 0 --ranks 2 --chunk 1M --slots 32 --batch 1,2,4,8,16 --path store,put --blocks 128 --chunks 2000 --warmup 100 \
   --no-baseline
 pipe p2-levels 0 --ranks 2 --chunk 64K --slots 8 --path store,put --level thread,warp,block --chunks "$N" --warmup 1000 \
   --no-baseline

@@ -80,8 +80,8 @@ struct Args {
     slots: Vec<u32>,
 
     /// The most chunks one handshake covers (one barrier, one fence, one
-    /// credit for all), comma-separated for one case each, 1 to 8, at
-    /// most the slots [default: half the slots, at most 8; the LL path
+    /// credit for all), comma-separated for one case each, 1 to 16, at
+    /// most the slots [default: half the slots, at most 16; the LL path
     /// always 1].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH as i64))]
     batch: Vec<u32>,

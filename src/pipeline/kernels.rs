@@ -76,9 +76,10 @@ pub struct PipeParams {
     pub off_stage: u64,
     pub off_ready: u64,
     pub off_credit: u64,
-    /// Payload bytes per chunk, per slot, per channel.
+    /// Payload bytes per chunk; bytes from one of a channel's slices to its
+    /// next in its ring (`ring::slice_stride`); payload bytes per channel.
     pub chunk_bytes: u64,
-    pub slot_bytes: u64,
+    pub slice_stride: u64,
     pub slice_bytes: u64,
     /// Chunks in all, the untimed ones first, and the timed ones stamped.
     pub chunks: u64,

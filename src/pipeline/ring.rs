@@ -4,6 +4,10 @@
 //! and how a chunk is cut into the channels' slices.
 //!
 //! Per link, chunk `g` (from 0) goes to slot `g % S` with sequence `g + 1`;
+//! a slot is one slice of each channel, and each channel's slices of the S
+//! slots lie one after another (a ring per channel, as NCCL gives each
+//! channel a FIFO of its own), so a batch of a channel's slices is one
+//! stretch of memory: one `nixlPut` on the put path.
 //! the sender may write it once the receiver's credit word reads at least
 //! [`credit_needed`]`(g, S)`; nothing is ever cleared, so laps differ only
 //! by their sequence numbers.
@@ -17,9 +21,9 @@ const ALIGN: u64 = 256;
 /// in bytes from its start).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
-    /// `slots` slots of `slot_bytes`: what the previous stage writes.
+    /// `[channels][slots]` slices of the stride: what the previous stage writes.
     pub off_ring: u64,
-    /// `slots` slots of `slot_bytes`: the put path's outgoing copies.
+    /// `[channels][slots]` slices of the stride: the put path's outgoing copies.
     pub off_stage: u64,
     /// `[slots][channels]` u64 ready words, written by the previous stage.
     pub off_ready: u64,
@@ -37,11 +41,21 @@ pub fn slot_bytes(chunk: u64, ll: bool) -> u64 {
     }
 }
 
+/// Bytes from one of a channel's slices to its next in the ring: its
+/// payload (LL: its lines), or, when `slot` (`--slot-bytes`) asks for more,
+/// the slot's even share among the channels that carry data, in whole
+/// 16-byte units.
+pub fn slice_stride(slot: u64, chunk: u64, channels: u32, ll: bool) -> u64 {
+    let busy = u64::from(busy_channels(chunk, channels));
+    slot_bytes(slice_bytes(chunk, channels), ll).max(slot / busy / 16 * 16)
+}
+
 impl Window {
-    /// The window for `slots` slots of `slot_bytes` and `channels` channels.
-    pub fn new(slots: u32, slot_bytes: u64, channels: u32) -> Self {
+    /// The window for `slots` slots of `channels` slices of `stride` bytes
+    /// ([`slice_stride`]) and `channels` channels' words.
+    pub fn new(slots: u32, stride: u64, channels: u32) -> Self {
         let up = |n: u64| n.div_ceil(ALIGN) * ALIGN;
-        let ring = up(u64::from(slots) * slot_bytes);
+        let ring = up(u64::from(slots) * u64::from(channels) * stride);
         let off_stage = ring;
         let off_ready = off_stage + ring;
         let off_credit = off_ready + up(8 * u64::from(slots) * u64::from(channels));
@@ -140,12 +154,36 @@ mod tests {
 
     #[test]
     fn the_window_parts_do_not_overlap() {
-        let w = Window::new(8, slot_bytes(1 << 20, false), 66);
+        let stride = slice_stride(0, 1 << 20, 64, false);
+        assert_eq!(stride, 16 << 10);
+        let w = Window::new(8, stride, 64);
         assert_eq!(w.off_stage, 8 << 20);
         assert!(w.off_ready >= w.off_stage + (8 << 20));
-        assert!(w.off_credit >= w.off_ready + 8 * 8 * 66);
-        assert!(w.bytes >= w.off_credit + 8 * 66);
+        assert!(w.off_credit >= w.off_ready + 8 * 8 * 64);
+        assert!(w.bytes >= w.off_credit + 8 * 64);
         assert_eq!(slot_bytes(8, true), 16);
         assert_eq!(slot_bytes(1024, true), 2048);
+    }
+
+    #[test]
+    fn every_channel_s_slices_fit_its_ring_and_a_larger_slot_pads_them() {
+        for (chunk, channels, ll) in [
+            (1u64 << 20, 66u32, false),
+            (1000, 3, false),
+            (8, 128, true),
+            (4096, 7, true),
+        ] {
+            let stride = slice_stride(0, chunk, channels, ll);
+            let wire = slot_bytes(slice_bytes(chunk, channels), ll);
+            assert_eq!(stride, wire, "{chunk} {channels}");
+            // Every busy channel's slice of every slot lies inside the ring.
+            let w = Window::new(5, stride, channels);
+            let last = (u64::from(busy_channels(chunk, channels)) * 5) * stride;
+            assert!(last <= w.off_stage, "{chunk} {channels}");
+        }
+        // --slot-bytes 2 MiB for 1 MiB chunks over 64 channels: 32 KiB apart.
+        assert_eq!(slice_stride(2 << 20, 1 << 20, 64, false), 32 << 10);
+        // A smaller slot never shrinks a slice (the options refuse it anyway).
+        assert_eq!(slice_stride(1, 1 << 20, 64, false), 16 << 10);
     }
 }

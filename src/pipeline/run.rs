@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::config::{Case, Config};
-use super::kernels::{PipeKernels, PipeParams, PipeReport};
+use super::kernels::{PipeKernels, PipeParams, PipePath, PipeReport};
 use super::nccl::{self, NcclTimes};
 use super::report::{self, StageResult};
 use super::ring::{self, Window};
@@ -309,12 +309,13 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
     let blocks = case.blocks(cfg, ctx.share);
     let threads = case.threads(cfg);
     let channels = case.level.channels(blocks, threads);
-    let slot = cfg.slot_bytes.unwrap_or(0).max(case.slot_bytes());
-    let w = Window::new(case.slots, slot, channels);
+    let ll = case.path == PipePath::Ll;
+    let stride = ring::slice_stride(cfg.slot_bytes.unwrap_or(0), case.chunk, channels, ll);
+    let w = Window::new(case.slots, stride, channels);
     b.window.zero(&gpu.stream)?;
     gpu.stream.synchronize()?;
     g.barrier(&format!("case{n}/go"))?;
-    let p = params(ctx, net, b, case, &w, slot);
+    let p = params(ctx, net, b, case, &w, stride);
     let launch = |s: &cudarc::driver::CudaStream| -> Result<()> {
         // SAFETY: every address in `p` lives until run_watched returned.
         unsafe { ctx.k.launch(s, case.level, (blocks, threads), &p)? };
@@ -350,7 +351,7 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
 }
 
 /// The stage kernel's parameters for `case`.
-fn params(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, w: &Window, slot: u64) -> PipeParams {
+fn params(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, w: &Window, stride: u64) -> PipeParams {
     let (g, cfg) = (ctx.g, ctx.cfg);
     let views = net.views();
     let channels = case
@@ -369,7 +370,7 @@ fn params(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, w: &Window, slot: u64) ->
         off_ready: w.off_ready,
         off_credit: w.off_credit,
         chunk_bytes: case.chunk,
-        slot_bytes: slot,
+        slice_stride: stride,
         slice_bytes: ring::slice_bytes(case.chunk, channels),
         chunks: cfg.chunks,
         warmup: cfg.warmup,
