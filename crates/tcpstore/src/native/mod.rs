@@ -260,32 +260,55 @@ fn timed_out(addr: String, keys: &[&str], after: Duration) -> StoreError {
     }
 }
 
+/// One operation's request: its keys in wire form, each checked against
+/// torch's limits, and the context its errors name.
+struct Request<'a> {
+    ctx: Ctx<'a>,
+    wire: Vec<Vec<u8>>,
+}
+
+impl<'a> Request<'a> {
+    fn new(op: &'static str, keys: &'a [&'a str], deadline: Duration) -> Result<Self, StoreError> {
+        let wire = wire_keys(keys)?;
+        Ok(Self {
+            ctx: Ctx { op, keys, deadline },
+            wire,
+        })
+    }
+
+    /// The wire keys, as the client's calls take them.
+    fn refs(&self) -> Vec<&[u8]> {
+        self.wire.iter().map(Vec::as_slice).collect()
+    }
+
+    /// The wire key of a one-key operation.
+    fn key(&self) -> &[u8] {
+        &self.wire[0]
+    }
+}
+
+impl TcpStore {
+    /// A connection for `req` (lent from the pool, or opened).
+    fn client_for(&self, req: &Request<'_>) -> Result<Lent<'_, Client>, StoreError> {
+        self.client(&req.ctx)
+    }
+}
+
 impl Bounded for TcpStore {
     fn default_deadline(&self) -> Duration {
         self.timeout
     }
 
     fn set_by(&self, key: &str, value: &[u8], deadline: Duration) -> Result<(), StoreError> {
-        let wkey = wire_key(key);
-        check_limits(&wkey, Some(value))?;
-        let ctx = Ctx {
-            op: "SET",
-            keys: &[key],
-            deadline,
-        };
-        self.client(&ctx)?.set(&ctx, &wkey, value)
+        let req = Request::new("SET", std::slice::from_ref(&key), deadline)?;
+        check_limits(req.key(), Some(value))?;
+        self.client_for(&req)?.set(&req.ctx, req.key(), value)
     }
 
     fn get_by(&self, key: &str, deadline: Duration) -> Result<Vec<u8>, StoreError> {
-        let wkey = wire_key(key);
-        check_limits(&wkey, None)?;
-        let ctx = Ctx {
-            op: "GET",
-            keys: &[key],
-            deadline,
-        };
-        self.client(&ctx)?
-            .get(&ctx, &wkey, deadline)?
+        let req = Request::new("GET", std::slice::from_ref(&key), deadline)?;
+        self.client_for(&req)?
+            .get(&req.ctx, req.key(), deadline)?
             .ok_or_else(|| timed_out(self.addr(), &[key], deadline))
     }
 
@@ -295,14 +318,11 @@ impl Bounded for TcpStore {
         timeout: Duration,
         deadline: Duration,
     ) -> Result<(), StoreError> {
-        let wkeys = wire_keys(keys)?;
-        let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        let ctx = Ctx {
-            op: "WAIT",
-            keys,
-            deadline,
-        };
-        if self.client(&ctx)?.wait(&ctx, &refs, timeout)? {
+        let req = Request::new("WAIT", keys, deadline)?;
+        if self
+            .client_for(&req)?
+            .wait(&req.ctx, &req.refs(), timeout)?
+        {
             Ok(())
         } else {
             Err(timed_out(self.addr(), keys, timeout))
@@ -310,33 +330,21 @@ impl Bounded for TcpStore {
     }
 
     fn check_by(&self, keys: &[&str], deadline: Duration) -> Result<bool, StoreError> {
-        let wkeys = wire_keys(keys)?;
-        let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        let ctx = Ctx {
-            op: "CHECK",
-            keys,
-            deadline,
-        };
-        self.client(&ctx)?.check(&ctx, &refs)
+        let req = Request::new("CHECK", keys, deadline)?;
+        self.client_for(&req)?.check(&req.ctx, &req.refs())
     }
 
     /// CHECK, then a GET without the WAIT before it, on one connection
     /// held for both: the server answers a key deleted in between with an
     /// empty value, which a second CHECK tells from a value that is empty.
     fn try_get_by(&self, key: &str, deadline: Duration) -> Result<Option<Vec<u8>>, StoreError> {
-        let wkey = wire_key(key);
-        check_limits(&wkey, None)?;
-        let ctx = Ctx {
-            op: "GET",
-            keys: &[key],
-            deadline,
-        };
-        let mut client = self.client(&ctx)?;
-        if !client.check(&ctx, &[&wkey])? {
+        let req = Request::new("GET", std::slice::from_ref(&key), deadline)?;
+        let mut client = self.client_for(&req)?;
+        if !client.check(&req.ctx, &[req.key()])? {
             return Ok(None);
         }
-        let value = client.get_now(&ctx, &wkey)?;
-        if value.is_empty() && !client.check(&ctx, &[&wkey])? {
+        let value = client.get_now(&req.ctx, req.key())?;
+        if value.is_empty() && !client.check(&req.ctx, &[req.key()])? {
             return Ok(None);
         }
         Ok(Some(value))
@@ -354,32 +362,21 @@ impl Bounded for TcpStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let wkeys = wire_keys(keys)?;
-        let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        let ctx = Ctx {
-            op: "MULTI_GET",
-            keys,
-            deadline,
-        };
-        let mut client = self.client(&ctx)?;
-        let values = client.multi_get_now(&ctx, &refs)?;
+        let req = Request::new("MULTI_GET", keys, deadline)?;
+        let refs = req.refs();
+        let mut client = self.client_for(&req)?;
+        let values = client.multi_get_now(&req.ctx, &refs)?;
         let mut out = Vec::with_capacity(values.len());
         for (value, key) in values.into_iter().zip(&refs) {
-            let gone = value.is_empty() && !client.check(&ctx, &[key])?;
+            let gone = value.is_empty() && !client.check(&req.ctx, &[key])?;
             out.push((!gone).then_some(value));
         }
         Ok(out)
     }
 
     fn add_by(&self, key: &str, delta: i64, deadline: Duration) -> Result<i64, StoreError> {
-        let wkey = wire_key(key);
-        check_limits(&wkey, None)?;
-        let ctx = Ctx {
-            op: "ADD",
-            keys: &[key],
-            deadline,
-        };
-        self.client(&ctx)?.add(&ctx, &wkey, delta)
+        let req = Request::new("ADD", std::slice::from_ref(&key), deadline)?;
+        self.client_for(&req)?.add(&req.ctx, req.key(), delta)
     }
 
     fn compare_set_by(
@@ -389,66 +386,36 @@ impl Bounded for TcpStore {
         desired: &[u8],
         deadline: Duration,
     ) -> Result<Vec<u8>, StoreError> {
-        let wkey = wire_key(key);
-        check_limits(&wkey, Some(expected))?;
-        check_limits(&wkey, Some(desired))?;
-        let ctx = Ctx {
-            op: "COMPARE_SET",
-            keys: &[key],
-            deadline,
-        };
-        self.client(&ctx)?
-            .compare_set(&ctx, &wkey, expected, desired)
+        let req = Request::new("COMPARE_SET", std::slice::from_ref(&key), deadline)?;
+        check_limits(req.key(), Some(expected))?;
+        check_limits(req.key(), Some(desired))?;
+        self.client_for(&req)?
+            .compare_set(&req.ctx, req.key(), expected, desired)
     }
 
     fn multi_get_by(&self, keys: &[&str], deadline: Duration) -> Result<Vec<Vec<u8>>, StoreError> {
-        let wkeys = wire_keys(keys)?;
-        let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-        let ctx = Ctx {
-            op: "MULTI_GET",
-            keys,
-            deadline,
-        };
-        self.client(&ctx)?
-            .multi_get(&ctx, &refs, deadline)?
+        let req = Request::new("MULTI_GET", keys, deadline)?;
+        self.client_for(&req)?
+            .multi_get(&req.ctx, &req.refs(), deadline)?
             .ok_or_else(|| timed_out(self.addr(), keys, deadline))
     }
 
     fn delete_key_by(&self, key: &str, deadline: Duration) -> Result<bool, StoreError> {
-        let wkey = wire_key(key);
-        check_limits(&wkey, None)?;
-        let ctx = Ctx {
-            op: "DELETE_KEY",
-            keys: &[key],
-            deadline,
-        };
-        self.client(&ctx)?.delete_key(&ctx, &wkey)
+        let req = Request::new("DELETE_KEY", std::slice::from_ref(&key), deadline)?;
+        self.client_for(&req)?.delete_key(&req.ctx, req.key())
     }
 
     fn delete_keys_by(&self, keys: &[&str], deadline: Duration) -> Result<usize, StoreError> {
         let mut existed = 0;
         for batch in keys.chunks(crate::DELETE_BATCH) {
-            let wkeys: Vec<Vec<u8>> = batch.iter().map(|k| wire_key(k)).collect();
-            for w in &wkeys {
-                check_limits(w, None)?;
-            }
-            let refs: Vec<&[u8]> = wkeys.iter().map(Vec::as_slice).collect();
-            let ctx = Ctx {
-                op: "DELETE_KEY",
-                keys: batch,
-                deadline,
-            };
-            existed += self.client(&ctx)?.delete_keys(&ctx, &refs)?;
+            let req = Request::new("DELETE_KEY", batch, deadline)?;
+            existed += self.client_for(&req)?.delete_keys(&req.ctx, &req.refs())?;
         }
         Ok(existed)
     }
 
     fn num_keys_by(&self, deadline: Duration) -> Result<i64, StoreError> {
-        let ctx = Ctx {
-            op: "GETNUMKEYS",
-            keys: &[],
-            deadline,
-        };
-        self.client(&ctx)?.num_keys(&ctx)
+        let req = Request::new("GETNUMKEYS", &[], deadline)?;
+        self.client_for(&req)?.num_keys(&req.ctx)
     }
 }
