@@ -159,6 +159,7 @@ fn gpu_scripts_without_a_gpu_say_so_and_fail() {
         ("tune-grid.sh", vec!["--out", out]),
         ("gpu-faults.sh", vec!["--out", out]),
         ("run_ep.sh", vec!["--out", out]),
+        ("pair-matrix.sh", vec!["--out", out]),
         (
             "ucx-diag.sh",
             vec![
@@ -194,4 +195,28 @@ fn git_status() -> String {
         .output();
     o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+/// With one GPU and no `--one-gpu`, the pair matrix runs nothing: every row
+/// is named as skipped, with the reason, and the exit status is 1.
+#[test]
+fn pair_matrix_on_one_gpu_names_every_row_and_fails() {
+    let stubs = Stubs::new("pair");
+    let smi = stubs.dir.join("nvidia-smi");
+    std::fs::write(&smi, "#!/bin/sh\necho 'GPU 0: stub (UUID: GPU-0)'\n").unwrap();
+    let out = stubs.dir.join("out");
+    let bin = env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write");
+    let o = stubs.run(
+        "pair-matrix.sh",
+        &["--bin", bin, "--out", out.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    for row in ["gpu0-gpu1-pp", "coll-graph", "ep-ht", "pipe-ll8"] {
+        assert!(
+            summary.contains(&format!("- {row}: needs a second GPU (this machine has 1")),
+            "{row} not named: {summary}"
+        );
+    }
+    assert!(!summary.contains("| "), "a table without a run: {summary}");
 }
