@@ -23,13 +23,10 @@ source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/bench; QUICK=0; MPS=0; PAIRS_ARG=""
 while (($#)); do
   case "$1" in
-    --bundle) BUNDLE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --mps) MPS=1; shift ;;
-    --pairs) PAIRS_ARG=$2; shift 2 ;;
+    --pairs) need_value "$1" $#; PAIRS_ARG=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac

@@ -32,15 +32,12 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives-ela
 RUNS=12; SEED=$(date +%s); FAULT=200; SWEEP=0; SWEEP_CASE=
 while (($#)); do
   case "$1" in
-    --bundle) BUNDLE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --runs) RUNS=$2; shift 2 ;;
-    --seed) SEED=$2; shift 2 ;;
-    --fault-timeout) FAULT=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --runs) need_value "$1" $#; RUNS=$2; shift 2 ;;
+    --seed) need_value "$1" $#; SEED=$2; shift 2 ;;
+    --fault-timeout) need_value "$1" $#; FAULT=$2; shift 2 ;;
     --sweep) SWEEP=1; shift ;;
-    --sweep-case) SWEEP=1; SWEEP_CASE=$2; shift 2 ;;
+    --sweep-case) need_value "$1" $#; SWEEP=1; SWEEP_CASE=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac

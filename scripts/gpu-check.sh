@@ -21,13 +21,13 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; SIZES="8 1M 64M"; OUT=/t
 PATHS=put,store,ll; MPS=0; EXTRA=()
 while (($#)); do
   case "$1" in
-    --bundle) BUNDLE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
-    --sizes) SIZES=$2; shift 2 ;;
-    --paths) PATHS=$2; shift 2 ;;
+    --bundle) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --bin) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --nixl-lib) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --sizes) need_value "$1" $#; SIZES=$2; shift 2 ;;
+    --paths) need_value "$1" $#; PATHS=$2; shift 2 ;;
     --mps) MPS=1; shift ;;
-    --out) OUT=$2; shift 2 ;;
+    --out) gpu_option "$1" $# "${2-}"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;

@@ -37,10 +37,7 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/pair-matrix; GP
 PARTS="sw coll ep pipe"; BUDGET=570; ONE_GPU=0
 while (($#)); do
   case "$1" in
-    --bundle) need_value "$1" $#; BUNDLE=$2; shift 2 ;;
-    --bin) need_value "$1" $#; BIN=$2; shift 2 ;;
-    --nixl-lib) need_value "$1" $#; NIXL_LIB=$2; shift 2 ;;
-    --out) need_value "$1" $#; OUT=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
     --gpus) need_value "$1" $#; GPUS=$2; shift 2 ;;
     --parts) need_value "$1" $#; PARTS=$2; shift 2 ;;
     --budget) need_value "$1" $#; BUDGET=$2; shift 2 ;;

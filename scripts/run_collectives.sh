@@ -31,12 +31,9 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives; RA
 TORCHRUN=1
 while (($#)); do
   case "$1" in
-    --bundle) BUNDLE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --ranks) RANKS=$2; shift 2 ;;
-    --max) MAX=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --ranks) need_value "$1" $#; RANKS=$2; shift 2 ;;
+    --max) need_value "$1" $#; MAX=$2; shift 2 ;;
     --no-mps) MPS=0; shift ;;
     --no-torchrun) TORCHRUN=0; shift ;;
     -h|--help) usage; exit 0 ;;

@@ -44,10 +44,7 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/elastic; MODES=
 CAMPAIGN=0; SEED=1; MAX_RANKS=6; JOIN=0
 while (($#)); do
   case "$1" in
-    --bundle) need_value "$1" $#; BUNDLE=$2; shift 2 ;;
-    --bin) need_value "$1" $#; BIN=$2; shift 2 ;;
-    --nixl-lib) need_value "$1" $#; NIXL_LIB=$2; shift 2 ;;
-    --out) need_value "$1" $#; OUT=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
     --modes) need_value "$1" $#; MODES=$2; shift 2 ;;
     --cycles) need_value "$1" $#; CYCLES=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;

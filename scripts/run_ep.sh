@@ -25,15 +25,12 @@ MORE_RANKS=""
 EXTRA=()
 while (($#)); do
   case "$1" in
-    --bundle) BUNDLE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --modes) MODES=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --modes) need_value "$1" $#; MODES=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --no-mps) MPS=0; shift ;;
     --no-torchrun) TORCHRUN=0; shift ;;
-    --more-ranks) MORE_RANKS=$2; shift 2 ;;
+    --more-ranks) need_value "$1" $#; MORE_RANKS=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;

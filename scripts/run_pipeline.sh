@@ -27,10 +27,7 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/pipeline; STAGE
 SLOW_CHUNKS=1000000; QUICK=0
 while (($#)); do
   case "$1" in
-    --bundle) need_value "$1" $#; BUNDLE=$2; shift 2 ;;
-    --bin) need_value "$1" $#; BIN=$2; shift 2 ;;
-    --nixl-lib) need_value "$1" $#; NIXL_LIB=$2; shift 2 ;;
-    --out) need_value "$1" $#; OUT=$2; shift 2 ;;
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
     --stages) need_value "$1" $#; STAGES=$2; shift 2 ;;
     --slow-chunks) need_value "$1" $#; SLOW_CHUNKS=$2; shift 2 ;;
     --no-mps) MPS=0; shift ;;

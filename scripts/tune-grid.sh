@@ -16,18 +16,18 @@ BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/tune; GI=0; GT=
 BLOCKS="33 66 132 264"; THREADS="256 512 1024"; CHUNKS="0"; SIZES="64K:4M"; PATHS="put store"
 while (($#)); do
   case "$1" in
-    --bundle) BUNDLE=$2; shift 2 ;;
-    --bin) BIN=$2; shift 2 ;;
-    --nixl-lib) NIXL_LIB=$2; shift 2 ;;
-    --gi) GI=$2; shift 2 ;;
-    --gt) GT=$2; shift 2 ;;
+    --bundle) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --bin) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --nixl-lib) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --gi) need_value "$1" $#; GI=$2; shift 2 ;;
+    --gt) need_value "$1" $#; GT=$2; shift 2 ;;
     --mps) MPS=1; shift ;;
-    --blocks) BLOCKS=$2; shift 2 ;;
-    --threads) THREADS=$2; shift 2 ;;
-    --chunks) CHUNKS=$2; shift 2 ;;
-    --sizes) SIZES=$2; shift 2 ;;
+    --blocks) need_value "$1" $#; BLOCKS=$2; shift 2 ;;
+    --threads) need_value "$1" $#; THREADS=$2; shift 2 ;;
+    --chunks) need_value "$1" $#; CHUNKS=$2; shift 2 ;;
+    --sizes) need_value "$1" $#; SIZES=$2; shift 2 ;;
     --paths) PATHS=${2//,/ }; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
+    --out) gpu_option "$1" $# "${2-}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
   esac

@@ -220,3 +220,46 @@ fn pair_matrix_on_one_gpu_names_every_row_and_fails() {
     }
     assert!(!summary.contains("| "), "a table without a run: {summary}");
 }
+
+/// Every option a script parses with a value (`need_value`, `gpu_option`),
+/// given without one, is refused with exit 2 and a message naming it, as
+/// the programs' parser does (not an unbound-variable error from bash).
+#[test]
+fn an_option_without_its_value_exits_2_naming_it() {
+    let stubs = Stubs::new("novalue");
+    let mut checked = 0;
+    for script in scripts().into_iter().filter(|s| s.ends_with(".sh")) {
+        let src = std::fs::read_to_string(root().join("scripts").join(&script)).unwrap();
+        for line in src.lines().map(str::trim_start) {
+            let Some((opts, rest)) = line.split_once(") ") else {
+                continue;
+            };
+            let checked_value = rest.contains("need_value") || rest.contains("gpu_option");
+            assert!(
+                !(opts.starts_with("--") && rest.contains("$2") && !checked_value),
+                "{script}: `{line}` takes $2 unchecked (use need_value)"
+            );
+            if !opts.starts_with("--")
+                || !(rest.starts_with("need_value") || rest.starts_with("gpu_option"))
+            {
+                continue;
+            }
+            for opt in opts.split('|') {
+                let o = stubs.run(&script, &[opt]);
+                assert_eq!(o.status.code(), Some(2), "{script} {opt}: {}", text(&o));
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert!(
+                    err.contains(&format!("{opt} needs a value")),
+                    "{script} {opt}: {}",
+                    text(&o)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= 40,
+        "only {checked} options found: has the parsing changed?"
+    );
+    assert_eq!(stubs.cargo_ran(), None, "a script ran cargo");
+}

@@ -24,3 +24,17 @@ bad_option() {
 need_value() {
   (($2 >= 2)) || { echo "$(basename "$0"): $1 needs a value (try --help)" >&2; exit 2; }
 }
+
+# The options every GPU-machine script takes: where its binaries come from
+# and where its results go. Sets BUNDLE, BIN, NIXL_LIB or OUT from option
+# $1 and its value $3 ($2: the arguments left, the option included):
+#   --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
+gpu_option() {
+  need_value "$1" "$2"
+  case "$1" in
+    --bundle) BUNDLE=$3 ;;
+    --bin) BIN=$3 ;;
+    --nixl-lib) NIXL_LIB=$3 ;;
+    --out) OUT=$3 ;;
+  esac
+}
