@@ -138,14 +138,14 @@ def ep(doc, bw, mode):
     return lines
 
 
-def pipe(doc, bw):
+def pipe(doc, bw, grid):
     """Each link beside NCCL's chain and simple_write's same size and path."""
     sw = {(r["size_bytes"], r["path"]): r["gb_per_s"] for r in (bw or {}).get("rows", [])}
     body = [[r["path"], size(r["chunk_bytes"]), r["slots"], r["channels"], num(r["min_link_gbps"], "{:.1f}"),
              num(r.get("nccl_gbps"), "{:.1f}"), num(r.get("link_vs_nccl")),
              num(ratio(r["min_link_gbps"], sw.get((r["chunk_bytes"], r["path"]))))]
             for r in doc["rows"]]
-    return table(["pipeline, 2 stages", "chunk", "slots", "channels", "GB/s per link", "NCCL GB/s",
+    return table([f"pipeline, 2 stages, {grid}", "chunk", "slots", "channels", "GB/s per link", "NCCL GB/s",
                   "÷ NCCL", "÷ simple_write"], body)
 
 
@@ -160,10 +160,11 @@ def pipe_ll(doc, pp):
 
 def sections():
     bw, pp = load_sw("bw-block"), load_sw("pp")
-    parts = [(pp, lambda d: sw_latency(d)), (bw, lambda d: sw_bandwidth(d))]
+    parts = [(pp, sw_latency), (bw, sw_bandwidth)]
     parts += [(load(f"coll-{k}"), lambda d, k=k: coll(d, f"{k} launches")) for k in ("stream", "graph")]
     parts += [(load(f"ep-{m}"), lambda d, m=m: ep(d, bw, m)) for m in ("ht", "ll")]
-    parts += [(load(f"pipe-{k}"), lambda d: pipe(d, bw)) for k in ("default", "b128")]
+    grids = (("default", "default grid"), ("b128", "128 blocks"))
+    parts += [(load(f"pipe-{k}"), lambda d, g=g: pipe(d, bw, g)) for k, g in grids]
     parts.append((load("pipe-ll8"), lambda d: pipe_ll(d, pp)))
     return [f(doc) for doc, f in parts if doc]
 
