@@ -8,7 +8,7 @@
 //! | roles | [`simple_write`], [`ep`] | the initiator and target of `simple_write`: phases, the typed protocol between them, its kernels' interface, the report; `ep`'s ranks, kernels, routing and report |
 //! | example support | [`group`], [`exchange`], [`slots`], [`launch`], [`machine`], [`cli`], [`results`] | the members of a run meeting over the store (heartbeats, probes, aborts, barriers, cleanup), how the host-API examples swap metadata, the streaming ring, running roles as processes, whether this machine can run a program, exit codes, the run environment and CSV beside every result |
 //! | the three sides | [`store`], [`nixl`], [`gpu`] | the metadata store (PyTorch's TCPStore protocol), NIXL (agents, descriptors, memory views), the GPU (context, memory, kernels) |
-//! | base | [`deadline`], [`logging`], [`interrupt`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the data pattern, percentiles |
+//! | base | [`deadline`], [`logging`], [`interrupt`], [`stall`], [`pattern`], [`stats`] | waiting with a deadline, diagnostics, Ctrl-C, the stall watchdog, the data pattern, percentiles |
 //!
 //! Read `examples/` in the order README.md's "Learn" section gives; the
 //! device-API pattern itself is in `examples/put_and_signal.rs` and
@@ -33,6 +33,7 @@ pub mod results;
 pub mod rng;
 pub mod simple_write;
 pub mod slots;
+pub mod stall;
 pub mod stats;
 /// The metadata store: the `tcpstore` crate (crates/tcpstore), under the
 /// name every call site uses.

@@ -50,7 +50,7 @@ use super::session::{Context, Session, StepOutcome, block_plan, describe};
 use crate::cli::UsageError;
 use crate::group::entry::{Value, json_decode, json_encode};
 use crate::nixl::net::PeerCard;
-use crate::ranks::check::decision_line;
+use crate::ranks::driver::decision_line;
 use crate::ranks::info::RankInfo;
 use crate::ranks::membership::{Membership, lowest, unix_ns};
 use crate::ranks::plan::Plan;

@@ -47,7 +47,7 @@ use super::setup::{Corrupt, RunOptions, Setup, make_setup};
 use super::steps::{Outcome, Stepper};
 use crate::gpu::Gpu;
 use crate::nixl::net::{Net, PeerCard};
-use crate::ranks::check::decision_line;
+use crate::ranks::driver::decision_line;
 use crate::ranks::group::Group;
 use crate::ranks::membership::{Decision, END, Membership, Peer, RESYNC, lowest, unix_ns};
 use crate::say;

@@ -101,6 +101,7 @@ pub fn run_watched(
         bail!("{reason}");
     }
     let event_us = start.elapsed_ms(&end)? as f64 * 1e3;
+    crate::stall::progressed();
     Ok(Finished {
         report: kernel_report,
         event_us,

@@ -64,6 +64,9 @@ impl Member<'_> {
         if let Some(sig) = crate::interrupt::received() {
             return Some(sig.to_string());
         }
+        if let Some(stall) = crate::stall::stalled() {
+            return Some(stall);
+        }
         // A wait holds the store connection most of the time, and the
         // heartbeat thread may lose every race for it: beat from here too.
         self.beat_if_due();

@@ -18,10 +18,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use super::driver::{Change, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
 use super::env::RankEnv;
-use super::group::{Group, open_store};
-use super::membership::{Decision, Membership, OnDeath, Peer};
+use super::group::Group;
+use super::membership::{OnDeath, Peer};
 use super::plan::Plan;
+use super::rank::{Rank, RankOptions, run_rank};
 use crate::group::AgentMetadata;
 use crate::nixl::agent::create_ucx_agent;
 use crate::nixl::view::load_peer;
@@ -61,99 +63,115 @@ pub struct Check {
 /// Runs this rank's side of the connection check over `plan`.
 pub fn check_connection(env: &RankEnv, plan: &Plan, check: Check) -> Result<()> {
     crate::nixl::runtime::load()?;
-    let store = open_store(env, check.timeout)?;
-    crate::interrupt::install()?;
-    let group = Group::new(store.as_ref(), env, check.timeout);
-    group.run(|| {
-        let elastic = Membership::new(
-            &group,
-            plan,
-            env.incarnation,
-            check.fault_timeout,
-            check.on_death,
-        )?;
-        live(&group, &elastic, check)
+    let opts = RankOptions {
+        timeout: check.timeout,
+        fault_timeout: check.fault_timeout,
+        on_death: check.on_death,
+    };
+    run_rank(env, plan, opts, |rank| {
+        let me = rank.rank();
+        let nixl = create_ucx_agent(&rank.group.agent_name(me, rank.incarnation()))?;
+        let card = AgentMetadata(nixl.agent.get_local_md()?);
+        let mut work = Wiring {
+            rank,
+            agent: &nixl.agent,
+            check,
+            known: Vec::new(),
+        };
+        let lived = rank.drive(&mut work, &card);
+        for name in work.known {
+            let _ = nixl.agent.invalidate_remote_md(&name);
+        }
+        lived.map(drop)
     })
 }
 
-/// Every phase of this process's life.
-fn live(group: &Group, elastic: &Membership, check: Check) -> Result<()> {
-    let (me, inject) = (group.rank, check.inject);
-    let nixl = create_ucx_agent(&group.agent_name(me, elastic.incarnation()))?;
-    let mine = AgentMetadata(nixl.agent.get_local_md()?);
-    let mut known: Vec<String> = Vec::new();
-    for i in elastic.life() {
-        for (r, inc) in elastic.departed(i) {
-            let _ = nixl.agent.invalidate_remote_md(&group.agent_name(r, inc));
+/// The check's work in each phase: NIXL agents connected to each other,
+/// and steps that are a pause (`--step-us`) standing in for a GPU step.
+struct Wiring<'a> {
+    rank: &'a Rank<'a>,
+    agent: &'a Agent,
+    check: Check,
+    /// Agents whose metadata this rank loaded (invalidated at the end).
+    known: Vec<String>,
+}
+
+impl PhaseWork for Wiring<'_> {
+    type Card = AgentMetadata;
+
+    /// Drops the departed peers and connects to `peers`; those it could
+    /// not reach go back to the driver, which judges them.
+    fn connect(
+        &mut self,
+        view: &PhaseView,
+        peers: &[Peer<AgentMetadata>],
+    ) -> Result<Vec<(u32, anyhow::Error)>> {
+        let (me, g) = (view.me, self.rank.group);
+        for &(r, inc) in &view.departed {
+            let _ = self.agent.invalidate_remote_md(&g.agent_name(r, inc));
         }
-        let first = i == elastic.life().start;
-        let new = elastic.begin_phase(i, &mine, || Ok(()))?;
-        if inject.die_rank == Some(me) && first {
+        if self.check.inject.die_rank == Some(me) && view.first {
             die(me);
         }
-        let unreachable = connect_phase(
-            elastic,
-            &nixl.agent,
-            i,
-            &new.peers,
-            check.timeout,
-            &mut known,
-        )?;
-        if inject.hang_rank == Some(me) && first {
-            hang(group)?;
+        let mut failed = Vec::new();
+        for p in peers {
+            let name = g.agent_name(p.rank, p.incarnation);
+            let reached =
+                load_peer(self.agent, &p.payload.0, &name, self.check.timeout).and_then(|()| {
+                    (self.agent.make_connection(&name, None)).map_err(|e| anyhow::anyhow!("{e}"))
+                });
+            match reached {
+                Ok(()) => say!("[rank {me}] connected to rank {} ({name})", p.rank),
+                Err(e) => failed.push((
+                    p.rank,
+                    e.context(format!("connecting to rank {} ({name})", p.rank)),
+                )),
+            }
+            self.known.push(name);
+            crate::stall::progressed();
         }
-        say_gone(me, i, &elastic.opened(i, &(&new.gone | &unreachable))?);
-        steps(group, elastic, i, &check)?;
-        say_gone(me, i, &elastic.end_phase(i)?);
+        Ok(failed)
     }
-    for name in known {
-        let _ = nixl.agent.invalidate_remote_md(&name);
+
+    fn enter(&mut self, view: &PhaseView, unreachable: &BTreeSet<u32>) -> Result<()> {
+        say_connected(view, self.rank.plan(), unreachable);
+        if self.check.inject.hang_rank == Some(view.me) && view.first {
+            hang(self.rank.group)?;
+        }
+        Ok(())
     }
-    Ok(())
+
+    fn steps(&self, _: &PhaseView) -> u64 {
+        self.check.steps
+    }
+
+    /// A pause, before which the phase's last step waits for the plan's
+    /// kills to have landed; nothing masked (no kernels: the driver finds
+    /// the dead).
+    fn step(&mut self, view: &PhaseView, k: u64) -> Result<StepOutcome> {
+        let n = self.check.steps;
+        if k + 1 == n && n >= 2 {
+            await_planned_kills(self.rank, view.phase, self.check.timeout)?;
+        }
+        std::thread::sleep(self.check.step_work);
+        Ok(StepOutcome::default())
+    }
+
+    fn apply(&mut self, _: &PhaseView, _: &Change) -> Result<()> {
+        Ok(())
+    }
+
+    fn end(&mut self, _: &PhaseView, _: &PhaseRecord) -> Result<()> {
+        Ok(())
+    }
 }
 
-/// A decision's line when it found a rank gone.
-fn say_gone(me: u32, i: usize, d: &Decision) {
-    if !d.new.is_empty() {
-        say!("{}", decision_line(me, i, d));
-    }
-}
-
-/// Phase `i` begins: this rank connects to `peers`, those it must reach
-/// now ([`Membership::begin_phase`]). Returns the peers that died while it
-/// connected (the launcher's notice, or a silent heartbeat), for the
-/// opening round to agree on when the run survives deaths; any other
-/// failure to reach a peer is an error naming it ([`Membership::blame`]).
-fn connect_phase(
-    elastic: &Membership,
-    agent: &Agent,
-    i: usize,
-    peers: &[Peer<AgentMetadata>],
-    timeout: Duration,
-    known: &mut Vec<String>,
-) -> Result<BTreeSet<u32>> {
-    let me = elastic.rank();
-    let mut unreachable = BTreeSet::new();
-    for p in peers {
-        let name = elastic.group().agent_name(p.rank, p.incarnation);
-        let reached = load_peer(agent, &p.payload.0, &name, timeout).and_then(|()| {
-            (agent.make_connection(&name, None)).map_err(|e| anyhow::anyhow!("{e}"))
-        });
-        match reached {
-            Ok(()) => say!("[rank {me}] connected to rank {} ({name})", p.rank),
-            Err(_) if elastic.survives() && elastic.is_dead(p.rank, p.incarnation)? => {
-                unreachable.insert(p.rank);
-                continue;
-            }
-            Err(e) => {
-                let e = e.context(format!("connecting to rank {} ({name})", p.rank));
-                return Err(elastic.blame(p.rank, p.incarnation, e));
-            }
-        }
-        known.push(name);
-    }
-    let others = elastic.plan().members(i).len() - 1;
-    match (i == elastic.life().start, unreachable.is_empty()) {
+/// The line after connecting in a phase: to whom, and who died meanwhile.
+fn say_connected(view: &PhaseView, plan: &Plan, unreachable: &BTreeSet<u32>) {
+    let (me, i) = (view.me, view.phase);
+    let others = plan.members(i).len() - 1;
+    let joiners = (view.joiners.iter()).filter(|&&r| r != me).count();
+    match (view.first, unreachable.is_empty()) {
         (true, true) => say!(
             "[rank {me}] connected to all {others} other rank(s) (agents wired up through the store; no GPU used)"
         ),
@@ -161,39 +179,12 @@ fn connect_phase(
             "[rank {me}] connected to {} of {others} other rank(s); rank(s) {unreachable:?} died meanwhile",
             others - unreachable.len()
         ),
-        (false, true) => say!(
-            "[rank {me}] phase {i}: connected to {} joiner(s)",
-            peers.len()
-        ),
+        (false, true) => say!("[rank {me}] phase {i}: connected to {joiners} joiner(s)"),
         (false, false) => say!(
-            "[rank {me}] phase {i}: connected to {} of {} joiner(s); rank(s) {unreachable:?} died meanwhile",
-            peers.len() - unreachable.len(),
-            peers.len()
+            "[rank {me}] phase {i}: connected to {} of {joiners} joiner(s); rank(s) {unreachable:?} died meanwhile",
+            joiners - unreachable.len(),
         ),
     }
-    Ok(unreachable)
-}
-
-/// The phase's steps (`check.steps`), each its work (a pause) then the
-/// agreement on who is gone, with this rank's masked set from the
-/// launcher's notices and silent heartbeats; one line per decision that
-/// found a rank gone.
-fn steps(group: &Group, elastic: &Membership, i: usize, check: &Check) -> Result<()> {
-    let (me, n) = (group.rank, check.steps);
-    let mut masked: BTreeSet<u32> = BTreeSet::new();
-    for k in 0..n {
-        let others: Vec<u32> = elastic.active(i).into_iter().filter(|&r| r != me).collect();
-        if k + 1 == n && n >= 2 {
-            await_planned_kills(elastic, i, check.timeout)?;
-        }
-        elastic.steps_begin(i)?;
-        std::thread::sleep(check.step_work);
-        masked.extend(elastic.found_dead(&others, i)?);
-        let d = elastic.agree(i, i as u64 * n + k, &masked)?;
-        say_gone(me, i, &d);
-        masked.retain(|r| d.gone.contains(r));
-    }
-    Ok(())
 }
 
 /// Before the phase's last step: every other rank the plan kills in phase
@@ -202,14 +193,14 @@ fn steps(group: &Group, elastic: &Membership, i: usize, check: &Check) -> Result
 /// half of the phase's rounds; steps without a GPU are short, and on a
 /// loaded machine the phase could otherwise end first and the kill never
 /// land. Errors: no notice within `timeout` (no launcher of ours?).
-fn await_planned_kills(elastic: &Membership, i: usize, timeout: Duration) -> Result<()> {
-    let me = elastic.rank();
-    let victims: Vec<u32> = (elastic.plan().killed(i).into_iter())
+fn await_planned_kills(rank: &Rank, i: usize, timeout: Duration) -> Result<()> {
+    let me = rank.rank();
+    let victims: Vec<u32> = (rank.plan().killed(i).into_iter())
         .filter(|&r| r != me)
         .collect();
     let start = std::time::Instant::now();
     for r in victims {
-        while elastic.died_at(i, r)?.is_none() {
+        while rank.died_at(i, r)?.is_none() {
             if start.elapsed() > timeout {
                 anyhow::bail!(
                     "the plan kills rank {r} in phase {i}, but no kill came within {timeout:?}: \
@@ -220,24 +211,6 @@ fn await_planned_kills(elastic: &Membership, i: usize, timeout: Duration) -> Res
         }
     }
     Ok(())
-}
-
-/// `[rank 1] phase 2: ranks gone: [2] (agreed by 3 of 3 survivors, …)`,
-/// and the ranks masked but found alive, if any.
-pub fn decision_line(me: u32, i: usize, d: &Decision) -> String {
-    let forgiven = match d.forgiven.is_empty() {
-        true => String::new(),
-        false => format!("; masked but alive, only late: {:?}", d.forgiven),
-    };
-    format!(
-        "[rank {me}] phase {i}: ranks gone: {:?} (agreed by {} of {} survivors, decided by rank {} {} µs after my \
-         report{forgiven})",
-        d.gone.iter().collect::<Vec<_>>(),
-        d.reports,
-        d.survivors,
-        d.leader,
-        d.waited_us
-    )
 }
 
 /// The injected death: SIGKILL to ourselves, so nothing is cleaned up

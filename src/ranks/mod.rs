@@ -30,6 +30,7 @@
 
 pub mod args;
 pub mod check;
+pub mod driver;
 pub mod env;
 pub mod group;
 pub mod info;
@@ -38,6 +39,7 @@ pub mod launch;
 pub mod membership;
 pub mod nccl;
 pub mod plan;
+pub mod rank;
 pub mod sm_share;
 
 pub use env::{Program, RankEnv};
