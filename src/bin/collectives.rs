@@ -252,7 +252,7 @@ fn check(args: &Args, timeout: Duration, plan: &Option<Plan>) -> Result<Check, U
         timeout,
         fault_timeout,
         steps,
-        step_work: Duration::from_millis(2),
+        step_work: args.membership.step_work(),
         on_death,
         inject: Inject::default(),
     })
@@ -279,8 +279,8 @@ fn launch_ranks(
     }
     let grace = timeout + Duration::from_secs(10);
     let Some(plan) = plan else {
-        tracing::info!("starting {world} rank(s); rank 0 hosts the store on port {port}");
-        let exits = member::launch_ranks(world, port, grace)?;
+        let program = nixl_examples::collectives::PROGRAM;
+        let exits = launch::run_fixed(program, world, port, timeout, grace)?;
         return Ok(nixl_examples::launch::finish("collectives", &exits));
     };
     let kill_seed = args.membership.kill_seed();

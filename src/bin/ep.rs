@@ -160,12 +160,6 @@ struct Args {
     #[arg(long)]
     check_connection: bool,
 
-    /// With --check-connection: what one step's work takes, µs (a pause
-    /// before each agreement, standing in for the GPU's step, so that a
-    /// kill can land inside a step).
-    #[arg(long, value_name = "US", default_value_t = 2000)]
-    step_us: u64,
-
     /// Also run every path's steps replayed from a CUDA graph (captured once
     /// per phase and path, no re-capture when the mask changes), beside the
     /// stream launches; the report adds the host's wall time per step of
@@ -236,7 +230,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
             timeout,
             fault_timeout,
             steps: check_steps(&args, on_death),
-            step_work: Duration::from_micros(args.step_us),
+            step_work: args.membership.step_work(),
             on_death,
             inject: inject.connect,
         };

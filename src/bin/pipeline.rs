@@ -217,9 +217,9 @@ fn launch(args: &Args, world: u32) -> Result<ExitCode> {
         // Once here, rather than the same message from every rank.
         run::check_machine()?;
     }
-    tracing::info!("starting {world} stage(s); rank 0 hosts the store on port {port}");
     let grace = args.timeout.min(args.fault_timeout) + Duration::from_secs(10);
-    let exits = nixl_examples::ranks::launch::run_ranks(world, port, grace)?;
+    let program = nixl_examples::pipeline::PROGRAM;
+    let exits = nixl_examples::ranks::launch::run_fixed(program, world, port, args.timeout, grace)?;
     Ok(nixl_examples::launch::finish("pipeline", &exits))
 }
 

@@ -39,21 +39,21 @@
 //! leaves, or an id comes back, is refused ([`check_plan`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::case::Case;
 use super::layout::Path;
-use super::session::{Context, Session, StepOutcome, block_plan, describe};
+use super::session::{Context, Session, block_plan, describe};
 use crate::cli::UsageError;
 use crate::group::entry::{Value, json_decode, json_encode};
 use crate::nixl::net::PeerCard;
-use crate::ranks::driver::decision_line;
+use crate::ranks::driver::{Change, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
 use crate::ranks::info::RankInfo;
-use crate::ranks::membership::{Membership, lowest, unix_ns};
+use crate::ranks::membership::Peer;
 use crate::ranks::plan::Plan;
+use crate::ranks::rank::Rank;
 use crate::say;
 
 /// What a process publishes when its first phase begins
@@ -185,203 +185,212 @@ fn first_step(i: usize, rounds: u32, cases: usize) -> u64 {
     (i * rounds as usize * cases) as u64 + 1
 }
 
-/// Every phase of this process's life: connect, steps, end. `base`: the
-/// session's context (its introductions: this rank's own); `me`: what this
-/// rank publishes. Before the plan's last phase ends, this rank's results
-/// are published (`rank/<r>/elastic`) for the lowest survivor's report.
-/// Returns them with every introduction met.
+/// Every phase of this process's life on the driver (connect, steps,
+/// end). `base`: the session's context (its introductions: this rank's
+/// own); `me`: what this rank publishes. Before the plan's last phase ends,
+/// this rank's results are published (`rank/<r>/elastic`) for the lowest
+/// survivor's report. Returns them with every introduction met.
 pub fn run(
     base: &Context,
     s: &mut Session,
-    el: &Membership,
+    rank: &Rank,
     me: &Introduction,
     rounds: u32,
 ) -> Result<(ElasticTimes, Vec<RankInfo>)> {
-    let g = base.group;
-    let mut infos: BTreeMap<u32, RankInfo> =
-        base.infos.iter().map(|i| (i.rank, i.clone())).collect();
-    let mut out = ElasticTimes {
-        rank: g.rank,
-        ..Default::default()
+    let mut work = Phases {
+        base,
+        s,
+        rounds,
+        cases: cases(base),
+        infos: base.infos.iter().map(|i| (i.rank, i.clone())).collect(),
+        plan: base.plan.clone(),
+        out: ElasticTimes {
+            rank: base.group.rank,
+            ..Default::default()
+        },
+        joined: Vec::new(),
+        shrunk: BTreeMap::new(),
     };
-    for i in el.life() {
-        out.joins.extend(connect(base, s, el, me, i, &mut infos)?);
-        let known: Vec<RankInfo> = infos.values().cloned().collect();
-        let plan = block_plan(
-            base.cfg,
-            known.iter().filter(|k| el.members(i).contains(&k.rank)),
-        );
-        let ctx = Context {
-            infos: &known,
-            plan: &plan,
-            ..*base
-        };
-        phase_steps(&ctx, s, el, i, rounds, &mut out)?;
-        if i + 1 == el.plan().len() {
-            g.put_final(&g.rank_entry(g.rank, "elastic"), &out)?;
-        }
-        let end = el.end_phase(i)?;
-        if !end.new.is_empty() {
-            say!("{}", decision_line(g.rank, i, &end));
-        }
-    }
-    Ok((out, infos.into_values().collect()))
+    rank.drive(&mut work, me)?;
+    Ok((work.out, work.infos.into_values().collect()))
 }
 
-/// Connect, phase `i`: the peers to connect to now (their introductions
-/// kept in `infos`), the remote view over the phase's members, the store
-/// path's pointers, then the opening round, whose decision masks those
-/// that died meanwhile. Returns the joins this process saw.
-fn connect(
-    ctx: &Context,
-    s: &mut Session,
-    el: &Membership,
-    me: &Introduction,
-    i: usize,
-    infos: &mut BTreeMap<u32, RankInfo>,
-) -> Result<Vec<Join>> {
-    let t0 = Instant::now();
-    let new = el.begin_phase(i, me, || Ok(()))?;
-    let mut unreachable = new.gone.clone();
-    let cards: Vec<(u32, &PeerCard)> = new
-        .peers
-        .iter()
-        .map(|p| (p.rank, &p.payload.card))
-        .collect();
-    for (r, e) in s.reconnect(&el.agents(i), &cards, ctx.group.timeout())? {
-        let inc = new
-            .peers
-            .iter()
-            .find(|p| p.rank == r)
-            .map_or(i, |p| p.incarnation);
-        match el.is_dead(r, inc)? {
-            // Died while we connected: the opening round agrees on it.
-            true => unreachable.insert(r),
-            false => return Err(el.blame(r, inc, e)),
-        };
-    }
-    infos.extend(new.peers.iter().map(|p| (p.rank, p.payload.info.clone())));
-    if ctx.cfg.paths.contains(&Path::Store) {
-        s.probe_members(ctx, &(&el.members(i) - &unreachable))?;
-    }
-    let d = el.opened(i, &unreachable)?;
-    if !d.gone.is_empty() {
-        say!("{}", decision_line(ctx.group.rank, i, &d));
-    }
-    let joined: Vec<u32> = match i == el.life().start {
-        true if i > 0 => vec![ctx.group.rank],
-        true => Vec::new(),
-        false => new.peers.iter().map(|p| p.rank).collect(),
-    };
-    if !joined.is_empty() && ctx.group.rank == lowest(&el.active(i)) {
-        tracing::info!(
-            "phase {i}: rank(s) {joined:?} join; members {:?}",
-            el.active(i)
-        );
-    }
-    let connect_ms = (t0.elapsed() - new.waited).as_secs_f64() * 1e3;
-    let step = first_step(i, ctx.cfg.elastic.map_or(1, |e| e.rounds), cases(ctx).len());
-    Ok((joined.into_iter())
-        .map(|rank| Join {
-            rank,
-            phase: i,
-            step,
-            connect_ms,
-        })
-        .collect())
-}
-
-/// Steps of phase `i`: `rounds` rounds of every case, numbered on from the
-/// phases before (a joiner's first call has everyone's epoch); this rank's
-/// rows and detections go to `out`. Each phase's first round is the
-/// warm-up (checked, not timed): its members changed.
-fn phase_steps(
-    ctx: &Context,
-    s: &Session,
-    el: &Membership,
-    i: usize,
+/// The collectives' side of each phase ([`PhaseWork`]): connecting,
+/// `rounds` rounds of the cases as steps, shrinking the members after a
+/// death, and this rank's results.
+struct Phases<'a> {
+    base: &'a Context<'a>,
+    s: &'a mut Session,
     rounds: u32,
-    out: &mut ElasticTimes,
-) -> Result<()> {
-    let g = ctx.group;
-    let cases = cases(ctx);
-    let calls = u64::from(ctx.cfg.iters);
-    let mut masked = BTreeSet::new();
-    let mut step = first_step(i, rounds, cases.len());
-    for round in 0..rounds {
-        for (ci, case) in cases.iter().enumerate() {
-            s.view.set(ctx.view_of(&el.active(i), step));
-            el.steps_begin(i)?;
-            let o = s.run_step(ctx, case, (step - 1) * calls, calls)?;
-            out.steps.push(StepRow {
-                case: ci,
-                phase: i,
-                ranks: s.view.get().ranks,
-                times_ns: o.times_ns.clone(),
-                lost: o.lost,
-                warm: round == 0,
-            });
-            agree(ctx, el, (i, step), &o, &mut masked, out)?;
-            step += 1;
-        }
-        if g.rank == lowest(&el.active(i)) {
-            tracing::info!("phase {i}: round {}/{rounds} verified", round + 1);
-        }
-    }
-    Ok(())
+    cases: Vec<Case>,
+    /// Every introduction met so far, by rank.
+    infos: BTreeMap<u32, RankInfo>,
+    /// The block plan of the phase's members.
+    plan: super::plan::Plan,
+    out: ElasticTimes,
+    /// Ranks that joined in the current phase, as this process saw them.
+    joined: Vec<u32>,
+    /// How long each shrink took, by the rank it removed (ms, host).
+    shrunk: BTreeMap<u32, f64>,
 }
 
-/// After step `step` of phase `i`: what this rank masked (its kernels, or the ranks
-/// found dead meanwhile) goes to the agreement; a decision that removes
-/// ranks shrinks the members of the next step.
-fn agree(
-    ctx: &Context,
-    el: &Membership,
-    (i, step): (usize, u64),
-    o: &StepOutcome,
-    masked: &mut BTreeSet<u32>,
-    out: &mut ElasticTimes,
-) -> Result<()> {
-    let g = ctx.group;
-    let others: Vec<u32> = el.active(i).into_iter().filter(|&r| r != g.rank).collect();
-    masked.extend(&o.masked);
-    masked.extend(el.found_dead(&others, i)?);
-    let d = el.agree(i, step, masked)?;
-    masked.retain(|r| d.gone.contains(r));
-    if !d.forgiven.is_empty() {
-        // Every member finished the step before reporting: nothing of it is
-        // in flight, the forgiven rank simply stays a member.
-        say!("{}", decision_line(g.rank, i, &d));
+/// The session's context `base` over the block plan `plan` and the
+/// introductions met so far.
+fn ctx_of<'b>(
+    base: &'b Context,
+    plan: &'b super::plan::Plan,
+    known: &'b [RankInfo],
+) -> Context<'b> {
+    Context {
+        infos: known,
+        plan,
+        ..*base
     }
-    if d.new.is_empty() {
-        return Ok(());
+}
+
+impl Phases<'_> {
+    fn known(&self) -> Vec<RankInfo> {
+        self.infos.values().cloned().collect()
     }
-    let decided = Instant::now();
-    let now = unix_ns();
-    say!("{}", decision_line(g.rank, i, &d));
-    let view = ctx.view_of(&el.active(i), step + 1);
-    let shrink_ms = decided.elapsed().as_secs_f64() * 1e3;
-    let survivors = view.ranks;
-    for &r in &d.new {
-        out.detections.push(Detection {
-            rank: r,
-            step,
-            wait_ms: o
-                .masked
-                .contains(&r)
-                .then(|| o.waited_ns.unwrap_or(0) as f64 / 1e6),
-            after_kill_ms: el
-                .died_at(i, r)?
-                .map(|k| now.saturating_sub(k) as f64 / 1e6),
-            agree_ms: d.waited_us as f64 / 1e3,
-            shrink_ms,
+
+    /// The global number (from 1) of unit `k` of phase `i`: phases, then
+    /// rounds, then cases, so a joiner's first call has everyone's epoch.
+    fn step_number(&self, i: usize, k: u64) -> u64 {
+        first_step(i, self.rounds, self.cases.len()) + k
+    }
+}
+
+impl PhaseWork for Phases<'_> {
+    type Card = Introduction;
+
+    /// The remote view over the phase's members, the newcomers connected.
+    fn connect(
+        &mut self,
+        view: &PhaseView,
+        peers: &[Peer<Introduction>],
+    ) -> Result<Vec<(u32, anyhow::Error)>> {
+        let cards: Vec<(u32, &PeerCard)> =
+            peers.iter().map(|p| (p.rank, &p.payload.card)).collect();
+        let timeout = self.base.group.timeout();
+        let failed = self.s.reconnect(&view.agents, &cards, timeout)?;
+        (self.infos).extend(peers.iter().map(|p| (p.rank, p.payload.info.clone())));
+        self.joined = match view.first {
+            true if view.phase > 0 => vec![view.me],
+            true => Vec::new(),
+            false => peers.iter().map(|p| p.rank).collect(),
+        };
+        Ok(failed)
+    }
+
+    /// The block plan of the members, and the store path's pointers.
+    fn enter(&mut self, view: &PhaseView, unreachable: &BTreeSet<u32>) -> Result<()> {
+        let known = self.known();
+        self.plan = block_plan(
+            self.base.cfg,
+            known.iter().filter(|k| view.members.contains(&k.rank)),
+        );
+        if self.base.cfg.paths.contains(&Path::Store) {
+            let ctx = ctx_of(self.base, &self.plan, &known);
+            self.s.probe_members(&ctx, &(&view.members - unreachable))?;
+        }
+        if !self.joined.is_empty() && view.reporter() {
+            tracing::info!(
+                "phase {}: rank(s) {:?} join; members {:?}",
+                view.phase,
+                self.joined,
+                view.members
+            );
+        }
+        Ok(())
+    }
+
+    fn steps(&self, _: &PhaseView) -> u64 {
+        u64::from(self.rounds) * self.cases.len() as u64
+    }
+
+    /// One case's `--iters` calls over the active members, each checked;
+    /// the phase's first round is its warm-up (checked, not timed).
+    fn step(&mut self, view: &PhaseView, k: u64) -> Result<StepOutcome> {
+        let known = self.known();
+        let ctx = ctx_of(self.base, &self.plan, &known);
+        let (i, calls) = (view.phase, u64::from(ctx.cfg.iters));
+        let (round, ci) = (
+            k / self.cases.len() as u64,
+            (k % self.cases.len() as u64) as usize,
+        );
+        let step = self.step_number(i, k);
+        self.s.view.set(ctx.view_of(&view.active, step));
+        let o = self
+            .s
+            .run_step(&ctx, &self.cases[ci], (step - 1) * calls, calls)?;
+        self.out.steps.push(StepRow {
+            case: ci,
+            phase: i,
+            ranks: self.s.view.get().ranks,
+            times_ns: o.times_ns,
+            lost: o.lost,
+            warm: round == 0,
         });
+        if ci + 1 == self.cases.len() && view.reporter() {
+            tracing::info!("phase {i}: round {}/{} verified", round + 1, self.rounds);
+        }
+        Ok(StepOutcome {
+            masked: o.masked,
+            waited_ns: o.waited_ns,
+            lost: o.lost,
+        })
     }
-    tracing::info!(
-        "step {step}: rank(s) {:?} gone; the next steps run over {survivors} members (nothing re-registered)",
-        d.new
-    );
-    Ok(())
+
+    /// Shrink: the next step's members are the survivors (chunk ownership,
+    /// slices and output slots recomputed; nothing re-registered).
+    fn apply(&mut self, view: &PhaseView, change: &Change) -> Result<()> {
+        let known = self.known();
+        let next = match change.after {
+            Some(k) => self.step_number(view.phase, k + 1),
+            None => self.step_number(view.phase, 0),
+        };
+        let v = ctx_of(self.base, &self.plan, &known).view_of(&view.active, next);
+        let ms = change.at.elapsed().as_secs_f64() * 1e3;
+        self.shrunk.extend(change.new.iter().map(|&r| (r, ms)));
+        tracing::info!(
+            "step {next}: rank(s) {:?} gone; the next steps run over {} members (nothing re-registered)",
+            change.new,
+            v.ranks
+        );
+        Ok(())
+    }
+
+    /// The phase's detections and joins into this rank's results; after the
+    /// plan's last phase they are published for the report.
+    fn end(&mut self, view: &PhaseView, rec: &PhaseRecord) -> Result<()> {
+        let i = view.phase;
+        for d in &rec.detections {
+            self.out.detections.push(Detection {
+                rank: d.rank,
+                step: self.step_number(i, d.step.unwrap_or(0)),
+                wait_ms: d.wait_ms,
+                after_kill_ms: d.after_kill_ms,
+                agree_ms: d.agree_ms,
+                shrink_ms: self.shrunk.get(&d.rank).copied().unwrap_or(0.0),
+            });
+        }
+        let step = self.step_number(i, 0);
+        (self.out.joins).extend(
+            std::mem::take(&mut self.joined)
+                .into_iter()
+                .map(|rank| Join {
+                    rank,
+                    phase: i,
+                    step,
+                    connect_ms: rec.connect_ms,
+                }),
+        );
+        if view.last {
+            let g = self.base.group;
+            g.put_final(&g.rank_entry(g.rank, "elastic"), &self.out)?;
+        }
+        Ok(())
+    }
 }
 
 /// The rows of the lowest survivor's report: per case and member count,

@@ -17,42 +17,12 @@
 //! | `nccl_id`, `rank/<r>/nccl` | rank 0, rank r | NCCL's unique id; whether NCCL connected |
 //! | `rank/<r>/result` | rank r | its times ([`super::report::RankTimes`]) |
 
-use std::time::Duration;
-
 use anyhow::Result;
 
-use crate::launch::RoleExit;
 use crate::ranks::check::Check;
 pub use crate::ranks::env::RankEnv;
 pub use crate::ranks::group::Group;
 use crate::ranks::plan::Plan;
-
-/// Joins the run's store as `env` says and runs `work` as this rank
-/// ([`crate::group::Member::run`]: heartbeat, abort on failure, cleanup on
-/// every path), then (`leave`) leaves with the others; an elastic run's
-/// survivors end with the membership's last round instead, as the dead
-/// cannot leave. Agents are named `collectives-rank-<r>.0`
-/// ([`Group::agent_name`]).
-pub fn run_member(
-    env: &RankEnv,
-    timeout: Duration,
-    leave: bool,
-    work: impl FnOnce(&Group) -> Result<()>,
-) -> Result<()> {
-    let store = crate::ranks::group::open_store(env, timeout)?;
-    crate::interrupt::install()?;
-    let group = Group::new(store.as_ref(), env, timeout);
-    group.run(|| match leave {
-        true => work(&group).and_then(|()| group.leave()),
-        false => work(&group),
-    })
-}
-
-/// `collectives --ranks N`: starts the N ranks here, as torchrun would,
-/// and waits for all; a failed rank's peers get `grace` to say why.
-pub fn launch_ranks(world: u32, port: u16, grace: Duration) -> Result<Vec<RoleExit>> {
-    crate::ranks::launch::run_ranks(world, port, grace)
-}
 
 /// `--check-connection`: the ranks meet and wire up their NIXL agents, no
 /// GPU used ([`crate::ranks::check`], the same wiring as `ep`'s); with an

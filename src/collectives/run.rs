@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::ranks::membership::{Membership, OnDeath, lowest};
+use crate::ranks::membership::OnDeath;
+use crate::ranks::plan::Plan as RanksPlan;
+use crate::ranks::rank::{Rank, RankOptions, run_rank};
 
 use super::elastic::{self, ElasticTimes};
 use super::kernels::CollKernels;
 use super::layout::{Path, WindowLayout};
-use super::member::{Group, RankEnv, run_member};
+use super::member::{Group, RankEnv};
 use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
 use super::session::{Context, Session, block_plan, connect_nccl};
@@ -66,13 +68,29 @@ pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
         kernels: &kernels,
         info: &info,
     };
+    let fault_timeout = Duration::from_nanos(cfg.fault_timeout_ns());
     match &out.plan {
-        Some(plan) => run_member(env, timeout, false, |group| {
-            elastic_session(group, env, plan, cfg, out, &local)
-        }),
-        None => run_member(env, timeout, true, |group| {
-            session(group, cfg, out, &gpu, &kernels, &info)
-        }),
+        Some(plan) => {
+            let opts = RankOptions {
+                timeout,
+                fault_timeout,
+                on_death: OnDeath::Survive,
+            };
+            run_rank(env, plan, opts, |rank| {
+                elastic_session(rank, env, cfg, out, &local)
+            })
+        }
+        None => {
+            let opts = RankOptions {
+                timeout,
+                fault_timeout,
+                on_death: OnDeath::Fail,
+            };
+            run_rank(env, &RanksPlan::fixed(env.world), opts, |rank| {
+                session(rank.group, cfg, out, &gpu, &kernels, &info)?;
+                rank.group.leave()
+            })
+        }
     }
 }
 
@@ -167,13 +185,13 @@ struct Local<'a> {
 /// session, every phase it lives (connect, steps with agreement and
 /// shrink, end), and the lowest survivor's report.
 fn elastic_session(
-    g: &Group,
+    rank: &Rank,
     env: &RankEnv,
-    rplan: &crate::ranks::plan::Plan,
     cfg: &RunConfig,
     out: &Outputs,
     local: &Local,
 ) -> Result<()> {
+    let g = rank.group;
     // Shared and first-come: rank 0 may die, and joiners read it later.
     g.same_config(&g.entry("config"), cfg)?;
     let own = std::slice::from_ref(local.info);
@@ -186,24 +204,22 @@ fn elastic_session(
         kernels: local.kernels,
     };
     let (mut s, card) = Session::create(&ctx, env.incarnation)?;
-    let fault = Duration::from_nanos(cfg.fault_timeout_ns());
-    let el = Membership::new(g, rplan, env.incarnation, fault, OnDeath::Survive)?;
     let me = elastic::Introduction {
         info: local.info.clone(),
         card,
     };
     let rounds = cfg.elastic.map_or(1, |e| e.rounds);
-    let measured = elastic::run(&ctx, &mut s, &el, &me, rounds);
+    let measured = elastic::run(&ctx, &mut s, rank, &me, rounds);
     if let Err(e) = &measured {
         g.abort(&format!("{e:#}"));
         std::thread::sleep(Duration::from_millis(300));
     }
     let (_, infos) = measured?;
     s.close_survived()?;
-    let survivors = el.active(rplan.len() - 1);
-    if g.rank != lowest(&survivors) {
+    if !rank.reports() {
         return Ok(());
     }
+    let survivors = rank.survivors(rank.plan().len() - 1);
     let all: Vec<ElasticTimes> = (survivors.iter())
         .map(|&r| g.get(&g.rank_entry(r, "elastic"), r, "elastic results"))
         .collect::<Result<_>>()?;

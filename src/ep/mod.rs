@@ -44,6 +44,7 @@ pub mod mask;
 pub mod model;
 pub mod nccl;
 pub mod phase_report;
+pub mod phases;
 pub mod reference;
 pub mod report;
 pub mod rig;

@@ -69,6 +69,10 @@ pub struct PhaseResult {
     /// Steps whose checks failed while the mask changed under them (a rank
     /// died mid-step): reported, never counted as verified.
     pub lost_steps: u32,
+    /// Steps after a decision whose kernels masked a rank it had already
+    /// removed (they waited on it again): 0 when the mask is honoured.
+    #[serde(default)]
+    pub waits_on_gone: u64,
 }
 
 /// p50 and p99 of a set of step times, µs; None when there are none.
@@ -276,6 +280,7 @@ mod tests {
             agree_ms: vec![3.0 * f64::from(rank + 1)],
             gone: vec![2],
             lost_steps: 1,
+            waits_on_gone: 0,
         };
         let rows = rows(
             &[members],

@@ -20,9 +20,8 @@ use crate::cli::UsageError;
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
 use crate::ranks::env::RankEnv;
-use crate::ranks::group::{Group, open_store};
-use crate::ranks::membership::Membership;
 use crate::ranks::plan::Plan;
+use crate::ranks::rank::{RankOptions, run_rank};
 
 /// Runs this rank through the phases of `plan` it lives (in an elastic
 /// run, `cfg.on_death` survive, the kernels mask a rank that stops and the
@@ -46,21 +45,18 @@ pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Re
         if info.mps { "on" } else { "off" },
         info.nccl
     );
-    let timeout = Duration::from_nanos(cfg.timeout_ns);
-    let store = open_store(env, timeout)?;
-    crate::interrupt::install()?;
-    let group = Group::new(store.as_ref(), env, timeout);
     let local = session::Local {
         gpu: &gpu,
         kernels: &kernels,
         model: &model,
         info: &info,
     };
-    let fault_timeout = Duration::from_nanos(cfg.fault_timeout_ns);
-    group.run(|| {
-        let el = Membership::new(&group, plan, env.incarnation, fault_timeout, cfg.on_death)?;
-        session::run(&group, &el, cfg, opts, &local)
-    })
+    let ro = RankOptions {
+        timeout: Duration::from_nanos(cfg.timeout_ns),
+        fault_timeout: Duration::from_nanos(cfg.fault_timeout_ns),
+        on_death: cfg.on_death,
+    };
+    run_rank(env, plan, ro, |rank| session::run(rank, cfg, opts, &local))
 }
 
 /// Everything local that must hold, reported together (with, when the

@@ -29,9 +29,12 @@ use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::net::Net;
 use crate::nixl::serdes::Desc;
 use crate::ranks::RankEnv;
-use crate::ranks::group::{Group, open_store};
+use crate::ranks::group::Group;
 use crate::ranks::info::RankInfo;
+use crate::ranks::membership::OnDeath;
 use crate::ranks::nccl::{self as loader, NcclStatus};
+use crate::ranks::plan::Plan;
+use crate::ranks::rank::{RankOptions, run_rank};
 use crate::ranks::sm_share::{ranks_sharing, sm_share};
 
 /// Timed chunks whose latency is stamped, at most.
@@ -82,10 +85,15 @@ pub fn run(env: &RankEnv, cfg: &Config, out: &Outputs) -> Result<()> {
         info.mps,
         info.nccl
     );
-    let store = open_store(env, out.timeout)?;
-    crate::interrupt::install()?;
-    let group = Group::new(store.as_ref(), env, out.timeout);
-    group.run(|| session(&group, cfg, out, &gpu, &k, &info).and_then(|()| group.leave()))
+    let opts = RankOptions {
+        timeout: out.timeout,
+        fault_timeout: out.timeout,
+        on_death: OnDeath::Fail,
+    };
+    run_rank(env, &Plan::fixed(env.world), opts, |rank| {
+        session(rank.group, cfg, out, &gpu, &k, &info)?;
+        rank.group.leave()
+    })
 }
 
 /// Everything local that must hold ([`crate::machine::check`]).

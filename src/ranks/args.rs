@@ -10,7 +10,7 @@ use super::launch::KillSignal;
 use crate::cli::UsageError;
 
 /// `--plan`, `--elastic`, `--fault-timeout`, `--kill-signal`, `--kill-seed`,
-/// listed under "Elastic runs" in `--help` (flatten it last: the heading
+/// `--step-us`, listed under "Elastic runs" in `--help` (flatten it last: the heading
 /// holds for every argument after it).
 #[derive(clap::Args, Clone, Debug)]
 #[command(next_help_heading = "Elastic runs")]
@@ -48,9 +48,20 @@ pub struct ElasticArgs {
     /// kill) [default: from the clock; printed].
     #[arg(long, value_name = "SEED")]
     pub kill_seed: Option<u64>,
+
+    /// With --check-connection: what one step's work takes, µs (a pause
+    /// before each agreement, standing in for the GPU's step, so that a
+    /// kill can land inside a step).
+    #[arg(long, value_name = "US", default_value_t = 2000)]
+    pub step_us: u64,
 }
 
 impl ElasticArgs {
+    /// `--step-us` as a duration.
+    pub fn step_work(&self) -> Duration {
+        Duration::from_micros(self.step_us)
+    }
+
     /// Whether the run survives deaths: a plan, or `--elastic`.
     pub fn elastic(&self) -> bool {
         self.elastic || self.plan.is_some()

@@ -305,8 +305,16 @@ fn steps<W: PhaseWork>(
         crate::stall::at(i, format!("step {k} of {n}"));
         crate::stall::waiting_on(format!("step {k}'s work"));
         let t0 = Instant::now();
-        el.steps_begin(i)?;
+        if el.survives() {
+            el.steps_begin(i)?;
+        }
         let out = work.step(view, k)?;
+        rec.steps += 1;
+        rec.lost += out.lost;
+        if !el.survives() {
+            // A death fails the run: the kernels' waits name it, no round.
+            continue;
+        }
         if !out.masked.is_disjoint(&rec.gone) {
             rec.waits_on_gone += 1;
         }
@@ -318,8 +326,6 @@ fn steps<W: PhaseWork>(
         crate::stall::waiting_on(format!("the agreement after step {k} of phase {i}"));
         let d = agree(el, work, view, k, &masked)?;
         masked.retain(|r| d.gone.contains(r));
-        rec.steps += 1;
-        rec.lost += out.lost;
         rec.forgiven += d.forgiven.len() as u32;
         let changed = decided(el, work, view, k, &d, &out, rec)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -42,8 +42,7 @@ use super::membership::{END, OnDeath, unix_ns};
 use super::plan::Plan;
 use crate::group::Value;
 use crate::launch::{
-    RoleExit, RoleSpec, dying, forward, is_frozen, is_stopped, kill_all, run_roles_with,
-    signal_name,
+    RoleExit, RoleSpec, dying, forward, is_frozen, is_stopped, kill_all, signal_name,
 };
 use crate::rng::SplitMix64;
 use crate::store::native::TcpStore;
@@ -78,26 +77,38 @@ pub fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-/// Runs `ranks` copies of this executable with this process's arguments
-/// and torchrun's variables (rank `r` as `RANK=r`, `LOCAL_RANK=r`); rank 0
-/// hosts the store on `port`. For `collectives --ranks N`; `ep` runs
-/// [`run_plan`]. Once one fails, the others get `grace` to notice and say
-/// why, then are killed.
-pub fn run_ranks(ranks: u32, port: u16, grace: Duration) -> Result<Vec<RoleExit>> {
-    let specs = (0..ranks)
-        .map(|r| rank_spec(r, ranks, port, None))
-        .collect();
-    // A backstop only: every wait inside the ranks has its own deadline.
-    run_roles_with(specs, Duration::from_secs(24 * 3600), grace)
+/// `--ranks N` of a run that does not survive deaths: the plan
+/// `[[0..N-1]]`, started as [`run_plan`] starts every plan (the launcher
+/// hosts the store, so no rank is special); a rank that dies fails the run,
+/// and the others get `grace` to say why.
+pub fn run_fixed(
+    program: Program,
+    ranks: u32,
+    port: u16,
+    timeout: Duration,
+    grace: Duration,
+) -> Result<Vec<RoleExit>> {
+    let opts = LaunchOptions {
+        program,
+        capacity: ranks,
+        port,
+        kill_signal: KillSignal::Kill,
+        on_death: OnDeath::Fail,
+        rounds_per_phase: 0,
+        kill_seed: 0,
+        grace,
+        timeout,
+    };
+    run_plan(&Plan::fixed(ranks), &opts)
 }
 
-/// Rank `r` of `world` with torchrun's variables; `incarnation` set: the
-/// launcher hosts the store (`NIXL_EP_INCARNATION`), else rank 0 does.
-fn rank_spec(r: u32, world: u32, port: u16, incarnation: Option<usize>) -> RoleSpec {
+/// Rank `r` of `world` with torchrun's variables and the phase that starts
+/// it (`NIXL_EP_INCARNATION`): the launcher hosts the store.
+fn rank_spec(r: u32, world: u32, port: u16, incarnation: usize) -> RoleSpec {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let name = match incarnation {
-        Some(i) if i > 0 => format!("rank {r} (started in phase {i})"),
-        _ => format!("rank {r}"),
+        0 => format!("rank {r}"),
+        i => format!("rank {r} (started in phase {i})"),
     };
     let mut spec = RoleSpec::new(&name, args)
         .env("RANK", r.to_string())
@@ -106,11 +117,9 @@ fn rank_spec(r: u32, world: u32, port: u16, incarnation: Option<usize>) -> RoleS
         .env("LOCAL_WORLD_SIZE", world.to_string())
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
-        // Not torchrun's agent: ours (incarnation set) or rank 0's store.
-        .env("TORCHELASTIC_USE_AGENT_STORE", "False");
-    if let Some(i) = incarnation {
-        spec = spec.env(INCARNATION_VAR, i.to_string());
-    }
+        // Not torchrun's agent: ours.
+        .env("TORCHELASTIC_USE_AGENT_STORE", "False")
+        .env(INCARNATION_VAR, incarnation.to_string());
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         // NVLink SHARP (multicast) stays off on these machines.
         spec = spec.env("NCCL_NVLS_ENABLE", "0");
@@ -281,7 +290,7 @@ impl PlanRun<'_> {
 
     /// Starts rank `r`'s process of phase `i`.
     fn spawn(&mut self, r: u32, i: usize) -> Result<()> {
-        let spec = rank_spec(r, self.opts.capacity, self.store.port(), Some(i));
+        let spec = rank_spec(r, self.opts.capacity, self.store.port(), i);
         let spawned = spec.command().and_then(|mut c| {
             c.spawn()
                 .with_context(|| format!("starting the {} process", spec.name))
