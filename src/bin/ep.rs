@@ -180,6 +180,7 @@ struct Args {
     files: ResultFiles,
 
     /// Fault injection for tests: `hang-after-connect=R`, `die-before-connect=R`, `die-mid-dispatch=R`,
+    /// `stall-at-step=R@K` (--check-connection: rank R stops at step K, its heartbeat going),
     /// `corrupt=dispatch|combine`.
     #[arg(long, hide = true)]
     inject: Option<String>,
@@ -396,8 +397,8 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
     let Some(spec) = spec else { return Ok(out) };
     let bad = || {
         UsageError(format!(
-            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R, die-mid-dispatch=R or \
-             corrupt=dispatch|combine"
+            "--inject {spec}: expected hang-after-connect=R, die-before-connect=R, die-mid-dispatch=R, \
+             stall-at-step=R@K or corrupt=dispatch|combine"
         ))
     };
     match spec.split_once('=') {
@@ -411,6 +412,14 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
                 "die-before-connect" => out.connect.die_rank = Some(r),
                 _ => out.die_mid_dispatch = Some(r),
             }
+        }
+        Some(("stall-at-step", at)) => {
+            let (r, k) = at.split_once('@').ok_or_else(bad)?;
+            let (r, k) = (r.parse::<u32>().map_err(|_| bad())?, k.parse::<u64>().map_err(|_| bad())?);
+            if r >= world {
+                return Err(bad());
+            }
+            out.connect.stall_at = Some((r, k));
         }
         Some(("corrupt", "dispatch")) => {
             out.corrupt = Some(nixl_examples::ep::setup::Corrupt::Dispatch)

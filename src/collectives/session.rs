@@ -375,16 +375,20 @@ impl Session {
         let groups = ctx.cfg.groups();
         for (n, grp) in groups.iter().enumerate() {
             for case in &grp.cases {
+                crate::stall::waiting_on(describe(case, g.world));
                 let (events, kernel, phases) = self.run_case(ctx, case, call)?;
                 times.cases.push(events);
                 times.kernel.push(kernel);
                 times.phases.push(phases);
                 call += u64::from(ctx.cfg.calls());
             }
+            let case = &grp.cases[0];
+            crate::stall::waiting_on(format!("NCCL's calls (the baseline) beside {}", describe(case, g.world)));
             times.nccl.push(match (comm, &nccl_bufs) {
-                (Some(c), Some(b)) => Some(self.run_nccl(ctx, c, &grp.cases[0], b)?),
+                (Some(c), Some(b)) => Some(self.run_nccl(ctx, c, case, b)?),
                 _ => None,
             });
+            crate::stall::progressed();
             if g.rank == 0 && (n + 1) % 8 == 0 {
                 tracing::info!("{}/{} sizes verified", n + 1, groups.len());
             }

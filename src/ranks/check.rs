@@ -42,6 +42,11 @@ pub struct Inject {
     /// them: the others, which may be loading its metadata or connecting to
     /// it just then, must name it as dead.
     pub die_rank: Option<u32>,
+    /// (rank, step): this rank stops making progress at that step of its
+    /// first phase, its heartbeat still going (alive, so nothing proves it
+    /// dead): the stall watchdog must end it, and the others must stop
+    /// naming the round they wait on, within the run's timeout.
+    pub stall_at: Option<(u32, u64)>,
 }
 
 /// How the connection check runs.
@@ -152,6 +157,10 @@ impl PhaseWork for Wiring<'_> {
         let n = self.check.steps;
         if k + 1 == n && n >= 2 {
             await_planned_kills(self.rank, view.phase, self.check.timeout)?;
+        }
+        if self.check.inject.stall_at == Some((view.me, k)) && view.first {
+            crate::stall::waiting_on(format!("an injected stall at step {k}"));
+            hang(self.rank.group)?;
         }
         std::thread::sleep(self.check.step_work);
         Ok(StepOutcome::default())

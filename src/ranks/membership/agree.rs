@@ -118,6 +118,7 @@ impl Membership<'_> {
         let what = format!("the decision after round {} of phase {i}", round_name(step));
         let mut suspects: BTreeSet<u32> = round.mine.clone();
         let mut watch = Fallback::new(PROBE_EVERY);
+        let led_by = std::cell::Cell::new(None);
         poll(
             g.timeout(),
             Pace::Every(Duration::ZERO),
@@ -130,6 +131,9 @@ impl Membership<'_> {
                     .expect("this rank is active and not suspected");
                 if leader == self.me {
                     return self.lead(round).map(Some);
+                }
+                if led_by.replace(Some(leader)) != Some(leader) {
+                    crate::stall::waiting_on(format!("{what}, led by rank {leader}"));
                 }
                 if self.passed_over(round, leader, &mut watch)? {
                     tracing::info!(
@@ -145,8 +149,11 @@ impl Membership<'_> {
                 Ok(None)
             },
             |waited| {
+                let leader = led_by.get().map_or(String::new(), |l| {
+                    format!(": rank {l} leads it and its heartbeat goes on (alive but stuck?)")
+                });
                 anyhow!(
-                    "no decision on who is gone after round {} of phase {i} within {waited:.0?}",
+                    "no decision on who is gone after round {} of phase {i} within {waited:.0?}{leader}",
                     round_name(step)
                 )
             },
@@ -209,10 +216,18 @@ impl Membership<'_> {
         let mut union: BTreeSet<u32> = &self.phase_gone(i)? | &round.mine;
         let mut heard = BTreeSet::from([self.me]);
         let mut watch = Fallback::new(Duration::ZERO);
+        let mut said = Vec::new();
         loop {
             let missing = self.collect_reports(round, &mut union, &mut heard)?;
             if missing.is_empty() {
                 break;
+            }
+            if said != missing {
+                crate::stall::waiting_on(format!(
+                    "the reports of rank(s) {missing:?} after round {} of phase {i} (this rank leads)",
+                    round_name(step)
+                ));
+                said.clone_from(&missing);
             }
             union.extend(self.proven_gone(round, &missing, &mut watch)?);
             if round.clock.at.elapsed() > g.timeout() {

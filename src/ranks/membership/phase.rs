@@ -154,6 +154,7 @@ impl Membership<'_> {
         let g = self.group;
         let ended = g.keys.decision(i, END);
         let what = format!("the end of phase {i}");
+        crate::stall::waiting_on(format!("{what}, to join after it"));
         let (mut rounds, mut moved) = (-1, Instant::now());
         loop {
             if let Some(v) = g.try_get(&ended)? {
@@ -163,6 +164,8 @@ impl Membership<'_> {
             let now = g.add(&g.keys.rounds(i), 0)?;
             if now != rounds {
                 (rounds, moved) = (now, Instant::now());
+                // The phase this joiner waits for goes on: progress.
+                crate::stall::progressed();
             } else if moved.elapsed() > g.timeout() {
                 bail!(
                     "phase {i} made no progress for {:?} (its agreement rounds stood still at {rounds}) while this \
@@ -189,11 +192,13 @@ impl Membership<'_> {
         let inc = self.inc(r, i);
         let what = format!("rank {r}'s {what}");
         let mut next_look = Instant::now() + PROBE_EVERY;
+        crate::stall::waiting_on(format!("{what} (key {})", entry.key()));
         poll(
             g.timeout(),
             Pace::Every(Duration::ZERO),
             || {
                 if let Some(p) = g.try_get(entry)? {
+                    crate::stall::progressed();
                     return Ok(Some(Some(p)));
                 }
                 if self.survives() && self.proven_dead(r, inc, &mut next_look)? {
