@@ -110,8 +110,8 @@ struct Args {
 
     /// Timed calls per case (at most 200: they are all queued before the
     /// GPU starts them); in an elastic run, calls per step, each checked;
-    /// with --check-connection and --elastic, steps of agreement.
-    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200))]
+    /// with --check-connection and --elastic, steps of agreement (any number).
+    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     iters: u32,
 
     /// Untimed warm-up calls per case, each checked element by element.
@@ -312,6 +312,9 @@ fn launch_ranks(
     Ok(code)
 }
 
+/// The most calls per case a GPU run queues (`--iters`).
+const MAX_CALLS: u32 = 200;
+
 /// The run's configuration; what cannot work is a usage error.
 fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
     let corrupt_rank = match args.inject.as_deref() {
@@ -327,6 +330,13 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
             _ => return Err(UsageError(format!("--inject {spec}: expected corrupt=R")).into()),
         },
     };
+    if args.iters > MAX_CALLS {
+        return Err(UsageError(format!(
+            "--iters {}: at most {MAX_CALLS} calls per case (they are all queued before the GPU starts them)",
+            args.iters
+        ))
+        .into());
+    }
     let mut ops = args.op.clone();
     ops.dedup();
     let cfg = RunConfig {
