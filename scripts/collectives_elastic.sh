@@ -20,7 +20,13 @@
 #
 #   scripts/collectives_elastic.sh [--bin DIR | --bundle FILE] [--out DIR]
 #                                  [--runs N] [--seed S] [--fault-timeout MS] [--sweep]
-#                                  [--sweep-case "OP ALGO PATH"]
+#                                  [--sweep-case "OP ALGO PATH"] [--campaign N [--long-every 3] [--budget-s S]]
+#
+# --campaign N runs, instead, scripts/elastic_campaign.py --collectives: N
+# runs of one phase of one rank per GPU (4 on one GPU under MPS), the case
+# drawn, a plan kill or not and a kill by pid of any rank at a drawn moment,
+# every --long-every'th phase long (>= 10 s of steps) and held to its time
+# bound (see that script's --help); --budget-s S stops starting runs after S s.
 #
 # --sweep-case (implies --sweep) sweeps that one case only, e.g.
 # "reduce-scatter one-shot store"; --runs 0 skips the random runs.
@@ -29,7 +35,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives-elastic
-RUNS=12; SEED=$(date +%s); FAULT=200; SWEEP=0; SWEEP_CASE=
+RUNS=12; SEED=$(date +%s); FAULT=200; SWEEP=0; SWEEP_CASE=; CAMPAIGN=0; LONG_EVERY=3; BUDGET=0
 while (($#)); do
   case "$1" in
     --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
@@ -37,6 +43,9 @@ while (($#)); do
     --seed) need_value "$1" $#; SEED=$2; shift 2 ;;
     --fault-timeout) need_value "$1" $#; FAULT=$2; shift 2 ;;
     --sweep) SWEEP=1; shift ;;
+    --campaign) need_value "$1" $#; CAMPAIGN=$2; shift 2 ;;
+    --long-every) need_value "$1" $#; LONG_EVERY=$2; shift 2 ;;
+    --budget-s) need_value "$1" $#; BUDGET=$2; shift 2 ;;
     --sweep-case) need_value "$1" $#; SWEEP=1; SWEEP_CASE=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
@@ -47,8 +56,17 @@ NAME=collectives_elastic
 source "$ROOT/scripts/lib/gpu-env.sh"
 # shellcheck source=lib/mps.sh
 source "$ROOT/scripts/lib/mps.sh"
-mps_start || exit 1
 C="$BIN/collectives"
+if ((CAMPAIGN > 0)); then
+  mps=0; ((NGPU == 1)) && { mps_start || exit 1; mps=1; }
+  ranks=$NGPU; ((NGPU == 1)) && ranks=4
+  python3 "$ROOT/scripts/elastic_campaign.py" --collectives "$C" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
+    --max-ranks "$ranks" --long-every "$LONG_EVERY" --budget-s "$BUDGET" --fault-timeout "$FAULT"
+  rc=$?
+  ((mps)) && mps_stop
+  exit $rc
+fi
+mps_start || exit 1
 RANDOM=$SEED
 echo "collectives_elastic: seed $SEED, $RUNS runs, fault timeout $FAULT ms" >&2
 CASES=("allreduce one-shot" "allreduce two-shot" "allreduce ll" "allgather one-shot" "reduce-scatter one-shot")

@@ -10,7 +10,7 @@
 #
 #   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
-#                          [--campaign N [--seed S] [--max-ranks 6]] [--join]
+#                          [--campaign N [--seed S] [--max-ranks N] [--long-every 3] [--budget-s S]] [--join]
 #
 # --join runs, instead of the matrix, three plans in which ranks join while
 # the members step, in both modes over both paths, with phases long enough
@@ -26,10 +26,14 @@
 #
 # --campaign N runs, instead of the matrix, the fault campaign of
 # scripts/elastic_campaign.py (see its --help): N random plans of up to
-# --max-ranks ranks (default 6), their kills at random moments, and in every
-# second run a kill by pid no plan names (rank 0 included), SIGKILL and
-# SIGSTOP, the modes and both paths drawn; every death must be named by
-# every survivor, no survivor lost, no value wrong. It writes campaign.tsv,
+# --max-ranks ranks (default: the GPUs, one rank each; 6 on one GPU), their
+# kills at random moments, in every second run a kill by pid no plan names
+# (rank 0 included), and every --long-every'th run one long phase (>= 10 s
+# of steps) with a kill by pid at a moment drawn over it, which must end
+# within its time bound; SIGKILL and SIGSTOP, the modes and the put, store
+# and both paths drawn; every death must be named by every survivor, no
+# survivor lost, no value wrong, no step after a decision waiting on the
+# dead. --budget-s stops starting runs after that long. It writes campaign.tsv,
 # deaths.tsv, summary.md (detection and agreement p50/p99/max) and
 # campaign.png in --out. --seed S makes the draws repeatable (default 1).
 #
@@ -41,7 +45,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/elastic; MODES="ll ht"; CYCLES=20; QUICK=0; MPS=1
-CAMPAIGN=0; SEED=1; MAX_RANKS=6; JOIN=0
+CAMPAIGN=0; SEED=1; MAX_RANKS=""; JOIN=0; LONG_EVERY=3; BUDGET=0
 while (($#)); do
   case "$1" in
     --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
@@ -52,6 +56,8 @@ while (($#)); do
     --campaign) need_value "$1" $#; CAMPAIGN=$2; shift 2 ;;
     --seed) need_value "$1" $#; SEED=$2; shift 2 ;;
     --max-ranks) need_value "$1" $#; MAX_RANKS=$2; shift 2 ;;
+    --long-every) need_value "$1" $#; LONG_EVERY=$2; shift 2 ;;
+    --budget-s) need_value "$1" $#; BUDGET=$2; shift 2 ;;
     --join) JOIN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) bad_option "$1" ;;
@@ -130,10 +136,11 @@ if ((JOIN)); then
   exit $fail
 fi
 
+[[ -z $MAX_RANKS ]] && { MAX_RANKS=$NGPU; ((NGPU == 1)) && MAX_RANKS=6; }
 if ((CAMPAIGN > 0)); then
   mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
   python3 "$ROOT/scripts/elastic_campaign.py" --ep "$EP" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
-    --modes "${MODES// /,}" --max-ranks "$MAX_RANKS"
+    --modes "${MODES// /,}" --max-ranks "$MAX_RANKS" --long-every "$LONG_EVERY" --budget-s "$BUDGET"
   rc=$?
   ((mps)) && mps_stop
   exit $rc
