@@ -158,7 +158,7 @@ def run_args(a, mode, path, cap, long):
     """The program's arguments for one run: its steps and shape."""
     if a.program == "collectives":
         op, algo = mode.split()
-        rounds = 3000 if long else 40
+        rounds = 3000 if long else 300
         return ["--op", op, "--algo", algo, "--path", path, "--dtype", "f32", "-b", "8", "-e", "4K", "-f", "8",
                 "--iters", "2", "--rounds", str(rounds), "--no-baseline"]
     args = ["--mode", mode, "--path", path, "--experts", str(40 * cap), "--no-baseline"]
@@ -168,7 +168,7 @@ def run_args(a, mode, path, cap, long):
     if mode == "ll":
         args += ["--iters", str(12000 // runs) if long else "400", "--warmup", "10"]
     else:
-        args += ["--iters", str(6000 // runs) if long else "60", "--warmup", "3", "--tokens", "1024"]
+        args += ["--iters", str(6000 // runs) if long else "300", "--warmup", "3", "--tokens", "1024"]
     return args
 
 
@@ -190,7 +190,7 @@ def run_one(a, k, rng, out):
     t0 = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = Stamped(p, d, t0)
-    killed_pid = kill_by_pid(a, lines, victim, usig, delay, long, p) if victim is not None else None
+    killed_at = kill_by_pid(a, lines, victim, usig, delay, long, p) if victim is not None else None
     try:
         rc = p.wait(timeout=a.run_timeout)
     except subprocess.TimeoutExpired:
@@ -199,8 +199,8 @@ def run_one(a, k, rng, out):
         rc = rc if rc else 124
     lines.close()
     secs = time.time() - t0
-    return judge(a, d, k, cap, phases, mode, path, sig, victim if killed_pid else None, usig, delay, rc, secs,
-                 long, lines)
+    return judge(a, d, k, cap, phases, mode, path, sig, (victim, killed_at) if killed_at else None, usig, delay,
+                 rc, secs, long, lines)
 
 
 class Stamped:
@@ -260,7 +260,7 @@ def kill_by_pid(a, lines, victim, sig, frac, long, proc):
         os.kill(pid, getattr(signal, "SIG" + sig))
     except ProcessLookupError:
         return None
-    return pid
+    return time.time() - lines.t0
 
 
 DONE = re.compile(r"^\[rank (\d+)\] phase (\d+) done: (\d+) steps, (\d+) lost(.*)$")
@@ -300,8 +300,13 @@ def judge(a, d, k, cap, phases, mode, path, sig, victim, usig, delay, rc, secs, 
             deaths.append((int(m.group(1)), int(m.group(3)), "plan " + m.group(2)))
     gone = gone_lines(stdout)
     # The kill by pid counts once the launcher saw that death; its phase is
-    # the first in which a survivor named it.
-    if victim is not None and re.search(rf"(died unplanned|gone), the others went on: [^\n]*\brank {victim}\b", stderr):
+    # the first in which a survivor named it. One that came after the victim
+    # ended the last phase of its life hit a process whose work was done.
+    victim, killed_at = victim or (None, None)
+    ended = max((x[7] for x in done if x[0] == victim), default=None) if victim is not None else None
+    if ended is not None and ended < killed_at and not any(victim in g for _, _, g, _ in gone):
+        late.add((-1, victim))
+    elif victim is not None and re.search(rf"(died unplanned|gone), the others went on: [^\n]*\brank {victim}\b", stderr):
         phase = min((p for _, p, g, _ in gone if victim in g), default=0)
         deaths.append((phase, victim, "pid SIG" + usig))
     detected = detections(doc)
@@ -334,7 +339,8 @@ def judge(a, d, k, cap, phases, mode, path, sig, victim, usig, delay, rc, secs, 
     run = {
         "run": k, "program": a.program, "capacity": cap, "plan": json.dumps(phases, separators=(",", ":")),
         "mode": mode, "path": path, "long": long,
-        "plan_signal": "SIG" + sig, "unplanned": f"rank {victim} SIG{usig} at {delay:.2f} of the phase" if victim is not None else "-",
+        "plan_signal": "SIG" + sig,
+        "unplanned": f"rank {victim} SIG{usig} at {killed_at:.2f} s" if victim is not None else "-",
         "exit": rc, "deaths": len(death_rows), "unnamed": len(unnamed), "survivors_lost": len(lost_survivors),
         "late_kills": len(late), "lost_steps": lost_steps, "wrong_values": wrong, "waits_on_gone": waits,
         "steps": max((x[2] for x in done), default=0),
@@ -393,6 +399,7 @@ def summary(runs, deaths, agree, a):
         ("wrong values", str(sum(r["wrong_values"] for r in runs))),
         ("lost steps (reported, not counted as verified)", str(sum(r["lost_steps"] for r in runs))),
         ("runs exiting non-zero", str(sum(r["exit"] != 0 for r in runs))),
+        ("kills that came after their phase ended (not deaths in the run)", str(sum(r["late_kills"] for r in runs))),
         ("steps after a decision that waited on a rank already gone", str(sum(r["waits_on_gone"] for r in runs))),
     ]
     longs = [r for r in runs if r["long"]]
