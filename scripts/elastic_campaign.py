@@ -421,7 +421,7 @@ def summary(runs, deaths, agree, a):
     out = [f"# Elastic fault campaign: {len(runs)} runs, seed {a.seed}", "",
            "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     out += ["", "| time, ms | samples | p50 | p99 | max |", "|---|---|---|---|---|"]
-    for name, v in [("detection (kill to the step that masked it, host clock)", det),
+    for name, v in [("detection (kill to this survivor adopting the decision, host clock)", det),
                     ("GPU wait up to the masking", wait),
                     ("agreement (a survivor's report to the decision)", agree)]:
         out.append(f"| {name} | {len(v)} | {fmt(pct(v, .5))} | {fmt(pct(v, .99))} | {fmt(max(v) if v else None)} |")
@@ -457,7 +457,7 @@ def plot(out, deaths, agree):
     det = sorted(x["detect_ms"] for x in deaths if x["detect_ms"] is not None)
     if det:
         ax[1].plot(det, [(i + 1) / len(det) for i in range(len(det))])
-    ax[1].set_xlabel("ms from the kill to the step that masked it")
+    ax[1].set_xlabel("ms from the kill to the decision")
     ax[1].set_title("detection on the GPU (CDF)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "campaign.png"), dpi=110)

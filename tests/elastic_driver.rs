@@ -22,7 +22,12 @@ const STEP_US: &str = "500";
 /// `program --ranks 4 --elastic --check-connection` with a long phase; the
 /// rank `victim` gets `sig` by pid once every rank connected and a drawn
 /// `delay` passed (well inside the phase: its steps alone take 1.5 s).
-fn killed_in_a_long_phase(bin: &str, victim: u32, sig: i32, delay: Duration) -> (Option<i32>, String) {
+fn killed_in_a_long_phase(
+    bin: &str,
+    victim: u32,
+    sig: i32,
+    delay: Duration,
+) -> (Option<i32>, String) {
     let mut c = common::launcher(bin);
     c.args(["--ranks", "4", "--elastic", "--check-connection"])
         .args(["--iters", &STEPS.to_string(), "--step-us", STEP_US])
@@ -32,7 +37,9 @@ fn killed_in_a_long_phase(bin: &str, victim: u32, sig: i32, delay: Duration) -> 
     let started = format!("[{tag}] started rank {victim} (pid ");
     let line = run.until(1, Duration::from_secs(120), |l| l.starts_with(&started));
     let pid: i32 = line[started.len()..].trim_end_matches(')').parse().unwrap();
-    run.until(4, Duration::from_secs(120), |l| l.contains("] connected to all 3 other"));
+    run.until(4, Duration::from_secs(120), |l| {
+        l.contains("] connected to all 3 other")
+    });
     std::thread::sleep(delay);
     // SAFETY: kill(2) on a rank process of the launcher we started.
     unsafe { kill(pid, sig) };
@@ -47,7 +54,9 @@ fn assert_survived(case: &str, (code, all): &(Option<i32>, String), victim: u32)
     for r in (0..4).filter(|&r| r != victim) {
         let decided = format!("[rank {r}] phase 0: ranks gone: [{victim}] (");
         assert_eq!(all.matches(&decided).count(), 1, "{case}: rank {r}:\n{all}");
-        let done = format!("[rank {r}] phase 0 done: {STEPS} steps, 0 lost; gone: [{victim}] (rank {victim} ");
+        let done = format!(
+            "[rank {r}] phase 0 done: {STEPS} steps, 0 lost; gone: [{victim}] (rank {victim} "
+        );
         let line = (all.lines())
             .find(|l| l.starts_with(&done))
             .unwrap_or_else(|| panic!("{case}: no phase line of rank {r}:\n{all}"));
@@ -57,8 +66,9 @@ fn assert_survived(case: &str, (code, all): &(Option<i32>, String), victim: u32)
         );
     }
     assert!(
-        all.contains(&format!("died unplanned, the others went on: rank {victim}"))
-            || all.contains(&format!("gone, the others went on: rank {victim}")),
+        all.contains(&format!(
+            "died unplanned, the others went on: rank {victim}"
+        )) || all.contains(&format!("gone, the others went on: rank {victim}")),
         "{case}:\n{all}"
     );
 }
@@ -105,10 +115,14 @@ fn a_stalled_leader_is_a_named_failure_on_every_rank() {
             .find(|l| l.starts_with(&format!("[rank {r}] error: ")))
             .unwrap_or_else(|| panic!("rank {r} named nothing:\n{all}"));
         assert!(
-            line.contains("round 200 of phase 0") || line.contains("in phase 0 at step 200 of 1000"),
+            line.contains("round 200 of phase 0")
+                || line.contains("in phase 0 at step 200 of 1000"),
             "rank {r}: {line}"
         );
-        assert!(line.contains("rank 0"), "rank {r} does not name the leader: {line}");
+        assert!(
+            line.contains("rank 0"),
+            "rank {r} does not name the leader: {line}"
+        );
     }
     assert!(all.contains("[ep] error: 4 of 4 processes failed"), "{all}");
 }

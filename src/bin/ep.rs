@@ -415,7 +415,10 @@ fn parse_inject(spec: Option<&str>, world: u32) -> Result<Injected, UsageError> 
         }
         Some(("stall-at-step", at)) => {
             let (r, k) = at.split_once('@').ok_or_else(bad)?;
-            let (r, k) = (r.parse::<u32>().map_err(|_| bad())?, k.parse::<u64>().map_err(|_| bad())?);
+            let (r, k) = (
+                r.parse::<u32>().map_err(|_| bad())?,
+                k.parse::<u64>().map_err(|_| bad())?,
+            );
             if r >= world {
                 return Err(bad());
             }

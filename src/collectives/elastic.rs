@@ -5,31 +5,31 @@
 //! 1. **meet** — one configuration for all (the first rank to get there
 //!    stores it), then this rank's window, agent and registration
 //!    ([`Session::create`]);
-//! 2. for each phase of the plan this process lives ([`Membership::life`]):
-//!    - **connect** — the membership's opening of the phase
-//!      ([`Membership::begin_phase`]) hands over the [`Introduction`] (GPU
-//!      and NIXL card) of every peer to connect to: every other member in
-//!      this process's first phase, later the phase's joiners; the remote
-//!      view is rebuilt over the phase's members (no kernel runs), the
-//!      store path's pointers looked up again, and the opening round's
-//!      decision masks those that died meanwhile. A joiner *grows* the
-//!      members between two calls, as `ncclCommGrow` does: it takes a rank
-//!      id no process had before (its signal words in every window are
-//!      still zero) and the call numbering goes on where the phase before
-//!      ended, so its first call's epoch is everyone's;
+//! 2. every phase of the plan this process lives, on the phase driver
+//!    ([`crate::ranks::driver`]), which calls the work of `Phases`:
+//!    - **connect** — the driver hands over the [`Introduction`] (GPU and
+//!      NIXL card) of every peer to connect to: every other member in this
+//!      process's first phase, later the phase's joiners; the remote view
+//!      is rebuilt over the phase's members (no kernel runs), the store
+//!      path's pointers looked up again, and the opening round's decision
+//!      masks those that died meanwhile. A joiner *grows* the members
+//!      between two calls, as `ncclCommGrow` does: it takes a rank id no
+//!      process had before (its signal words in every window are still
+//!      zero) and the call numbering goes on where the phase before ended,
+//!      so its first call's epoch is everyone's;
 //!    - **steps** — rounds of the sweep, one step per case: `--iters`
 //!      calls, each with fresh inputs and every output element checked
 //!      against the sum of the call's members; after each step the
-//!      survivors agree on who is gone ([`Membership::agree`]). A wait on a
-//!      dead or frozen rank masks it after `--fault-timeout` and abandons
-//!      the step on every member (cuda/collectives.cu: the abort slots), so
-//!      a death costs one step's calls, counted lost, never a wrong element;
+//!      survivors agree on who is gone. A wait on a dead or frozen rank
+//!      masks it after `--fault-timeout` and abandons the step on every
+//!      member (cuda/collectives.cu: the abort slots), so a death costs one
+//!      step's calls, counted lost, never a wrong element;
 //!    - **shrink** — a decision that removes ranks gives the next step fewer
-//!      members ([`View`]): chunk ownership, slices and output slots are
+//!      members ([`super::session::View`]): chunk ownership, slices and output slots are
 //!      recomputed over the survivors' indices; the window, its
 //!      registration and the views stay (nothing is re-registered, no kernel
 //!      runs meanwhile);
-//!    - **end** — the round that ends the phase ([`Membership::end_phase`]);
+//!    - **end** — this rank's detections and joins into its results;
 //! 3. **report** — the session closed among the survivors, and the lowest
 //!    survivor's report: per case and member count the time per call, calls
 //!    checked and lost, each death's detection, agreement and shrink, and
@@ -49,15 +49,14 @@ use super::session::{Context, Session, block_plan, describe};
 use crate::cli::UsageError;
 use crate::group::entry::{Value, json_decode, json_encode};
 use crate::nixl::net::PeerCard;
-use crate::ranks::driver::{Change, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
+use crate::ranks::driver::{Change, Peer, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
 use crate::ranks::info::RankInfo;
-use crate::ranks::membership::Peer;
 use crate::ranks::plan::Plan;
 use crate::ranks::rank::Rank;
 use crate::say;
 
-/// What a process publishes when its first phase begins
-/// ([`Membership::begin_phase`]): who it is and how to reach it. On the
+/// What a process publishes when its first phase begins (its card, in
+/// the driver's words): who it is and how to reach it. On the
 /// wire: the introduction's JSON length (u32 little-endian), that JSON, then
 /// the card ([`PeerCard::encode`]).
 #[derive(Clone, Debug, PartialEq)]

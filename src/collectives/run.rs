@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::ranks::membership::OnDeath;
 use crate::ranks::plan::Plan as RanksPlan;
+use crate::ranks::rank::OnDeath;
 use crate::ranks::rank::{Rank, RankOptions, run_rank};
 
 use super::elastic::{self, ElasticTimes};

@@ -383,7 +383,10 @@ impl Session {
                 call += u64::from(ctx.cfg.calls());
             }
             let case = &grp.cases[0];
-            crate::stall::waiting_on(format!("NCCL's calls (the baseline) beside {}", describe(case, g.world)));
+            crate::stall::waiting_on(format!(
+                "NCCL's calls (the baseline) beside {}",
+                describe(case, g.world)
+            ));
             times.nccl.push(match (comm, &nccl_bufs) {
                 (Some(c), Some(b)) => Some(self.run_nccl(ctx, c, case, b)?),
                 _ => None,

@@ -34,9 +34,8 @@ use super::session::Single;
 use super::setup::RunOptions;
 use super::steps::Stepper;
 use crate::nixl::net::{Net, PeerCard};
-use crate::ranks::driver::{Ahead, Change, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
+use crate::ranks::driver::{Ahead, Change, Peer, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
 use crate::ranks::group::Group;
-use crate::ranks::membership::Peer;
 use crate::say;
 
 /// Timed steps launched back to back in one watched piece of work, with

@@ -17,7 +17,7 @@
 //!    rank's results and prints them (per phase in an elastic run).
 //!
 //! A run without `--plan` or `--elastic` is the plan of one phase of every
-//! rank, with masking off ([`crate::ranks::membership::OnDeath::Fail`]): a rank that
+//! rank, with masking off ([`crate::ranks::rank::OnDeath::Fail`]): a rank that
 //! stops is named by the waits, as always.
 
 use std::collections::BTreeSet;
@@ -37,8 +37,8 @@ use super::setup::{RunOptions, Setup, make_setup};
 use super::steps::Stepper;
 use crate::gpu::Gpu;
 use crate::nixl::net::Net;
+use crate::ranks::driver::lowest;
 use crate::ranks::group::Group;
-use crate::ranks::membership::lowest;
 use crate::ranks::rank::Rank;
 use crate::say;
 

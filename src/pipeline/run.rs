@@ -31,9 +31,9 @@ use crate::nixl::serdes::Desc;
 use crate::ranks::RankEnv;
 use crate::ranks::group::Group;
 use crate::ranks::info::RankInfo;
-use crate::ranks::membership::OnDeath;
 use crate::ranks::nccl::{self as loader, NcclStatus};
 use crate::ranks::plan::Plan;
+use crate::ranks::rank::OnDeath;
 use crate::ranks::rank::{RankOptions, run_rank};
 use crate::ranks::sm_share::{ranks_sharing, sm_share};
 

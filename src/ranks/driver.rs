@@ -37,7 +37,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::membership::{Decision, Membership, Peer, RESYNC, lowest, round_name, unix_ns};
+use super::membership::{Decision, Membership, RESYNC, round_name, unix_ns};
+pub use super::membership::{Peer, lowest};
 use crate::group::Value;
 use crate::say;
 

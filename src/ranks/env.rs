@@ -103,48 +103,21 @@ impl RankEnv {
         let Some(rank) = get("RANK") else {
             return Ok(None);
         };
-        let num = |name: &str, v: &str| -> Result<u32, UsageError> {
-            v.trim()
-                .parse()
-                .map_err(|_| UsageError(format!("{name}={v:?} is not a number")))
+        let num = |name: &str| -> Result<Option<u32>, UsageError> {
+            get(name).map(|v| number(name, &v)).transpose()
         };
-        let rank = num("RANK", &rank)?;
-        let world = match get("WORLD_SIZE") {
-            Some(w) => num("WORLD_SIZE", &w)?,
-            None => {
-                return Err(UsageError(
-                    "RANK is set but WORLD_SIZE is not: set both (torchrun does)".into(),
-                ));
-            }
-        };
+        let rank = number("RANK", &rank)?;
+        let world = num("WORLD_SIZE")?.ok_or_else(|| {
+            UsageError("RANK is set but WORLD_SIZE is not: set both (torchrun does)".into())
+        })?;
         if world == 0 || rank >= world {
             return Err(UsageError(format!(
                 "RANK={rank} with WORLD_SIZE={world}: RANK must be below WORLD_SIZE"
             )));
         }
-        let local_rank = get("LOCAL_RANK")
-            .map(|v| num("LOCAL_RANK", &v))
-            .transpose()?
-            .unwrap_or(rank);
-        let local_world = get("LOCAL_WORLD_SIZE")
-            .map(|v| num("LOCAL_WORLD_SIZE", &v))
-            .transpose()?
-            .unwrap_or(world);
-        let master_port = match get("MASTER_PORT") {
-            Some(p) => p
-                .trim()
-                .parse::<u16>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| {
-                    UsageError(format!("MASTER_PORT={p:?} is not a TCP port (1..65535)"))
-                })?,
-            None => {
-                return Err(UsageError(
-                    "RANK is set but MASTER_PORT is not: set MASTER_ADDR and MASTER_PORT".into(),
-                ));
-            }
-        };
+        let local_rank = num("LOCAL_RANK")?.unwrap_or(rank);
+        let local_world = num("LOCAL_WORLD_SIZE")?.unwrap_or(world);
+        let master_port = port(get("MASTER_PORT"))?;
         Ok(Some(Self {
             program,
             rank,
@@ -154,14 +127,8 @@ impl RankEnv {
             master_addr: get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
             master_port,
             agent_store: get("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True"),
-            restart_count: get("TORCHELASTIC_RESTART_COUNT")
-                .map(|v| num("TORCHELASTIC_RESTART_COUNT", &v))
-                .transpose()?
-                .unwrap_or(0),
-            incarnation: get(INCARNATION_VAR)
-                .map(|v| num(INCARNATION_VAR, &v))
-                .transpose()?
-                .unwrap_or(0) as usize,
+            restart_count: num("TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0),
+            incarnation: num(INCARNATION_VAR)?.unwrap_or(0) as usize,
             launcher_store: get(INCARNATION_VAR).is_some(),
         }))
     }
@@ -185,6 +152,24 @@ impl RankEnv {
     pub fn launcher(&self) -> String {
         format!("the {} launcher", self.program.name)
     }
+}
+
+/// `name`'s value `v` as a number. Errors: it is not one.
+fn number(name: &str, v: &str) -> Result<u32, UsageError> {
+    v.trim()
+        .parse()
+        .map_err(|_| UsageError(format!("{name}={v:?} is not a number")))
+}
+
+/// `MASTER_PORT`, which a rank needs. Errors: unset, or not a TCP port.
+fn port(v: Option<String>) -> Result<u16, UsageError> {
+    let Some(p) = v else {
+        return Err(UsageError(
+            "RANK is set but MASTER_PORT is not: set MASTER_ADDR and MASTER_PORT".into(),
+        ));
+    };
+    (p.trim().parse::<u16>().ok().filter(|&p| p > 0))
+        .ok_or_else(|| UsageError(format!("MASTER_PORT={p:?} is not a TCP port (1..65535)")))
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The layer every N-rank program stands on (`ep`, `collectives`): who a
+//! The layer every N-rank program stands on (`ep`, `collectives`,
+//! `pipeline`): who a
 //! rank is, how the ranks meet over the store, who is a member of each
 //! phase and who is gone, and the launcher that starts (and, as a plan
 //! says, kills) them. It knows nothing of what the ranks compute.
@@ -17,7 +18,12 @@
 //! - [`membership`]: the members of each phase and the agreement on who is
 //!   gone, after every step and at each phase's open and end. It knows no
 //!   plan of deaths: any member may die or freeze at any moment, and the
-//!   survivors name it, agree and go on (or stop, naming it);
+//!   survivors name it, agree and go on (or stop, naming it). Only the
+//!   driver uses it;
+//! - [`driver`], [`rank`]: the one phase loop every program runs (begin a
+//!   phase, connect, open, steps each followed by the agreement, end) over
+//!   the program's [`driver::PhaseWork`], and the one entry that starts a
+//!   rank (store, Ctrl-C, the stall watchdog, group, membership);
 //! - [`check`]: `--check-connection`, the wiring and the membership without
 //!   a GPU;
 //! - [`launch`]: `--ranks N` / `--plan FILE`: hosts the store, starts each

@@ -14,7 +14,8 @@ use super::driver::{PhaseRecord, PhaseWork, drive};
 use super::env::RankEnv;
 use super::group::{Group, open_store};
 use super::keys::Verdict;
-use super::membership::{END, Membership, OnDeath, lowest};
+pub use super::membership::OnDeath;
+use super::membership::{END, Membership, lowest};
 use super::plan::Plan;
 use crate::group::{Entry, Value};
 

@@ -51,8 +51,8 @@
 //! than the probe's limit (`Membership::silence_proves`).
 //!
 //! The files, by concern: this one holds the state and what a process
-//! knows of each phase's members; [`phase`] how a phase begins and ends;
-//! [`agree`] the rounds of agreement; [`proof`] what proves a member dead.
+//! knows of each phase's members; `phase` how a phase begins and ends;
+//! `agree` the rounds of agreement; `proof` what proves a member dead.
 
 mod agree;
 mod phase;
