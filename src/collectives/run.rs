@@ -204,6 +204,7 @@ fn elastic_session(
         kernels: local.kernels,
     };
     let (mut s, card) = Session::create(&ctx, env.incarnation)?;
+    crate::stall::progressed();
     let me = elastic::Introduction {
         info: local.info.clone(),
         card,

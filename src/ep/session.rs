@@ -67,6 +67,7 @@ pub fn run(rank: &Rank, cfg: &RunConfig, opts: &RunOptions, local: &Local) -> Re
     )?;
     let agent = g.agent_name(g.rank, rank.incarnation());
     let (mut net, card) = Net::open(&agent, &rig.window, rig.window_desc(), g.world)?;
+    crate::stall::progressed();
     let elastic = rank.survives();
     let st = Stepper {
         gpu: local.gpu,

@@ -77,6 +77,7 @@ pub fn check_connection(env: &RankEnv, plan: &Plan, check: Check) -> Result<()> 
         let me = rank.rank();
         let nixl = create_ucx_agent(&rank.group.agent_name(me, rank.incarnation()))?;
         let card = AgentMetadata(nixl.agent.get_local_md()?);
+        crate::stall::progressed();
         let mut work = Wiring {
             rank,
             agent: &nixl.agent,
