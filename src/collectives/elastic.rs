@@ -201,7 +201,7 @@ pub fn run(
         s,
         rounds,
         cases: cases(base),
-        infos: base.infos.iter().map(|i| (i.rank, i.clone())).collect(),
+        known: base.infos.to_vec(),
         plan: base.plan.clone(),
         out: ElasticTimes {
             rank: base.group.rank,
@@ -211,7 +211,7 @@ pub fn run(
         shrunk: BTreeMap::new(),
     };
     rank.drive(&mut work, me)?;
-    Ok((work.out, work.infos.into_values().collect()))
+    Ok((work.out, work.known))
 }
 
 /// The collectives' side of each phase ([`PhaseWork`]): connecting,
@@ -222,8 +222,8 @@ struct Phases<'a> {
     s: &'a mut Session,
     rounds: u32,
     cases: Vec<Case>,
-    /// Every introduction met so far, by rank.
-    infos: BTreeMap<u32, RankInfo>,
+    /// Every introduction met so far, in rank order.
+    known: Vec<RankInfo>,
     /// The block plan of the phase's members.
     plan: super::plan::Plan,
     out: ElasticTimes,
@@ -248,10 +248,6 @@ fn ctx_of<'b>(
 }
 
 impl Phases<'_> {
-    fn known(&self) -> Vec<RankInfo> {
-        self.infos.values().cloned().collect()
-    }
-
     /// The global number (from 1) of unit `k` of phase `i`: phases, then
     /// rounds, then cases, so a joiner's first call has everyone's epoch.
     fn step_number(&self, i: usize, k: u64) -> u64 {
@@ -272,7 +268,10 @@ impl PhaseWork for Phases<'_> {
             peers.iter().map(|p| (p.rank, &p.payload.card)).collect();
         let timeout = self.base.group.timeout();
         let failed = self.s.reconnect(&view.agents, &cards, timeout)?;
-        (self.infos).extend(peers.iter().map(|p| (p.rank, p.payload.info.clone())));
+        let met: BTreeSet<u32> = peers.iter().map(|p| p.rank).collect();
+        self.known.retain(|k| !met.contains(&k.rank));
+        (self.known).extend(peers.iter().map(|p| p.payload.info.clone()));
+        self.known.sort_by_key(|k| k.rank);
         self.joined = match view.first {
             true if view.phase > 0 => vec![view.me],
             true => Vec::new(),
@@ -283,13 +282,12 @@ impl PhaseWork for Phases<'_> {
 
     /// The block plan of the members, and the store path's pointers.
     fn enter(&mut self, view: &PhaseView, unreachable: &BTreeSet<u32>) -> Result<()> {
-        let known = self.known();
         self.plan = block_plan(
             self.base.cfg,
-            known.iter().filter(|k| view.members.contains(&k.rank)),
+            (self.known.iter()).filter(|k| view.members.contains(&k.rank)),
         );
         if self.base.cfg.paths.contains(&Path::Store) {
-            let ctx = ctx_of(self.base, &self.plan, &known);
+            let ctx = ctx_of(self.base, &self.plan, &self.known);
             self.s.probe_members(&ctx, &(&view.members - unreachable))?;
         }
         if !self.joined.is_empty() && view.reporter() {
@@ -310,8 +308,7 @@ impl PhaseWork for Phases<'_> {
     /// One case's `--iters` calls over the active members, each checked;
     /// the phase's first round is its warm-up (checked, not timed).
     fn step(&mut self, view: &PhaseView, k: u64) -> Result<StepOutcome> {
-        let known = self.known();
-        let ctx = ctx_of(self.base, &self.plan, &known);
+        let ctx = ctx_of(self.base, &self.plan, &self.known);
         let (i, calls) = (view.phase, u64::from(ctx.cfg.iters));
         let (round, ci) = (
             k / self.cases.len() as u64,
@@ -343,12 +340,11 @@ impl PhaseWork for Phases<'_> {
     /// Shrink: the next step's members are the survivors (chunk ownership,
     /// slices and output slots recomputed; nothing re-registered).
     fn apply(&mut self, view: &PhaseView, change: &Change) -> Result<()> {
-        let known = self.known();
         let next = match change.after {
             Some(k) => self.step_number(view.phase, k + 1),
             None => self.step_number(view.phase, 0),
         };
-        let v = ctx_of(self.base, &self.plan, &known).view_of(&view.active, next);
+        let v = ctx_of(self.base, &self.plan, &self.known).view_of(&view.active, next);
         let ms = change.at.elapsed().as_secs_f64() * 1e3;
         self.shrunk.extend(change.new.iter().map(|&r| (r, ms)));
         tracing::info!(

@@ -30,13 +30,16 @@ use super::keys::EpKeys;
 use super::mask::Mask;
 use super::phase_report::{Detection, PhaseResult, PhaseSteps};
 use super::report::PathTimes;
-use super::session::Single;
 use super::setup::RunOptions;
 use super::steps::Stepper;
 use crate::nixl::net::{Net, PeerCard};
 use crate::ranks::driver::{Ahead, Change, Peer, PhaseRecord, PhaseView, PhaseWork, StepOutcome};
 use crate::ranks::group::Group;
 use crate::say;
+
+/// A single-phase run's end: publishes this rank's times of every path,
+/// given the views (for the launch costs).
+pub type PublishTimes<'a> = dyn FnMut(&Net, Vec<PathTimes>) -> Result<()> + 'a;
 
 /// Timed steps launched back to back in one watched piece of work, with
 /// `--graph` (stream launches and graph replays alike).
@@ -79,11 +82,11 @@ pub struct Phases<'a> {
     epoch: u32,
     /// `--inject die-mid-dispatch`: this rank dies before the next unit.
     die_next: bool,
-    /// Next phase's peers connected ahead, and those that failed.
+    /// Next phase's peers connected ahead.
     ahead_peers: usize,
-    ahead_failed: BTreeSet<u32>,
-    /// A single-phase run: the NCCL baseline at the phase's end.
-    single: Option<Single<'a>>,
+    /// A single-phase run: what publishes its times at the phase's end
+    /// (after the NCCL baseline, [`super::session`]'s); none in an elastic run.
+    single: Option<Box<PublishTimes<'a>>>,
 }
 
 impl<'a> Phases<'a> {
@@ -92,7 +95,7 @@ impl<'a> Phases<'a> {
         st: &'a Stepper<'a>,
         net: &'a mut Net,
         opts: &'a RunOptions,
-        single: Option<Single<'a>>,
+        single: Option<Box<PublishTimes<'a>>>,
     ) -> Self {
         Self {
             g,
@@ -108,7 +111,6 @@ impl<'a> Phases<'a> {
             epoch: 0,
             die_next: false,
             ahead_peers: 0,
-            ahead_failed: BTreeSet::new(),
             single,
         }
     }
@@ -375,9 +377,8 @@ impl PhaseWork for Phases<'_> {
             if self.net.occupied(p.rank) {
                 continue;
             }
-            match self.net.connect(p.rank, &p.payload, timeout) {
-                Ok(()) => self.ahead_peers += 1,
-                Err(_) => drop(self.ahead_failed.insert(p.rank)),
+            if self.net.connect(p.rank, &p.payload, timeout).is_ok() {
+                self.ahead_peers += 1;
             }
         }
         // SAFETY: the peers kept are the next phase's members, which keep
@@ -399,8 +400,8 @@ impl PhaseWork for Phases<'_> {
     /// result, or a single-phase run's times after the NCCL baseline.
     fn end(&mut self, view: &PhaseView, rec: &PhaseRecord) -> Result<()> {
         let g = self.g;
-        match &self.single {
-            Some(single) => single.publish(g, self.st, self.net, std::mem::take(&mut self.times)),
+        match &mut self.single {
+            Some(publish) => publish(self.net, std::mem::take(&mut self.times)),
             None => {
                 let result = self.result(view.phase, rec);
                 g.put_final(&g.keys.phase_result(view.phase, g.rank), &result)

@@ -30,7 +30,7 @@ use super::keys::EpKeys;
 use super::model::Model;
 use super::nccl::{self, NcclStatus};
 use super::phase_report::{self, PhaseMembers};
-use super::phases::{Phases, first_step};
+use super::phases::{Phases, PublishTimes, first_step};
 use super::report::{self, PathTimes, RankInfo, RankResult};
 use super::rig::Rig;
 use super::setup::{RunOptions, Setup, make_setup};
@@ -83,11 +83,13 @@ pub fn run(rank: &Rank, cfg: &RunConfig, opts: &RunOptions, local: &Local) -> Re
         ),
         fault_timeout_ns: if elastic { cfg.fault_timeout_ns } else { 0 },
     };
-    let single = (!elastic).then_some(Single {
+    let single = Single {
         local,
         setup: &setup,
         phases,
-    });
+    };
+    let end = |net: &Net, times| single.publish(g, &st, net, times);
+    let single: Option<Box<PublishTimes>> = (!elastic).then(|| Box::new(end) as Box<PublishTimes>);
     let mut work = Phases::new(g, &st, &mut net, opts, single);
     rank.drive(&mut work, &card)?;
     drop(work);
@@ -113,17 +115,17 @@ pub fn run(rank: &Rank, cfg: &RunConfig, opts: &RunOptions, local: &Local) -> Re
 
 /// A single-phase run's end: what the NCCL baseline and the launch costs
 /// need.
-pub struct Single<'a> {
-    pub local: &'a Local<'a>,
-    pub setup: &'a Setup,
+struct Single<'a> {
+    local: &'a Local<'a>,
+    setup: &'a Setup,
     /// The plan's phases (the launch-cost steps are numbered after them).
-    pub phases: usize,
+    phases: usize,
 }
 
 impl Single<'_> {
     /// After the phase's steps: the NCCL baseline and, with `--graph`, the
     /// launch costs; this rank's whole result, published.
-    pub fn publish(&self, g: &Group, st: &Stepper, net: &Net, times: Vec<PathTimes>) -> Result<()> {
+    fn publish(&self, g: &Group, st: &Stepper, net: &Net, times: Vec<PathTimes>) -> Result<()> {
         let mut w = baseline(g, self.local, self.setup, st.cfg, st.grid, times)?;
         if st.cfg.graph {
             w.launch_cost = launch_costs(g, st, net, self.phases)?;

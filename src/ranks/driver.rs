@@ -277,7 +277,7 @@ fn begin<W: PhaseWork>(
     crate::stall::waiting_on(format!("the round that opens phase {i}"));
     let d = el.opened(i, &unreachable)?;
     rec.connect_ms = (t0.elapsed() - new.waited).as_secs_f64() * 1e3;
-    let mut view = view_of(el, i);
+    let view = view_of(el, i);
     if !d.gone.is_empty() {
         say!("{}", decision_line(el.rank(), i, &d));
         record_gone(el, rec, &d, None, &StepOutcome::default())?;
@@ -286,7 +286,6 @@ fn begin<W: PhaseWork>(
             after: None,
             at: Instant::now(),
         };
-        view = view_of(el, i);
         work.apply(&view, &change)?;
     }
     Ok(view)

@@ -12,7 +12,7 @@ use anyhow::{Result, anyhow, bail};
 
 use super::super::keys::{Report, Verdict};
 use super::proof::{Fallback, Windows};
-use super::{Clock, Decision, END, Membership, OPEN, ranks_named, round_name};
+use super::{Clock, Decision, END, Membership, OPEN, Round, ranks_named, round_name};
 use crate::deadline::{Pace, poll};
 use crate::group::{Dismissed, PROBE_EVERY};
 
@@ -415,15 +415,4 @@ impl Membership<'_> {
         }
         Ok(awaited(union, heard))
     }
-}
-
-/// One round of agreement: after step `step` of phase `i`, among the
-/// `active` ranks (the phase's members not yet gone), this process having
-/// masked `mine`; `clock` started when it reported.
-pub(super) struct Round {
-    pub(super) i: usize,
-    pub(super) step: u64,
-    pub(super) active: BTreeSet<u32>,
-    pub(super) mine: BTreeSet<u32>,
-    pub(super) clock: Clock,
 }

@@ -392,3 +392,14 @@ impl Clock {
         self.at.elapsed() >= limit && g.beats().saturating_sub(self.beats) >= beats
     }
 }
+
+/// One round of agreement: after step `step` of phase `i`, among the
+/// `active` ranks (the phase's members not yet gone), this process having
+/// masked `mine`; `clock` started when it reported.
+struct Round {
+    i: usize,
+    step: u64,
+    active: BTreeSet<u32>,
+    mine: BTreeSet<u32>,
+    clock: Clock,
+}

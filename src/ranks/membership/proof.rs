@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::agree::Round;
-use super::{Beats, Clock, Death, Membership, OPEN, WAIT, process_name};
+use super::{Beats, Clock, Death, Membership, OPEN, Round, WAIT, process_name};
 use crate::group::{BEAT, PROBE_EVERY};
 
 impl Membership<'_> {
