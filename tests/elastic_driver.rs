@@ -32,18 +32,7 @@ fn killed_in_a_long_phase(
     c.args(["--ranks", "4", "--elastic", "--check-connection"])
         .args(["--iters", &STEPS.to_string(), "--step-us", STEP_US])
         .args(["--timeout", "120", "--fault-timeout", "3000"]);
-    let mut run = common::Streamed::start(c);
-    let tag = bin.rsplit('/').next().unwrap();
-    let started = format!("[{tag}] started rank {victim} (pid ");
-    let line = run.until(1, Duration::from_secs(120), |l| l.starts_with(&started));
-    let pid: i32 = line[started.len()..].trim_end_matches(')').parse().unwrap();
-    run.until(4, Duration::from_secs(120), |l| {
-        l.contains("] connected to all 3 other")
-    });
-    std::thread::sleep(delay);
-    // SAFETY: kill(2) on a rank process of the launcher we started.
-    unsafe { kill(pid, sig) };
-    run.finish(Duration::from_secs(600))
+    common::kill_rank_once_connected(c, victim, sig, delay, Duration::from_secs(600))
 }
 
 /// Checks a survived run: exit 0, every survivor's decision names `victim`
@@ -129,8 +118,4 @@ fn a_stalled_leader_is_a_named_failure_on_every_rank() {
         );
     }
     assert!(all.contains("[ep] error: 4 of 4 processes failed"), "{all}");
-}
-
-unsafe extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
 }

@@ -277,17 +277,8 @@ fn any_rank_killed_by_pid_at_a_random_moment_is_survived() {
             "400",
         ])
         .args(["--timeout", "120", "--fault-timeout", "3000"]);
-        let mut run = common::Streamed::start(c);
-        let started = format!("[ep] started rank {victim} (pid ");
-        let line = run.until(1, Duration::from_secs(120), |l| l.starts_with(&started));
-        let pid: i32 = line[started.len()..].trim_end_matches(')').parse().unwrap();
-        run.until(4, Duration::from_secs(120), |l| {
-            l.contains("] connected to all 3 other")
-        });
-        std::thread::sleep(delay);
-        // SAFETY: kill(2) on a rank process of the launcher we started.
-        unsafe { kill(pid, sig) };
-        let (code, all) = run.finish(Duration::from_secs(300));
+        let (code, all) =
+            common::kill_rank_once_connected(c, victim, sig, delay, Duration::from_secs(300));
         let case = format!("victim {victim}, signal {sig}, {delay:?} after connecting");
         assert_eq!(code, Some(0), "{case}:\n{all}");
         let mut seen = decisions(&all);
@@ -309,8 +300,4 @@ fn any_rank_killed_by_pid_at_a_random_moment_is_survived() {
 /// The launcher of `ep`, none of torchrun's variables inherited.
 fn ep_launcher() -> Command {
     common::launcher(env!("CARGO_BIN_EXE_ep"))
-}
-
-unsafe extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
 }

@@ -383,3 +383,38 @@ pub fn launcher(bin: &str) -> Command {
     }
     c
 }
+
+/// Starts `launcher` (a program's launcher running 4 ranks), waits until
+/// it started rank `victim` and all 4 ranks connected, then `delay` later
+/// sends `victim` signal `sig` by pid; returns the run's exit status and
+/// every line (at most `limit` for the run).
+pub fn kill_rank_once_connected(
+    launcher: Command,
+    victim: u32,
+    sig: i32,
+    delay: Duration,
+    limit: Duration,
+) -> (Option<i32>, String) {
+    let tag = launcher
+        .get_program()
+        .to_string_lossy()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut run = Streamed::start(launcher);
+    let started = format!("[{tag}] started rank {victim} (pid ");
+    let line = run.until(1, Duration::from_secs(120), |l| l.starts_with(&started));
+    let pid: i32 = line[started.len()..].trim_end_matches(')').parse().unwrap();
+    run.until(4, Duration::from_secs(120), |l| {
+        l.contains("] connected to all 3 other")
+    });
+    std::thread::sleep(delay);
+    // SAFETY: kill(2) on a rank process of the launcher we started.
+    unsafe { kill(pid, sig) };
+    run.finish(limit)
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
