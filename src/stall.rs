@@ -56,16 +56,7 @@ impl Drop for Guard {
 /// drops.
 pub fn watch(who: &str, limit: Duration) -> Guard {
     let fresh = STATE.lock().unwrap_or_else(|p| p.into_inner()).is_none();
-    *STATE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Watch {
-        who: who.into(),
-        limit,
-        last: Instant::now(),
-        phase: None,
-        step: None,
-        waiting: "the run to start".into(),
-        waiting_since: Instant::now(),
-        stalled: None,
-    });
+    *STATE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Watch::new(who, limit));
     if fresh {
         std::thread::spawn(look_every_100ms);
     }
@@ -75,12 +66,7 @@ pub fn watch(who: &str, limit: Duration) -> Guard {
 fn look_every_100ms() {
     loop {
         std::thread::sleep(Duration::from_millis(100));
-        let raised = with(|w| {
-            if w.stalled.is_none() && w.last.elapsed() > w.limit {
-                w.stalled = Some((describe(w), Instant::now()));
-            }
-            w.stalled.clone()
-        });
+        let raised = with(|w| w.raise_if_due());
         match raised {
             None => return,
             Some(Some((why, at))) if at.elapsed() > GRACE => {
@@ -95,42 +81,76 @@ fn look_every_100ms() {
     }
 }
 
-/// The stall in words: `no progress for 20 s in phase 0 after step 1234:
-/// waiting on …`.
-fn describe(w: &Watch) -> String {
-    let mut at = String::new();
-    if let Some(p) = w.phase {
-        at.push_str(&format!(" in phase {p}"));
+impl Watch {
+    fn new(who: &str, limit: Duration) -> Self {
+        Self {
+            who: who.into(),
+            limit,
+            last: Instant::now(),
+            phase: None,
+            step: None,
+            waiting: "the run to start".into(),
+            waiting_since: Instant::now(),
+            stalled: None,
+        }
     }
-    if let Some(s) = &w.step {
-        at.push_str(&format!(" at {s}"));
+
+    /// Raises the stall once the limit passed since the last progress;
+    /// the stall raised, if any, with when.
+    fn raise_if_due(&mut self) -> Option<(String, Instant)> {
+        if self.stalled.is_none() && self.last.elapsed() > self.limit {
+            self.stalled = Some((self.describe(), Instant::now()));
+        }
+        self.stalled.clone()
     }
-    format!(
-        "no progress for {:.0?}{at}: waiting on {} (for {:.1?}); the limit is --timeout",
-        w.last.elapsed(),
-        w.waiting,
-        w.waiting_since.elapsed()
-    )
+
+    /// The stall in words: `no progress for 20 s in phase 0 at step 1234 of
+    /// 2000: waiting on …`.
+    fn describe(&self) -> String {
+        let mut at = String::new();
+        if let Some(p) = self.phase {
+            at.push_str(&format!(" in phase {p}"));
+        }
+        if let Some(s) = &self.step {
+            at.push_str(&format!(" at {s}"));
+        }
+        format!(
+            "no progress for {:.0?}{at}: waiting on {} (for {:.1?}); the limit is --timeout",
+            self.last.elapsed(),
+            self.waiting,
+            self.waiting_since.elapsed()
+        )
+    }
+
+    fn progressed(&mut self) {
+        self.last = Instant::now();
+    }
+
+    fn at(&mut self, phase: usize, step: String) {
+        (self.phase, self.step, self.last) = (Some(phase), Some(step), Instant::now());
+    }
+
+    fn waiting_on(&mut self, what: String) {
+        (self.waiting, self.waiting_since) = (what, Instant::now());
+    }
 }
 
 /// The process moved on: a step ended, a round was decided, a peer
 /// connected, a phase the process waits for made a round.
 pub fn progressed() {
-    with(|w| w.last = Instant::now());
+    with(Watch::progressed);
 }
 
 /// Where the process stands now: phase `phase`, `step` (e.g. `step 12 of
 /// 400`). Counts as progress.
 pub fn at(phase: usize, step: impl Into<String>) {
-    with(|w| {
-        (w.phase, w.step, w.last) = (Some(phase), Some(step.into()), Instant::now());
-    });
+    with(|w| w.at(phase, step.into()));
 }
 
 /// What the process waits on from now (e.g. `the decision after round 12,
 /// led by rank 0`); not progress.
 pub fn waiting_on(what: impl Into<String>) {
-    with(|w| (w.waiting, w.waiting_since) = (what.into(), Instant::now()));
+    with(|w| w.waiting_on(what.into()));
 }
 
 /// The stall, once raised: the reason every wait stops for.
@@ -142,30 +162,25 @@ pub fn stalled() -> Option<String> {
 mod tests {
     use super::*;
 
-    /// One test for the whole module: the watch is one per process.
+    /// A watch of its own, not the process's: a stall raised here must not
+    /// stop the other tests' waits, which run in this process.
     #[test]
     fn a_watch_raises_the_stall_where_progress_stops_and_names_the_wait() {
-        let guard = watch("rank 7", Duration::from_millis(300));
-        at(2, "step 5 of 9");
-        waiting_on("the decision after round 5, led by rank 0");
+        let mut w = Watch::new("rank 7", Duration::from_millis(300));
+        w.at(2, "step 5 of 9".into());
+        w.waiting_on("the decision after round 5, led by rank 0".into());
         // Progress keeps it quiet however long the whole takes.
         for _ in 0..6 {
             std::thread::sleep(Duration::from_millis(100));
-            progressed();
-            assert_eq!(stalled(), None);
+            w.progressed();
+            assert_eq!(w.raise_if_due(), None);
         }
-        // A hang guard, not a timing assumption: raised after 0.3 s.
-        let t0 = Instant::now();
-        while stalled().is_none() && t0.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let why = stalled().expect("the stall was raised");
+        std::thread::sleep(Duration::from_millis(400));
+        let (why, _) = w.raise_if_due().expect("the stall was raised");
         assert!(why.contains("in phase 2 at step 5 of 9"), "{why}");
         assert!(
             why.contains("waiting on the decision after round 5, led by rank 0"),
             "{why}"
         );
-        drop(guard);
-        assert_eq!(stalled(), None);
     }
 }
