@@ -1,6 +1,6 @@
 // Collectives the GPU drives itself: allreduce (one-shot and two-shot),
 // allgather and reduce-scatter between N ranks through NIXL's device API.
-// KERNEL_GUIDE.md ("Collectives") walks through the design; in one paragraph:
+// docs/COLLECTIVES.md walks through the design; in one paragraph:
 //
 // Every rank registers one window (src/collectives/layout.rs): flag slots,
 // the input, two output buffers and two receive areas. Every algorithm is

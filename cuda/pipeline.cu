@@ -3,7 +3,7 @@
 // stage's kernel receives a chunk, maps every 32-bit word x to 3x + its
 // stage number (the maps do not commute: the result proves the order) and
 // forwards it, the last stage's kernel verifies every word. No CPU
-// in the loop: KERNEL_GUIDE.md ("A streaming pipeline") walks through it.
+// in the loop: docs/PIPELINE.md walks through it.
 //
 // Per link (stage s -> s+1), in the receiver's window: a ring of S slots
 // (each channel's slices of them one after another: slice_offset) and a

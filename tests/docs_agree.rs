@@ -229,3 +229,34 @@ fn results_stay_small_and_every_cited_path_exists() {
         "the docs cite docs/results paths that do not exist (restore them or fix the citation): {missing:#?}"
     );
 }
+
+/// KERNEL_GUIDE.md keeps the lesson; its last section points at the program
+/// chapters that moved to docs/. Every `docs/NAME.md` the guide names exists,
+/// and each moved chapter is among them.
+#[test]
+fn the_guide_points_at_chapters_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = read("KERNEL_GUIDE.md");
+    let mut named = Vec::new();
+    for (at, _) in guide.match_indices("`docs/") {
+        let path: String = guide[at + 1..].chars().take_while(|&c| c != '`').collect();
+        if path.ends_with(".md") {
+            assert!(
+                root.join(&path).is_file(),
+                "KERNEL_GUIDE.md names {path}, which does not exist"
+            );
+            named.push(path);
+        }
+    }
+    for moved in [
+        "docs/SMALL_MESSAGES.md",
+        "docs/COLLECTIVES.md",
+        "docs/PIPELINE.md",
+        "docs/EP.md",
+    ] {
+        assert!(
+            named.iter().any(|p| p == moved),
+            "KERNEL_GUIDE.md does not point at {moved}"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Collectives the GPU drives itself — allreduce (one-shot and two-shot),
 //! allgather and reduce-scatter between N ranks over NIXL's device API —
 //! verified element by element and timed beside NCCL's own: the
-//! `collectives` program's library. KERNEL_GUIDE.md ("Collectives") explains
+//! `collectives` program's library. docs/COLLECTIVES.md explains
 //! the algorithms and why every signal carries a sequence number.
 //!
 //! The modules, bottom up:

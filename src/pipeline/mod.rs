@@ -5,8 +5,8 @@
 //! receiver's memory, a ready word per slot that the sender raises after
 //! the data, and credits the receiver returns into the sender's memory, so
 //! a slow stage holds its producer back and nothing is ever overwritten.
-//! The `pipeline` program's library; KERNEL_GUIDE.md ("A streaming
-//! pipeline") explains the design.
+//! The `pipeline` program's library; docs/PIPELINE.md explains the
+//! design.
 //!
 //! The modules, bottom up:
 //!

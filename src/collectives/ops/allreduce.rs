@@ -3,7 +3,7 @@
 //! whole input to every peer and sums all N), two-shot (reduce-scatter,
 //! then allgather of the sums: 2(N−1)/N of the data per rank, the bus
 //! optimum) and LL (one-shot in 16-byte lines that carry the call's epoch,
-//! store path, small sizes). KERNEL_GUIDE.md ("Collectives") compares them.
+//! store path, small sizes). docs/COLLECTIVES.md compares them.
 
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
