@@ -8,7 +8,7 @@
 #   NIXL_PREFIX=/path/to/nixl scripts/gpu-bundle.sh    # or NIXL_INCLUDE_DIR=...
 #
 # Then copy the checkout (or just .gpu/ and scripts/) to the GPU machine and
-# run scripts/gpu-check.sh there. Checks first that the kernels can be
+# run bench/gpu-check.sh there. Checks first that the kernels can be
 # built here (nvcc and the headers, as `cargo build -vv` would find them)
 # and stops with what is missing otherwise; the release build is the one
 # `cargo build --release` makes, so nothing rebuilds afterwards.

@@ -42,7 +42,7 @@ impl Stubs {
 
     fn run(&self, script: &str, args: &[&str]) -> Output {
         let path = format!("{}:{}", self.dir.display(), std::env::var("PATH").unwrap());
-        let program = root().join("scripts").join(script);
+        let program = root().join(script);
         let mut c = if script.ends_with(".py") {
             let mut c = Command::new("python3");
             c.arg(&program);
@@ -78,13 +78,19 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Every script of scripts/ (not scripts/lib/).
+/// Every script of scripts/, bench/ and bench/nvshmem/ (not scripts/lib/),
+/// as a path from the repository's root.
 fn scripts() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(root().join("scripts"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".sh") || n.ends_with(".py"))
+    let mut v: Vec<String> = ["scripts", "bench", "bench/nvshmem"]
+        .iter()
+        .filter_map(|d| Some((d, std::fs::read_dir(root().join(d)).ok()?)))
+        .flat_map(|(d, entries)| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".sh") || n.ends_with(".py"))
+                .map(move |n| format!("{d}/{n}"))
+        })
         .collect();
     v.sort();
     v
@@ -139,7 +145,7 @@ fn every_script_refuses_an_unknown_option_with_exit_2() {
 #[test]
 fn run_simple_write_checks_simple_writes_options_first() {
     let stubs = Stubs::new("run-sw");
-    let o = stubs.run("run_simple_write.sh", &["--size", "0"]);
+    let o = stubs.run("scripts/run_simple_write.sh", &["--size", "0"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("at least 1 byte"),
@@ -154,14 +160,14 @@ fn gpu_scripts_without_a_gpu_say_so_and_fail() {
     let out = stubs.dir.join("out");
     let out = out.to_str().unwrap();
     for (script, args) in [
-        ("gpu-check.sh", vec!["--out", out]),
-        ("bench.sh", vec!["--out", out]),
-        ("tune-grid.sh", vec!["--out", out]),
-        ("gpu-faults.sh", vec!["--out", out]),
-        ("run_ep.sh", vec!["--out", out]),
-        ("pair-matrix.sh", vec!["--out", out]),
+        ("bench/gpu-check.sh", vec!["--out", out]),
+        ("bench/bench.sh", vec!["--out", out]),
+        ("bench/tune-grid.sh", vec!["--out", out]),
+        ("bench/gpu-faults.sh", vec!["--out", out]),
+        ("bench/run_ep.sh", vec!["--out", out]),
+        ("bench/gpu-matrix.sh", vec!["--out", out]),
         (
-            "ucx-diag.sh",
+            "scripts/ucx-diag.sh",
             vec![
                 env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write"),
                 out,
@@ -197,24 +203,24 @@ fn git_status() -> String {
         .unwrap_or_default()
 }
 
-/// With one GPU and no `--one-gpu`, the pair matrix runs nothing: every row
-/// is named as skipped, with the reason, and the exit status is 1.
+/// With one GPU the GPU matrix runs nothing: every row is named in the
+/// summary as not run, with the reason, and the exit status is 1.
 #[test]
-fn pair_matrix_on_one_gpu_names_every_row_and_fails() {
-    let stubs = Stubs::new("pair");
+fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
+    let stubs = Stubs::new("matrix");
     let smi = stubs.dir.join("nvidia-smi");
     std::fs::write(&smi, "#!/bin/sh\necho 'GPU 0: stub (UUID: GPU-0)'\n").unwrap();
     let out = stubs.dir.join("out");
     let bin = env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write");
     let o = stubs.run(
-        "pair-matrix.sh",
+        "bench/gpu-matrix.sh",
         &["--bin", bin, "--out", out.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    for row in ["gpu0-gpu1-pp", "coll-graph", "ep-ht", "pipe-ll8"] {
+    for row in ["sw-0to1-pp", "coll-2r-graph", "ep2-ht", "pipe2-ll8", "faults"] {
         assert!(
-            summary.contains(&format!("- {row}: needs a second GPU (this machine has 1")),
+            summary.contains(&format!("- {row}: needs two GPUs or more (this machine has 1")),
             "{row} not named: {summary}"
         );
     }
@@ -229,7 +235,7 @@ fn an_option_without_its_value_exits_2_naming_it() {
     let stubs = Stubs::new("novalue");
     let mut checked = 0;
     for script in scripts().into_iter().filter(|s| s.ends_with(".sh")) {
-        let src = std::fs::read_to_string(root().join("scripts").join(&script)).unwrap();
+        let src = std::fs::read_to_string(root().join(&script)).unwrap();
         for line in src.lines().map(str::trim_start) {
             let Some((opts, rest)) = line.split_once(") ") else {
                 continue;

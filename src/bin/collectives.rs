@@ -72,7 +72,7 @@ use nixl_examples::results::ResultFiles;
     collectives --ranks 3 --gpus 1 --path store --dtype bf16   # 3 ranks on one GPU (under MPS)\n  \
     torchrun --no-python --nproc-per-node=2 $(which collectives)\n  \
     collectives --ranks 3 --check-connection                   # no GPU needed\n\n\
-    scripts/run_collectives.sh runs the usual matrix."
+    bench/run_collectives.sh runs the usual matrix."
 )]
 struct Args {
     /// Smallest buffer, bytes (K, M, G suffixes: powers of 1024).

@@ -73,7 +73,7 @@ use nixl_examples::results::ResultFiles;
     ep --plan plan.json --check-connection --kill-signal STOP   # elastic, no GPU\n  \
     ep --ranks 4 --elastic --mode ll --iters 20000  # any rank may die (kill one by pid): the others go on\n\n\
     A plan: [[0,1],[0,1,2,3],[0,1,-2,3],[0,3]] (tests/fixtures/elastic/ has upstream's four).\n\
-    scripts/run_ep.sh runs the usual matrix and writes tables and a plot."
+    bench/run_ep.sh runs the usual matrix and writes tables and a plot."
 )]
 struct Args {
     /// ht: high-throughput (4096 tokens per rank); ll: low-latency (128 tokens).

@@ -63,7 +63,7 @@ use nixl_examples::results::ResultFiles;
     pipeline --ranks 3 --slow-stage 1 --delay-us 20 --chunks 20000\n  \
     pipeline --ranks 2 --path ll --chunk 8 --slots 1 --level warp\n  \
     pipeline --ranks 3 --check-connection                   # no GPU needed\n\n\
-    scripts/run_pipeline.sh runs the usual matrix."
+    bench/run_pipeline.sh runs the usual matrix."
 )]
 struct Args {
     /// Stages (rank processes) to start on this machine (ignored under torchrun) [default: 2].

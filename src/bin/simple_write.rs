@@ -364,6 +364,9 @@ fn run_initiator(args: &Args, gpu: usize, rounds: Vec<RoundSpec>, timeout: Durat
     report::apply_floor(&mut rows);
     report::mark_cache(&mut rows, out.initiator_gpu.l2_bytes, out.same_gpu);
     say!("\n{}", report::table(&rows));
+    if rows.iter().any(|r| r.baselines.copy_engine_gbps.is_some()) {
+        say!("{}", report::baselines_note(&out));
+    }
     if args.breakdown && out.wait == WaitMode::Stream {
         warn!(
             "--breakdown: nothing to split, the initiator waited with --wait stream (auto chose it); pass --wait kernel"

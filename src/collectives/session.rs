@@ -592,6 +592,12 @@ impl Session {
     }
 
     /// NCCL's call of the same size, queued, timed and checked as ours.
+    ///
+    /// The checked warm-up calls run first and finish before the timed
+    /// calls are captured (nccl-tests' order): NCCL connects an algorithm's
+    /// channels at its first call, and a capture must find them connected.
+    /// (Captured first, as ours are, the run never ended on two H100s:
+    /// rank 0 stayed inside the driver with no kernel running.)
     fn run_nccl(
         &self,
         ctx: &Context,
@@ -608,8 +614,8 @@ impl Session {
             let c = NcclCall::new(comm, s, (case.dtype, case.count), (d.input, d.output));
             case.op.spec().nccl(&c)
         };
-        let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
-        let queue = |s: &CudaStream| -> Result<()> {
+        let what = format!("NCCL {} {} B", case.op.name(), case.bytes(g.world));
+        let warm_up = |s: &CudaStream| -> Result<()> {
             // SAFETY: as in run_case.
             unsafe {
                 for c in 0..warm {
@@ -618,6 +624,17 @@ impl Session {
                     call(s, &d)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                 }
+                if warm == 0 {
+                    call(s, &d)?; // connects; the fill below overwrites it
+                }
+            }
+            Ok(())
+        };
+        self.watch_gated(ctx, &format!("{what} (warm-up)"), warm_up)?;
+        let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
+        let queue = |s: &CudaStream| -> Result<()> {
+            // SAFETY: as in run_case.
+            unsafe {
                 ctx.kernels.launch_data(s, false, &d)?;
                 let gate = self.close_gate(s)?;
                 timed.queue(s, &|s: &CudaStream, _| call(s, &d))?;
@@ -626,7 +643,6 @@ impl Session {
             }
             Ok(())
         };
-        let what = format!("NCCL {} {} B", case.op.name(), case.bytes(g.world));
         self.watch_gated(ctx, &what, queue)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
         timed.times(2)

@@ -100,3 +100,79 @@ pub fn copy_rate(
     let ms = start.elapsed_ms(&end)? as f64;
     Ok(len as f64 * iters as f64 / (ms * 1e6))
 }
+
+/// What a copy-engine baseline measured, so every report can say it beside
+/// the figure: the GPUs (this process's ordinals; equal when the copy stays
+/// on one GPU), one direction, and whether the copy's working set fits in
+/// L2 (then the rate is the cache's, not the link's or HBM's).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CopyPath {
+    pub src_gpu: usize,
+    pub dst_gpu: usize,
+    /// Bytes per copy.
+    pub bytes: u64,
+    /// Bytes the copy touches on the source GPU (source, plus the
+    /// destination when it is on the same GPU), against its L2.
+    pub working_set_bytes: u64,
+    /// `None`: the L2 size is unknown.
+    pub fits_l2: Option<bool>,
+}
+
+impl CopyPath {
+    /// A copy of `bytes` from GPU `src_gpu` to `dst_gpu`, the source GPU's L2
+    /// `l2_bytes` (0: unknown).
+    pub fn new(src_gpu: usize, dst_gpu: usize, bytes: u64, l2_bytes: u64) -> Self {
+        let copies = if src_gpu == dst_gpu { 2 } else { 1 };
+        let working_set_bytes = bytes.saturating_mul(copies);
+        Self {
+            src_gpu,
+            dst_gpu,
+            bytes,
+            working_set_bytes,
+            fits_l2: (l2_bytes > 0).then_some(working_set_bytes <= l2_bytes),
+        }
+    }
+
+    /// Where the copy goes, e.g. `copy engine GPU 0 -> GPU 1 (peer copy,
+    /// one direction)`.
+    pub fn route(&self) -> String {
+        let how = if self.src_gpu == self.dst_gpu {
+            "device-to-device copy on one GPU: no link crossed"
+        } else {
+            "peer copy, one direction"
+        };
+        format!("copy engine GPU {} -> GPU {} ({how})", self.src_gpu, self.dst_gpu)
+    }
+
+    /// One line for a report: the route, the size, and whether the working
+    /// set fits in L2.
+    pub fn describe(&self) -> String {
+        let cache = match self.fits_l2 {
+            Some(true) => "working set in L2",
+            Some(false) => "working set larger than L2",
+            None => "L2 size unknown",
+        };
+        format!("{}, {} B per copy, {cache}", self.route(), self.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CopyPath;
+
+    #[test]
+    fn a_copy_between_two_gpus_names_both_and_one_direction() {
+        let d = CopyPath::new(0, 1, 4 << 20, 50 << 20).describe();
+        assert!(d.contains("GPU 0 -> GPU 1"), "{d}");
+        assert!(d.contains("one direction"), "{d}");
+        assert!(d.contains("in L2"), "{d}");
+    }
+
+    #[test]
+    fn a_copy_on_one_gpu_says_it_crosses_no_link_and_counts_both_buffers() {
+        let p = CopyPath::new(2, 2, 32 << 20, 50 << 20);
+        assert_eq!(p.working_set_bytes, 64 << 20);
+        assert_eq!(p.fits_l2, Some(false));
+        assert!(p.describe().contains("no link crossed"));
+    }
+}

@@ -22,6 +22,11 @@ use serde::{Deserialize, Serialize};
 use super::config::{Case, Config};
 use super::nccl::NcclTimes;
 use crate::cli::fmt_bytes;
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use crate::gpu::copy::{CopyPath, enable_peer_access};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ranks::info::RankInfo;
 use crate::say;
@@ -82,9 +87,11 @@ pub struct Row {
     pub stall_share: Vec<f64>,
     /// Slots found overwritten, all stages.
     pub overwrites: u64,
-    /// The copy engine's same-size device-to-device copy, GB/s; the
-    /// slowest link against it.
+    /// The copy engine's copy of one chunk from stage 0's GPU to stage 1's
+    /// (the first link's GPUs), GB/s; the slowest link against it.
     pub ce_gbps: Option<f64>,
+    /// What that copy measured: the GPUs, the direction, L2 or not.
+    pub ce_path: Option<CopyPath>,
     pub link_vs_ce: Option<f64>,
     /// NCCL's ncclSend/ncclRecv chain at the same chunk size, per link
     /// (into stage 1, 2, …), GB/s; its slowest link; our slowest link
@@ -99,6 +106,9 @@ pub struct Context<'a> {
     pub cfg: &'a Config,
     pub infos: &'a [RankInfo],
     pub gpu: &'a Gpu,
+    /// Stage 1's GPU as this process numbers it, the copy engine's
+    /// destination; `None`: not visible here (another host).
+    pub ce_dst: Option<usize>,
     pub json: Option<&'a Path>,
     pub csv: Option<&'a Path>,
     /// The channels of a case that carry data.
@@ -161,6 +171,7 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
             .collect(),
         overwrites: stages.iter().map(|s| s.overwrites).sum(),
         ce_gbps: None,
+        ce_path: None,
         link_vs_ce: None,
         nccl_link_gbps: None,
         nccl_gbps: None,
@@ -195,10 +206,12 @@ pub fn publish(ctx: &Context, all: &[Vec<StageResult>]) -> Result<()> {
         let stages: Vec<&StageResult> = all.iter().map(|r| &r[n]).collect();
         rows.push(row(cfg, case, (ctx.channels)(case), &stages));
     }
-    if cfg.baseline {
+    if let (true, Some(dst)) = (cfg.baseline, ctx.ce_dst) {
+        let peer = peer_context(ctx.gpu, dst)?;
         for r in &mut rows {
-            let ce = copy_engine(ctx.gpu, r.chunk_bytes)?;
+            let ce = copy_engine(ctx.gpu, &peer, r.chunk_bytes)?;
             r.ce_gbps = Some(ce);
+            r.ce_path = Some(CopyPath::new(ctx.gpu.ordinal, dst, r.chunk_bytes, ctx.gpu.l2_bytes));
             r.link_vs_ce = Some(r.min_link_gbps / ce);
         }
     }
@@ -209,11 +222,24 @@ pub fn publish(ctx: &Context, all: &[Vec<StageResult>]) -> Result<()> {
     write_files(ctx, &rows)
 }
 
-/// The copy engine's device-to-device rate for `bytes`, GB/s: 50 copies
-/// (at least 64 MiB in all) between events, after two untimed ones.
-fn copy_engine(gpu: &Gpu, bytes: u64) -> Result<f64> {
+/// The context of GPU `dst` (this process's ordinal), peer access enabled
+/// both ways with `gpu`'s: stage 1's GPU, where the copy engine copies to.
+fn peer_context(gpu: &Gpu, dst: usize) -> Result<Arc<CudaContext>> {
+    if dst == gpu.ordinal {
+        return Ok(gpu.ctx.clone());
+    }
+    let peer = CudaContext::new(dst)?;
+    enable_peer_access(&gpu.ctx, &peer)?;
+    enable_peer_access(&peer, &gpu.ctx)?;
+    gpu.bind()?;
+    Ok(peer)
+}
+
+/// The copy engine's rate for `bytes` from `gpu` to `peer`'s GPU, GB/s: 50
+/// copies (at least 64 MiB in all) between events, after two untimed ones.
+fn copy_engine(gpu: &Gpu, peer: &Arc<CudaContext>, bytes: u64) -> Result<f64> {
     let src = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize)?;
-    let dst = DeviceBuffer::zeroed(&gpu.ctx, bytes as usize)?;
+    let dst = DeviceBuffer::zeroed(peer, bytes as usize)?;
     let iters = (64u64 << 20).div_ceil(bytes).clamp(50, 100_000) as u32;
     Ok(crate::gpu::copy::copy_rate(
         &dst,
@@ -288,10 +314,23 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     say!(
         "# link min: the slowest link's GB/s (1e9 B/s) of payload, us/chunk its time per chunk; lat: channel 0's slice \
          of a chunk through the chain, us; batch: the most chunks one handshake covers; stall: one channel's wait for credits over the timed \
-         chunks, and its mean batch; ce: the copy \
-         engine's device-to-device copy of one chunk; nccl: NCCL's ncclSend/ncclRecv chain's slowest link (no \
-         transform, no slow stage)"
+         chunks, and its mean batch; ce: {}; nccl: NCCL's ncclSend/ncclRecv chain's slowest link (no \
+         transform, no slow stage)",
+        ce_note(ctx, rows)
     );
+}
+
+/// What the `ce` column measured, or why it is empty.
+fn ce_note(ctx: &Context, rows: &[Row]) -> String {
+    match (ctx.cfg.baseline, ctx.ce_dst, rows.first().and_then(|r| r.ce_path)) {
+        (false, _, _) => "not measured (--no-baseline)".into(),
+        (true, None, _) => "not measured (stage 1's GPU is not visible to rank 0: another host)".into(),
+        (true, Some(_), Some(p)) => format!(
+            "one chunk by the {} (a chunk that fits in L2 is read from the cache)",
+            p.route()
+        ),
+        (true, Some(_), None) => "not measured".into(),
+    }
 }
 
 /// The run's configuration beside its rows, for `--json` and `--csv`.

@@ -260,12 +260,23 @@ fn ctx_report<'a>(ctx: &'a Ctx, infos: &'a [RankInfo]) -> report::Context<'a> {
         cfg: ctx.cfg,
         infos,
         gpu: ctx.gpu,
+        ce_dst: stage_one_gpu(infos),
         json: ctx.out.json.as_deref(),
         csv: ctx.out.csv.as_deref(),
         channels: Box::new(|c: &Case| busy(ctx, c)),
         nccl_note: String::new(),
         nccl: None,
     }
+}
+
+/// Stage 1's GPU as this process numbers it, when it is on this host: the
+/// copy-engine baseline copies from stage 0's GPU to it, as the first link
+/// does (a copy within one GPU would time its HBM, or its L2, not a link).
+fn stage_one_gpu(infos: &[RankInfo]) -> Option<usize> {
+    let (first, second) = (infos.first()?, infos.get(1)?);
+    (first.host == second.host)
+        .then(|| crate::gpu::context::find_gpu(&second.gpu_uuid))
+        .flatten()
 }
 
 /// The channels of `c` that carry data.

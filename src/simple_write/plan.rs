@@ -299,7 +299,7 @@ pub fn auto_warmup(iters: u32) -> u32 {
 /// resident at once (the kernel's blocks wait on each other). THREAD and
 /// WARP stay single-group: they teach.
 ///
-/// From `scripts/tune-grid.sh` on two H200s over NVLink (blocks 33–264,
+/// From `bench/tune-grid.sh` on two H200s over NVLink (blocks 33–264,
 /// threads 256–1024): from 64 KiB to 1 MiB the best grids had 33–132
 /// blocks, the worst of them within 15% (33 blocks of 256 threads: 14.6 GB/s
 /// at 64 KiB, 155 at 1 MiB on the put path); from 2 MiB the most blocks won

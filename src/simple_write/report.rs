@@ -14,6 +14,7 @@ use super::initiator_role::rounds::{Breakdown, RoundResult};
 use super::protocol::Verdict;
 use crate::cli::fmt_bytes;
 use crate::gpu::GpuInfo;
+use crate::gpu::copy::CopyPath;
 use crate::results::RunEnv;
 use crate::stats::Summary;
 
@@ -235,6 +236,22 @@ pub struct RunInfo {
     /// Scope of the release between data and signal on the put and store
     /// paths: `gpu` (both processes on one GPU) or `system`.
     pub fence_scope: Option<&'static str>,
+    /// What the CE and NIXL columns measured ([`baselines_note`]).
+    pub baselines: String,
+}
+
+/// What the baseline columns measured: which GPU to which, one direction,
+/// or why they are empty (the target's GPU is not visible here).
+pub fn baselines_note(run: &RunResult) -> String {
+    let src = run.initiator_gpu.ordinal;
+    match crate::gpu::context::find_gpu(&run.target_gpu.uuid) {
+        Some(dst) => format!(
+            "CE: {}; NIXL: a host-API WRITE GPU {src} -> GPU {dst}, timed on the host; \
+             from: L2 when the working set fits in GPU {src}'s L2",
+            CopyPath::new(src, dst, 0, 0).route()
+        ),
+        None => "CE, NIXL: not measured (the target's GPU is not visible to the initiator)".into(),
+    }
 }
 
 impl RunInfo {
@@ -249,6 +266,7 @@ impl RunInfo {
             mps: run.initiator_gpu.mps,
             initiator_wait: Some(run.wait.name()),
             fence_scope: Some(run.fence.name()),
+            baselines: baselines_note(run),
             run_env: RunEnv::capture("simple_write"),
         }
     }

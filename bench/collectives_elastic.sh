@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Elastic collectives on a GPU machine (scripts/run_collectives.sh --elastic
+# Elastic collectives on a GPU machine (bench/run_collectives.sh --elastic
 # runs it): N runs, each one operation / algorithm / path drawn at random,
 # 4 ranks on one GPU under MPS, one death per run, drawn too: a planned kill
 # (`--plan [[0,1,-v,3]]`, at a random step, SIGKILL or SIGSTOP), a planned
@@ -15,14 +15,14 @@
 # no death (fresh-<case>.json) and a run at 4 ranks that loses one by plan
 # (sweep-<case>.json), f32 at every size from 8 B to 64 MiB (×2), 8 rounds
 # of 5 calls: the sizes the comparison "after a shrink against a fresh run
-# of the survivors' count" needs. scripts/report_collectives_elastic.py
+# of the survivors' count" needs. bench/report_collectives_elastic.py
 # reads the folder: the per-phase table, the comparison, and a plot.
 #
-#   scripts/collectives_elastic.sh [--bin DIR | --bundle FILE] [--out DIR]
+#   bench/collectives_elastic.sh [--bin DIR | --bundle FILE] [--out DIR]
 #                                  [--runs N] [--seed S] [--fault-timeout MS] [--sweep]
 #                                  [--sweep-case "OP ALGO PATH"] [--campaign N [--long-every 3] [--budget-s S]]
 #
-# --campaign N runs, instead, scripts/elastic_campaign.py --collectives: N
+# --campaign N runs, instead, bench/elastic_campaign.py --collectives: N
 # runs of one phase of one rank per GPU (4 on one GPU under MPS), the case
 # drawn, a plan kill or not and a kill by pid of any rank at a drawn moment,
 # every --long-every'th phase long (>= 10 s of steps) and held to its time
@@ -60,7 +60,7 @@ C="$BIN/collectives"
 if ((CAMPAIGN > 0)); then
   mps=0; ((NGPU == 1)) && { mps_start || exit 1; mps=1; }
   ranks=$NGPU; ((NGPU == 1)) && ranks=4
-  python3 "$ROOT/scripts/elastic_campaign.py" --collectives "$C" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
+  python3 "$ROOT/bench/elastic_campaign.py" --collectives "$C" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
     --max-ranks "$ranks" --long-every "$LONG_EVERY" --budget-s "$BUDGET" --fault-timeout "$FAULT"
   rc=$?
   ((mps)) && mps_stop

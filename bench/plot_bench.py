@@ -1,4 +1,4 @@
-"""Plots scripts/bench.sh's JSON: bandwidth vs size per level and data path
+"""Plots bench/bench.sh's JSON: bandwidth vs size per level and data path
 (nixlPut solid, stores through nixlGetPtr dotted, LL lines dash-dotted) with
 the same-run baselines dashed, and the ratio to the copy engine, one column
 per GPU pair (same-GPU runs under MPS get their own column); and half round

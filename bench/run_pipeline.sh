@@ -10,10 +10,10 @@
 # The runs with baselines also time NCCL's ncclSend/ncclRecv through the same
 # chain where NCCL runs (ranks on distinct GPUs; on one GPU the tables say
 # why not). One table per run, JSON and CSV, logs in --out, and
-# scripts/plot_pipeline.py's plot of every CSV ($OUT/pipeline.png; skipped
+# bench/plot_pipeline.py's plot of every CSV ($OUT/pipeline.png; skipped
 # with a note when python3 has no matplotlib).
 #
-#   scripts/run_pipeline.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
+#   bench/run_pipeline.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                           [--stages "2 3 4"] [--slow-chunks N] [--no-mps] [--quick]
 #
 # With one GPU the stages share it under MPS (a private daemon,
@@ -123,11 +123,11 @@ pipe p3-corrupt 3 --ranks 3 --chunk 4K --slots 4 --path put --chunks 2000 --no-b
 ((QUICK)) || frozen
 ((mps)) && mps_stop
 # Every store and put row beside simple_write's, plain and at the ring's footprint.
-python3 "$ROOT/scripts/pipeline_vs_simple_write.py" "$OUT"/sw-*.json "$OUT"/p*.json >"$OUT/vs-simple-write.txt" || fail=1
+python3 "$ROOT/bench/pipeline_vs_simple_write.py" "$OUT"/sw-*.json "$OUT"/p*.json >"$OUT/vs-simple-write.txt" || fail=1
 # The plot: the two-stage sweeps over chunk sizes (LL 8 B - 64 KiB; store
 # and put 1 and 4 MiB), one line each; every other run is in its table.
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$ROOT/scripts/plot_pipeline.py" "$OUT/pipeline.png" "$OUT/p2-ll.csv" "$OUT/p2-b128.csv" >&2 || fail=1
+  python3 "$ROOT/bench/plot_pipeline.py" "$OUT/pipeline.png" "$OUT/p2-ll.csv" "$OUT/p2-b128.csv" >&2 || fail=1
 else
   echo "note: python3 has no matplotlib; no plot (the CSV and JSON files hold every figure)" >&2
 fi

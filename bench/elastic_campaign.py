@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A fault campaign for elastic runs of ep or collectives: random plans and random kills.
 
-    python3 scripts/elastic_campaign.py --ep BIN/ep --out DIR --runs N [--seed S]
+    python3 bench/elastic_campaign.py --ep BIN/ep --out DIR --runs N [--seed S]
         [--modes ll,ht] [--max-ranks 6] [--long-every 3] [--budget-s SECONDS] [--plan-only]
-    python3 scripts/elastic_campaign.py --collectives BIN/collectives --out DIR --runs N ...
+    python3 bench/elastic_campaign.py --collectives BIN/collectives --out DIR --runs N ...
 
 Every --long-every'th run is one long phase (at least 10 s of steps) of
 --max-ranks ranks, a plan kill in it or not, and a kill by pid of any rank

@@ -3,7 +3,7 @@
 # CSV, one table per run, and a PNG (bandwidth vs size per level and path,
 # the same-run baselines as dashed lines; half round trip vs size).
 #
-#   scripts/bench.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR] [--quick] [--mps]
+#   bench/bench.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR] [--quick] [--mps]
 #                    [--pairs "0 0,0 1"]
 #
 # Runs both processes on GPU 0, and GPU 0 -> GPU 1 when there are two
@@ -11,7 +11,7 @@
 #   bandwidth, block level, put, store and ll paths:  8 B .. 1 GiB, x2
 #   bandwidth, thread+warp level, put path:           8 B .. 16 MiB, x4   (they teach; slow by nature)
 #   ping-pong, every level, put, store and ll paths:  8 B .. 1 MiB, x8, with the floor row
-# then scripts/crossover.py: the size up to which ll beats the best other path.
+# then bench/crossover.py: the size up to which ll beats the best other path.
 # --mps runs the same-GPU pairs under a private MPS daemon (stopped after),
 # where the two processes' kernels run at once instead of time-slicing.
 # Needs no cargo and no internet (use scripts/gpu-bundle.sh where cargo is);
@@ -65,9 +65,9 @@ for pair in "${PAIRS[@]}"; do
   done
 done
 ((MPS)) && mps_stop
-python3 "$ROOT/scripts/crossover.py" "$OUT"
+python3 "$ROOT/bench/crossover.py" "$OUT"
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$ROOT/scripts/plot_bench.py" "$OUT" "$OUT/bench.png" && echo "plot: $OUT/bench.png"
+  python3 "$ROOT/bench/plot_bench.py" "$OUT" "$OUT/bench.png" && echo "plot: $OUT/bench.png"
 else
   echo "note: python3 has no matplotlib; no plot (the JSON files hold every figure)" >&2
 fi

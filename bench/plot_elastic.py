@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Plots the elastic ep runs of a folder (the el-*.json files scripts/run_elastic.sh writes).
+"""Plots the elastic ep runs of a folder (the el-*.json files bench/run_elastic.sh writes).
 
-    python3 scripts/plot_elastic.py DIR OUT.png
+    python3 bench/plot_elastic.py DIR OUT.png
 
 Left: every kill of the kill loops (el-<mode>-kill-loop-<path>.json), the
 survivors' agreement time (host ms from a survivor's report to the decision,

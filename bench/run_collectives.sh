@@ -4,7 +4,7 @@
 # output element checked, NCCL's same calls beside them where NCCL runs;
 # one table, JSON and CSV per run, logs in --out.
 #
-#   scripts/run_collectives.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
+#   bench/run_collectives.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                              [--ranks "3 4"] [--max SIZE|auto] [--no-mps] [--no-torchrun]
 #
 # --max auto (the default) sweeps up to 1 GiB when every GPU's memory holds
@@ -20,11 +20,11 @@
 # sweep in place, torchrun as the launcher, and an injected wrong element
 # (must exit 3). Needs no cargo (scripts/gpu-bundle.sh packs the binaries).
 #
-#   scripts/run_collectives.sh --elastic [OPTIONS]   runs scripts/collectives_elastic.sh:
+#   bench/run_collectives.sh --elastic [OPTIONS]   runs bench/collectives_elastic.sh:
 #                              random deaths in elastic runs (its --help)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ ${1:-} == --elastic ]]; then shift; exec "$ROOT/scripts/collectives_elastic.sh" "$@"; fi
+if [[ ${1:-} == --elastic ]]; then shift; exec "$ROOT/bench/collectives_elastic.sh" "$@"; fi
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/collectives; RANKS="3 4"; MAX=auto; MPS=1

@@ -4,7 +4,7 @@
 # all three data paths (nixlPut, stores through nixlGetPtr, LL lines), both processes
 # on one GPU, and GPU 0 -> GPU 1 when there are two.
 #
-#   scripts/gpu-check.sh [--bundle FILE] [--bin DIR] [--nixl-lib DIR] [--sizes "8 1M 64M"]
+#   bench/gpu-check.sh [--bundle FILE] [--bin DIR] [--nixl-lib DIR] [--sizes "8 1M 64M"]
 #                        [--paths put,store,ll] [--mps] [--out DIR] [-- simple_write options]
 #
 #   --mps   the same-GPU rows under a private MPS daemon (scripts/lib/mps.sh)

@@ -1,4 +1,4 @@
-"""Plots the CSV or JSON files of `pipeline --csv/--json` (scripts/run_pipeline.sh
+"""Plots the CSV or JSON files of `pipeline --csv/--json` (bench/run_pipeline.sh
 writes p*.csv and p*.json): the slowest link's throughput (GB/s, 1e9 B/s)
 against chunk size, one line per stages, path, level and slots (store solid,
 nixlPut dotted, LL lines dash-dotted), with the same-run baselines where they

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The per-phase view of a folder of elastic collectives runs (the JSON files
-scripts/collectives_elastic.sh writes: r*-*.json random deaths, sweep-*.json
+bench/collectives_elastic.sh writes: r*-*.json random deaths, sweep-*.json
 a planned death at every size, fresh-*.json the same sizes at the survivors'
 rank count with no death).
 
-    python3 scripts/report_collectives_elastic.py DIR [OUT_PREFIX]
+    python3 bench/report_collectives_elastic.py DIR [OUT_PREFIX]
 
 Writes OUT_PREFIX.json (runs and comparison), OUT_PREFIX.csv (the comparison),
 OUT_PREFIX-runs.csv and OUT_PREFIX.png (default
@@ -171,7 +171,7 @@ def main():
     deaths = {k: v for k, v in deaths.items() if not k.endswith(".plan")}
     if not deaths:
         print(f"report_collectives_elastic: no r*.json or sweep-*.json in {DIR}: "
-              "run scripts/collectives_elastic.sh --out DIR first", file=sys.stderr)
+              "run bench/collectives_elastic.sh --out DIR first", file=sys.stderr)
         sys.exit(1)
     runs = [run_row(k, v) for k, v in deaths.items()]
     cmp_rows = compare({k: v for k, v in deaths.items() if k.startswith("sweep-")}, load("fresh-*.json"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Plots the ep runs of a folder (the ep-*.json files scripts/run_ep.sh writes).
+"""Plots the ep runs of a folder (the ep-*.json files bench/run_ep.sh writes).
 
-    python3 scripts/plot_ep.py DIR OUT.png
+    python3 bench/plot_ep.py DIR OUT.png
 
 Left: high-throughput runs, wire bandwidth (GB/s, bytes crossing into a
 rank per p50 iteration) of dispatch and combine per method (put, store, and

@@ -4,7 +4,7 @@ loop: phase 0 runs ranks 0..N-1; each cycle then kills one rank (1, 2, ...,
 N-1 in turn; never rank 0, as -0 is 0 in JSON) in one phase and starts it
 again in the next. The same plan as `Plan::kill_loop` in src/ranks/plan.rs.
 
-    scripts/kill_loop_plan.py --ranks 4 --cycles 20 > kill_loop.json
+    bench/kill_loop_plan.py --ranks 4 --cycles 20 > kill_loop.json
     ep --plan kill_loop.json --mode ll
 """
 

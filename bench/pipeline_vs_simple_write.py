@@ -1,5 +1,5 @@
 """The pipeline's per-link throughput beside simple_write's, from the JSON files
-of one call (scripts/run_pipeline.sh writes both): for every pipeline row on
+of one call (bench/run_pipeline.sh writes both): for every pipeline row on
 the store and put paths, its slowest link's GB/s (1e9 B/s) over simple_write's
 bandwidth at the same size and path, twice:
   - x sw: simple_write as it runs by default, every iteration rewriting the

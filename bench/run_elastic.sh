@@ -6,9 +6,9 @@
 # path, the fresh runs each contraction compares with (ranks 0,3 and 0,1,2
 # of a capacity of 4), and two ranks with --graph (stream launches beside
 # CUDA-graph replays); every step verified, one per-phase table, JSON and
-# CSV per run, logs and a plot (scripts/plot_elastic.py) in --out.
+# CSV per run, logs and a plot (bench/plot_elastic.py) in --out.
 #
-#   scripts/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
+#   bench/run_elastic.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                          [--modes "ll ht"] [--cycles 20] [--quick] [--no-mps]
 #                          [--campaign N [--seed S] [--max-ranks N] [--long-every 3] [--budget-s S]] [--join]
 #
@@ -25,7 +25,7 @@
 # (el-*.err).
 #
 # --campaign N runs, instead of the matrix, the fault campaign of
-# scripts/elastic_campaign.py (see its --help): N random plans of up to
+# bench/elastic_campaign.py (see its --help): N random plans of up to
 # --max-ranks ranks (default: the GPUs, one rank each; 6 on one GPU), their
 # kills at random moments, in every second run a kill by pid no plan names
 # (rank 0 included), and every --long-every'th run one long phase (>= 10 s
@@ -139,7 +139,7 @@ fi
 [[ -z $MAX_RANKS ]] && { MAX_RANKS=$NGPU; ((NGPU == 1)) && MAX_RANKS=6; }
 if ((CAMPAIGN > 0)); then
   mps=0; ((MPS && NGPU == 1)) && mps_start && mps=1
-  python3 "$ROOT/scripts/elastic_campaign.py" --ep "$EP" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
+  python3 "$ROOT/bench/elastic_campaign.py" --ep "$EP" --out "$OUT" --runs "$CAMPAIGN" --seed "$SEED" \
     --modes "${MODES// /,}" --max-ranks "$MAX_RANKS" --long-every "$LONG_EVERY" --budget-s "$BUDGET"
   rc=$?
   ((mps)) && mps_stop
@@ -170,5 +170,5 @@ for mode in $MODES; do
   done
 done
 ((mps)) && mps_stop
-python3 "$ROOT/scripts/plot_elastic.py" "$OUT" "$OUT/elastic.png" && echo "plot: $OUT/elastic.png" >&2
+python3 "$ROOT/bench/plot_elastic.py" "$OUT" "$OUT/elastic.png" && echo "plot: $OUT/elastic.png" >&2
 exit $fail

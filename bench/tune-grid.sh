@@ -2,10 +2,10 @@
 # Searches the block-level grid of simple_write per size and data path on
 # this machine's GPU pair: for each (path, blocks, threads, chunk) one
 # `simple_write --mode pair` sweep, then one table of the best grid per size
-# against the copy engine measured in the same runs. What scripts/bench.sh's
+# against the copy engine measured in the same runs. What bench/bench.sh's
 # defaults (src/simple_write/plan.rs: auto_blocks) are chosen from.
 #
-#   scripts/tune-grid.sh [--bundle FILE | --bin DIR --nixl-lib DIR] [--gi 0 --gt 1] [--mps]
+#   bench/tune-grid.sh [--bundle FILE | --bin DIR --nixl-lib DIR] [--gi 0 --gt 1] [--mps]
 #                        [--blocks "33 66 132 264"] [--threads "256 512 1024"]
 #                        [--chunks "0"] [--sizes 64K:4M] [--paths put,store] [--out DIR]
 set -uo pipefail

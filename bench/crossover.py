@@ -1,4 +1,4 @@
-"""Where the LL path stops paying: from scripts/bench.sh's JSON, for each GPU
+"""Where the LL path stops paying: from bench/bench.sh's JSON, for each GPU
 pair and level, the largest size up to which `--path ll` beats the best of the
 other paths at every size (ping-pong: half round trip p50; bandwidth: time
 per iteration), and the floor each ping-pong run measured.

@@ -3,7 +3,7 @@
 # wrong must end fast, with a message naming the cause and the fix, the
 # documented exit status, and nothing left behind. Prints one table.
 #
-#   scripts/gpu-faults.sh [--bundle FILE | --bin DIR --nixl-lib DIR] [--out DIR]
+#   bench/gpu-faults.sh [--bundle FILE | --bin DIR --nixl-lib DIR] [--out DIR]
 #
 # Needs no cargo or internet (bundle from scripts/gpu-bundle.sh).
 set -uo pipefail

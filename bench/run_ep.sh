@@ -4,7 +4,7 @@
 # verified, with the same-run NCCL all-to-all baseline; JSON, CSV, one table
 # per run, and a PNG.
 #
-#   scripts/run_ep.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
+#   bench/run_ep.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
 #                     [--modes "ht ll"] [--quick] [--no-mps] [--no-torchrun] [--more-ranks "8"]
 #                     [-- EP_ARGS...]
 #
@@ -83,7 +83,7 @@ for mode in $MODES; do
   fi
 done
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$ROOT/scripts/plot_ep.py" "$OUT" "$OUT/ep.png" && echo "plot: $OUT/ep.png"
+  python3 "$ROOT/bench/plot_ep.py" "$OUT" "$OUT/ep.png" && echo "plot: $OUT/ep.png"
 else
   echo "note: python3 has no matplotlib; no plot (the JSON files hold every figure)" >&2
 fi

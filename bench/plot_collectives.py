@@ -1,4 +1,4 @@
-"""Plots the JSON files of `collectives --json` (scripts/run_collectives.sh
+"""Plots the JSON files of `collectives --json` (bench/run_collectives.sh
 writes coll-*.json): per operation, GPU time per call (p50) against size for
 every algorithm and data path, NCCL's same calls dashed where they ran; and
 bus bandwidth against size. One row of plots per JSON file, titled with its

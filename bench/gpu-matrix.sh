@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# The GPU matrix: everything only separate GPUs can show, one rank per GPU,
+# every row beside its same-run baseline, on a machine with 2, 4 (or 8) GPUs.
+# No row can hang the matrix: each has its own deadline, derived from its
+# sizes; a row that overruns is killed, named in the summary with its last
+# lines, and the next row runs.
+#
+#   bench/gpu-matrix.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
+#                       [--gpus "0 1 2 3"] [--parts "sw nvshmem coll ep pipe faults"]
+#                       [--budget SECONDS] [--nvshmem DIR]
+#
+# Parts (GPUs from --gpus, default every GPU; the first two are "the pair"):
+#   sw       simple_write on the pair both ways: bandwidth 16 B - 1 GiB at
+#            block level on the put, store and ll paths beside the copy
+#            engine, ping-pong 8 B - 1 MiB at every level with the floor
+#            row; every other ordered pair: bandwidth 1 MiB - 1 GiB (store,
+#            put) beside the copy engine
+#   nvshmem  NVSHMEM's put+signal on the pair (bench/nvshmem; --nvshmem DIR
+#            holds its binary, default .gpu-nvshmem), half round trip and
+#            bandwidth, to set beside simple_write's rows
+#   coll     collectives at 2, 3 and 4 ranks (as many as there are GPUs),
+#            8 B - 1 GiB, every op, algorithm and path beside NCCL's same
+#            call: stream launches, then CUDA graphs against NCCL's graphs
+#   ep       EP2 and EP4, ht and ll, both paths, --graph, beside NCCL's
+#            all-to-all
+#   pipe     the pipeline at 2 and 4 stages, 1 and 4 MiB chunks beside
+#            NCCL's send/recv chain; one 8-byte LL chunk on the pair
+#   faults   bench/gpu-faults.sh, initiator and target on the pair
+#
+# Parts can run in separate calls into one folder (--out): a call removes
+# only the files of the rows it runs. bench/gpu_matrix.py DIR then writes
+# DIR/summary.md from whatever rows the folder holds: every ratio to its
+# same-run baseline (none printed where the baseline is above the link's
+# rate), the GPUs, topology, driver and NCCL (env.txt), and every row that
+# did not run, overran or failed, with why.
+#
+# --budget (default 560): seconds this call may spend; a row whose deadline
+# does not fit in what is left is skipped and named (run it in the next
+# call with --parts). Exit 0 only when every row ran and ended as expected.
+# With fewer than 2 GPUs every row is named as skipped and the exit is 1.
+# Needs no cargo (scripts/gpu-bundle.sh packs the binaries).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=../scripts/lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
+BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; OUT=/tmp/gpu-matrix; GPUS=""
+PARTS="sw nvshmem coll ep pipe faults"; BUDGET=560; NVSHMEM="$ROOT/.gpu-nvshmem"
+while (($#)); do
+  case "$1" in
+    --bundle|--bin|--nixl-lib|--out) gpu_option "$1" $# "${2-}"; shift 2 ;;
+    --gpus) need_value "$1" $#; GPUS=$2; shift 2 ;;
+    --parts) need_value "$1" $#; PARTS=$2; shift 2 ;;
+    --budget) need_value "$1" $#; BUDGET=$2; shift 2 ;;
+    --nvshmem) need_value "$1" $#; NVSHMEM=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) bad_option "$1" ;;
+  esac
+done
+[[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu-matrix: --budget '$BUDGET': want whole seconds" >&2; exit 2; }
+for p in $PARTS; do
+  [[ " sw nvshmem coll ep pipe faults " == *" $p "* ]] || {
+    echo "gpu-matrix: --parts: unknown part '$p' (sw nvshmem coll ep pipe faults)" >&2; exit 2; }
+done
+NAME=gpu-matrix
+# shellcheck source=../scripts/lib/gpu-env.sh
+source "$ROOT/scripts/lib/gpu-env.sh"
+# shellcheck source=../scripts/lib/ports.sh
+source "$ROOT/scripts/lib/ports.sh"
+[[ -n $GPUS ]] || GPUS=$(seq -s ' ' 0 $((NGPU - 1)))
+read -r -a G <<<"$GPUS"
+for g in "${G[@]}"; do
+  [[ $g =~ ^[0-9]+$ ]] && ((g < NGPU)) || { echo "gpu-matrix: --gpus '$GPUS': this machine has GPUs 0-$((NGPU - 1))" >&2; exit 2; }
+done
+WHY=""
+if ((${#G[@]} < 2)); then
+  WHY="needs two GPUs or more (this machine has $NGPU): one rank per GPU"
+  G=(0 1)   # the rows' names, each named as not run
+fi
+fail=0
+
+# The machine, once per folder: what every summary names.
+if [[ ! -s $OUT/env.txt ]]; then
+  {
+    echo "## nvidia-smi -L"; nvidia-smi -L
+    echo "## driver"; nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1
+    echo "## nvidia-smi topo -m"; nvidia-smi topo -m
+    echo "## nvlink per GPU (nvidia-smi nvlink -s)"
+    for g in "${G[@]}"; do echo "GPU $g: $(nvidia-smi nvlink -s -i "$g" 2>/dev/null | grep -o '[0-9.]* GB/s' | tr '\n' ' ')"; done
+    echo "## NCCL (python3's torch)"
+    python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>&1 | tail -1
+  } >"$OUT/env.txt" 2>&1
+fi
+
+# row TAG WANT DEADLINE GPUS -- COMMAND...: runs COMMAND (its --json/--csv
+# added unless NOJSON=1) with CUDA_VISIBLE_DEVICES=GPUS (comma-separated),
+# killed after DEADLINE s. One JSON line per row in rows.jsonl.
+row() {
+  local tag=$1 want=$2 deadline=$3 gpus=$4; shift 5
+  local left=$((BUDGET - SECONDS)) why="" rc=-1 t0=$SECONDS extra=()
+  rm -f "$OUT/$tag".{json,csv,out,err}
+  if [[ -n $WHY ]]; then why=$WHY
+  elif ((deadline + 5 > left)); then why="needs up to $deadline s, $left s of this call's budget were left: run --parts again"
+  fi
+  if [[ -z $why ]]; then
+    echo "== $tag (GPUs $gpus, deadline $deadline s): $*" >&2
+    [[ ${NOJSON:-0} == 1 ]] || extra=(--json "$OUT/$tag.json" --csv "$OUT/$tag.csv")
+    CUDA_VISIBLE_DEVICES=$gpus timeout -k 5 "$deadline" "$@" "${extra[@]}" >"$OUT/$tag.out" 2>"$OUT/$tag.err"
+    rc=$?
+    if ((rc == 124 || rc == 137)); then why="overran its deadline of $deadline s and was killed"
+    elif ((rc != want)); then why="exit $rc, expected $want"; fi
+    if [[ -n $why ]]; then echo "!! $tag: $why" >&2; tail -4 "$OUT/$tag.err" >&2; else echo "ok $tag: $((SECONDS - t0)) s" >&2; fi
+  else
+    echo "-- $tag: skipped: $why" >&2
+  fi
+  [[ -n $why ]] && fail=1
+  TAG=$tag WANT=$want RC=$rc WHY=$why DL=$deadline GP=$gpus SECS=$((SECONDS - t0)) CMD="$*" \
+    ERR="$OUT/$tag.err" python3 - >>"$OUT/rows.jsonl" <<'PY'
+import json, os
+e = os.environ
+try:
+    last = open(e["ERR"], errors="replace").read().splitlines()[-5:]
+except OSError:
+    last = []
+print(json.dumps({"tag": e["TAG"], "gpus": e["GP"], "want": int(e["WANT"]), "exit": int(e["RC"]),
+                  "why": e["WHY"], "deadline_s": int(e["DL"]), "seconds": int(e["SECS"]),
+                  "command": e["CMD"], "last_lines": last if e["WHY"] else []}))
+PY
+}
+# Physical GPU ordinals A,B,... as one comma-separated list.
+vis() { local IFS=,; echo "$*"; }
+# sizes FROM TO FACTOR: how many sizes a sweep has.
+sizes() { local n=0 s=$1; while ((s <= $2)); do n=$((n + 1)); s=$((s * $3)); done; echo $n; }
+
+part_sw() {
+  local a=${G[0]} b=${G[1]} x y
+  local bw=(-b 16 -e 1G -f 4) pp=(-b 8 -e 1M -f 8)
+  local dbw=$((30 + 6 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 4 * $(sizes 8 $((1 << 20)) 8)))
+  for x in "$a $b" "$b $a"; do
+    read -r x y <<<"$x"
+    row "sw-${x}to${y}-bw" 0 $dbw "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --levels block --path put,store,ll "${bw[@]}"
+  done
+  row "sw-${a}to${b}-pp" 0 $dpp "$a,$b" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --pingpong \
+    --levels thread,warp,block --path put,store,ll "${pp[@]}"
+  for x in "${G[@]}"; do for y in "${G[@]}"; do
+    [[ $x == "$y" || ( $x == "$a" && $y == "$b" ) || ( $x == "$b" && $y == "$a" ) ]] && continue
+    row "sw-${x}to${y}-bw" 0 $((30 + 6 * 6)) "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 \
+      --levels block --path put,store -b 1M -e 1G -f 4
+  done; done
+}
+part_nvshmem() {
+  local a=${G[0]} b=${G[1]}
+  if [[ ! -x $NVSHMEM/nvshmem_bench ]]; then
+    WHY_SAVED=$WHY; WHY="no NVSHMEM benchmark at $NVSHMEM (bench/nvshmem/build.sh builds it where nvcc is)"
+    row "nvshmem-${a}to${b}" 0 120 "$a,$b" -- true; WHY=$WHY_SAVED; return
+  fi
+  NOJSON=1 row "nvshmem-${a}to${b}" 0 150 "$(vis "${G[@]}")" -- "$ROOT/bench/nvshmem/run.sh" --bin "$NVSHMEM" \
+    --gpus "$a $b" --out "$OUT/nvshmem-${a}to${b}.json" --timeout 120
+}
+part_coll() {
+  local n c
+  local d=$((60 + 3 * $(sizes 8 $((1 << 30)) 2)))
+  for n in 2 3 4 8; do
+    ((n <= ${#G[@]})) || continue
+    c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --timeout 15)
+    row "coll-${n}r-stream" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)"
+    row "coll-${n}r-graph" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)" --launch graph
+  done
+}
+part_ep() {
+  local n mode
+  for n in 2 4 8; do
+    ((n <= ${#G[@]})) || continue
+    for mode in ht ll; do
+      row "ep${n}-$mode" 0 150 "$(vis "${G[@]:0:n}")" -- "$BIN/ep" --ranks "$n" --gpus "$n" --port "$(pick_port)" \
+        --mode "$mode" --graph
+    done
+  done
+}
+part_pipe() {
+  local n p
+  for n in 2 4; do
+    ((n <= ${#G[@]})) || continue
+    p=("$BIN/pipeline" --ranks "$n" --gpus "$n" --path store,put --chunk 1M,4M --chunks 2000 --warmup 100)
+    row "pipe${n}-default" 0 120 "$(vis "${G[@]:0:n}")" -- "${p[@]}" --port "$(pick_port)" --slots 8,32
+    row "pipe${n}-b128" 0 120 "$(vis "${G[@]:0:n}")" -- "${p[@]}" --port "$(pick_port)" --slots 8,16,32 --blocks 128
+  done
+  row pipe2-ll8 0 90 "$(vis "${G[@]:0:2}")" -- "$BIN/pipeline" --ranks 2 --gpus 2 --port "$(pick_port)" --path ll \
+    --chunk 8 --slots 1 --level thread,warp,block --threads 256 --chunks 20000 --warmup 1000 --no-baseline
+}
+part_faults() {
+  NOJSON=1 row faults 0 240 "$(vis "${G[@]:0:2}")" -- "$ROOT/bench/gpu-faults.sh" --bin "$BIN" \
+    --nixl-lib "$NIXL_LIB_DIR" --out "$OUT/faults"
+}
+
+for p in $PARTS; do "part_$p"; done
+python3 "$ROOT/bench/gpu_matrix.py" "$OUT" >/dev/null || fail=1
+echo "gpu-matrix: $OUT/summary.md" >&2
+exit $fail

@@ -1,0 +1,273 @@
+"""The summary of bench/gpu-matrix.sh's folder: every row beside its same-run
+baseline, as ratios (GB/s = 1e9 B/s; times are p50 unless named), the
+machine (env.txt: GPUs, driver, topology, NVLink, NCCL), and every row that
+did not run, overran its deadline or failed, with why (rows.jsonl).
+
+  - simple_write: 8-byte half round trips over the floor row (a bare flag
+    between the same processes); bandwidth of each path over the copy
+    engine's between the same GPUs; the put over the store at the same
+    size; every ordered pair's store rate;
+  - NVSHMEM: its put+signal beside simple_write's best path on the same pair;
+  - collectives: at each size the fastest of our algorithms and paths beside
+    NCCL's same call, per rank count and launch (stream, graph);
+  - ep: each path and phase beside NCCL's all-to-all;
+  - pipeline: each link beside NCCL's send/recv chain;
+  - faults: gpu-faults.sh's table.
+
+A ratio whose baseline is above the link's rate (the sum of the NVLink
+links' per-direction rates that env.txt lists) is not printed: such a
+baseline did not measure the link, and the row says so.
+Writes RESULTS_DIR/summary.md and prints it.
+Usage: gpu_matrix.py RESULTS_DIR"""
+import glob
+import json
+import os
+import re
+import sys
+
+if sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__)
+    sys.exit(0)
+if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+    print("usage: gpu_matrix.py RESULTS_DIR (try --help)", file=sys.stderr)
+    sys.exit(2)
+DIR = sys.argv[1]
+if not os.path.isdir(DIR):
+    print(f"gpu_matrix.py: {DIR} is not a folder (bench/gpu-matrix.sh --out writes one)", file=sys.stderr)
+    sys.exit(2)
+
+
+def load(tag):
+    """DIR/tag.json, or None when the row did not run."""
+    try:
+        with open(os.path.join(DIR, tag + ".json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def tags(pattern):
+    return sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(DIR, pattern + ".json")))
+
+
+def size(b):
+    for unit, s in (("G", 30), ("M", 20), ("K", 10)):
+        if b >= 1 << s and b % (1 << s) == 0:
+            return f"{b >> s} {unit}iB"
+    return f"{b} B"
+
+
+def num(x, fmt="{:.2f}"):
+    return "-" if x is None else fmt.format(x)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+
+
+def env():
+    """env.txt's sections, and the link's rate per direction (GB/s)."""
+    try:
+        text = open(os.path.join(DIR, "env.txt")).read()
+    except OSError:
+        return "", None
+    rates = [sum(float(x) for x in re.findall(r"([0-9.]+) GB/s", line))
+             for line in text.splitlines() if re.match(r"GPU \d+: ", line) and "GB/s" in line]
+    return text, (min(rates) if rates else None)
+
+
+TEXT, LINK = env()
+
+
+def against(x, base):
+    """x ÷ base, or why it is not printed (the baseline above the link)."""
+    if base is not None and LINK and base > LINK * 1.02:
+        return f"none: baseline {base:.0f} GB/s > link {LINK:.0f}"
+    return num(ratio(x, base))
+
+
+def header():
+    listed = TEXT.split("## driver")[0]
+    names = re.findall(r"^GPU \d+: (.*?) \(UUID", listed, re.M)
+    driver = re.search(r"## driver\n(.*)\n", TEXT)
+    nccl = re.search(r"## NCCL.*\n(.*)\n", TEXT)
+    topo = re.search(r"## nvidia-smi topo -m\n(.*?)\n## ", TEXT, re.S)
+    lines = [f"# The GPU matrix: {len(names)} × {names[0] if names else '?'}", ""]
+    lines.append(f"Driver {driver.group(1) if driver else '?'}, NCCL {nccl.group(1) if nccl else '?'} "
+                 f"(NVLink multicast off), one rank per GPU. Link rate per direction (sum of one GPU's "
+                 f"NVLink links, nvidia-smi): {num(LINK, '{:.0f}')} GB/s.")
+    if topo:
+        lines += ["", "```", topo.group(1).rstrip(), "```"]
+    return lines
+
+
+def sw_latency(tag, pp):
+    floor = next((r["half_rtt"]["p50_ns"] for r in pp["rows"] if r["path"] == "flag" and r.get("half_rtt")), None)
+    body = [(r["level"], r["path"], num(r["half_rtt"]["p50_ns"] / 1e3, "{:.3f}"), num(r.get("floor_ratio")))
+            for r in pp["rows"] if r["size_bytes"] == 8 and r.get("half_rtt") and r["path"] != "flag"]
+    return table([f"{tag}: 8 B half round trip (floor {num(floor and floor / 1e3, '{:.3f}')} µs)", "path", "µs",
+                  "÷ floor"], body)
+
+
+def sw_rows(bw):
+    by = {}
+    for r in bw["rows"]:
+        by.setdefault(r["size_bytes"], {})[r["path"]] = r
+    return by
+
+
+def sw_bandwidth(tag, bw):
+    """Each path's GB/s, the copy engine's, best ÷ copy engine, put ÷ store."""
+    body = []
+    for s, paths in sorted(sw_rows(bw).items()):
+        if s < 1 << 20 and s not in (16, 4096, 65536):
+            continue
+        ce = next((p["baselines"].get("copy_engine_gbps") for p in paths.values()), None)
+        best = max(p["gb_per_s"] for p in paths.values())
+        put, store = (paths.get(k, {}).get("gb_per_s") for k in ("put", "store"))
+        l2 = next((p.get("l2_resident") for p in paths.values()), None)
+        body.append([size(s)] + [num(paths[k]["gb_per_s"], "{:.1f}") if k in paths else "-"
+                                 for k in ("put", "store", "ll")]
+                    + [num(ce, "{:.1f}"), against(best, ce), num(ratio(put, store)), "L2" if l2 else "HBM"])
+    note = (bw.get("run") or {}).get("baselines", "")
+    return table([f"{tag}, block level", "put GB/s", "store GB/s", "ll GB/s", "copy engine", "best ÷ CE",
+                  "put ÷ store", "from"], body) + ([f"\n{note}"] if note else [])
+
+
+def sw_pairs(bws):
+    """Every ordered pair: store and put at 1 MiB, 16 MiB, 1 GiB over the copy engine."""
+    body = []
+    for tag, bw in bws:
+        by = sw_rows(bw)
+        cells = []
+        for s in (1 << 20, 16 << 20, 1 << 30):
+            p = by.get(s, {})
+            ce = next((x["baselines"].get("copy_engine_gbps") for x in p.values()), None)
+            st = p.get("store", {}).get("gb_per_s")
+            cells += [num(st, "{:.0f}"), num(ce, "{:.0f}"), against(st, ce)]
+        body.append([tag.split("-")[1].replace("to", " → ")] + cells)
+    return table(["GPUs", "store 1 MiB", "CE", "÷", "store 16 MiB", "CE", "÷", "store 1 GiB", "CE", "÷"], body)
+
+
+def nvshmem(tag, doc, pp, bw):
+    """NVSHMEM's put+signal beside simple_write's best path on the same pair."""
+    ours_half = {}
+    for r in (pp or {}).get("rows", []):
+        if r.get("half_rtt") and r["path"] != "flag":
+            k = r["size_bytes"]
+            ours_half[k] = min(ours_half.get(k, 1e30), r["half_rtt"]["p50_ns"] / 1e3)
+    ours_bw = {s: max(p["gb_per_s"] for p in paths.values()) for s, paths in sw_rows(bw or {"rows": []}).items()}
+    body = [["half round trip", r["level"], size(r["bytes"]), num(r["half_rtt_us_p50"], "{:.3f}"),
+             num(ours_half.get(r["bytes"]), "{:.3f}"), num(ratio(r["half_rtt_us_p50"], ours_half.get(r["bytes"])))]
+            for r in doc.get("pingpong", [])]
+    body += [["bandwidth GB/s", r["level"], size(r["bytes"]), num(r["gbps"], "{:.1f}"), num(ours_bw.get(r["bytes"]), "{:.1f}"),
+              num(ratio(ours_bw.get(r["bytes"]), r["gbps"]))] for r in doc.get("bandwidth", [])]
+    return table([f"NVSHMEM {doc.get('nvshmem_version', '?')}, {tag}", "level", "size", "NVSHMEM",
+                  "simple_write best", "ours ahead by ×"], body)
+
+
+def shown(s):
+    return s == 8 or (s & (s - 1) == 0 and (s.bit_length() - 1) % 2 == 0)
+
+
+def coll(tag, doc):
+    best = {}
+    for r in doc["rows"]:
+        k = (r["op"], r["size_bytes"])
+        if k not in best or r["time_p50_us"] < best[k]["time_p50_us"]:
+            best[k] = r
+    body = []
+    for (op, s), r in sorted(best.items()):
+        if shown(s):
+            body.append([op, size(s), " ".join(x for x in (r["algo"], r["path"]) if x != "-"), num(r["time_p50_us"]),
+                         num(r["nccl_p50_us"]), num(ratio(r["time_p50_us"], r["nccl_p50_us"])),
+                         num(r["busbw_gbps"], "{:.1f}"), num(r["nccl_busbw_gbps"], "{:.1f}"),
+                         num(ratio(r["busbw_gbps"], r["nccl_busbw_gbps"]))])
+    return table([tag, "size", "fastest of ours", "µs", "NCCL µs", "÷ NCCL time", "busbw GB/s", "NCCL busbw",
+                  "÷ NCCL busbw"], body)
+
+
+def ep(tag, doc):
+    body = [[r["method"], r["phase"], num(r["time"]["p50_ns"] / 1e3, "{:.1f}"), num(r["wire_gbps"], "{:.1f}"),
+             num(r.get("vs_nccl"))] for r in doc["rows"]]
+    return table([tag, "phase", "p50 µs", "wire GB/s", "NCCL ÷ ours (above 1: ours faster)"], body)
+
+
+def pipe(tag, doc):
+    body = [[r["path"], size(r["chunk_bytes"]), r["slots"], r["channels"], num(r["min_link_gbps"], "{:.1f}"),
+             num(r.get("ce_gbps"), "{:.1f}"), against(r["min_link_gbps"], r.get("ce_gbps")),
+             num(r.get("nccl_gbps"), "{:.1f}"), num(r.get("link_vs_nccl"))] for r in doc["rows"]]
+    return table([tag, "chunk", "slots", "channels", "GB/s per link", "CE GB/s", "÷ CE", "NCCL GB/s", "÷ NCCL"], body)
+
+
+def pipe_ll(tag, doc):
+    body = [[r["level"], num(r["latency"]["p50_ns"] / 1e3, "{:.3f}"), num(r["latency"]["p99_ns"] / 1e3, "{:.3f}")]
+            for r in doc["rows"]]
+    return table([f"{tag}: LL 8 B, level", "one way p50 µs", "p99 µs"], body)
+
+
+def sections():
+    out = []
+    pps = [(t, load(t)) for t in tags("sw-*-pp")]
+    bws = [(t, load(t)) for t in tags("sw-*-bw")]
+    out += [sw_latency(t, d) for t, d in pps if d]
+    full = [(t, d) for t, d in bws if d and any(r["size_bytes"] < 1 << 20 for r in d["rows"])]
+    out += [sw_bandwidth(t, d) for t, d in full]
+    if bws:
+        out.append(sw_pairs([(t, d) for t, d in bws if d]))
+    for t in tags("nvshmem-*"):
+        pair = t.split("-", 1)[1]
+        out.append(nvshmem(t, load(t), load(f"sw-{pair}-pp"), load(f"sw-{pair}-bw")))
+    for t in sorted(tags("coll-*"), key=lambda t: (t.split("-")[2], t)):
+        out.append(coll(f"collectives, {t.split('-')[1][:-1]} ranks, {t.split('-')[2]} launches", load(t)))
+    out += [ep(f"ep, EP{t[2:].split('-')[0]} {t.split('-')[1]}", load(t)) for t in tags("ep*-*")]
+    out += [pipe(f"pipeline, {t[4:].split('-')[0]} stages, {t.split('-')[1]}", load(t))
+            for t in tags("pipe*-*") if not t.endswith("ll8")]
+    out += [pipe_ll(t, load(t)) for t in tags("pipe*-ll8")]
+    try:
+        out.append(["faults (bench/gpu-faults.sh)", "", "```"] + open(os.path.join(DIR, "faults", "table.txt"))
+                   .read().rstrip().splitlines() + ["```"])
+    except OSError:
+        pass
+    return out
+
+
+def not_run():
+    """Rows that did not run, overran or failed, the last call's entry of each."""
+    rows = {}
+    try:
+        for line in open(os.path.join(DIR, "rows.jsonl")):
+            r = json.loads(line)
+            rows[r["tag"]] = r
+    except (OSError, ValueError):
+        pass
+    lines, ran = [], []
+    for r in rows.values():
+        if r["why"]:
+            lines.append(f"- {r['tag']}: {r['why']}")
+            lines += [f"    {x}" for x in r.get("last_lines", [])]
+        else:
+            ran.append(f"{r['tag']} {r['seconds']} s")
+    return lines, ran
+
+
+def main():
+    lines = header() + [""]
+    for s in sections():
+        lines += s + [""]
+    bad, ran = not_run()
+    lines += ["## Rows that did not run, overran or failed", ""] + (bad or ["none"])
+    if ran:
+        lines += ["", "Rows that ran (seconds): " + ", ".join(ran)]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(DIR, "summary.md"), "w") as f:
+        f.write(text)
+    print(text, end="")
+
+
+main()
