@@ -79,6 +79,7 @@ pub fn build() {
     println!("cargo:rerun-if-changed=cuda/ep_common.cuh");
     println!("cargo:rerun-if-changed=cuda/kernel_report.h");
     println!("cargo:rerun-if-changed=cuda/device_common.cuh");
+    println!("cargo:rerun-if-changed=cuda/ll.cuh");
     for var in WATCHED_ENV {
         println!("cargo:rerun-if-env-changed={var}");
     }

@@ -36,6 +36,7 @@
 
 // NIXL's device header, the clock, scoped signals, the bounded wait, KernelReport.
 #include "device_common.cuh"
+#include "ll.cuh"
 
 // Limits the kernels are written for (src/collectives/layout.rs checks them).
 constexpr uint32_t COLL_MAX_RANKS = 16;
@@ -554,8 +555,10 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
 // A line is {u32 data, u32 epoch, u32 data, u32 epoch}: 8 bytes of data and
 // the call's epoch (low 32 bits) twice, written with one 16-byte store, so a
 // reader that sees the epoch in both halves has the data too — no fence, no
-// separate flag (NCCL's LL protocol; src/gpu/ll.rs has the format). A
-// line's old contents carry an older epoch, so nothing is cleared.
+// separate flag (NCCL's LL protocol; the store, load and poll are
+// cuda/ll.cuh's, src/gpu/ll.rs has the format). A line's old contents carry
+// an older epoch, so nothing is cleared. Packing is ours: lines hold f32 or
+// bf16 elements, so a partial line is read and written in 16-bit halves.
 
 // Data bytes [8k, 8k + 8) of `src` (`bytes` in all; zeros past the end).
 __device__ __forceinline__ uint2 ll_payload(const uint8_t *src, uint64_t k, uint64_t bytes) {
@@ -577,24 +580,17 @@ __device__ __forceinline__ void ll_unpack(uint8_t *dst, uint64_t k, uint64_t byt
     for (uint32_t j = 0; j < 4 && at + 2 * j < bytes; ++j) reinterpret_cast<uint16_t *>(dst + at)[j] = uint16_t(h[j]);
 }
 
-__device__ __forceinline__ void ll_store(uint8_t *dst, uint2 v, uint32_t epoch) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(epoch), "r"(v.y),
-                 "r"(epoch)
-                 : "memory");
+// Stores the 8 data bytes `v` as the line at `dst`, stamped with `epoch`.
+__device__ __forceinline__ void ll_put(uint8_t *dst, uint2 v, uint32_t epoch) {
+    ll_store(reinterpret_cast<uint4 *>(dst), v.x, v.y, epoch);
 }
 
-// Polls a line until both halves carry `epoch`; its data into `out`.
+// Polls a line until both halves carry exactly `epoch`; its data into `out`.
 __device__ bool ll_wait(const uint8_t *line, uint32_t epoch, uint64_t start, const CollParams &p, uint32_t src,
                         uint2 &out) {
     uint4 v;
-    for (uint32_t n = 1;; ++n) {
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(line)
-                     : "memory");
-        if (v.y == epoch && v.w == epoch) break;
-        if ((n & 63) == 0 && !keep_waiting(p, start, v.y, epoch, 0, rank_of(p, src))) return false;
-    }
+    const auto stop = [&](const uint4 &seen) { return !keep_waiting(p, start, seen.y, epoch, 0, rank_of(p, src)); };
+    if (!ll_poll<ll_exact>(reinterpret_cast<const uint4 *>(line), epoch, v, stop)) return false;
     out = make_uint2(v.x, v.z);
     return true;
 }
@@ -640,7 +636,7 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
         const uint2 v = ll_payload(in, k, bytes);
         for (uint32_t d = 0; d < p.ranks; ++d)
-            if (d != p.rank && b.ptr[d] != nullptr) ll_store(b.ptr[d] + row + 16 * k, v, epoch);
+            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, epoch);
     }
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);

@@ -129,8 +129,8 @@ __device__ __forceinline__ uint32_t wait_expired(const KernelReport *r, uint64_t
 // (wait_expired), plus whatever the program adds, and records why it gave
 // up. `nap_ns` naps between polls where other warps of the SM have work.
 // Every spin on a 64-bit word goes through here; the waits on 16-byte LL
-// lines poll the same way and ask the same checks. None outlives its
-// deadline.
+// lines poll the same way and ask the same checks (ll_poll, cuda/ll.cuh).
+// None outlives its deadline.
 template <class Stop>
 __device__ __forceinline__ uint64_t spin_wait(const uint64_t *word, uint64_t target, Stop &&stop,
                                               uint32_t nap_ns = 0) {

@@ -19,6 +19,8 @@
 
 // NIXL's device header, the clock, signals, the bounded wait, KernelReport.
 #include "device_common.cuh"
+// The LL line: its store, its load, the bounded poll of one line.
+#include "ll.cuh"
 
 // The host passes nixlMemViewElem by value; its layout is part of our ABI.
 static_assert(sizeof(nixlMemViewElem) == 24, "nixlMemViewElem changed size");
@@ -294,31 +296,6 @@ __device__ void store_and_signal(const WriteParams &p, uint32_t iter, uint64_t s
     G::sync();
     if (G::rank() == 0) release_add(reinterpret_cast<uint64_t *>(signal), 1, gpu_scope(p.flags));
     ph.at_signal();
-}
-
-// An LL line, as NCCL's LL protocol (src/device/prims_ll.h): 16 bytes
-// {data0, seq, data1, seq} carrying 8 bytes of payload and the iteration's
-// sequence number twice, written with one 16-byte volatile store. The
-// receiver polls the line itself: each 8-byte half {data, seq} is one
-// aligned 8-byte access and arrives whole over NVLink and within a GPU, so
-// a half whose seq is current holds current data, and no fence or signal
-// is needed. seq starts at 1 (a zeroed buffer never passes) and grows with
-// every iteration (a line left from an earlier one never passes either).
-__device__ __forceinline__ void ll_store(uint4 *line, uint32_t d0, uint32_t d1, uint32_t seq) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
-                 ::"l"(line), "r"(d0), "r"(seq), "r"(d1), "r"(seq) : "memory");
-}
-
-__device__ __forceinline__ uint4 ll_load(const uint4 *line) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(line) : "memory");
-    return v;
-}
-
-// Both halves carry `seq` or a later one (seqs only grow within a run).
-__device__ __forceinline__ bool ll_ready(const uint4 &v, uint32_t seq) {
-    return v.y >= seq && v.w >= seq;
 }
 
 // Up to 4 bytes at p as a little-endian word, zero-padded: one aligned
@@ -789,16 +766,12 @@ __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadli
     bool ok = true;
     if (p.line_count > 0) {
         const uint4 *line = p.lines + min(uint64_t(threadIdx.x), p.line_count - 1);
-        uint4 v = ll_load(line);
-        for (uint32_t polls = 1; !ll_ready(v, seq); ++polls) {
-            const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
-            if (why != 0) {
-                record_lines_expired(p.report, why, v);
-                ok = false;
-                break;
-            }
-            v = ll_load(line);
-        }
+        uint4 v;
+        ok = ll_poll<ll_ready>(line, seq, v, [&](const uint4 &seen) {
+            const uint32_t why = wait_expired(p.report, deadline);
+            if (why != 0) record_lines_expired(p.report, why, seen);
+            return why != 0;
+        });
     }
     return blockDim.x > 32 ? __syncthreads_and(ok) : __all_sync(~0u, ok);
 }

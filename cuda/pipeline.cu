@@ -31,11 +31,12 @@
 //   store: the sender stores straight into the receiver's slot through the
 //          pointer nixlGetPtr gives, then one fence and plain stores of
 //          the sequences (NVLink / one GPU only);
-//   ll:    16-byte lines {data, seq, data, seq} (cuda/kernels.cu's LL
-//          lines) stored through the pointer: every line carries the chunk's
+//   ll:    16-byte lines {data, seq, data, seq} (cuda/ll.cuh, as
+//          simple_write's LL path) stored through the pointer: every line carries the chunk's
 //          sequence, so there is no ready word; the receiver polls the lines.
 
 #include "device_common.cuh"
+#include "ll.cuh"
 
 enum : uint32_t { PIPE_PATH_PUT = 0, PIPE_PATH_STORE = 1, PIPE_PATH_LL = 2 };
 // What a wait waited for (PipeReport::wait_on).
@@ -392,29 +393,12 @@ __device__ void move_batch(const PipeParams &p, const Channel &c, const Team &t,
     move_walk(p, c, t, h, n, q, dst);
 }
 
-// An LL line as cuda/kernels.cu writes it: one 16-byte volatile store.
-__device__ __forceinline__ void ll_store(uint4 *line, uint32_t d0, uint32_t d1, uint32_t seq) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(d0), "r"(seq), "r"(d1), "r"(seq)
-                 : "memory");
-}
-__device__ __forceinline__ uint4 ll_load(const uint4 *line) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(line)
-                 : "memory");
-    return v;
-}
-
 // Polls one line until both halves carry `seq` or later; false when the
 // wait gave up. A later seq means the slot was overwritten (counted).
 __device__ bool ll_wait_line(const PipeParams &p, const uint4 *line, uint32_t seq, uint64_t g, uint4 &v) {
     uint64_t start = 0;
-    v = ll_load(line);
-    for (uint32_t n = 1; !(reached(v.y, seq) && reached(v.w, seq)); ++n) {
-        if ((n & 63) == 0 && pipe_stop(p, start, min(v.y, v.w), PIPE_WAIT_READY, g)) return false;
-        v = ll_load(line);
-    }
+    const auto stop = [&](const uint4 &seen) { return pipe_stop(p, start, min(seen.y, seen.w), PIPE_WAIT_READY, g); };
+    if (!ll_poll<ll_ready>(line, seq, v, stop)) return false;
     if (v.y != seq || v.w != seq) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
     return true;
 }
