@@ -630,8 +630,11 @@ impl Session {
             }
             Ok(())
         };
+        crate::stall::waiting_on(format!("{what}: the checked warm-up calls"));
         self.watch_gated(ctx, &format!("{what} (warm-up)"), warm_up)?;
+        crate::stall::waiting_on(format!("{what}: capturing the timed calls ({})", cfg.launch.name()));
         let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
+        crate::stall::waiting_on(format!("{what}: the timed calls ({})", cfg.launch.name()));
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as in run_case.
             unsafe {
