@@ -23,7 +23,7 @@ use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use nixl_examples::cli::{DataMismatch, exit_status, parse_bytes, parse_timeout, store_error};
 use nixl_examples::gpu::module::{Fatbin, load};
-use nixl_examples::gpu::path::Path;
+use nixl_examples::gpu::path::{Path, refuse_missing};
 use nixl_examples::gpu::{DeviceBuffer, Gpu};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::agent::create_ucx_agent;
@@ -67,6 +67,10 @@ struct Args {
     timeout: Duration,
 }
 
+/// The paths this example's two kernels take (`cuda/put_and_signal.cu`);
+/// `--path ll` is refused (exit 2).
+const PATHS: [Path; 2] = [Path::Put, Path::Store];
+
 const SEED: u64 = 0x1eaf;
 
 /// A byte count that is a multiple of 16 (the stores are 16 bytes wide).
@@ -89,11 +93,13 @@ fn main() -> ExitCode {
         Some(Role::Initiator) => "initiator",
     };
     logging::init(who);
-    let result = match args.role {
-        None => run_both(&args),
-        Some(Role::Target) => target(&args),
-        Some(Role::Initiator) => initiator(&args),
-    };
+    let result = refuse_missing("put_and_signal", &PATHS, &[args.path])
+        .map_err(Into::into)
+        .and_then(|()| match args.role {
+            None => run_both(&args),
+            Some(Role::Target) => target(&args),
+            Some(Role::Initiator) => initiator(&args),
+        });
     result.unwrap_or_else(|e| exit_status(who, &e))
 }
 
@@ -272,9 +278,10 @@ fn write(
         "store_and_signal"
     })?;
     let mut launch = gpu.stream.launch_builder(&f);
-    match a.path {
-        Path::Put => launch.arg(&src_elem),
-        Path::Store => launch.arg(&src_ptr),
+    if a.path == Path::Put {
+        launch.arg(&src_elem)
+    } else {
+        launch.arg(&src_ptr)
     };
     launch.arg(&dst).arg(&signal).arg(&a.size).arg(&err);
     let cfg = LaunchConfig {

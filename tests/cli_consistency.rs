@@ -95,6 +95,24 @@ fn every_timeout_has_one_range_and_one_message() {
     }
 }
 
+/// Every `--path` parses into the one `gpu::path::Path`; a program that
+/// lacks the path asked for exits 2 naming it and what the program offers,
+/// before any network or GPU work.
+#[test]
+fn a_path_a_program_lacks_is_refused_by_name() {
+    let lacking = [
+        ("ep", ep()),
+        ("collectives", collectives()),
+        ("put_and_signal", Command::new(example("put_and_signal"))),
+    ];
+    for (name, c) in lacking {
+        let o = output(c, &["--path", "ll"]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", both(&o));
+        let want = format!("--path ll: {name} has no ll path (it offers put, store)");
+        assert!(stderr(&o).contains(&want), "{name}: {}", both(&o));
+    }
+}
+
 /// A fresh `Command` with the same program (Command is not Clone).
 fn c_clone(c: &Command) -> Command {
     let mut n = Command::new(c.get_program());

@@ -14,8 +14,9 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, parse_timeout};
-use nixl_examples::ep::config::{Mode, Path, PathChoice, RoutingKind, RunConfig, Shape};
+use nixl_examples::ep::config::{Mode, PATHS, Path, PathChoice, RoutingKind, RunConfig, Shape};
 use nixl_examples::ep::{PROGRAM, run};
+use nixl_examples::gpu::path::refuse_missing;
 use nixl_examples::launch::RoleExit;
 use nixl_examples::ranks::args::ElasticArgs;
 use nixl_examples::ranks::check::{self, Check, Inject};
@@ -468,6 +469,7 @@ fn run_config(
         graph: args.graph,
         on_death,
     };
+    refuse_missing(nixl_examples::ep::PROGRAM.name, &PATHS, &cfg.paths)?;
     shape.validate(cfg.total_iterations())?;
     Ok(cfg)
 }

@@ -16,7 +16,7 @@ use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, parse_bytes, parse_timeout};
 use nixl_examples::pipeline::PROGRAM;
 use nixl_examples::pipeline::config::{Config, MAX_BATCH};
-use nixl_examples::pipeline::kernels::{Level, PipePath};
+use nixl_examples::pipeline::kernels::{Level, Path};
 use nixl_examples::pipeline::run::{self, Outputs};
 use nixl_examples::ranks::RankEnv;
 use nixl_examples::ranks::check::{Check, Inject};
@@ -91,8 +91,8 @@ struct Args {
     slot_bytes: Option<u64>,
 
     /// Data paths, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![PipePath::Store, PipePath::Put])]
-    path: Vec<PipePath>,
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Path::Store, Path::Put])]
+    path: Vec<Path>,
 
     /// Levels: what one channel is (a thread, a warp, a block), comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Level::Block])]

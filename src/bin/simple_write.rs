@@ -25,7 +25,7 @@ use nixl_examples::group::{Host, Member, Roster, join_store};
 use nixl_examples::launch::{self, RoleSpec};
 use nixl_examples::nixl::runtime;
 use nixl_examples::simple_write::initiator_role::{self, InitiatorConfig};
-use nixl_examples::simple_write::kernels::{FenceScope, Level, Path, WaitMode};
+use nixl_examples::simple_write::kernels::{FenceScope, Level, Path, WaitMode, WritePath};
 use nixl_examples::simple_write::plan::{RoundSpec, odd_slots, size_sweep, slots_for};
 use nixl_examples::simple_write::protocol::{self, Role};
 use nixl_examples::simple_write::report::{self, Row, RunInfo};
@@ -585,7 +585,7 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         specs.push(RoundSpec {
             size: 0,
             level: Level::Thread,
-            path: Path::Flag,
+            path: WritePath::Flag,
             chunk: None,
             blocks: None,
             threads: None,
@@ -602,7 +602,7 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
                 specs.push(RoundSpec {
                     size,
                     level,
-                    path,
+                    path: path.into(),
                     chunk: args.chunk,
                     blocks: args.blocks,
                     threads: args.threads,

@@ -77,6 +77,12 @@ pub enum AlgoChoice {
 
 pub use crate::gpu::path::{Path, PathChoice};
 
+/// The data paths collectives implements (`COLL_PATH_*` in
+/// `cuda/collectives.cu`); `--path ll` is refused
+/// ([`super::plan::RunConfig::validate`]): its LL lines are an algorithm
+/// (`--algo ll`) on the store path.
+pub const PATHS: [Path; 2] = [Path::Put, Path::Store];
+
 /// Element type.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ValueEnum,

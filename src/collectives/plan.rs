@@ -8,6 +8,7 @@ use super::case::{Case, count_for};
 use super::layout::{Algo, AlgoChoice, Dtype, Path};
 use super::ops::Op;
 use crate::cli::{UsageError, fmt_bytes};
+use crate::gpu::path::refuse_missing;
 
 /// In place, out of place, or both (`--place`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -183,8 +184,14 @@ impl RunConfig {
             .map_or(0, |e| cases as u64 * u64::from(e.rounds))
     }
 
-    /// Refuses a run in which some operation has no size at all.
+    /// Refuses a path collectives lacks, and a run the kernels cannot do
+    /// (too many ranks, LL where it does not run, an operation with no size).
     pub fn validate(&self) -> Result<(), UsageError> {
+        refuse_missing(super::PROGRAM.name, &super::layout::PATHS, &self.paths).map_err(|e| {
+            UsageError(format!(
+                "{e}; its LL allreduce is --algo ll, on the store path"
+            ))
+        })?;
         if self.ranks > super::layout::MAX_RANKS {
             return Err(UsageError(format!(
                 "{} ranks: the kernels are written for at most {}",

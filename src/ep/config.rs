@@ -73,6 +73,10 @@ impl RoutingKind {
 
 pub use crate::gpu::path::{Path, PathChoice};
 
+/// The data paths ep implements (`EP_PATH_*` in `cuda/ep_common.cuh`);
+/// `--path ll` is refused ([`crate::gpu::path::refuse_missing`]).
+pub const PATHS: [Path; 2] = [Path::Put, Path::Store];
+
 /// Most ranks one run may have (each block signals every rank; the wait
 /// thread walks them in turn).
 pub const MAX_RANKS: u32 = 64;

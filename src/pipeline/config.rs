@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::kernels::{Level, PipePath};
+use super::kernels::{Level, Path};
 use super::ring;
 use crate::cli::{UsageError, fmt_bytes};
 
@@ -21,7 +21,7 @@ pub struct Config {
     /// [`MAX_BATCH`]); empty: [`auto_batch`].
     #[serde(default)]
     pub batches: Vec<u32>,
-    pub paths: Vec<PipePath>,
+    pub paths: Vec<Path>,
     pub levels: Vec<Level>,
     /// Chunks per case (the warm-up included), and the untimed first ones.
     pub chunks: u64,
@@ -53,9 +53,9 @@ pub const MAX_BATCH: u32 = 16;
 /// the ring (so the two ends still overlap, one filling half while the
 /// other drains the other), at most [`MAX_BATCH`]; 1 on the LL path, whose
 /// lines are their own ready words.
-pub fn auto_batch(path: PipePath, slots: u32) -> u32 {
+pub fn auto_batch(path: Path, slots: u32) -> u32 {
     match path {
-        PipePath::Ll => 1,
+        Path::Ll => 1,
         _ => (slots / 2).clamp(1, MAX_BATCH),
     }
 }
@@ -64,7 +64,7 @@ pub fn auto_batch(path: PipePath, slots: u32) -> u32 {
 /// chunks one handshake covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Case {
-    pub path: PipePath,
+    pub path: Path,
     pub level: Level,
     pub chunk: u64,
     pub slots: u32,
@@ -76,7 +76,7 @@ pub struct Case {
 impl Case {
     /// Bytes of one slot of this case.
     pub fn slot_bytes(&self) -> u64 {
-        ring::slot_bytes(self.chunk, self.path == PipePath::Ll)
+        ring::slot_bytes(self.chunk, self.path == Path::Ll)
     }
 
     /// Threads per block: `--threads`, else 512 on the store and LL paths
@@ -84,7 +84,7 @@ impl Case {
     /// warp and thread level.
     pub fn threads(&self, cfg: &Config) -> u32 {
         cfg.threads.unwrap_or(match (self.level, self.path) {
-            (Level::Block, PipePath::Put) => 256,
+            (Level::Block, Path::Put) => 256,
             (Level::Block, _) => 512,
             _ => 256,
         })
@@ -143,8 +143,8 @@ impl Config {
     }
 
     /// The batches a case runs with, in `--batch` order, each once.
-    fn batches_for(&self, path: PipePath, slots: u32) -> Vec<u32> {
-        if self.batches.is_empty() || path == PipePath::Ll {
+    fn batches_for(&self, path: Path, slots: u32) -> Vec<u32> {
+        if self.batches.is_empty() || path == Path::Ll {
             return vec![auto_batch(path, slots)];
         }
         let mut out: Vec<u32> = Vec::new();
@@ -200,7 +200,7 @@ impl Config {
 
     /// A case's chunk must be whole vectors (LL: whole lines) and fit a slot.
     fn check_case(&self, c: &Case) -> Result<(), UsageError> {
-        let unit = if c.path == PipePath::Ll { 8 } else { 16 };
+        let unit = if c.path == Path::Ll { 8 } else { 16 };
         if c.chunk == 0 || c.chunk % unit != 0 {
             return Err(UsageError(format!(
                 "--chunk {}: the {} path moves chunks of whole {unit}-byte units; give a multiple of {unit}",
@@ -226,7 +226,7 @@ impl Config {
         (self.cases().iter())
             .map(|c| {
                 let channels = c.level.channels(c.blocks(self, share), c.threads(self));
-                let ll = c.path == PipePath::Ll;
+                let ll = c.path == Path::Ll;
                 let stride =
                     ring::slice_stride(self.slot_bytes.unwrap_or(0), c.chunk, channels, ll);
                 ring::Window::new(c.slots, stride, channels).bytes
@@ -240,7 +240,7 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn config(slots: Vec<u32>, batches: Vec<u32>, paths: Vec<PipePath>) -> Config {
+    fn config(slots: Vec<u32>, batches: Vec<u32>, paths: Vec<Path>) -> Config {
         Config {
             stages: 2,
             chunk_sizes: vec![1 << 20],
@@ -267,25 +267,25 @@ mod tests {
 
     #[test]
     fn a_batch_is_at_most_the_ring_and_runs_once_per_case() {
-        let cfg = config(vec![1, 2, 16], vec![1, 2, 4], vec![PipePath::Store]);
+        let cfg = config(vec![1, 2, 16], vec![1, 2, 4], vec![Path::Store]);
         assert_eq!(
             batches(&cfg),
             [(1, 1), (2, 1), (2, 2), (16, 1), (16, 2), (16, 4)]
         );
         // Without --batch: half the ring, at most MAX_BATCH; LL always 1.
-        let auto = config(vec![1, 2, 6, 16, 32, 64], vec![], vec![PipePath::Put]);
+        let auto = config(vec![1, 2, 6, 16, 32, 64], vec![], vec![Path::Put]);
         assert_eq!(
             batches(&auto),
             [(1, 1), (2, 1), (6, 3), (16, 8), (32, 16), (64, 16)]
         );
-        let ll = config(vec![8], vec![2, 4], vec![PipePath::Ll]);
+        let ll = config(vec![8], vec![2, 4], vec![Path::Ll]);
         assert_eq!(batches(&ll), [(8, 1)]);
     }
 
     #[test]
     fn a_batch_outside_one_to_max_is_a_usage_error() {
         for b in [0, MAX_BATCH + 1] {
-            let err = config(vec![8], vec![b], vec![PipePath::Store]).validate();
+            let err = config(vec![8], vec![b], vec![Path::Store]).validate();
             assert!(err.is_err_and(|e| e.0.contains("--batch")), "batch {b}");
         }
     }

@@ -6,50 +6,20 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError};
-use serde::{Deserialize, Serialize};
 
 use crate::gpu::kernels::KernelReport;
 use crate::gpu::launch;
 
-/// How a chunk moves between two stages (`PIPE_PATH_*` in `cuda/`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum PipePath {
-    /// nixlPut from a staging slot + nixlAtomicAdd ready and credit words:
-    /// any UCX device transport.
-    Put,
-    /// Stores through nixlGetPtr's pointer + release stores: NVLink / one GPU.
-    Store,
-    /// 16-byte lines {data, seq, data, seq} through the pointer, no ready
-    /// word: NVLink / one GPU, small chunks.
-    Ll,
-}
+// How a chunk moves between two stages (`PIPE_PATH_*` in `cuda/`, numbered
+// as `Path::code`): put, nixlPut from a staging slot + nixlAtomicAdd ready
+// and credit words; store, stores through nixlGetPtr's pointer + release
+// stores; ll, lines through the pointer, no ready word. The pipeline offers
+// every path.
+pub use crate::gpu::path::Path;
 
-impl PipePath {
-    pub fn name(self) -> &'static str {
-        match self {
-            PipePath::Put => "put",
-            PipePath::Store => "store",
-            PipePath::Ll => "ll",
-        }
-    }
-    /// The code the kernels take.
-    pub fn code(self) -> u32 {
-        self as u32
-    }
-}
+/// The pipeline's former name for [`Path`], kept while `src/pipeline/run.rs`
+/// still names it.
+pub type PipePath = Path;
 
 pub use crate::gpu::level::Level;
 
@@ -153,7 +123,7 @@ unsafe impl DeviceRepr for PipeParams {}
 /// kernel holds only its path's code and registers).
 pub struct PipeKernels {
     _module: Arc<CudaModule>,
-    /// `[level][path]`, as [`Level`] and [`PipePath`] number them.
+    /// `[level][path]`, as [`Level`] and [`Path::code`] number them.
     entries: Vec<[CudaFunction; 3]>,
 }
 
@@ -166,15 +136,11 @@ impl PipeKernels {
                 .load_function(name)
                 .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
         };
-        let paths = [PipePath::Put, PipePath::Store, PipePath::Ll];
+        let [put, store, ll] = Path::ALL;
         let mut entries = Vec::new();
         for level in Level::ALL {
-            let name = |path: PipePath| format!("pipe_{}_{}", level.name(), path.name());
-            entries.push([
-                f(&name(paths[0]))?,
-                f(&name(paths[1]))?,
-                f(&name(paths[2]))?,
-            ]);
+            let name = |path: Path| format!("pipe_{}_{}", level.name(), path.name());
+            entries.push([f(&name(put))?, f(&name(store))?, f(&name(ll))?]);
         }
         Ok(Self {
             entries,
@@ -187,10 +153,10 @@ impl PipeKernels {
     pub fn blocks_per_sm(
         &self,
         level: Level,
-        path: PipePath,
+        path: Path,
         threads: u32,
     ) -> Result<u32, DriverError> {
-        self.entries[level as usize][path as usize]
+        self.entries[level as usize][path.code() as usize]
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
     }
 

@@ -19,11 +19,14 @@ use crate::gpu::module::{Fatbin, KernelsError, load};
 use crate::nixl::view::MemViewElem;
 
 pub use crate::gpu::level::Level;
+pub use crate::gpu::path::Path;
 
 /// The write kernel of `level` on `path` in `cuda/kernels.cu`.
-fn write_kernel(level: Level, path: Path) -> &'static str {
+fn write_kernel(level: Level, path: WritePath) -> &'static str {
+    let WritePath::Data(path) = path else {
+        return "nixl_flag_write";
+    };
     match (path, level) {
-        (Path::Flag, _) => "nixl_flag_write",
         (Path::Ll, Level::Thread) => "nixl_ll_write_thread",
         (Path::Ll, Level::Warp) => "nixl_ll_write_warp",
         (Path::Ll, Level::Block) => "nixl_ll_write_block",
@@ -271,10 +274,10 @@ pub enum AckMode {
 
 impl AckMode {
     /// The acknowledgement a round on `path` uses.
-    pub fn of(path: Path) -> Self {
+    pub fn of(path: WritePath) -> Self {
         match path {
-            Path::Put => AckMode::FlagOrNixl,
-            Path::Store | Path::Ll | Path::Flag => AckMode::Flag,
+            WritePath::Data(Path::Put) => AckMode::FlagOrNixl,
+            WritePath::Data(Path::Store | Path::Ll) | WritePath::Flag => AckMode::Flag,
         }
     }
 }
@@ -319,71 +322,80 @@ pub fn signals_per_iter(size: u64, groups: u64, chunk: u64) -> u64 {
     }
 }
 
-/// How the initiator's kernel moves the data.
+/// What a round's write kernel sends (its template argument `P`,
+/// `PATH_*` in `cuda/kernels.cu`): the payload on a data [`Path`], or, in
+/// the floor row (`--floor`), one bare flag and no data. The flag is no
+/// `--path` a user picks, so it is simple_write's alone, not a [`Path`].
+/// Serialized (in the plan, in results) by [`WritePath::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Path {
-    /// `nixlPut` + `nixlAtomicAdd`: any UCX device transport, RDMA included.
-    Put,
-    /// `nixlGetPtr` + 16-byte stores + a release add: memory the transport
-    /// maps into the GPU's address space (cuda_ipc: NVLink or PCIe) only.
-    Store,
-    /// `nixlGetPtr` + 16-byte LL lines {data, seq, data, seq} that carry
-    /// their own flag (NCCL's LL protocol): no fence, no signal, half the
-    /// bytes are payload. Needs 8-byte halves to arrive whole: NVLink and
-    /// within one GPU, not PCIe peer writes through switches or RDMA.
-    Ll,
+#[serde(into = "&'static str", try_from = "String")]
+pub enum WritePath {
+    Data(Path),
     /// No data: one relaxed store of a flag, the floor a ping-pong row is
-    /// compared with (`--floor`). Not a `--path` choice.
+    /// compared with.
     Flag,
 }
 
-impl Path {
-    /// The data paths `--path` offers.
-    pub const ALL: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
-
-    /// Lower-case name, as on the command line.
+impl WritePath {
+    /// `put`, `store`, `ll` ([`Path::name`]) or `flag`.
     pub fn name(self) -> &'static str {
         match self {
-            Path::Put => "put",
-            Path::Store => "store",
-            Path::Ll => "ll",
-            Path::Flag => "flag",
+            WritePath::Data(p) => p.name(),
+            WritePath::Flag => "flag",
         }
     }
 
-    /// Bytes that cross the link per payload byte: 2 for LL (half of every
-    /// line is its flag), else 1.
+    /// The kernel's `P`: [`Path::code`], or `PATH_FLAG` = 3.
+    pub fn code(self) -> u32 {
+        match self {
+            WritePath::Data(p) => p.code(),
+            WritePath::Flag => 3,
+        }
+    }
+
+    /// Bytes that cross the link per payload byte ([`Path::wire_factor`];
+    /// 1 for the flag, which has no payload).
     pub fn wire_factor(self) -> f64 {
         match self {
-            Path::Ll => 2.0,
-            _ => 1.0,
+            WritePath::Data(p) => p.wire_factor(),
+            WritePath::Flag => 1.0,
         }
     }
 }
 
-impl std::fmt::Display for Path {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+impl From<Path> for WritePath {
+    fn from(p: Path) -> Self {
+        WritePath::Data(p)
     }
 }
 
-impl clap::ValueEnum for Path {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
+/// `round.path == Path::Ll`: whether the round moves data on that path.
+impl PartialEq<Path> for WritePath {
+    fn eq(&self, p: &Path) -> bool {
+        *self == WritePath::Data(*p)
     }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        let help = match self {
-            Path::Put => "nixlPut + nixlAtomicAdd: any UCX device transport, RDMA included",
-            Path::Store => {
-                "nixlGetPtr + 16-byte stores + a release add: NVLink/PCIe peers (cuda_ipc) only"
-            }
-            Path::Ll => {
-                "nixlGetPtr + 16-byte lines {data, seq, data, seq}, no fence or signal: NVLink only"
-            }
-            Path::Flag => "no data: the bare flag of --floor",
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+}
+
+impl From<WritePath> for &'static str {
+    fn from(w: WritePath) -> Self {
+        w.name()
+    }
+}
+
+impl TryFrom<String> for WritePath {
+    type Error = String;
+    fn try_from(name: String) -> Result<Self, String> {
+        match Path::ALL.into_iter().find(|p| p.name() == name) {
+            Some(p) => Ok(WritePath::Data(p)),
+            None if name == "flag" => Ok(WritePath::Flag),
+            None => Err(format!("unknown write path '{name}'")),
+        }
+    }
+}
+
+impl std::fmt::Display for WritePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -416,7 +428,7 @@ impl Kernels {
             source,
         };
         let f = |name: &str| module.load_function(name).map_err(err);
-        let row = |p: Path| -> Result<[CudaFunction; 3], KernelsError> {
+        let row = |p: WritePath| -> Result<[CudaFunction; 3], KernelsError> {
             Ok([
                 f(write_kernel(Level::Thread, p))?,
                 f(write_kernel(Level::Warp, p))?,
@@ -425,10 +437,10 @@ impl Kernels {
         };
         Ok(Self {
             write: [
-                row(Path::Put)?,
-                row(Path::Store)?,
-                row(Path::Ll)?,
-                row(Path::Flag)?,
+                row(Path::Put.into())?,
+                row(Path::Store.into())?,
+                row(Path::Ll.into())?,
+                row(WritePath::Flag)?,
             ],
             ll_pingpong: [
                 f("nixl_ll_pingpong_thread")?,
@@ -456,8 +468,8 @@ impl Kernels {
         })
     }
 
-    fn write_fn(&self, path: Path, level: Level) -> &CudaFunction {
-        &self.write[path as usize][level as usize]
+    fn write_fn(&self, path: WritePath, level: Level) -> &CudaFunction {
+        &self.write[path.code() as usize][level as usize]
     }
 
     /// The most blocks a write kernel on `gpu` may have: all resident at
@@ -471,7 +483,7 @@ impl Kernels {
     pub fn grid_limit(
         &self,
         gpu: &Gpu,
-        path: Path,
+        path: WritePath,
         level: Level,
         threads: u32,
     ) -> Result<u32, DriverError> {
@@ -489,7 +501,7 @@ impl Kernels {
     /// Blocks of `threads` threads one SM holds at once.
     pub fn blocks_per_sm(
         &self,
-        path: Path,
+        path: WritePath,
         level: Level,
         threads: u32,
     ) -> Result<u32, DriverError> {
@@ -509,16 +521,16 @@ impl Kernels {
     pub unsafe fn launch_write(
         &self,
         stream: &CudaStream,
-        (path, level): (Path, Level),
+        (path, level): (WritePath, Level),
         blocks: u32,
         threads: u32,
         p: &WriteParams,
     ) -> Result<(), DriverError> {
         let spinning_pingpong = p.flags & (WRITE_PINGPONG | WRITE_HOST_SEQUENCED) == WRITE_PINGPONG;
         let f = match path {
-            Path::Ll if spinning_pingpong => &self.ll_pingpong[level as usize],
-            Path::Put | Path::Store if p.slots > 1 => {
-                &self.write_hbm[path as usize][level as usize]
+            WritePath::Data(Path::Ll) if spinning_pingpong => &self.ll_pingpong[level as usize],
+            WritePath::Data(Path::Put | Path::Store) if p.slots > 1 => {
+                &self.write_hbm[path.code() as usize][level as usize]
             }
             _ => self.write_fn(path, level),
         };
@@ -604,6 +616,24 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_paths_keep_their_names_and_kernel_codes() {
+        let all = [
+            Path::Put.into(),
+            Path::Store.into(),
+            Path::Ll.into(),
+            WritePath::Flag,
+        ];
+        for (code, w) in all.into_iter().enumerate() {
+            assert_eq!(w.code() as usize, code, "{w}");
+            let json = serde_json::to_string(&w).unwrap();
+            assert_eq!(json, format!("\"{}\"", w.name()));
+            assert_eq!(serde_json::from_str::<WritePath>(&json).unwrap(), w);
+        }
+        assert!(WritePath::from(Path::Ll) == Path::Ll && WritePath::Flag != Path::Put);
+        assert!(serde_json::from_str::<WritePath>("\"ll128\"").is_err());
+    }
 
     #[test]
     fn slices_cover_the_buffer_with_aligned_starts() {

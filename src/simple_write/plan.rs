@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::kernels::{Level, Path, signals_per_iter, slice_for};
+use super::kernels::{Level, Path, WritePath, signals_per_iter, slice_for};
 use crate::gpu::GpuInfo;
 use crate::gpu::ll;
 
@@ -19,8 +19,9 @@ pub struct Round {
     /// Bytes per iteration.
     pub size: u64,
     pub level: Level,
-    /// How the data moves: `nixlPut`, or stores through `nixlGetPtr`.
-    pub path: Path,
+    /// How the data moves (`nixlPut`, stores or LL lines through
+    /// `nixlGetPtr`), or the floor's bare flag.
+    pub path: WritePath,
     /// 0: each group moves one contiguous slice; else chunks of this many
     /// bytes dealt round-robin to the groups.
     pub chunk: u64,
@@ -80,9 +81,11 @@ impl Round {
     /// flag path.
     pub fn signals_per_iter(&self) -> u64 {
         match self.path {
-            Path::Ll => 0,
-            Path::Flag => 1,
-            Path::Put | Path::Store => signals_per_iter(self.size, self.groups(), self.chunk),
+            WritePath::Data(Path::Ll) => 0,
+            WritePath::Flag => 1,
+            WritePath::Data(Path::Put | Path::Store) => {
+                signals_per_iter(self.size, self.groups(), self.chunk)
+            }
         }
     }
 
@@ -90,7 +93,7 @@ impl Round {
     /// on the LL path its lines (about twice as many).
     pub fn wire_size(&self) -> u64 {
         match self.path {
-            Path::Ll => ll::wire_bytes(self.size),
+            WritePath::Data(Path::Ll) => ll::wire_bytes(self.size),
             _ => self.size,
         }
     }
@@ -148,7 +151,7 @@ impl Round {
 pub struct RoundSpec {
     pub size: u64,
     pub level: Level,
-    pub path: Path,
+    pub path: WritePath,
     pub chunk: Option<u64>,
     pub blocks: Option<u32>,
     pub threads: Option<u32>,
@@ -169,12 +172,16 @@ impl RoundSpec {
     /// and warm-up ([`auto_warmup`]), and with `--hbm` the slots
     /// ([`slots_for`] the GPU's `l2_bytes`). `max_resident(path, level,
     /// threads)` is the most blocks the round may have resident at once.
-    pub fn resolve(&self, l2_bytes: u64, max_resident: impl Fn(Path, Level, u32) -> u32) -> Round {
+    pub fn resolve(
+        &self,
+        l2_bytes: u64,
+        max_resident: impl Fn(WritePath, Level, u32) -> u32,
+    ) -> Round {
         // Ping-pong times one group; wide blocks only add barrier cost there.
         let threads = self
             .threads
             .unwrap_or(match (self.level, self.pingpong, self.path) {
-                (Level::Block, false, Path::Put) => 256,
+                (Level::Block, false, WritePath::Data(Path::Put)) => 256,
                 (Level::Block, false, _) => 512,
                 (Level::Block, true, _) => 256,
                 (l, _, _) => l.default_threads(),
@@ -347,7 +354,7 @@ mod tests {
         let r = Round {
             size: 8,
             level: Level::Warp,
-            path: Path::Put,
+            path: Path::Put.into(),
             chunk: 0,
             blocks: 2,
             threads: 64,
@@ -361,7 +368,7 @@ mod tests {
         let r = Round {
             size: 1 << 20,
             level: Level::Block,
-            path: Path::Put,
+            path: Path::Put.into(),
             chunk: 0,
             blocks: 4,
             threads: 256,
@@ -387,11 +394,11 @@ mod tests {
             pingpong: false,
             slots: 1,
         };
-        assert_eq!(round(Path::Ll, 1 << 20).signals_per_iter(), 0);
-        assert_eq!(round(Path::Ll, 1 << 20).wire_size(), 2 << 20);
-        assert_eq!(round(Path::Ll, 12345).wire_size(), 1544 * 16);
-        assert_eq!(round(Path::Flag, 0).signals_per_iter(), 1);
-        assert_eq!(round(Path::Store, 1 << 20).wire_size(), 1 << 20);
+        assert_eq!(round(Path::Ll.into(), 1 << 20).signals_per_iter(), 0);
+        assert_eq!(round(Path::Ll.into(), 1 << 20).wire_size(), 2 << 20);
+        assert_eq!(round(Path::Ll.into(), 12345).wire_size(), 1544 * 16);
+        assert_eq!(round(WritePath::Flag, 0).signals_per_iter(), 1);
+        assert_eq!(round(Path::Store.into(), 1 << 20).wire_size(), 1 << 20);
         let plan = RunPlan {
             seed: 1,
             timeout_ms: 1,
@@ -402,7 +409,10 @@ mod tests {
                 mps: false,
                 l2_bytes: 0,
             },
-            rounds: vec![round(Path::Put, 1 << 20), round(Path::Ll, 1 << 20)],
+            rounds: vec![
+                round(Path::Put.into(), 1 << 20),
+                round(Path::Ll.into(), 1 << 20),
+            ],
         };
         assert_eq!((plan.max_size(), plan.max_wire_size()), (1 << 20, 2 << 20));
     }
@@ -434,7 +444,7 @@ mod tests {
         let round = Round {
             size: 1000,
             level: Level::Block,
-            path: Path::Store,
+            path: Path::Store.into(),
             chunk: 0,
             blocks: 1,
             threads: 256,

@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use tracing::info;
 
 use self::held::Held;
-use super::kernels::{Kernels, Path, WaitMode};
+use super::kernels::{Kernels, WaitMode, WritePath};
 use super::plan::RunPlan;
 use super::protocol::{self as p, AgentMetadata, Claim, Marker};
 use crate::cli::DataMismatch;
@@ -94,7 +94,7 @@ pub(super) fn claim_pair(member: &Member, check_only: bool) -> Result<()> {
 fn set_up(cfg: &TargetConfig, plan: RunPlan, member: &Member) -> Result<Held> {
     if let Some(want) = cfg.expected_size {
         // The floor round (a bare flag) carries no data and no size.
-        let data = || plan.rounds.iter().filter(|r| r.path != Path::Flag);
+        let data = || plan.rounds.iter().filter(|r| r.path != WritePath::Flag);
         if data().any(|r| r.size != want) {
             let sizes: Vec<String> = data().map(|r| r.size.to_string()).collect();
             bail!(

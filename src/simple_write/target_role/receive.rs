@@ -12,7 +12,7 @@ use crate::gpu::ll;
 use crate::gpu::run::run_watched;
 use crate::group::Member;
 use crate::nixl::view::MemViewElem;
-use crate::simple_write::kernels::{AckMode, Path, WaitMode, WaitParams};
+use crate::simple_write::kernels::{AckMode, Path, WaitMode, WaitParams, WritePath};
 use crate::simple_write::plan::Round;
 use crate::simple_write::protocol::{self as p, Verdict};
 use crate::stats::Summary;
@@ -90,7 +90,7 @@ fn payload_of<'a>(
     last_seq: u32,
 ) -> Result<std::borrow::Cow<'a, [u8]>, ll::LineMismatch> {
     match round.path {
-        Path::Ll => ll::unpack(buf, round.size as usize, last_seq).map(Into::into),
+        WritePath::Data(Path::Ll) => ll::unpack(buf, round.size as usize, last_seq).map(Into::into),
         _ => Ok(buf.into()),
     }
 }
@@ -275,7 +275,7 @@ impl Wait<'_> {
             ack_base: self.ack_base,
             lines: held.data.addr(),
             line_count: match r.path {
-                Path::Ll => ll::lines(r.size),
+                WritePath::Data(Path::Ll) => ll::lines(r.size),
                 _ => 0,
             },
             first_seq: self.first_iter + 1,
