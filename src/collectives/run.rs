@@ -15,6 +15,7 @@ use crate::ranks::rank::{Rank, RankOptions, run_rank};
 use super::elastic::{self, ElasticTimes};
 use super::kernels::CollKernels;
 use super::layout::{Path, WindowLayout};
+use super::plan::Launch;
 use super::member::{Group, RankEnv};
 use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
@@ -40,7 +41,7 @@ pub struct Outputs {
 /// anything else (exit 1), each naming the cause.
 pub fn run(env: &RankEnv, cfg: &RunConfig, out: &Outputs) -> Result<()> {
     // May re-execute this process to load NCCL: before anything else.
-    let nccl = loader::start(cfg.baseline);
+    let nccl = loader::start(cfg.baseline, cfg.launch == Launch::Graph);
     check_machine()?;
     let visible = device_count()? as u32;
     let gpus = out.gpus.unwrap_or(visible);

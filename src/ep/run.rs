@@ -30,7 +30,7 @@ use crate::ranks::rank::{RankOptions, run_rank};
 /// each naming the cause.
 pub fn run(env: &RankEnv, plan: &Plan, cfg: &RunConfig, opts: &RunOptions) -> Result<()> {
     // May re-execute this process (see nccl.rs): before anything else.
-    let nccl_status = nccl::start(cfg.baseline);
+    let nccl_status = nccl::start(cfg.baseline, false);
     check_machine(cfg.baseline)?;
     let (gpu, ranks_on_gpu) = open_gpu(env, opts)?;
     let model = Model::new(cfg, env.rank);

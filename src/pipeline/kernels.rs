@@ -17,9 +17,6 @@ use crate::gpu::launch;
 // every path.
 pub use crate::gpu::path::Path;
 
-/// The pipeline's former name for [`Path`], kept while `src/pipeline/run.rs`
-/// still names it.
-pub type PipePath = Path;
 
 pub use crate::gpu::level::Level;
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::config::{Case, Config};
-use super::kernels::{PipeKernels, PipeParams, PipePath, PipeReport};
+use super::kernels::{Path, PipeKernels, PipeParams, PipeReport};
 use super::nccl::{self, NcclTimes};
 use super::report::{self, StageResult};
 use super::ring::{self, Window};
@@ -68,7 +68,7 @@ struct Ctx<'a> {
 /// anything else (exit 1), each naming the cause.
 pub fn run(env: &RankEnv, cfg: &Config, out: &Outputs) -> Result<()> {
     // May re-execute this process to load NCCL: before anything else.
-    let nccl = loader::start(cfg.baseline);
+    let nccl = loader::start(cfg.baseline, false);
     check_machine()?;
     let visible = crate::gpu::context::device_count()? as u32;
     let gpus = out.gpus.unwrap_or(visible);
@@ -329,7 +329,7 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
     let blocks = case.blocks(cfg, ctx.share);
     let threads = case.threads(cfg);
     let channels = case.level.channels(blocks, threads);
-    let ll = case.path == PipePath::Ll;
+    let ll = case.path == Path::Ll;
     let stride = ring::slice_stride(cfg.slot_bytes.unwrap_or(0), case.chunk, channels, ll);
     let w = Window::new(case.slots, stride, channels);
     b.window.zero(&gpu.stream)?;

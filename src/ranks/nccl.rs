@@ -52,19 +52,35 @@ const REEXEC_MARK: &str = "NIXL_NCCL_REEXEC";
 /// A rank's NCCL at start-up: [`prepare`]d when the program runs its
 /// same-run baseline (`baseline`), else unavailable for `--no-baseline`;
 /// and NVLink SHARP (`NCCL_NVLS_ENABLE`) off unless the user set it, as
-/// the launcher sets it for its ranks. Call first, before any thread or
-/// connection exists: it may re-execute the process.
-pub fn start(baseline: bool) -> NcclStatus {
+/// the launcher sets it for its ranks. `graphs`: NCCL's calls will be
+/// captured into CUDA graphs ([`GRAPH_MIXING`]). Call first, before any
+/// thread or connection exists: it may re-execute the process.
+pub fn start(baseline: bool, graphs: bool) -> NcclStatus {
     let status = match baseline {
         true => prepare(),
         false => NcclStatus::Unavailable("--no-baseline".into()),
     };
-    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        // SAFETY: no other thread exists yet (this function's contract).
-        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    let mut defaults = vec![("NCCL_NVLS_ENABLE", "0")];
+    if graphs {
+        defaults.push(GRAPH_MIXING);
+    }
+    for (name, value) in defaults {
+        if std::env::var_os(name).is_none() {
+            // SAFETY: no other thread exists yet (this function's contract).
+            unsafe { std::env::set_var(name, value) };
+        }
     }
     status
 }
+
+/// NCCL's support for graphs and eager calls outstanding at once on one
+/// communicator, off for the baselines captured into CUDA graphs (unless
+/// the user set it). On, the captured calls never ran on two H100s: both
+/// ranks waited forever, no kernel running, though the eager calls before
+/// the capture had finished (NCCL 2.28.3). A baseline never has a graph
+/// beside other NCCL work: its eager warm-up ends before the capture, and
+/// one graph runs at a time.
+pub const GRAPH_MIXING: (&str, &str) = ("NCCL_GRAPH_MIXING_SUPPORT", "0");
 
 /// Makes NCCL loadable by cudarc, re-executing this process once if
 /// needed (see the module docs). Call before any thread or connection
