@@ -560,10 +560,15 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
 // an older epoch, so nothing is cleared. Packing is ours: lines hold f32 or
 // bf16 elements, so a partial line is read and written in 16-bit halves.
 
+// Whether `p` can be read or written as one 8-byte word: allgather's and
+// reduce-scatter's slots of rank × count elements can start at any even
+// byte (count 1 of f32: every 4 bytes).
+__device__ __forceinline__ bool aligned8(const uint8_t *p) { return (reinterpret_cast<uintptr_t>(p) & 7) == 0; }
+
 // Data bytes [8k, 8k + 8) of `src` (`bytes` in all; zeros past the end).
 __device__ __forceinline__ uint2 ll_payload(const uint8_t *src, uint64_t k, uint64_t bytes) {
     const uint64_t at = 8 * k;
-    if (at + 8 <= bytes) return *reinterpret_cast<const uint2 *>(src + at);
+    if (at + 8 <= bytes && aligned8(src)) return *reinterpret_cast<const uint2 *>(src + at);
     uint32_t h[4] = {0, 0, 0, 0};
     for (uint32_t j = 0; j < 4 && at + 2 * j < bytes; ++j) h[j] = reinterpret_cast<const uint16_t *>(src + at)[j];
     return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
@@ -572,7 +577,7 @@ __device__ __forceinline__ uint2 ll_payload(const uint8_t *src, uint64_t k, uint
 // Writes the 8 data bytes of line k into `dst` (only those before `bytes`).
 __device__ __forceinline__ void ll_unpack(uint8_t *dst, uint64_t k, uint64_t bytes, uint2 v) {
     const uint64_t at = 8 * k;
-    if (at + 8 <= bytes) {
+    if (at + 8 <= bytes && aligned8(dst)) {
         *reinterpret_cast<uint2 *>(dst + at) = v;
         return;
     }
@@ -654,6 +659,81 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
+// The lines [k0, k1) of this block's slice of `count` elements, each
+// thread's first line, and the call's epoch as lines carry it. Slices
+// start at multiples of 16 bytes: whole lines, none shared between blocks.
+struct LlSlice {
+    uint64_t k0, k1;
+    uint32_t epoch;
+};
+
+__device__ __forceinline__ LlSlice ll_slice(const CollParams &p) {
+    const uint64_t E = elem_bytes(p);
+    uint64_t lo, hi;
+    split(p.count, gridDim.x, blockIdx.x, lo, hi);
+    return {lo * E / 8 + threadIdx.x, (hi * E + 7) / 8, uint32_t(p.epoch)};
+}
+
+// LL allgather (store path, small sizes): allgather's data movement in
+// lines. Each thread stores its lines of our input into every peer's LL
+// row for us and into our own output slot, then polls the same lines of
+// every peer's row in ours and unpacks them into that peer's slot.
+__device__ void allgather_ll(const CollParams &p, Peers &b) {
+    const uint64_t bytes = p.count * elem_bytes(p);
+    const LlSlice l = ll_slice(p);
+    const uint8_t *in = p.window + p.off_in;
+    uint8_t *out = p.window + p.off_out;
+    const uint64_t row = row_offset(p, p.rank);
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        const uint2 v = ll_payload(in, k, bytes);
+        for (uint32_t d = 0; d < p.ranks; ++d)
+            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, l.epoch);
+        ll_unpack(out + p.rank * bytes, k, bytes, v);
+    }
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            uint2 w;
+            if (s == p.rank) continue;
+            if (!ll_wait(p.window + row_offset(p, s) + 16 * k, l.epoch, start, p, s, w)) return;
+            ll_unpack(out + s * bytes, k, bytes, w);
+        }
+    }
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
+// LL reduce-scatter (store path, small sizes): reduce-scatter's data
+// movement in lines. Each thread stores its lines of chunk d of our input
+// into rank d's LL row for us, then polls the same lines of every peer's
+// row in ours and sums our chunk from all N in rank order, as reduce_into
+// does (bit-identical to the one-shot reduce-scatter).
+__device__ void reduce_scatter_ll(const CollParams &p, Peers &b) {
+    const uint64_t bytes = p.count * elem_bytes(p);
+    const bool bf16 = p.dtype == COLL_BF16;
+    const LlSlice l = ll_slice(p);
+    const uint8_t *in = p.window + p.off_in;
+    const uint64_t row = row_offset(p, p.rank);
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x)
+        for (uint32_t d = 0; d < p.ranks; ++d)
+            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, ll_payload(in + d * bytes, k, bytes), l.epoch);
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        float a[4] = {};
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            uint2 w;
+            if (s == p.rank) w = ll_payload(in + p.rank * bytes, k, bytes);
+            else if (!ll_wait(p.window + row_offset(p, s) + 16 * k, l.epoch, start, p, s, w)) return;
+            ll_add(a, w, bf16);
+        }
+        ll_unpack(p.window + p.off_out, k, bytes, ll_pack(a, bf16));
+    }
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
 // One call of one collective: block 0's start stamp, the step's abort
 // check, the peers' pointers, then `Algorithm`, then block 0's end stamp.
 // Every rank launches the same grid.
@@ -694,7 +774,9 @@ COLL_ENTRY(allreduce_one_shot)
 COLL_ENTRY(allreduce_two_shot)
 COLL_ENTRY(allreduce_ll)
 COLL_ENTRY(allgather)
+COLL_ENTRY(allgather_ll)
 COLL_ENTRY(reduce_scatter)
+COLL_ENTRY(reduce_scatter_ll)
 #undef COLL_ENTRY
 
 // ------------------------------------------------------ fill and check

@@ -91,8 +91,9 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::all().to_vec())]
     op: Vec<Op>,
 
-    /// Allreduce algorithm: one-shot, two-shot, ll, auto (by size), or all
-    /// (ll only where it runs: store path, up to 64 KiB).
+    /// Algorithm: one-shot, two-shot (allreduce), ll, auto (by size), or all
+    /// (ll only where it runs: store path, up to 64 KiB). Allgather and
+    /// reduce-scatter have one-shot and ll; two-shot and auto run their one-shot.
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,
 

@@ -20,7 +20,7 @@ pub const THREADS: u32 = 512;
 pub const ALIGN_ELEMS: u64 = 8;
 /// Bytes of work per block before another block is added.
 pub const BLOCK_BYTES: u64 = 32 << 10;
-/// The LL allreduce runs up to this size: its lines carry 8 bytes of data
+/// The LL algorithms run up to this size: its lines carry 8 bytes of data
 /// in 16, and every receiving thread polls its own lines, which pays only
 /// while the flag, not the data, sets the time (MSCCL++ uses LL packets up
 /// to 16–64 KiB).
@@ -29,9 +29,9 @@ pub const LL_MAX_BYTES: u64 = 64 << 10;
 /// (the format of [`crate::gpu::ll`]).
 pub const LL_LINE_BYTES: u64 = 16;
 
-/// How an operation is carried out. Allgather and reduce-scatter have one
-/// algorithm (one shot: every rank pushes to every rank); allreduce has
-/// three ([`super::ops::allreduce`]).
+/// How an operation is carried out. Allgather and reduce-scatter have two
+/// (one shot: every rank pushes to every rank; LL, the same in lines);
+/// allreduce has three ([`super::ops::allreduce`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Algo {
@@ -61,7 +61,7 @@ impl Algo {
     }
 }
 
-/// `--algo`: which allreduce algorithms to run.
+/// `--algo`: which algorithms to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum AlgoChoice {

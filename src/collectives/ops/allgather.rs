@@ -1,13 +1,15 @@
 //! Allgather: every rank ends with all ranks' inputs side by side, rank
 //! r's `count` elements at slot r of an output of ranks × count. One shot:
 //! every rank pushes its input into its slot of every rank's output (its
-//! own included) and waits for every peer's.
+//! own included) and waits for every peer's. LL (store path, small sizes):
+//! the same in 16-byte lines that carry the call's epoch, no fence and no
+//! flag (`allgather_ll` in `cuda/collectives.cu`).
 
 use anyhow::Result;
 use cudarc::nccl::result;
 
-use super::{Collective, peer_share};
-use crate::collectives::layout::{Algo, split};
+use super::{Collective, ll_runs, one_shot_or_ll, peer_share};
+use crate::collectives::layout::{Algo, AlgoChoice, Path, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -39,14 +41,34 @@ impl Collective for Allgather {
         (out + slot, out)
     }
 
-    fn kernel(&self, _algo: Algo) -> &'static str {
-        "coll_allgather"
+    fn algorithms(&self) -> &'static [Algo] {
+        &[Algo::OneShot, Algo::Ll]
+    }
+
+    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+        one_shot_or_ll(choice, bytes)
+    }
+
+    fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
+        ll_runs(algo, bytes, path)
+    }
+
+    fn algo_column(&self, algo: Algo) -> &'static str {
+        algo.name()
+    }
+
+    fn kernel(&self, algo: Algo) -> &'static str {
+        match algo {
+            Algo::Ll => "coll_allgather_ll",
+            _ => "coll_allgather",
+        }
     }
 
     fn expected(&self, _ranks: u32, _rank: u32, count: u64, call: u64, i: u64) -> f32 {
         input((i / count) as u32, i % count, call)
     }
 
+    /// LL moves the same elements as the one shot, packed in lines.
     fn model(&self, _algo: Algo, m: &mut Model) {
         let (n, c) = (m.ranks, m.count);
         for r in 0..n {

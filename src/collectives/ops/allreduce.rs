@@ -8,7 +8,7 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, peer_share};
+use super::{Collective, ll_runs, peer_share};
 use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, Path, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
@@ -66,10 +66,8 @@ impl Collective for Allreduce {
         }
     }
 
-    /// LL's lines need peer pointers (store path) and carry half their
-    /// bytes in data, so it stops at [`LL_MAX_BYTES`].
     fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
-        algo != Algo::Ll || (path == Path::Store && bytes <= LL_MAX_BYTES)
+        ll_runs(algo, bytes, path)
     }
 
     fn algo_column(&self, algo: Algo) -> &'static str {

@@ -16,7 +16,7 @@ use anyhow::Result;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use super::layout::{Algo, AlgoChoice, Path};
+use super::layout::{Algo, AlgoChoice, LL_MAX_BYTES, Path};
 use super::nccl::NcclCall;
 use super::reference::Model;
 
@@ -97,6 +97,25 @@ pub trait Collective: Sync {
     unsafe fn nccl(&self, c: &NcclCall) -> Result<()>;
 }
 
+/// The algorithms of an operation that has one shot and LL (allgather,
+/// reduce-scatter) for `--algo` and a buffer of `bytes`: LL is asked for,
+/// or with `all` where it runs; any other choice is the one shot (they
+/// have no two-shot, and `auto` never picks LL).
+pub fn one_shot_or_ll(choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+    match choice {
+        AlgoChoice::Ll => vec![Algo::Ll],
+        AlgoChoice::All if bytes <= LL_MAX_BYTES => vec![Algo::OneShot, Algo::Ll],
+        _ => vec![Algo::OneShot],
+    }
+}
+
+/// Whether `algo` runs a buffer of `bytes` over `path`: LL's lines need
+/// peer pointers (store path) and carry half their bytes in data, so it
+/// stops at [`LL_MAX_BYTES`]; the others run everywhere.
+pub fn ll_runs(algo: Algo, bytes: u64, path: Path) -> bool {
+    algo != Algo::Ll || (path == Path::Store && bytes <= LL_MAX_BYTES)
+}
+
 /// (n − 1)/n: the share of a buffer a rank exchanges with its peers,
 /// nccl-tests' bus bandwidth factor of allgather and reduce-scatter
 /// (allreduce moves it twice).
@@ -153,6 +172,13 @@ mod tests {
         let entries: std::collections::BTreeSet<_> = Op::every_algorithm()
             .map(|(op, a)| op.spec().kernel(a))
             .collect();
-        assert_eq!(entries.len(), 5);
+        // allreduce one-shot, two-shot, ll; allgather and reduce-scatter
+        // one-shot and ll: one entry each in cuda/collectives.cu.
+        assert_eq!(entries.len(), 7);
+        for e in &entries {
+            let src = include_str!("../../../cuda/collectives.cu");
+            let name = e.trim_start_matches("coll_");
+            assert!(src.contains(&format!("COLL_ENTRY({name})")), "{e} has no COLL_ENTRY");
+        }
     }
 }

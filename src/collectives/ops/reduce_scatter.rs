@@ -1,13 +1,15 @@
 //! Reduce-scatter (sum): rank r ends with the sum over ranks of chunk r of
 //! their inputs, `count` elements out of ranks × count in. One shot: every
 //! rank pushes chunk d of its input to rank d's receive row for it, waits
-//! for every peer's, and sums its own chunk from all N.
+//! for every peer's, and sums its own chunk from all N. LL (store path,
+//! small sizes): the same in 16-byte lines that carry the call's epoch
+//! (`reduce_scatter_ll` in `cuda/collectives.cu`).
 
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, peer_share};
-use crate::collectives::layout::{Algo, split};
+use super::{Collective, ll_runs, one_shot_or_ll, peer_share};
+use crate::collectives::layout::{Algo, AlgoChoice, Path, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -36,8 +38,27 @@ impl Collective for ReduceScatter {
         (out, out + slot)
     }
 
-    fn kernel(&self, _algo: Algo) -> &'static str {
-        "coll_reduce_scatter"
+    fn algorithms(&self) -> &'static [Algo] {
+        &[Algo::OneShot, Algo::Ll]
+    }
+
+    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+        one_shot_or_ll(choice, bytes)
+    }
+
+    fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
+        ll_runs(algo, bytes, path)
+    }
+
+    fn algo_column(&self, algo: Algo) -> &'static str {
+        algo.name()
+    }
+
+    fn kernel(&self, algo: Algo) -> &'static str {
+        match algo {
+            Algo::Ll => "coll_reduce_scatter_ll",
+            _ => "coll_reduce_scatter",
+        }
     }
 
     fn expected(&self, ranks: u32, rank: u32, count: u64, call: u64, i: u64) -> f32 {
@@ -45,6 +66,7 @@ impl Collective for ReduceScatter {
         (0..ranks).map(|r| input(r, at, call)).sum()
     }
 
+    /// LL moves the same elements as the one shot, packed in lines.
     fn model(&self, _algo: Algo, m: &mut Model) {
         let (n, c) = (m.ranks, m.count);
         for r in 0..n {
