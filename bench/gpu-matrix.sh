@@ -19,8 +19,9 @@
 #            holds its binary, default .gpu-nvshmem), half round trip and
 #            bandwidth, to set beside simple_write's rows
 #   coll     collectives at 2, 3 and 4 ranks (as many as there are GPUs),
-#            8 B - 1 GiB, every op, algorithm and path beside NCCL's same
-#            call: stream launches, then CUDA graphs against NCCL's graphs
+#            8 B - 1 GiB of f32, every op, algorithm (COLL_ALGO, default
+#            all) and path beside NCCL's same call: stream launches, then
+#            CUDA graphs against NCCL's graphs
 #   ep       EP2 and EP4, ht and ll, both paths, --graph, beside NCCL's
 #            all-to-all
 #   pipe     the pipeline at 2 and 4 stages, 1 and 4 MiB chunks beside
@@ -134,7 +135,7 @@ sizes() { local n=0 s=$1; while ((s <= $2)); do n=$((n + 1)); s=$((s * $3)); don
 part_sw() {
   local a=${G[0]} b=${G[1]} x y
   local bw=(-b 16 -e 1G -f 4) pp=(-b 8 -e 1M -f 8)
-  local dbw=$((30 + 6 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 4 * $(sizes 8 $((1 << 20)) 8)))
+  local dbw=$((30 + 8 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 10 * $(sizes 8 $((1 << 20)) 8)))
   for x in "$a $b" "$b $a"; do
     read -r x y <<<"$x"
     row "sw-${x}to${y}-bw" 0 $dbw "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --levels block --path put,store,ll "${bw[@]}"
@@ -161,7 +162,7 @@ part_coll() {
   local d=$((60 + 3 * $(sizes 8 $((1 << 30)) 2)))
   for n in 2 3 4 8; do
     ((n <= ${#G[@]})) || continue
-    c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --timeout 15)
+    c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --dtype f32 --algo "${COLL_ALGO:-all}" --timeout 15)
     row "coll-${n}r-stream" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)"
     row "coll-${n}r-graph" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)" --launch graph
   done

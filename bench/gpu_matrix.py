@@ -91,6 +91,17 @@ def against(x, base):
     return num(ratio(x, base))
 
 
+def nccl_used():
+    """The NCCL the programs loaded, as their ranks print it."""
+    found = set()
+    for f in glob.glob(os.path.join(DIR, "*.err")) + glob.glob(os.path.join(DIR, "*.out")):
+        try:
+            found |= set(re.findall(r"NCCL (\d+\.\d+\.\d+)", open(f, errors="replace").read()))
+        except OSError:
+            pass
+    return ", ".join(sorted(found)) or "?"
+
+
 def header():
     listed = TEXT.split("## driver")[0]
     names = re.findall(r"^GPU \d+: (.*?) \(UUID", listed, re.M)
@@ -98,8 +109,9 @@ def header():
     nccl = re.search(r"## NCCL.*\n(.*)\n", TEXT)
     topo = re.search(r"## nvidia-smi topo -m\n(.*?)\n## ", TEXT, re.S)
     lines = [f"# The GPU matrix: {len(names)} × {names[0] if names else '?'}", ""]
-    lines.append(f"Driver {driver.group(1) if driver else '?'}, NCCL {nccl.group(1) if nccl else '?'} "
-                 f"(NVLink multicast off), one rank per GPU. Link rate per direction (sum of one GPU's "
+    lines.append(f"Driver {driver.group(1) if driver else '?'}, NCCL {nccl_used()} as the programs loaded it "
+                 f"(python3's torch has {nccl.group(1) if nccl else '?'}; NVLink multicast off), one rank per GPU. "
+                 f"Link rate per direction (sum of one GPU's "
                  f"NVLink links, nvidia-smi): {num(LINK, '{:.0f}')} GB/s.")
     if topo:
         lines += ["", "```", topo.group(1).rstrip(), "```"]
