@@ -115,9 +115,11 @@ pub struct Group {
 
 impl RunConfig {
     /// Calls per case: the checked warm-up calls, two untimed calls after
-    /// the gate of the timed ones, the timed ones.
+    /// the gate of the timed ones, the timed ones each between its own
+    /// events, then as many again as one batch between two events
+    /// (nccl-tests' time).
     pub fn calls(&self) -> u32 {
-        self.warmup + 2 + self.iters
+        self.warmup + 2 + 2 * self.iters
     }
 
     /// Every (operation, type, size) in run order with its cases; sizes

@@ -26,6 +26,13 @@ pub struct RankTimes {
     #[serde(default)]
     pub phases: Vec<Vec<[f64; 4]>>,
     pub nccl: Vec<Option<Vec<f64>>>,
+    /// Each case's batch: back-to-back calls between two events, mean ns
+    /// per call (nccl-tests' time).
+    #[serde(default)]
+    pub batch: Vec<f64>,
+    /// NCCL's batch of every group, as `batch`.
+    #[serde(default)]
+    pub nccl_batch: Vec<Option<f64>>,
 }
 
 /// One line of the table.
@@ -57,6 +64,15 @@ pub struct Row {
     pub nccl_busbw_gbps: Option<f64>,
     /// Our p50 over NCCL's p50 (below 1: faster).
     pub time_vs_nccl: Option<f64>,
+    /// nccl-tests' time: a batch of back-to-back calls between two events,
+    /// mean per call, the slowest rank's, µs; NCCL's the same way; ours
+    /// over NCCL's.
+    #[serde(default)]
+    pub batch_us: f64,
+    #[serde(default)]
+    pub nccl_batch_us: Option<f64>,
+    #[serde(default)]
+    pub batch_vs_nccl: Option<f64>,
 }
 
 /// Per call, the slowest rank's time; summarised over the calls.
@@ -106,17 +122,37 @@ pub fn row(
         time_vs_nccl: nccl
             .filter(|s| s.p50_ns > 0.0)
             .map(|s| ours.p50_ns / s.p50_ns),
+        batch_us: 0.0,
+        nccl_batch_us: None,
+        batch_vs_nccl: None,
     }
+}
+
+impl Row {
+    /// Sets the batch figures from ours and NCCL's, ns per call.
+    pub fn set_batch(&mut self, ours_ns: f64, nccl_ns: Option<f64>) {
+        self.batch_us = ours_ns / 1e3;
+        self.nccl_batch_us = nccl_ns.map(|n| n / 1e3);
+        self.batch_vs_nccl = nccl_ns.filter(|&n| n > 0.0).map(|n| ours_ns / n);
+    }
+}
+
+/// The slowest rank's batch mean, ns; `None` when a rank has none.
+pub fn slowest_batch(per_rank: &[Option<f64>]) -> Option<f64> {
+    per_rank.iter().try_fold(0.0f64, |m, v| v.map(|v| m.max(v)))
 }
 
 fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.prec$}"))
 }
 
-/// The table, nccl-tests' columns first.
+/// The table, nccl-tests' columns first. `time` is per call, between
+/// events around each call; `batch` is nccl-tests' time, a batch of
+/// back-to-back calls between two events over the calls. NCCL's columns
+/// are its same call timed the same two ways.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>19} {:>7} {:>7} {:>9} {:>7} {:>6}\n",
+        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>19} {:>7} {:>7} {:>9} {:>7} {:>6} {:>9} {:>9} {:>6}\n",
         "size(B)",
         "count",
         "type",
@@ -134,11 +170,14 @@ pub fn table(rows: &[Row]) -> String {
         "busbw",
         "nccl(us)",
         "n.busbw",
-        "ours/n"
+        "ours/n",
+        "batch(us)",
+        "n.batch",
+        "b.o/n"
     );
     for r in rows {
         s += &format!(
-            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>7.2} {:>7.2} {:>9} {:>7} {:>6}\n",
+            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>7.2} {:>7.2} {:>9} {:>7} {:>6} {:>9.2} {:>9} {:>6}\n",
             r.size_bytes,
             r.count,
             r.dtype,
@@ -157,6 +196,9 @@ pub fn table(rows: &[Row]) -> String {
             opt(r.nccl_p50_us, 2),
             opt(r.nccl_busbw_gbps, 2),
             opt(r.time_vs_nccl, 2),
+            r.batch_us,
+            opt(r.nccl_batch_us, 2),
+            opt(r.batch_vs_nccl, 2),
         );
     }
     s

@@ -290,6 +290,13 @@ fn publish(
         ctx.cfg.warmup
     );
     say!("\n{}", report::table(&rows));
+    say!(
+        "# time: GPU time per call, an event before and after each call, p50 (p99) of the slowest rank; kern: inside the \
+         kernel (block 0's clock); batch: nccl-tests' time, {} more calls back to back between two events, over the \
+         calls; nccl, n.batch: NCCL's same call timed the same two ways; ours/n, b.o/n: ours over NCCL's (below 1: \
+         ours faster)",
+        ctx.cfg.iters
+    );
     let info = report::RunInfo {
         config: ctx.cfg,
         gpus: infos
@@ -321,10 +328,13 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
             .map(|t| t.nccl.get(gi).and_then(|o| o.as_ref()))
             .collect();
         let nccl = nccl.map(|v| report::slowest(&v));
+        let nccl_batch: Vec<Option<f64>> =
+            all.iter().map(|t| t.nccl_batch.get(gi).copied().flatten()).collect();
+        let nccl_batch = report::slowest_batch(&nccl_batch);
         for case in &grp.cases {
             let ours = report::slowest(&all.iter().map(|t| &t.cases[i]).collect::<Vec<_>>());
             let kernel = report::slowest(&all.iter().map(|t| &t.kernel[i]).collect::<Vec<_>>());
-            rows.push(report::row(
+            let mut row = report::row(
                 case,
                 n,
                 case.blocks(n, ctx.plan.max_blocks),
@@ -332,7 +342,10 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
                 &kernel,
                 all[0].phases.get(i).map_or(&[][..], |p| p.as_slice()),
                 nccl.as_ref(),
-            ));
+            );
+            let batch: Vec<Option<f64>> = all.iter().map(|t| t.batch.get(i).copied()).collect();
+            row.set_batch(report::slowest_batch(&batch).unwrap_or(0.0), nccl_batch);
+            rows.push(row);
             i += 1;
         }
     }

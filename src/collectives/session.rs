@@ -376,10 +376,11 @@ impl Session {
         for (n, grp) in groups.iter().enumerate() {
             for case in &grp.cases {
                 crate::stall::waiting_on(describe(case, g.world));
-                let (events, kernel, phases) = self.run_case(ctx, case, call)?;
+                let (events, kernel, phases, batch) = self.run_case(ctx, case, call)?;
                 times.cases.push(events);
                 times.kernel.push(kernel);
                 times.phases.push(phases);
+                times.batch.push(batch);
                 call += u64::from(ctx.cfg.calls());
             }
             let case = &grp.cases[0];
@@ -387,10 +388,12 @@ impl Session {
                 "NCCL's calls (the baseline) beside {}",
                 describe(case, g.world)
             ));
-            times.nccl.push(match (comm, &nccl_bufs) {
+            let nccl = match (comm, &nccl_bufs) {
                 (Some(c), Some(b)) => Some(self.run_nccl(ctx, c, case, b)?),
                 _ => None,
-            });
+            };
+            times.nccl_batch.push(nccl.as_ref().map(|n| n.1));
+            times.nccl.push(nccl.map(|n| n.0));
             crate::stall::progressed();
             if g.rank == 0 && (n + 1) % 8 == 0 {
                 tracing::info!("{}/{} sizes verified", n + 1, groups.len());
@@ -460,9 +463,10 @@ impl Session {
     }
 }
 
-/// A case's timed calls, ns: their GPU times, their in-kernel times, and
-/// where block 0's phase 0 spent them (setup, push, signal, wait).
-type CaseTimes = (Vec<f64>, Vec<f64>, Vec<[f64; 4]>);
+/// A case's timed calls, ns: their GPU times, their in-kernel times,
+/// where block 0's phase 0 spent them (setup, push, signal, wait), and the
+/// batch's mean time per call.
+type CaseTimes = (Vec<f64>, Vec<f64>, Vec<[f64; 4]>, f64);
 
 impl Session {
     /// One case: its calls queued and watched, then the report and the
@@ -495,7 +499,7 @@ impl Session {
         let id = first + warm;
         // SAFETY: every address belongs to this session, which outlives the
         // work (run_watched waits for it).
-        let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, k: u64| unsafe {
+        let timed = Timed::new(ctx, iters + 2, iters, &|s: &CudaStream, k: u64| unsafe {
             Ok(ctx
                 .kernels
                 .launch_run(s, case, blocks, &data(id + k, id).0)?)
@@ -518,7 +522,9 @@ impl Session {
                         .kernels
                         .launch_run(s, case, blocks, &data(id + k, id).0)?)
                 })?;
-                let end = id + iters + 2;
+                // Every timed call computes the same output from one fill:
+                // the last two (both parities) stand for all.
+                let end = id + 2 + 2 * iters;
                 for c in end - 2..end {
                     if !case.in_place {
                         ctx.kernels.launch_data(s, true, &data(c, id).1)?;
@@ -543,8 +549,9 @@ impl Session {
         let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
         self.timing
             .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
-        let stamps = &raw[(warm + 2) as usize..];
-        Ok((timed.times(2)?, calibrate(stamps)?, phases(stamps)?))
+        let stamps = &raw[(warm + 2) as usize..(warm + 2 + iters) as usize];
+        let batch = timed.batch_mean()?;
+        Ok((timed.times(2)?, calibrate(stamps)?, phases(stamps)?, batch))
     }
 
     /// Runs `queue`'s work, whose timed calls wait behind a gate, watched
@@ -604,7 +611,7 @@ impl Session {
         comm: &Comm,
         case: &Case,
         bufs: &(DeviceBuffer, DeviceBuffer),
-    ) -> Result<Vec<f64>> {
+    ) -> Result<(Vec<f64>, f64)> {
         let (g, cfg) = (ctx.group, ctx.cfg);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
         self.verify.zero(&ctx.gpu.stream)?;
@@ -633,7 +640,7 @@ impl Session {
         crate::stall::waiting_on(format!("{what}: the checked warm-up calls"));
         self.watch_gated(ctx, &format!("{what} (warm-up)"), warm_up)?;
         crate::stall::waiting_on(format!("{what}: capturing the timed calls ({})", cfg.launch.name()));
-        let timed = Timed::new(ctx, iters + 2, &|s: &CudaStream, _| call(s, &d))?;
+        let timed = Timed::new(ctx, iters + 2, iters, &|s: &CudaStream, _| call(s, &d))?;
         crate::stall::waiting_on(format!("{what}: the timed calls ({})", cfg.launch.name()));
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as in run_case.
@@ -648,7 +655,7 @@ impl Session {
         };
         self.watch_gated(ctx, &what, queue)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * (warm + 1))?;
-        timed.times(2)
+        Ok((timed.times(2)?, timed.batch_mean()?))
     }
 
     /// A wait that gave up, a failed NIXL call or an unmapped peer, named.
@@ -710,14 +717,17 @@ impl Session {
     }
 }
 
-/// A case's timed calls, each between two events: queued straight on the
-/// rank's stream (`--launch stream`), or captured once into a CUDA graph and
-/// that graph launched (`--launch graph`, nccl-tests' `-G`), which spares
-/// every call its own launch. The calls' epochs are fixed when captured, so
-/// a graph runs once; the events are event-record nodes in it
+/// A case's timed calls, each between two events, then a batch of calls
+/// between two events only (nccl-tests' time: the mean of back-to-back
+/// calls, no event record between them): queued straight on the rank's
+/// stream (`--launch stream`), or captured once into a CUDA graph and that
+/// graph launched (`--launch graph`, nccl-tests' `-G`), which spares every
+/// call its own launch. The calls' epochs are fixed when captured, so a
+/// graph runs once; the events are event-record nodes in it
 /// (`CU_EVENT_RECORD_EXTERNAL`), so every call keeps its own time.
 struct Timed {
     events: Vec<(CudaEvent, CudaEvent)>,
+    batch: (u64, CudaEvent, CudaEvent),
     graph: Option<CudaGraph>,
 }
 
@@ -725,12 +735,15 @@ struct Timed {
 type Call<'a> = dyn Fn(&CudaStream, u64) -> Result<()> + 'a;
 
 impl Timed {
-    /// `n` pairs of events; with `--launch graph` the `n` calls of `call`
-    /// captured now (on a stream of their own, relaxed capture mode: the
-    /// NCCL baseline is captured the same way).
-    fn new(ctx: &Context, n: u64, call: &Call) -> Result<Self> {
+    /// `n` pairs of events and a batch of `batch` calls; with `--launch
+    /// graph` all `n + batch` calls of `call` captured now (on a stream of
+    /// their own, relaxed capture mode: the NCCL baseline is captured the
+    /// same way).
+    fn new(ctx: &Context, n: u64, batch: u64, call: &Call) -> Result<Self> {
+        let (a, b) = event_pairs(ctx, 1)?.remove(0);
         let mut t = Timed {
             events: event_pairs(ctx, n)?,
+            batch: (batch, a, b),
             graph: None,
         };
         if ctx.cfg.launch == Launch::Graph {
@@ -763,7 +776,12 @@ impl Timed {
             call(s, k as u64)?;
             mark(b)?;
         }
-        Ok(())
+        let (n, (batch, a, b)) = (self.events.len() as u64, &self.batch);
+        mark(a)?;
+        for k in n..n + batch {
+            call(s, k)?;
+        }
+        mark(b)
     }
 
     /// Queues the calls on `s`: the graph's launch, or the calls themselves.
@@ -780,6 +798,12 @@ impl Timed {
     /// GPU time of each call after the first `skip`, ns.
     fn times(&self, skip: usize) -> Result<Vec<f64>> {
         elapsed_ns(&self.events[skip..])
+    }
+
+    /// The batch's GPU time over its calls, ns (0 without a batch).
+    fn batch_mean(&self) -> Result<f64> {
+        let (n, a, b) = &self.batch;
+        Ok(if *n == 0 { 0.0 } else { f64::from(a.elapsed_ms(b)?) * 1e6 / *n as f64 })
     }
 }
 
