@@ -13,8 +13,8 @@
 #   sw       simple_write on the pair both ways: bandwidth 16 B - 1 GiB at
 #            block level on the put, store and ll paths beside the copy
 #            engine, ping-pong 8 B - 1 MiB at every level with the floor
-#            row; every other ordered pair: bandwidth 1 MiB - 1 GiB (store,
-#            put) beside the copy engine
+#            row; every other ordered pair: bandwidth at 1 MiB, 32 MiB and
+#            1 GiB (store, put) beside the copy engine
 #   nvshmem  NVSHMEM's put+signal on the pair (bench/nvshmem; --nvshmem DIR
 #            holds its binary, default .gpu-nvshmem), half round trip and
 #            bandwidth, to set beside simple_write's rows
@@ -144,8 +144,8 @@ part_sw() {
     --levels thread,warp,block --path put,store,ll "${pp[@]}"
   for x in "${G[@]}"; do for y in "${G[@]}"; do
     [[ $x == "$y" || ( $x == "$a" && $y == "$b" ) || ( $x == "$b" && $y == "$a" ) ]] && continue
-    row "sw-${x}to${y}-bw" 0 $((30 + 6 * 6)) "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 \
-      --levels block --path put,store -b 1M -e 1G -f 4
+    row "sw-${x}to${y}-bw" 0 60 "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 \
+      --levels block --path put,store -b 1M -e 1G -f 32
   done; done
 }
 part_nvshmem() {

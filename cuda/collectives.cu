@@ -40,7 +40,7 @@
 
 // Limits the kernels are written for (src/collectives/layout.rs checks them).
 constexpr uint32_t COLL_MAX_RANKS = 16;
-constexpr uint32_t COLL_MAX_BLOCKS = 128;
+constexpr uint32_t COLL_MAX_BLOCKS = 264;
 constexpr uint32_t COLL_THREADS = 512;
 // Slices and chunks start at multiples of this many elements (16-byte
 // vectors for bf16 and f32 alike); src/collectives/layout.rs split().

@@ -12,7 +12,9 @@ use crate::cli::{UsageError, fmt_bytes};
 /// Ranks the kernels are written for (`COLL_MAX_RANKS`).
 pub const MAX_RANKS: u32 = 16;
 /// Blocks per call at most (`COLL_MAX_BLOCKS`): the flag slots per phase.
-pub const MAX_BLOCKS: u32 = 128;
+/// Two per SM of an H100 or H200 (132 SMs): most kernels take at most 64
+/// registers a thread, so two blocks of [`THREADS`] fit on an SM.
+pub const MAX_BLOCKS: u32 = 264;
 /// Threads per block (`COLL_THREADS`).
 pub const THREADS: u32 = 512;
 /// Slices and chunks start at multiples of this many elements: 16-byte
