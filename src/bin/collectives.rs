@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use nixl_examples::cli::{UsageError, check_port_free, parse_bytes, parse_timeout};
-use nixl_examples::collectives::layout::{AlgoChoice, Dtype, Path, PathChoice, sizes};
+use nixl_examples::collectives::layout::{AlgoChoice, Dtype, MAX_BLOCKS, Path, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
 use nixl_examples::collectives::ops::Op;
 use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig};
@@ -133,7 +133,7 @@ struct Args {
     gpus: Option<u32>,
 
     /// Blocks per call at most [default: the GPU's SMs divided by the ranks sharing it].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BLOCKS)))]
     blocks: Option<u32>,
 
     /// Store port when starting the ranks here (0: a free one).
