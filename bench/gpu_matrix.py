@@ -20,6 +20,7 @@ baseline did not measure the link, and the row says so.
 Writes RESULTS_DIR/summary.md and prints it.
 Usage: gpu_matrix.py RESULTS_DIR"""
 import glob
+import gzip
 import json
 import os
 import re
@@ -38,16 +39,20 @@ if not os.path.isdir(DIR):
 
 
 def load(tag):
-    """DIR/tag.json, or None when the row did not run."""
-    try:
-        with open(os.path.join(DIR, tag + ".json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    """DIR/tag.json (or .json.gz, as docs/results keeps them), or None when
+    the row did not run."""
+    for name, opener in ((tag + ".json", open), (tag + ".json.gz", gzip.open)):
+        try:
+            with opener(os.path.join(DIR, name), "rt") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            pass
+    return None
 
 
 def tags(pattern):
-    return sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(DIR, pattern + ".json")))
+    found = glob.glob(os.path.join(DIR, pattern + ".json")) + glob.glob(os.path.join(DIR, pattern + ".json.gz"))
+    return sorted({os.path.basename(p).split(".json")[0] for p in found})
 
 
 def size(b):
@@ -94,9 +99,10 @@ def against(x, base):
 def nccl_used():
     """The NCCL the programs loaded, as their ranks print it."""
     found = set()
-    for f in glob.glob(os.path.join(DIR, "*.err")) + glob.glob(os.path.join(DIR, "*.out")):
+    for f in glob.glob(os.path.join(DIR, "*.err")) + glob.glob(os.path.join(DIR, "*.json*")):
         try:
-            found |= set(re.findall(r"NCCL (\d+\.\d+\.\d+)", open(f, errors="replace").read()))
+            with (gzip.open if f.endswith(".gz") else open)(f, "rt", errors="replace") as fh:
+                found |= set(re.findall(r"NCCL (\d+\.\d+\.\d+)", fh.read()))
         except OSError:
             pass
     return ", ".join(sorted(found)) or "?"

@@ -3,8 +3,10 @@ our fastest algorithm and path at each size over NCCL's same call from the
 same run (time p50 ÷ NCCL's p50; below 1 ours is faster), one line per rank
 count and launch mode (stream launches solid, CUDA graphs dashed), sizes on
 a log axis. Writes OUT.png.
+Reads coll-*.json or coll-*.json.gz.
 Usage: plot_matrix.py RESULTS_DIR OUT.png"""
 import glob
+import gzip
 import json
 import os
 import sys
@@ -37,16 +39,17 @@ def ratios(rows, op):
 
 
 def main():
-    files = sorted(glob.glob(os.path.join(DIR, "coll-*.json")))
+    files = sorted(glob.glob(os.path.join(DIR, "coll-*.json")) + glob.glob(os.path.join(DIR, "coll-*.json.gz")))
     if not files:
         print(f"plot_matrix.py: no coll-*.json in {DIR}", file=sys.stderr)
         sys.exit(1)
     fig, axes = plt.subplots(1, len(OPS), figsize=(6 * len(OPS), 4.5), sharey=True)
     for ax, op in zip(axes, OPS):
         for f in files:
-            tag = os.path.basename(f)[5:-5]  # 2r-stream
+            tag = os.path.basename(f)[5:].split(".json")[0]  # 2r-stream
             ranks, launch = tag.split("-")
-            pts = ratios(json.load(open(f))["rows"], op)
+            with (gzip.open if f.endswith(".gz") else open)(f, "rt") as fh:
+                pts = ratios(json.load(fh)["rows"], op)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "--" if launch == "graph" else "-",
                         marker=".", label=f"{ranks[:-1]} ranks, {launch}")
