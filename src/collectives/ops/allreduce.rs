@@ -13,10 +13,11 @@ use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, Path, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
-/// `auto` runs one-shot allreduce up to this size, two-shot above: the
-/// crossover measured on one H100 shared by 2–4 ranks under MPS lay between
-/// 1 and 8 MiB (docs/results/2026-11-24-h100-collectives); across NVLink it
-/// is still to be measured.
+/// `auto` runs one-shot allreduce up to this size, two-shot above. One rank
+/// per GPU across NVLink the crossover lies at 2 MiB with 4 ranks, 4 MiB
+/// with 3 and 8–16 MiB with 2 (four H100s and two H200s,
+/// docs/results/2026-11-27-h100x4-matrix, -h200x2-matrix); 1 MiB is below
+/// all of them, so `auto` never picks two-shot where one-shot is faster.
 pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
 
 /// `auto`'s choice for an allreduce of `bytes`.
