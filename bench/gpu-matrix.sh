@@ -20,8 +20,8 @@
 #            bandwidth, to set beside simple_write's rows
 #   coll     collectives at 2, 3 and 4 ranks (as many as there are GPUs),
 #            8 B - 1 GiB of f32, every op, algorithm (COLL_ALGO, default
-#            all) and path beside NCCL's same call: stream launches, then
-#            CUDA graphs against NCCL's graphs
+#            all) and path beside NCCL's same call (COLL_ARGS: more options):
+#            stream launches, then CUDA graphs against NCCL's graphs
 #   ep       EP2 and EP4, ht and ll, both paths, --graph, beside NCCL's
 #            all-to-all
 #   pipe     the pipeline at 2 and 4 stages, 1 and 4 MiB chunks beside
@@ -162,7 +162,8 @@ part_coll() {
   local d=$((60 + 3 * $(sizes 8 $((1 << 30)) 2)))
   for n in 2 3 4 8; do
     ((n <= ${#G[@]})) || continue
-    c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --dtype f32 --algo "${COLL_ALGO:-all}" --timeout 15)
+    # shellcheck disable=SC2206 # COLL_ARGS: extra options, split on spaces
+    c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --dtype f32 --algo "${COLL_ALGO:-all}" --timeout 15 ${COLL_ARGS:-})
     row "coll-${n}r-stream" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)"
     row "coll-${n}r-graph" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)" --launch graph
   done

@@ -125,14 +125,17 @@ fn the_guides_store_path_claim_matches_its_table() {
             continue;
         }
         let size = r["size_bytes"].as_u64().unwrap();
-        let ratio = r["gb_per_s"].as_f64().unwrap()
-            / r["baselines"]["copy_engine_gbps"].as_f64().unwrap();
+        let ratio =
+            r["gb_per_s"].as_f64().unwrap() / r["baselines"]["copy_engine_gbps"].as_f64().unwrap();
         if size <= 4 << 20 {
             assert!(ratio > 1.0, "store path at {size} B: {ratio}");
             rows += 1;
         }
         if size <= 1 << 20 {
-            assert!((1.45..2.55).contains(&ratio), "store path at {size} B: {ratio}");
+            assert!(
+                (1.45..2.55).contains(&ratio),
+                "store path at {size} B: {ratio}"
+            );
         }
     }
     assert!(rows >= 10, "{rows} rows");

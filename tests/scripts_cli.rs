@@ -218,9 +218,17 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    for row in ["sw-0to1-pp", "coll-2r-graph", "ep2-ht", "pipe2-ll8", "faults"] {
+    for row in [
+        "sw-0to1-pp",
+        "coll-2r-graph",
+        "ep2-ht",
+        "pipe2-ll8",
+        "faults",
+    ] {
         assert!(
-            summary.contains(&format!("- {row}: needs two GPUs or more (this machine has 1")),
+            summary.contains(&format!(
+                "- {row}: needs two GPUs or more (this machine has 1"
+            )),
             "{row} not named: {summary}"
         );
     }

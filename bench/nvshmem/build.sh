@@ -1,44 +1,44 @@
 #!/usr/bin/env bash
-# Builds the NVSHMEM baseline (bench/nvshmem/nvshmem_bench.cu) on a machine with nvcc
-# and the NVSHMEM headers/libraries; the binary runs on a GPU machine without either.
+# Builds the NVSHMEM baseline (bench/nvshmem/nvshmem_bench.cu) on a machine with
+# nvcc and the NVSHMEM headers and libraries; the binary runs on a GPU machine
+# without either.
+#
+#   bench/nvshmem/build.sh [--out DIR] [--arch SM] [--bundle-libs]
+#
+# Compiles nvshmem_bench.cu with nvcc (-rdc=true), linking NVSHMEM's device
+# library (libnvshmem_device.a) statically and libnvshmem_host.so.3
+# dynamically (CUDA runtime static), into DIR (default: <repo>/.gpu-nvshmem).
+#
+#   --out DIR       output folder (created)
+#   --arch SM       compute capability without the dot (default 90: H100/H200)
+#   --bundle-libs   also copy libnvshmem_host.so.3 + nvshmem_bootstrap_uid.so.3
+#                   into DIR/lib (about 41 MiB: too big for a 64 MiB transfer
+#                   next to the rest; by default run.sh uses the GPU machine's
+#                   pip package nvidia-nvshmem-cu13, the one torch depends on)
+#
+# Looks for nvcc in: $NVCC, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin, the
+# repo's .venv (PyPI nvidia/cu13); for NVSHMEM in: $NVSHMEM_HOME, the repo's
+# .venv (PyPI nvidia-nvshmem-cu13). Exits 1 saying what is missing, 2 on a
+# bad option.
 set -euo pipefail
-
-usage() {
-  cat <<'EOF'
-usage: bench/nvshmem/build.sh [--out DIR] [--arch SM] [--bundle-libs] [--help]
-
-Compiles nvshmem_bench.cu with nvcc (-rdc=true), linking NVSHMEM's device library
-(libnvshmem_device.a) statically and libnvshmem_host.so.3 dynamically (CUDA runtime
-static), into DIR (default: <repo>/.gpu-nvshmem).
-
-  --out DIR       output folder (created)
-  --arch SM       compute capability without the dot (default 90: H100/H200)
-  --bundle-libs   also copy libnvshmem_host.so.3 + nvshmem_bootstrap_uid.so.3 into
-                  DIR/lib (about 41 MiB: too big for a 64 MiB transfer next to the
-                  rest; by default run.sh uses the GPU machine's pip package
-                  nvidia-nvshmem-cu13, the one torch depends on)
-
-Looks for nvcc in: $NVCC, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin, the repo's .venv
-(PyPI nvidia/cu13); for NVSHMEM in: $NVSHMEM_HOME, the repo's .venv (PyPI
-nvidia-nvshmem-cu13). Exits non-zero saying what is missing.
-EOF
-}
-
-log() { echo "nvshmem-build: $*" >&2; }
-fail() { echo "nvshmem-build: error: $*" >&2; exit 1; }
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib/cli.sh
+source "$root/scripts/lib/cli.sh"
+log() { echo "nvshmem-build: $*" >&2; }
+fail() { echo "nvshmem-build: error: $*" >&2; exit 1; }
+
 out=$root/.gpu-nvshmem
 arch=90
 bundle=0
 while (($#)); do
   case $1 in
-    -h | --help) usage; exit 0 ;;
-    --out) out=${2:?--out needs a folder}; shift 2 ;;
-    --arch) arch=${2:?--arch needs a value}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --out) need_value "$1" $#; out=$2; shift 2 ;;
+    --arch) need_value "$1" $#; arch=$2; shift 2 ;;
     --bundle-libs) bundle=1; shift ;;
-    *) usage >&2; fail "unknown argument: $1" ;;
+    *) bad_option "$1" ;;
   esac
 done
 

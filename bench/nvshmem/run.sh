@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
 # Runs the NVSHMEM baseline: rank 0 (initiator) on GPU A, rank 1 (target) on GPU B.
+#
+#   bench/nvshmem/run.sh --bin DIR --gpus "A B" --out FILE.json [--timeout S] [--no-vmm]
+#                        [-- BINARY-OPTIONS...]
+#
+# Starts DIR/nvshmem_bench twice (NVSHMEM unique-ID bootstrap through a file in
+# a fresh temp folder; no MPI/PMI), with CUDA_VISIBLE_DEVICES=A,B in both, so
+# each process sees both GPUs and rank r uses device r (NVLink P2P between
+# them). Rank 0's table goes to stdout, both ranks' diagnostics to stderr
+# ("[nvshmem rank N]"); rank 0 writes FILE.json.
+#
+#   --bin DIR     folder holding nvshmem_bench (bench/nvshmem/build.sh's --out)
+#   --gpus "A B"  two different physical GPU ids (initiator, target)
+#   --out FILE    JSON results
+#   --timeout S   whole run, each rank (default 180); the binary's own waits use --timeout 10
+#   --no-vmm      NVSHMEM_DISABLE_CUDA_VMM=1 from the start (legacy cudaIpc heap); without
+#                 it a run whose NVSHMEM setup fails (exit 3 or 255) is tried once more with it
+#   --            the rest goes to both ranks (see DIR/nvshmem_bench --help)
+#
+# NVSHMEM's libraries: $NVSHMEM_LIB_DIR, else python3's nvidia.nvshmem package
+# (pip nvidia-nvshmem-cu13, which torch depends on), else DIR/lib (build.sh
+# --bundle-libs). Exit: 0 ok; 2 a bad option; else the first failing rank's
+# code (2 usage/no GPU, 3 NVSHMEM setup, 4 data mismatch, 5 timeout, 124
+# killed by --timeout, 127 library not found).
 set -uo pipefail
-
-usage() {
-  cat <<'EOF'
-usage: bench/nvshmem/run.sh --bin DIR --gpus "A B" --out FILE.json [--timeout S] [--no-vmm]
-                            [-- BINARY-OPTIONS...]
-
-Starts DIR/nvshmem_bench twice (NVSHMEM unique-ID bootstrap through a file in a fresh
-temp folder; no MPI/PMI), with CUDA_VISIBLE_DEVICES=A,B in both, so each process sees
-both GPUs and rank r uses device r (NVLink P2P between them). Rank 0's table goes to
-stdout, both ranks' diagnostics to stderr ("[nvshmem rank N]"); rank 0 writes FILE.json.
-
-  --bin DIR     folder holding nvshmem_bench (bench/nvshmem/build.sh's --out)
-  --gpus "A B"  two different physical GPU ids (initiator, target)
-  --out FILE    JSON results
-  --timeout S   whole run, each rank (default 180); the binary's own waits use --timeout 10
-  --no-vmm      NVSHMEM_DISABLE_CUDA_VMM=1 from the start (legacy cudaIpc heap); without it
-                a run whose NVSHMEM setup fails (exit 3 or 255) is tried once more with it
-  --            the rest goes to both ranks (see DIR/nvshmem_bench --help)
-
-NVSHMEM's libraries: $NVSHMEM_LIB_DIR, else python3's nvidia.nvshmem package (pip
-nvidia-nvshmem-cu13, which torch depends on), else DIR/lib (build.sh --bundle-libs).
-Exit: 0 ok; else the first failing rank's code (2 usage/no GPU, 3 NVSHMEM setup,
-4 data mismatch, 5 timeout, 124 killed by --timeout, 127 library not found).
-EOF
-}
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=../../scripts/lib/cli.sh
+source "$ROOT/scripts/lib/cli.sh"
 
 log() { echo "nvshmem-run: $*" >&2; }
 fail() { echo "nvshmem-run: error: $1" >&2; exit "${2:-2}"; }
@@ -33,17 +34,17 @@ fail() { echo "nvshmem-run: error: $1" >&2; exit "${2:-2}"; }
 bin='' gpus='' out='' total=180 novmm=0 extra=() tmp=''
 while (($#)); do
   case $1 in
-    -h | --help) usage; exit 0 ;;
-    --bin) bin=${2:-}; shift 2 || fail "--bin needs a folder" ;;
-    --gpus) gpus=${2:-}; shift 2 || fail "--gpus needs \"A B\"" ;;
-    --out) out=${2:-}; shift 2 || fail "--out needs a file" ;;
-    --timeout) total=${2:-}; shift 2 || fail "--timeout needs seconds" ;;
+    -h|--help) usage; exit 0 ;;
+    --bin) need_value "$1" $#; bin=$2; shift 2 ;;
+    --gpus) need_value "$1" $#; gpus=$2; shift 2 ;;
+    --out) need_value "$1" $#; out=$2; shift 2 ;;
+    --timeout) need_value "$1" $#; total=$2; shift 2 ;;
     --no-vmm) novmm=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    *) usage >&2; fail "unknown argument: $1" ;;
+    *) bad_option "$1" ;;
   esac
 done
-[[ -n $bin && -n $gpus && -n $out ]] || { usage >&2; fail "--bin, --gpus and --out are required"; }
+[[ -n $bin && -n $gpus && -n $out ]] || fail "--bin, --gpus and --out are required (try --help)"
 exe=$bin/nvshmem_bench
 [[ -x $exe ]] || fail "$exe missing or not executable (build it with bench/nvshmem/build.sh)"
 read -r ga gb rest <<<"$gpus"

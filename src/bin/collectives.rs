@@ -136,6 +136,11 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BLOCKS)))]
     blocks: Option<u32>,
 
+    /// Bytes of a call's elements per thread block: a call takes one block per
+    /// this many bytes, up to --blocks.
+    #[arg(long, default_value = "32K", value_parser = parse_bytes)]
+    block_bytes: u64,
+
     /// Store port when starting the ranks here (0: a free one).
     #[arg(long, default_value_t = 0)]
     port: u16,
@@ -352,6 +357,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         warmup: args.warmup,
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
+        block_bytes: args.block_bytes,
         launch: args.launch,
         data: args.data,
         corrupt_rank,

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::{Algo, BLOCK_BYTES, Dtype, MAX_BLOCKS, Path, WindowLayout};
+use super::layout::{Algo, Dtype, MAX_BLOCKS, Path, WindowLayout};
 use super::ops::Op;
 use super::reference::Model;
 
@@ -43,12 +43,12 @@ impl Case {
         self.op.spec().elems(self.count, ranks)
     }
 
-    /// Thread blocks of the call: one per [`BLOCK_BYTES`] of the elements
-    /// the blocks divide, within `1..=max_blocks`. Every rank computes the
-    /// same.
-    pub fn blocks(&self, ranks: u32, max_blocks: u32) -> u32 {
+    /// Thread blocks of the call: one per `block_bytes`
+    /// ([`BLOCK_BYTES`](super::layout::BLOCK_BYTES) unless `--block-bytes`) of the elements the blocks divide, within
+    /// `1..=max_blocks`. Every rank computes the same.
+    pub fn blocks(&self, ranks: u32, max_blocks: u32, block_bytes: u64) -> u32 {
         let basis = self.op.spec().block_elems(self.algo, self.count, ranks);
-        let want = (basis * self.dtype.bytes()).div_ceil(BLOCK_BYTES);
+        let want = (basis * self.dtype.bytes()).div_ceil(block_bytes.max(1));
         want.clamp(1, u64::from(max_blocks.clamp(1, MAX_BLOCKS))) as u32
     }
 
@@ -89,6 +89,7 @@ impl Case {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collectives::layout::BLOCK_BYTES;
 
     fn case(op: Op, algo: Algo, count: u64) -> Case {
         Case {
@@ -119,14 +120,14 @@ mod tests {
     #[test]
     fn blocks_grow_with_size_and_stay_within_the_limit() {
         let mut c = case(Op::Allreduce, Algo::OneShot, 2);
-        assert_eq!(c.blocks(3, 44), 1);
+        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 1);
         c.count = 64 << 20;
-        assert_eq!(c.blocks(3, 44), 44);
-        assert_eq!(c.blocks(3, 1000), MAX_BLOCKS);
+        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 44);
+        assert_eq!(c.blocks(3, 1000, BLOCK_BYTES), MAX_BLOCKS);
         c.count = BLOCK_BYTES; // 4× BLOCK_BYTES of f32
-        assert_eq!(c.blocks(3, 44), 4);
+        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 4);
         c.algo = Algo::TwoShot; // a third of it per rank's chunk
-        assert_eq!(c.blocks(3, 44), 2);
+        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 2);
     }
 
     #[test]

@@ -15,8 +15,8 @@ use crate::ranks::rank::{Rank, RankOptions, run_rank};
 use super::elastic::{self, ElasticTimes};
 use super::kernels::CollKernels;
 use super::layout::{Path, WindowLayout};
-use super::plan::Launch;
 use super::member::{Group, RankEnv};
+use super::plan::Launch;
 use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
 use super::session::{Context, Session, block_plan, connect_nccl};
@@ -328,8 +328,10 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
             .map(|t| t.nccl.get(gi).and_then(|o| o.as_ref()))
             .collect();
         let nccl = nccl.map(|v| report::slowest(&v));
-        let nccl_batch: Vec<Option<f64>> =
-            all.iter().map(|t| t.nccl_batch.get(gi).copied().flatten()).collect();
+        let nccl_batch: Vec<Option<f64>> = all
+            .iter()
+            .map(|t| t.nccl_batch.get(gi).copied().flatten())
+            .collect();
         let nccl_batch = report::slowest_batch(&nccl_batch);
         for case in &grp.cases {
             let ours = report::slowest(&all.iter().map(|t| &t.cases[i]).collect::<Vec<_>>());
@@ -337,7 +339,7 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
             let mut row = report::row(
                 case,
                 n,
-                case.blocks(n, ctx.plan.max_blocks),
+                case.blocks(n, ctx.plan.max_blocks, ctx.cfg.block_bytes),
                 &ours,
                 &kernel,
                 all[0].phases.get(i).map_or(&[][..], |p| p.as_slice()),

@@ -485,7 +485,7 @@ impl Session {
     /// absorb the ranks' different release times.
     fn run_case(&self, ctx: &Context, case: &Case, first: u64) -> Result<CaseTimes> {
         let (g, cfg) = (ctx.group, ctx.cfg);
-        let blocks = case.blocks(g.world, ctx.plan.max_blocks);
+        let blocks = case.blocks(g.world, ctx.plan.max_blocks, cfg.block_bytes);
         let (warm, iters) = (u64::from(cfg.warmup), u64::from(cfg.iters));
         let data = |c: u64, id: u64| {
             let p = self.params(ctx, case, c);
@@ -639,7 +639,10 @@ impl Session {
         };
         crate::stall::waiting_on(format!("{what}: the checked warm-up calls"));
         self.watch_gated(ctx, &format!("{what} (warm-up)"), warm_up)?;
-        crate::stall::waiting_on(format!("{what}: capturing the timed calls ({})", cfg.launch.name()));
+        crate::stall::waiting_on(format!(
+            "{what}: capturing the timed calls ({})",
+            cfg.launch.name()
+        ));
         let timed = Timed::new(ctx, iters + 2, iters, &|s: &CudaStream, _| call(s, &d))?;
         crate::stall::waiting_on(format!("{what}: the timed calls ({})", cfg.launch.name()));
         let queue = |s: &CudaStream| -> Result<()> {
@@ -803,7 +806,11 @@ impl Timed {
     /// The batch's GPU time over its calls, ns (0 without a batch).
     fn batch_mean(&self) -> Result<f64> {
         let (n, a, b) = &self.batch;
-        Ok(if *n == 0 { 0.0 } else { f64::from(a.elapsed_ms(b)?) * 1e6 / *n as f64 })
+        Ok(if *n == 0 {
+            0.0
+        } else {
+            f64::from(a.elapsed_ms(b)?) * 1e6 / *n as f64
+        })
     }
 }
 
@@ -864,7 +871,11 @@ impl Session {
         calls: u64,
     ) -> Result<StepOutcome> {
         let (g, v) = (ctx.group, self.view.get());
-        let blocks = case.blocks(v.ranks, v.max_blocks.unwrap_or(ctx.plan.max_blocks));
+        let blocks = case.blocks(
+            v.ranks,
+            v.max_blocks.unwrap_or(ctx.plan.max_blocks),
+            ctx.cfg.block_bytes,
+        );
         let events = event_pairs(ctx, calls)?;
         self.verify.zero(&ctx.gpu.stream)?;
         let queue = |s: &CudaStream| -> Result<()> {

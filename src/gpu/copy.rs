@@ -141,7 +141,10 @@ impl CopyPath {
         } else {
             "peer copy, one direction"
         };
-        format!("copy engine GPU {} -> GPU {} ({how})", self.src_gpu, self.dst_gpu)
+        format!(
+            "copy engine GPU {} -> GPU {} ({how})",
+            self.src_gpu, self.dst_gpu
+        )
     }
 
     /// One line for a report: the route, the size, and whether the working

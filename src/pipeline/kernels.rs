@@ -17,7 +17,6 @@ use crate::gpu::launch;
 // every path.
 pub use crate::gpu::path::Path;
 
-
 pub use crate::gpu::level::Level;
 
 /// `PipeParams`: one stage's run of `chunks` chunks. Offsets are bytes into

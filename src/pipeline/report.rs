@@ -211,7 +211,12 @@ pub fn publish(ctx: &Context, all: &[Vec<StageResult>]) -> Result<()> {
         for r in &mut rows {
             let ce = copy_engine(ctx.gpu, &peer, r.chunk_bytes)?;
             r.ce_gbps = Some(ce);
-            r.ce_path = Some(CopyPath::new(ctx.gpu.ordinal, dst, r.chunk_bytes, ctx.gpu.l2_bytes));
+            r.ce_path = Some(CopyPath::new(
+                ctx.gpu.ordinal,
+                dst,
+                r.chunk_bytes,
+                ctx.gpu.l2_bytes,
+            ));
             r.link_vs_ce = Some(r.min_link_gbps / ce);
         }
     }
@@ -322,9 +327,15 @@ fn print_table(ctx: &Context, rows: &[Row]) {
 
 /// What the `ce` column measured, or why it is empty.
 fn ce_note(ctx: &Context, rows: &[Row]) -> String {
-    match (ctx.cfg.baseline, ctx.ce_dst, rows.first().and_then(|r| r.ce_path)) {
+    match (
+        ctx.cfg.baseline,
+        ctx.ce_dst,
+        rows.first().and_then(|r| r.ce_path),
+    ) {
         (false, _, _) => "not measured (--no-baseline)".into(),
-        (true, None, _) => "not measured (stage 1's GPU is not visible to rank 0: another host)".into(),
+        (true, None, _) => {
+            "not measured (stage 1's GPU is not visible to rank 0: another host)".into()
+        }
         (true, Some(_), Some(p)) => format!(
             "one chunk by the {} (a chunk that fits in L2 is read from the cache)",
             p.route()

@@ -178,7 +178,10 @@ mod tests {
         for e in &entries {
             let src = include_str!("../../../cuda/collectives.cu");
             let name = e.trim_start_matches("coll_");
-            assert!(src.contains(&format!("COLL_ENTRY({name})")), "{e} has no COLL_ENTRY");
+            assert!(
+                src.contains(&format!("COLL_ENTRY({name})")),
+                "{e} has no COLL_ENTRY"
+            );
         }
     }
 }
