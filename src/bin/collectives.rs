@@ -138,7 +138,7 @@ struct Args {
 
     /// Bytes of a call's elements per thread block: a call takes one block per
     /// this many bytes, up to --blocks.
-    #[arg(long, default_value = "32K", value_parser = parse_bytes)]
+    #[arg(long, default_value = "8K", value_parser = parse_bytes)]
     block_bytes: u64,
 
     /// Store port when starting the ranks here (0: a free one).
