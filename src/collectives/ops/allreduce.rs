@@ -8,8 +8,8 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, ll_runs, peer_share};
-use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, Path, split};
+use super::{Collective, peer_share};
+use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -65,14 +65,6 @@ impl Collective for Allreduce {
             AlgoChoice::All if bytes <= LL_MAX_BYTES => self.algorithms().to_vec(),
             AlgoChoice::All => vec![Algo::OneShot, Algo::TwoShot],
         }
-    }
-
-    fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
-        ll_runs(algo, bytes, path)
-    }
-
-    fn algo_column(&self, algo: Algo) -> &'static str {
-        algo.name()
     }
 
     /// Two-shot's blocks divide one rank's chunk, the others' the whole.
@@ -173,6 +165,7 @@ fn two_shot(m: &mut Model) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collectives::layout::Path;
 
     #[test]
     fn algo_picks_by_size_and_path() {

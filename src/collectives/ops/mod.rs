@@ -52,24 +52,25 @@ pub trait Collective: Sync {
     /// (rank × count × element size): nccl-tests' placement.
     fn in_place(&self, out: u64, slot: u64) -> (u64, u64);
 
-    /// Every algorithm it has, in the order a sweep runs them.
+    /// Every algorithm it has, in the order a sweep runs them: by default
+    /// the one shot and LL (allgather, reduce-scatter).
     fn algorithms(&self) -> &'static [Algo] {
-        &[Algo::OneShot]
+        &[Algo::OneShot, Algo::Ll]
     }
 
     /// The algorithms `--algo` picks for a buffer of `bytes`.
-    fn chosen(&self, _choice: AlgoChoice, _bytes: u64) -> Vec<Algo> {
-        self.algorithms().to_vec()
+    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+        one_shot_or_ll(choice, bytes)
     }
 
     /// Whether `algo` runs a buffer of `bytes` over `path`.
-    fn runs(&self, _algo: Algo, _bytes: u64, _path: Path) -> bool {
-        true
+    fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
+        ll_runs(algo, bytes, path)
     }
 
-    /// The table's algo column: `-` where there is no choice.
-    fn algo_column(&self, _algo: Algo) -> &'static str {
-        "-"
+    /// The table's algo column.
+    fn algo_column(&self, algo: Algo) -> &'static str {
+        algo.name()
     }
 
     /// Elements the call's blocks divide among them (sizes the grid).

@@ -8,8 +8,8 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, ll_runs, one_shot_or_ll, peer_share};
-use crate::collectives::layout::{Algo, AlgoChoice, Path, split};
+use super::{Collective, peer_share};
+use crate::collectives::layout::{Algo, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -36,22 +36,6 @@ impl Collective for ReduceScatter {
     /// output.
     fn in_place(&self, out: u64, slot: u64) -> (u64, u64) {
         (out, out + slot)
-    }
-
-    fn algorithms(&self) -> &'static [Algo] {
-        &[Algo::OneShot, Algo::Ll]
-    }
-
-    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
-        one_shot_or_ll(choice, bytes)
-    }
-
-    fn runs(&self, algo: Algo, bytes: u64, path: Path) -> bool {
-        ll_runs(algo, bytes, path)
-    }
-
-    fn algo_column(&self, algo: Algo) -> &'static str {
-        algo.name()
     }
 
     fn kernel(&self, algo: Algo) -> &'static str {
