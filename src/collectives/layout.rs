@@ -74,7 +74,8 @@ pub enum AlgoChoice {
     TwoShot,
     /// LL lines (store path, up to 64 KiB).
     Ll,
-    /// One-shot up to 1 MiB, two-shot above.
+    /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
+    /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above.
     Auto,
     /// One-shot and two-shot at every size, LL where it runs.
     All,

@@ -153,7 +153,7 @@ impl RunConfig {
                     };
                     let bytes = probe.bytes(self.ranks);
                     let spec = op.spec();
-                    for algo in spec.chosen(self.algo, bytes) {
+                    for algo in spec.chosen(self.algo, bytes, self.ranks) {
                         for &path in self.paths.iter().filter(|&&p| spec.runs(algo, bytes, p)) {
                             for in_place in self.place.in_place() {
                                 cases.push(Case {

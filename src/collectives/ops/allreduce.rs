@@ -13,16 +13,22 @@ use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
-/// `auto` runs one-shot allreduce up to this size, two-shot above. One rank
-/// per GPU across NVLink the crossover lies at 2 MiB with 4 ranks, 4 MiB
-/// with 3 and 8–16 MiB with 2 (four H100s and two H200s,
-/// docs/results/2026-11-27-h100x4-matrix, -h200x2-matrix); 1 MiB is below
-/// all of them, so `auto` never picks two-shot where one-shot is faster.
-pub const AUTO_ONE_SHOT_MAX: u64 = 1 << 20;
+/// The largest allreduce `auto` runs one-shot on `ranks` ranks, two-shot
+/// above: where two-shot's time fell below one-shot's, one rank per GPU
+/// across NVLink (four H100s and two H200s, 2026-11-27: at 2 MiB with 4
+/// ranks, 4 MiB with 3, between 8 and 16 MiB with 2). More ranks than were
+/// measured take the 4-rank figure: one-shot's bytes per rank grow with N.
+pub fn auto_one_shot_max(ranks: u32) -> u64 {
+    match ranks {
+        0..=2 => 8 << 20,
+        3 => 4 << 20,
+        _ => 2 << 20,
+    }
+}
 
-/// `auto`'s choice for an allreduce of `bytes`.
-pub fn auto_algo(bytes: u64) -> Algo {
-    if bytes <= AUTO_ONE_SHOT_MAX {
+/// `auto`'s choice for an allreduce of `bytes` on `ranks` ranks.
+pub fn auto_algo(bytes: u64, ranks: u32) -> Algo {
+    if bytes <= auto_one_shot_max(ranks) {
         Algo::OneShot
     } else {
         Algo::TwoShot
@@ -56,12 +62,12 @@ impl Collective for Allreduce {
         &[Algo::OneShot, Algo::TwoShot, Algo::Ll]
     }
 
-    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+    fn chosen(&self, choice: AlgoChoice, bytes: u64, ranks: u32) -> Vec<Algo> {
         match choice {
             AlgoChoice::OneShot => vec![Algo::OneShot],
             AlgoChoice::TwoShot => vec![Algo::TwoShot],
             AlgoChoice::Ll => vec![Algo::Ll],
-            AlgoChoice::Auto => vec![auto_algo(bytes)],
+            AlgoChoice::Auto => vec![auto_algo(bytes, ranks)],
             AlgoChoice::All if bytes <= LL_MAX_BYTES => self.algorithms().to_vec(),
             AlgoChoice::All => vec![Algo::OneShot, Algo::TwoShot],
         }
@@ -172,9 +178,12 @@ mod tests {
         let a = Allreduce;
         assert_eq!(a.bus_factor(2), 1.0);
         assert_eq!(a.bus_factor(4), 1.5);
-        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES).len(), 3);
-        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1).len(), 2);
-        assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20), vec![Algo::TwoShot]);
+        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES, 4).len(), 3);
+        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1, 4).len(), 2);
+        assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20, 4), vec![Algo::OneShot]);
+        assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 4), vec![Algo::TwoShot]);
+        assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 2), vec![Algo::OneShot]);
+        assert_eq!(a.chosen(AlgoChoice::Auto, 16 << 20, 2), vec![Algo::TwoShot]);
         assert!(!a.runs(Algo::Ll, 8, Path::Put) && a.runs(Algo::Ll, 8, Path::Store));
         assert!(a.runs(Algo::TwoShot, 1 << 30, Path::Put));
     }

@@ -58,8 +58,8 @@ pub trait Collective: Sync {
         &[Algo::OneShot, Algo::Ll]
     }
 
-    /// The algorithms `--algo` picks for a buffer of `bytes`.
-    fn chosen(&self, choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
+    /// The algorithms `--algo` picks for a buffer of `bytes` on `ranks` ranks.
+    fn chosen(&self, choice: AlgoChoice, bytes: u64, _ranks: u32) -> Vec<Algo> {
         one_shot_or_ll(choice, bytes)
     }
 
