@@ -41,9 +41,7 @@ use super::keys::{Death, Keys};
 use super::membership::{END, OnDeath, unix_ns};
 use super::plan::Plan;
 use crate::group::Value;
-use crate::launch::{
-    RoleExit, RoleSpec, dying, forward, is_frozen, is_stopped, kill_all, signal_name,
-};
+use crate::launch::{RoleExit, RoleSpec, dying, forward, is_frozen, is_stopped, signal_name};
 use crate::rng::SplitMix64;
 use crate::store::native::TcpStore;
 use crate::store::{Store, StoreOptions};
@@ -216,7 +214,10 @@ pub fn run_plan(plan: &Plan, opts: &LaunchOptions) -> Result<Vec<RoleExit>> {
         kills: Vec::new(),
         rounds: Rounds::default(),
     };
-    run.start_phase(0)?;
+    if let Err(e) = run.start_phase(0) {
+        run.kill_remaining(false);
+        return Err(e);
+    }
     Ok(run.supervise())
 }
 
@@ -314,20 +315,22 @@ impl PlanRun<'_> {
                 });
                 Ok(())
             }
-            Err(e) => {
-                let running = self.procs.drain(..).filter(|p| p.exit.is_none());
-                kill_all(running.map(|p| (p.name, p.child)).collect());
-                Err(e)
-            }
+            // The caller stops the others (supervise, or run_plan before it).
+            Err(e) => Err(e),
         }
     }
 
     /// The launcher's loop: children, the plan's keys, Ctrl-C, deadlines.
+    /// When following the plan failed (a rank could not be started, or a
+    /// phase's ranks all exited before it ended), every rank is stopped and
+    /// the launcher is listed among the exits as failed (exit 1), so the
+    /// run fails whatever the ranks' statuses.
     fn supervise(mut self) -> Vec<RoleExit> {
         let start = Instant::now();
         let backstop = Duration::from_secs(24 * 3600);
         let mut failed_at: Option<Instant> = None;
         let mut interrupted = false;
+        let mut plan_failed = false;
         let mut next_look = Instant::now();
         while self.procs.iter().any(|p| p.exit.is_none()) {
             if self.reap() && failed_at.is_none() {
@@ -353,6 +356,7 @@ impl PlanRun<'_> {
                 if let Err(e) = self.follow_plan() {
                     crate::eline!("[{}] error: {e:#}", self.tag());
                     failed_at = Some(Instant::now());
+                    plan_failed = true;
                 }
             }
             // After a failure, the ones left that are stopped (frozen, or
@@ -378,7 +382,13 @@ impl PlanRun<'_> {
             };
             std::thread::sleep(Duration::from_millis(nap));
         }
-        self.procs.into_iter().filter_map(|p| p.exit).collect()
+        let launcher = plan_failed.then(|| RoleExit {
+            code: 1,
+            ..RoleExit::named(&format!("the {} launcher", self.tag()))
+        });
+        (self.procs.into_iter().filter_map(|p| p.exit))
+            .chain(launcher)
+            .collect()
     }
 
     /// Whether a kill waits in this phase or the next one has kills.
