@@ -327,11 +327,17 @@ fn print_table(ctx: &Context, rows: &[Row]) {
 
 /// What the `ce` column measured, or why it is empty.
 fn ce_note(ctx: &Context, rows: &[Row]) -> String {
-    match (
+    describe_ce(
         ctx.cfg.baseline,
         ctx.ce_dst,
         rows.first().and_then(|r| r.ce_path),
-    ) {
+    )
+}
+
+/// The `ce` column's description: `baseline` on, stage 1's GPU as this
+/// process numbers it (`None`: another host), the copy it measured.
+pub fn describe_ce(baseline: bool, ce_dst: Option<usize>, path: Option<CopyPath>) -> String {
+    match (baseline, ce_dst, path) {
         (false, _, _) => "not measured (--no-baseline)".into(),
         (true, None, _) => {
             "not measured (stage 1's GPU is not visible to rank 0: another host)".into()
@@ -376,6 +382,20 @@ fn write_files(ctx: &Context, rows: &[Row]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_copy_engine_column_names_the_stages_gpus_and_one_direction() {
+        let p = CopyPath::new(0, 1, 4 << 20, 50 << 20);
+        let d = describe_ce(true, Some(1), Some(p));
+        assert!(
+            d.contains("GPU 0 -> GPU 1") && d.contains("one direction"),
+            "{d}"
+        );
+        let one = describe_ce(true, Some(0), Some(CopyPath::new(0, 0, 1 << 20, 50 << 20)));
+        assert!(one.contains("no link crossed"), "{one}");
+        assert!(describe_ce(true, None, None).contains("another host"));
+        assert!(describe_ce(false, Some(1), Some(p)).contains("--no-baseline"));
+    }
 
     fn times(chunk: u64, timed: u64, span_ns: f64) -> NcclTimes {
         NcclTimes {

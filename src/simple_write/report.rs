@@ -243,8 +243,14 @@ pub struct RunInfo {
 /// What the baseline columns measured: which GPU to which, one direction,
 /// or why they are empty (the target's GPU is not visible here).
 pub fn baselines_note(run: &RunResult) -> String {
-    let src = run.initiator_gpu.ordinal;
-    match crate::gpu::context::find_gpu(&run.target_gpu.uuid) {
+    let dst = crate::gpu::context::find_gpu(&run.target_gpu.uuid);
+    describe_baselines(run.initiator_gpu.ordinal, dst)
+}
+
+/// The baseline columns' description for an initiator on GPU `src` and a
+/// target on `dst` as the initiator numbers it (`None`: not visible).
+pub fn describe_baselines(src: usize, dst: Option<usize>) -> String {
+    match dst {
         Some(dst) => format!(
             "CE: {}; NIXL: a host-API WRITE GPU {src} -> GPU {dst}, timed on the host; \
              from: L2 when the working set fits in GPU {src}'s L2",
@@ -409,6 +415,18 @@ pub fn write_csv(path: &Path, info: &RunInfo, rows: &[Row]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_baseline_columns_name_both_gpus_and_one_direction() {
+        let d = describe_baselines(0, Some(1));
+        assert!(d.contains("CE: copy engine GPU 0 -> GPU 1"), "{d}");
+        assert!(
+            d.contains("one direction") && d.contains("WRITE GPU 0 -> GPU 1"),
+            "{d}"
+        );
+        assert!(d.contains("L2"), "{d}");
+        assert!(describe_baselines(0, None).contains("not measured"));
+    }
 
     fn row(path: &'static str, half_p50_ns: Option<f64>) -> Row {
         let s = half_p50_ns.map(|ns| Summary::of(&[ns]));
