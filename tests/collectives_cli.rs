@@ -31,6 +31,10 @@ fn arguments_that_cannot_work_exit_2() {
     usage_error(&["--ranks", "17"], "17");
     usage_error(&["--ranks", "2", "--inject", "corrupt=5"], "corrupt=R");
     usage_error(&["-w", "0"], "0");
+    usage_error(
+        &["--ranks", "2", "--tuned", "/nonexistent/tuned.json"],
+        "--tune FILE writes one",
+    );
     common::refuses_a_world_that_disagrees(collectives());
 }
 

@@ -8,6 +8,7 @@
 //! collectives --ranks 3 --check-connection            # no GPU: the ranks meet and connect
 //! ```
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use nixl_examples::collectives::member::{self, RankEnv};
 use nixl_examples::collectives::ops::Op;
 use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig};
 use nixl_examples::collectives::run::{self, Outputs};
+use nixl_examples::collectives::tune::TuneTable;
 use nixl_examples::ranks::args::ElasticArgs;
 use nixl_examples::ranks::check::{Check, Inject};
 use nixl_examples::ranks::launch;
@@ -141,6 +143,17 @@ struct Args {
     #[arg(long, default_value = "8K", value_parser = parse_bytes)]
     block_bytes: u64,
 
+    /// Write the tuned table: for every operation, type and size, the
+    /// algorithm and path that ran fastest here (JSON; rank 0 writes it).
+    #[arg(long, value_name = "FILE", conflicts_with = "tuned")]
+    tune: Option<PathBuf>,
+
+    /// Run each size with the algorithm and path a tuned table names (the
+    /// entry of the nearest size of the same operation and type), instead of
+    /// --algo and --path; a size it cannot serve runs --algo auto.
+    #[arg(long, value_name = "FILE")]
+    tuned: Option<PathBuf>,
+
     /// Store port when starting the ranks here (0: a free one).
     #[arg(long, default_value_t = 0)]
     port: u16,
@@ -214,6 +227,7 @@ fn real_main(args: Args) -> Result<ExitCode> {
                 gpus: args.gpus,
                 json: args.files.json.clone(),
                 csv: args.files.csv.clone(),
+                tune: args.tune.clone(),
             };
             run::run(&env, &cfg, &out)?
         }
@@ -358,6 +372,10 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         block_bytes: args.block_bytes,
+        tuned: match &args.tuned {
+            Some(f) => Some(TuneTable::read(f, ranks)?),
+            None => None,
+        },
         launch: args.launch,
         data: args.data,
         corrupt_rank,

@@ -45,3 +45,4 @@ pub mod reference;
 pub mod report;
 pub mod run;
 pub mod session;
+pub mod tune;

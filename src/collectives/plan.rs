@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::case::{Case, count_for};
 use super::layout::{Algo, AlgoChoice, Dtype, Path};
 use super::ops::Op;
+use super::tune::TuneTable;
 use crate::cli::{UsageError, fmt_bytes};
 use crate::gpu::path::refuse_missing;
 
@@ -97,6 +98,10 @@ pub struct RunConfig {
     /// Survive deaths (`--elastic`, `--plan`): how; none in a fixed run.
     #[serde(default)]
     pub elastic: Option<Elastic>,
+    /// `--tuned FILE`: the algorithm and path per size it names, instead of
+    /// `algo` and `paths` ([`super::tune`]).
+    #[serde(default)]
+    pub tuned: Option<TuneTable>,
 }
 
 /// How an elastic run goes ([`super::elastic`]).
@@ -152,19 +157,16 @@ impl RunConfig {
                         count,
                     };
                     let bytes = probe.bytes(self.ranks);
-                    let spec = op.spec();
-                    for algo in spec.chosen(self.algo, bytes, self.ranks) {
-                        for &path in self.paths.iter().filter(|&&p| spec.runs(algo, bytes, p)) {
-                            for in_place in self.place.in_place() {
-                                cases.push(Case {
-                                    op,
-                                    algo,
-                                    path,
-                                    dtype,
-                                    in_place,
-                                    count,
-                                });
-                            }
+                    for (algo, path) in self.choices(op, dtype, bytes) {
+                        for in_place in self.place.in_place() {
+                            cases.push(Case {
+                                op,
+                                algo,
+                                path,
+                                dtype,
+                                in_place,
+                                count,
+                            });
                         }
                     }
                     if cases.is_empty() {
@@ -177,6 +179,31 @@ impl RunConfig {
                         cases,
                     });
                 }
+            }
+        }
+        out
+    }
+
+    /// The (algorithm, path) pairs a size of `op` runs: the tuned table's,
+    /// where it has one that runs there; else `--algo` over `--path`
+    /// (`auto` when tuned).
+    fn choices(&self, op: Op, dtype: Dtype, bytes: u64) -> Vec<(Algo, Path)> {
+        let spec = op.spec();
+        let tuned = (self.tuned.as_ref())
+            .and_then(|t| t.pick(op, dtype, bytes))
+            .filter(|&(algo, path)| spec.runs(algo, bytes, path));
+        if let Some(choice) = tuned {
+            return vec![choice];
+        }
+        let choice = if self.tuned.is_some() {
+            AlgoChoice::Auto
+        } else {
+            self.algo
+        };
+        let mut out = Vec::new();
+        for algo in spec.chosen(choice, bytes, self.ranks) {
+            for &path in self.paths.iter().filter(|&&p| spec.runs(algo, bytes, p)) {
+                out.push((algo, path));
             }
         }
         out
@@ -274,6 +301,7 @@ mod tests {
             timeout_ns: 1,
             blocks: None,
             block_bytes: crate::collectives::layout::BLOCK_BYTES,
+            tuned: None,
             baseline: true,
             launch: Launch::Stream,
             data: DataMode::Exact,
@@ -301,5 +329,47 @@ mod tests {
         };
         assert!(small.validate().unwrap_err().0.contains("at least 12"));
         assert_eq!(c.max_bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn a_tuned_table_picks_one_case_per_size_and_auto_where_it_cannot() {
+        let case = |algo, path, count| Case {
+            op: Op::Allreduce,
+            algo,
+            path,
+            dtype: Dtype::F32,
+            in_place: false,
+            count,
+        };
+        let timed = vec![
+            (case(Algo::Ll, Path::Store, 2), 8.0),
+            (case(Algo::OneShot, Path::Put, 2), 9.0),
+            (case(Algo::TwoShot, Path::Put, 1 << 18), 20.0),
+        ];
+        let c = RunConfig {
+            ops: vec![Op::Allreduce],
+            place: Place::Out,
+            sizes: vec![8, 1 << 20, 1 << 30],
+            tuned: Some(TuneTable::fastest("H100", 3, "stream", &timed)),
+            ..cfg()
+        };
+        let g = c.groups();
+        let pairs = |i: usize| -> Vec<(Algo, Path)> {
+            g[i].cases.iter().map(|k| (k.algo, k.path)).collect()
+        };
+        assert_eq!(pairs(0), vec![(Algo::Ll, Path::Store)]);
+        assert_eq!(pairs(1), vec![(Algo::TwoShot, Path::Put)]);
+        assert_eq!(pairs(2), vec![(Algo::TwoShot, Path::Put)]);
+        // A table whose only entry cannot run a size: auto over --path.
+        let ll_only = RunConfig {
+            tuned: Some(TuneTable::fastest("H100", 3, "stream", &timed[..1])),
+            ..c
+        };
+        let g = ll_only.groups();
+        let big: Vec<_> = g[2].cases.iter().map(|k| (k.algo, k.path)).collect();
+        assert_eq!(
+            big,
+            vec![(Algo::TwoShot, Path::Store), (Algo::TwoShot, Path::Put)]
+        );
     }
 }

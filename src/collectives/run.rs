@@ -20,6 +20,7 @@ use super::plan::Launch;
 use super::plan::{Plan, RunConfig};
 use super::report::{self, RankTimes, Row};
 use super::session::{Context, Session, block_plan, connect_nccl};
+use super::tune::TuneTable;
 use crate::cli::{UsageError, fmt_bytes};
 use crate::gpu::Gpu;
 use crate::gpu::context::device_count;
@@ -35,6 +36,8 @@ pub struct Outputs {
     pub gpus: Option<u32>,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
+    /// `--tune FILE`: where rank 0 writes the tuned table.
+    pub tune: Option<PathBuf>,
 }
 
 /// Runs this rank. Errors: usage errors (exit 2), data mismatches (exit 3),
@@ -289,6 +292,14 @@ fn publish(
         ctx.cfg.launch.name(),
         ctx.cfg.warmup
     );
+    if let Some(t) = &ctx.cfg.tuned {
+        say!(
+            "# the algorithm and path of each size come from a tuned table measured on {} ({} ranks, {} launches)",
+            t.gpu,
+            t.ranks,
+            t.launch
+        );
+    }
     say!("\n{}", report::table(&rows));
     say!(
         "# time: GPU time per call, an event before and after each call, p50 (p99) of the slowest rank; kern: inside the \
@@ -315,6 +326,25 @@ fn publish(
     if let Some(p) = &out.csv {
         report::write_csv(p, &info, &rows)?;
     }
+    if let Some(p) = &out.tune {
+        write_tuned(ctx, &infos[0].gpu_name, &rows, p)?;
+    }
+    Ok(())
+}
+
+/// `--tune FILE`: the fastest case of every operation, type and size, from
+/// the rows (in the groups' order, as [`rows`] made them).
+fn write_tuned(ctx: &Context, gpu: &str, rows: &[Row], path: &std::path::Path) -> Result<()> {
+    let cases = ctx.cfg.groups().into_iter().flat_map(|g| g.cases);
+    let timed: Vec<_> = cases.zip(rows.iter().map(|r| r.time_p50_us)).collect();
+    let table = TuneTable::fastest(gpu, ctx.group.world, ctx.cfg.launch.name(), &timed);
+    table.write(path)?;
+    say!(
+        "[collectives] wrote the tuned table {} ({} sizes): run with --tuned {}",
+        path.display(),
+        table.entries.len(),
+        path.display()
+    );
     Ok(())
 }
 
