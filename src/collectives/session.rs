@@ -600,11 +600,11 @@ impl Session {
 
     /// NCCL's call of the same size, queued, timed and checked as ours.
     ///
-    /// The checked warm-up calls run first and finish before the timed
-    /// calls are captured (nccl-tests' order): NCCL connects an algorithm's
-    /// channels at its first call, and a capture must find them connected.
-    /// (Captured first, as ours are, the run never ended on two H100s:
-    /// rank 0 stayed inside the driver with no kernel running.)
+    /// The checked warm-up calls (`--warmup`, at least 1) run first and
+    /// finish before the timed calls are captured (nccl-tests' order): NCCL
+    /// connects an algorithm's channels at its first call, so the capture
+    /// finds them connected. Captured calls run only with NCCL's
+    /// graph-mixing support off ([`crate::ranks::nccl::GRAPH_MIXING`]).
     fn run_nccl(
         &self,
         ctx: &Context,
@@ -630,9 +630,6 @@ impl Session {
                     ctx.kernels.launch_data(s, false, &d)?;
                     call(s, &d)?;
                     ctx.kernels.launch_data(s, true, &d)?;
-                }
-                if warm == 0 {
-                    call(s, &d)?; // connects; the fill below overwrites it
                 }
             }
             Ok(())

@@ -136,15 +136,17 @@ impl CopyPath {
     /// Where the copy goes, e.g. `copy engine GPU 0 -> GPU 1 (peer copy,
     /// one direction)`.
     pub fn route(&self) -> String {
-        let how = if self.src_gpu == self.dst_gpu {
+        Self::route_between(self.src_gpu, self.dst_gpu)
+    }
+
+    /// [`CopyPath::route`] of a copy from GPU `src` to GPU `dst`.
+    pub fn route_between(src: usize, dst: usize) -> String {
+        let how = if src == dst {
             "device-to-device copy on one GPU: no link crossed"
         } else {
             "peer copy, one direction"
         };
-        format!(
-            "copy engine GPU {} -> GPU {} ({how})",
-            self.src_gpu, self.dst_gpu
-        )
+        format!("copy engine GPU {src} -> GPU {dst} ({how})")
     }
 
     /// One line for a report: the route, the size, and whether the working

@@ -254,7 +254,7 @@ pub fn describe_baselines(src: usize, dst: Option<usize>) -> String {
         Some(dst) => format!(
             "CE: {}; NIXL: a host-API WRITE GPU {src} -> GPU {dst}, timed on the host; \
              from: L2 when the working set fits in GPU {src}'s L2",
-            CopyPath::new(src, dst, 0, 0).route()
+            CopyPath::route_between(src, dst)
         ),
         None => "CE, NIXL: not measured (the target's GPU is not visible to the initiator)".into(),
     }
