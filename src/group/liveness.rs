@@ -38,15 +38,19 @@ impl Member<'_> {
         }
     }
 
-    /// Runs `work` while a scoped thread keeps our heartbeat going.
+    /// Runs `work` while a scoped thread keeps our heartbeat going. The
+    /// first beat is sent before `work` starts: a member frozen before a
+    /// late-scheduled thread beat once would have no heartbeat key, and a
+    /// member without one is never judged silent (its peers would wait
+    /// for --timeout instead of naming it).
     pub fn with_heartbeat<T>(&self, work: impl FnOnce() -> T) -> T {
         self.note(&self.alive_key(self.me));
+        // Errors are the probes' to report; keep beating.
+        self.beat_if_due();
         // Dropping `stop` ends the thread at once (its wait disconnects).
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         std::thread::scope(|s| {
             s.spawn(move || {
-                // Errors are the probes' to report; keep beating.
-                self.beat_if_due();
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT / 4) {
                     self.beat_if_due();
                 }

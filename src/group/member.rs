@@ -418,6 +418,18 @@ mod tests {
         })
     }
 
+    /// A member frozen the moment its work starts must still be judged
+    /// silent by the others, which needs its heartbeat key: the first beat
+    /// is sent before the work, not left to a thread that may run late.
+    #[test]
+    fn the_heartbeat_key_exists_before_the_work_starts() {
+        let store = MemoryStore::new(Duration::from_secs(30));
+        let m = Member::new(&store, roster(), 0, Duration::from_secs(30));
+        let key = m.alive_key(0);
+        let seen = m.run(|| Ok(store.try_get(&key)?.is_some()));
+        assert!(seen.unwrap(), "no {key} when the work started");
+    }
+
     #[test]
     fn a_successful_run_leaves_no_key() {
         let store = MemoryStore::new(Duration::from_secs(30));
