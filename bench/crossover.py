@@ -69,13 +69,11 @@ def main(src):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] in (["-h"], ["--help"]):
-        print(__doc__)
-        sys.exit(0)
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        print("usage: crossover.py RESULTS_DIR (try --help)", file=sys.stderr)
-        sys.exit(2)
-    if not os.path.isdir(sys.argv[1]):
-        print(f"crossover.py: {sys.argv[1]} is not a folder of bench.sh results", file=sys.stderr)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+    import benchlib
+
+    (folder,) = benchlib.args(__doc__, "crossover.py RESULTS_DIR", 1, 1)
+    if not os.path.isdir(folder):
+        print(f"crossover.py: {folder} is not a folder of bench.sh results", file=sys.stderr)
         sys.exit(1)
-    main(sys.argv[1])
+    main(folder)

@@ -20,19 +20,17 @@ baseline did not measure the link, and the row says so.
 Writes RESULTS_DIR/summary.md and prints it.
 Usage: gpu_matrix.py RESULTS_DIR"""
 import glob
-import gzip
 import json
 import os
 import re
 import sys
 
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-    print("usage: gpu_matrix.py RESULTS_DIR (try --help)", file=sys.stderr)
-    sys.exit(2)
-DIR = sys.argv[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
+from benchlib import size  # noqa: E402
+
+ARGS = benchlib.args(__doc__, "gpu_matrix.py RESULTS_DIR", 1, 1)
+DIR = ARGS[0]
 if not os.path.isdir(DIR):
     print(f"gpu_matrix.py: {DIR} is not a folder (bench/gpu-matrix.sh --out writes one)", file=sys.stderr)
     sys.exit(2)
@@ -41,10 +39,9 @@ if not os.path.isdir(DIR):
 def load(tag):
     """DIR/tag.json (or .json.gz, as docs/results keeps them), or None when
     the row did not run."""
-    for name, opener in ((tag + ".json", open), (tag + ".json.gz", gzip.open)):
+    for name in (tag + ".json", tag + ".json.gz"):
         try:
-            with opener(os.path.join(DIR, name), "rt") as f:
-                return json.load(f)
+            return benchlib.load_json(os.path.join(DIR, name))
         except (OSError, ValueError):
             pass
     return None
@@ -53,13 +50,6 @@ def load(tag):
 def tags(pattern):
     found = glob.glob(os.path.join(DIR, pattern + ".json")) + glob.glob(os.path.join(DIR, pattern + ".json.gz"))
     return sorted({os.path.basename(p).split(".json")[0] for p in found})
-
-
-def size(b):
-    for unit, s in (("G", 30), ("M", 20), ("K", 10)):
-        if b >= 1 << s and b % (1 << s) == 0:
-            return f"{b >> s} {unit}iB"
-    return f"{b} B"
 
 
 def num(x, fmt="{:.2f}"):
@@ -101,7 +91,7 @@ def nccl_used():
     found = set()
     for f in glob.glob(os.path.join(DIR, "*.err")) + glob.glob(os.path.join(DIR, "*.json*")):
         try:
-            with (gzip.open if f.endswith(".gz") else open)(f, "rt", errors="replace") as fh:
+            with benchlib.open_text(f, errors="replace") as fh:
                 found |= set(re.findall(r"NCCL (\d+\.\d+\.\d+)", fh.read()))
         except OSError:
             pass

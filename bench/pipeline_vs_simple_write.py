@@ -15,15 +15,14 @@ Columns without a simple_write run at that size and path are `-`.
 Usage: pipeline_vs_simple_write.py SIMPLE_WRITE.json [...] PIPELINE.json [...]
 (the files tell themselves apart by their rows)."""
 import json
+import os
 import sys
 
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) < 3 or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: pipeline_vs_simple_write.py SIMPLE_WRITE.json [...] PIPELINE.json [...] (try --help)",
-          file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
+from benchlib import size  # noqa: E402
+
+ARGS = benchlib.args(__doc__, "pipeline_vs_simple_write.py SIMPLE_WRITE.json [...] PIPELINE.json [...]", 2)
 
 
 def rows(path):
@@ -41,7 +40,7 @@ def ring_bytes(r):
 
 
 sw, pipe = {}, []
-for path in sys.argv[1:]:
+for path in ARGS:
     for r in rows(path):
         if "min_link_gbps" in r:
             pipe.append(r)
@@ -56,13 +55,6 @@ def nearest(runs, want):
     """The rotating run (more than one slot) whose working set is nearest `want`, by ratio."""
     rotating = [r for r in runs if r[0] > min(x[0] for x in runs)]
     return min(rotating, key=lambda r: max(r[1], want) / min(r[1], want), default=None)
-
-
-def size(n):
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def cell(link, base):

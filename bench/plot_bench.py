@@ -10,25 +10,21 @@ import json
 import os
 import sys
 
-# Arguments before matplotlib: --help and a bad call need no plotting library.
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) != 3 or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: plot_bench.py RESULTS_DIR OUT.png (try --help)", file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
 
-import matplotlib  # noqa: E402
+ARGS = benchlib.args(__doc__, "plot_bench.py RESULTS_DIR OUT.png", 2, 2)
+plt = benchlib.pyplot()
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-src, out = sys.argv[1], sys.argv[2]
+src, out = ARGS
 runs = {}
 for path in sorted(glob.glob(os.path.join(src, "gpu*-gpu*-*.json"))):
     parts = os.path.basename(path).split("-")
     pair = "-".join(parts[:3] if parts[2] == "mps" else parts[:2])
-    runs.setdefault(pair, []).append(json.load(open(path)))
+    runs.setdefault(pair, []).append(benchlib.load_json(path))
+if not runs:
+    print(f"plot_bench.py: no gpu*-gpu*-*.json in {src}: run bench/bench.sh --out DIR first", file=sys.stderr)
+    sys.exit(1)
 
 STYLE = {"put": "-", "store": ":", "ll": "-."}
 NAME = {"put": "nixlPut", "store": "nixlGetPtr stores", "ll": "LL lines"}

@@ -8,20 +8,13 @@ import json
 import os
 import sys
 
-# Arguments before matplotlib: --help and a bad call need no plotting library.
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) < 3 or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: plot_collectives.py OUT.png FILE.json [FILE.json ...] (try --help)", file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
 
-import matplotlib  # noqa: E402
+ARGS = benchlib.args(__doc__, "plot_collectives.py OUT.png FILE.json [FILE.json ...]", 2, None)
+plt = benchlib.pyplot()
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-out, files = sys.argv[1], sys.argv[2:]
+out, files = ARGS[0], ARGS[1:]
 OPS = ("allreduce", "allgather", "reduce-scatter")
 STYLE = {"store": "-", "put": ":"}
 

@@ -15,18 +15,11 @@ import json
 import os
 import sys
 
-# Arguments before matplotlib: --help and a bad call need no plotting library.
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) != 3 or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: plot_elastic.py RESULTS_DIR OUT.png (try --help)", file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+ARGS = benchlib.args(__doc__, "plot_elastic.py RESULTS_DIR OUT.png", 2, 2)
+plt = benchlib.pyplot()
 
 COLORS = {"put": "#1f77b4", "store": "#2ca02c"}
 
@@ -83,7 +76,7 @@ def fault_plan(ax, folder):
 
 
 def main():
-    folder, out = sys.argv[1], sys.argv[2]
+    folder, out = ARGS
     if not glob.glob(os.path.join(folder, "el-*.json")):
         print(f"plot_elastic: no el-*.json in {folder}", file=sys.stderr)
         sys.exit(1)

@@ -6,24 +6,16 @@ a log axis. Writes OUT.png.
 Reads coll-*.json or coll-*.json.gz.
 Usage: plot_matrix.py RESULTS_DIR OUT.png"""
 import glob
-import gzip
-import json
 import os
 import sys
 
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) != 3 or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: plot_matrix.py RESULTS_DIR OUT.png (try --help)", file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
 
-import matplotlib  # noqa: E402
+ARGS = benchlib.args(__doc__, "plot_matrix.py RESULTS_DIR OUT.png", 2, 2)
+plt = benchlib.pyplot()
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-DIR, OUT = sys.argv[1:]
+DIR, OUT = ARGS
 OPS = ("allreduce", "allgather", "reduce-scatter")
 
 
@@ -48,8 +40,7 @@ def main():
         for f in files:
             tag = os.path.basename(f)[5:].split(".json")[0]  # 2r-stream
             ranks, launch = tag.split("-")
-            with (gzip.open if f.endswith(".gz") else open)(f, "rt") as fh:
-                pts = ratios(json.load(fh)["rows"], op)
+            pts = ratios(benchlib.load_json(f)["rows"], op)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "--" if launch == "graph" else "-",
                         marker=".", label=f"{ranks[:-1]} ranks, {launch}")

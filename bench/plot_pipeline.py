@@ -17,18 +17,11 @@ import os
 import sys
 import textwrap
 
-# Arguments before matplotlib: --help and a bad call need no plotting library.
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) < 3 or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: plot_pipeline.py OUT.png FILE.csv|FILE.json [...] (try --help)", file=sys.stderr)
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+ARGS = benchlib.args(__doc__, "plot_pipeline.py OUT.png FILE.csv|FILE.json [...]", 2, None)
+plt = benchlib.pyplot()
 
 STYLE = {"store": "-", "put": ":", "ll": "-."}
 NUMBERS = ("chunk_bytes", "slots", "stages", "min_link_gbps", "latency_p50_ns", "latency_p99_ns",
@@ -143,7 +136,7 @@ def draw(ax_t, ax_l, series, ce, nccl):
         a.grid(True, which="both", alpha=0.3)
 
 
-out, files = sys.argv[1], sys.argv[2:]
+out, files = ARGS[0], ARGS[1:]
 series, ce, nccl, notes = collect(files)
 if not series:
     print("plot_pipeline.py: no rows with a chunk size and a link rate in " + " ".join(files), file=sys.stderr)

@@ -24,14 +24,12 @@ import json
 import os
 import sys
 
-if sys.argv[1:2] in (["-h"], ["--help"]):
-    print(__doc__)
-    sys.exit(0)
-if len(sys.argv) not in (2, 3) or any(a.startswith("-") for a in sys.argv[1:]):
-    print("usage: report_collectives_elastic.py DIR [OUT_PREFIX] (try --help)", file=sys.stderr)
-    sys.exit(2)
-DIR = sys.argv[1]
-PREFIX = sys.argv[2] if len(sys.argv) == 3 else os.path.join(DIR, "phases")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
+
+ARGS = benchlib.args(__doc__, "report_collectives_elastic.py DIR [OUT_PREFIX]", 1, 2)
+DIR = ARGS[0]
+PREFIX = ARGS[1] if len(ARGS) == 2 else os.path.join(DIR, "phases")
 
 
 def load(pattern):
