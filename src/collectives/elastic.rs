@@ -490,6 +490,8 @@ pub fn publish(
         ctx.cfg.fault_timeout_ns() / 1_000_000,
         all.len()
     );
+    let seats: Vec<_> = infos.iter().map(RankInfo::seat).collect();
+    say!("# {}", crate::ranks::info::placement(&seats, false));
     say!("\n{}", table(&rows));
     for d in &dets {
         say!("{}", detection_line(d));
@@ -594,6 +596,7 @@ mod tests {
             info: RankInfo {
                 rank: 4,
                 host: "node-1".into(),
+                gpu_ordinal: 3,
                 gpu_name: "NVIDIA H200".into(),
                 gpu_uuid: "GPU-1234".into(),
                 sm_count: 132,

@@ -167,12 +167,13 @@ fn session(
         std::thread::sleep(Duration::from_millis(300));
     }
     let times = measured?;
+    let comm_ran = comm.is_ok();
     drop(comm);
     g.put(&g.rank_entry(g.rank, "result"), &times)?;
     let window = s.layout.bytes;
     s.close(&ctx)?;
     if g.rank == 0 {
-        publish(&ctx, &infos, window, &nccl_note, out)?;
+        publish(&ctx, &infos, window, (&nccl_note, comm_ran), out)?;
     }
     Ok(())
 }
@@ -271,7 +272,7 @@ fn publish(
     ctx: &Context,
     infos: &[RankInfo],
     window: u64,
-    nccl: &str,
+    (nccl, nccl_ran): (&str, bool),
     out: &Outputs,
 ) -> Result<()> {
     let g = ctx.group;
@@ -292,6 +293,8 @@ fn publish(
         ctx.cfg.launch.name(),
         ctx.cfg.warmup
     );
+    let seats: Vec<_> = infos.iter().map(RankInfo::seat).collect();
+    say!("# {}", crate::ranks::info::placement(&seats, nccl_ran));
     if let Some(t) = &ctx.cfg.tuned {
         say!(
             "# the algorithm and path of each size come from a tuned table measured on {} ({} ranks, {} launches)",

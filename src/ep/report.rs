@@ -50,6 +50,18 @@ pub struct RankInfo {
     pub nccl: NcclStatus,
 }
 
+impl RankInfo {
+    /// Where this rank ran ([`crate::ranks::info::placement`]).
+    pub fn seat(&self) -> crate::ranks::info::Seat<'_> {
+        crate::ranks::info::Seat {
+            rank: self.rank,
+            host: &self.host,
+            gpu_ordinal: self.gpu_ordinal,
+            gpu_uuid: &self.gpu_uuid,
+        }
+    }
+}
+
 /// One path's per-iteration GPU times on one rank, ns (warm-up excluded).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PathTimes {

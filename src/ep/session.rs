@@ -351,6 +351,9 @@ fn publish(
         results[0].grid.threads,
         cfg.iters
     );
+    let seats: Vec<_> = infos.iter().map(RankInfo::seat).collect();
+    let baseline_ran = cfg.baseline && setup.baseline_skip.is_none();
+    say!("# {}", crate::ranks::info::placement(&seats, baseline_ran));
     for r in &rows {
         say!("{}", report::line(r, results.len()));
     }

@@ -278,6 +278,11 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             None => "none".into(),
         }
     );
+    let seats: Vec<_> = ctx.infos.iter().map(RankInfo::seat).collect();
+    say!(
+        "# {} (stage k is rank k)",
+        crate::ranks::info::placement(&seats, false)
+    );
     say!("# {}", ctx.nccl_note);
     say!(
         "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per \
