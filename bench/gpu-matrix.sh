@@ -135,13 +135,13 @@ sizes() { local n=0 s=$1; while ((s <= $2)); do n=$((n + 1)); s=$((s * $3)); don
 part_sw() {
   local a=${G[0]} b=${G[1]} x y
   local bw=(-b 16 -e 1G -f 4) pp=(-b 8 -e 1M -f 8)
-  local dbw=$((30 + 8 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 10 * $(sizes 8 $((1 << 20)) 8)))
+  local dbw=$((30 + 10 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 13 * $(sizes 8 $((1 << 20)) 8)))
   for x in "$a $b" "$b $a"; do
     read -r x y <<<"$x"
-    row "sw-${x}to${y}-bw" 0 $dbw "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --levels block --path put,store,ll "${bw[@]}"
+    row "sw-${x}to${y}-bw" 0 $dbw "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --levels block --path put,store,ll,ll128 "${bw[@]}"
   done
   row "sw-${a}to${b}-pp" 0 $dpp "$a,$b" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --pingpong \
-    --levels thread,warp,block --path put,store,ll "${pp[@]}"
+    --levels thread,warp,block --path put,store,ll,ll128 "${pp[@]}"
   for x in "${G[@]}"; do for y in "${G[@]}"; do
     [[ $x == "$y" || ( $x == "$a" && $y == "$b" ) || ( $x == "$b" && $y == "$a" ) ]] && continue
     row "sw-${x}to${y}-bw" 0 60 "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 \

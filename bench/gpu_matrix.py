@@ -140,10 +140,10 @@ def sw_bandwidth(tag, bw):
         put, store = (paths.get(k, {}).get("gb_per_s") for k in ("put", "store"))
         l2 = next((p.get("l2_resident") for p in paths.values()), None)
         body.append([size(s)] + [num(paths[k]["gb_per_s"], "{:.1f}") if k in paths else "-"
-                                 for k in ("put", "store", "ll")]
+                                 for k in ("put", "store", "ll", "ll128")]
                     + [num(ce, "{:.1f}"), against(best, ce), num(ratio(put, store)), "L2" if l2 else "HBM"])
     note = (bw.get("run") or {}).get("baselines", "")
-    return table([f"{tag}, block level", "put GB/s", "store GB/s", "ll GB/s", "copy engine", "best ÷ CE",
+    return table([f"{tag}, block level", "put GB/s", "store GB/s", "ll GB/s", "ll128 GB/s", "copy engine", "best ÷ CE",
                   "put ÷ store", "from"], body) + ([f"\n{note}"] if note else [])
 
 

@@ -26,8 +26,8 @@ if not runs:
     print(f"plot_bench.py: no gpu*-gpu*-*.json in {src}: run bench/bench.sh --out DIR first", file=sys.stderr)
     sys.exit(1)
 
-STYLE = {"put": "-", "store": ":", "ll": "-."}
-NAME = {"put": "nixlPut", "store": "nixlGetPtr stores", "ll": "LL lines"}
+STYLE = {"put": "-", "store": ":", "ll": "-.", "ll128": (0, (5, 1, 1, 1, 1, 1))}
+NAME = {"put": "nixlPut", "store": "nixlGetPtr stores", "ll": "LL lines", "ll128": "LL128 lines"}
 
 
 def title_of(docs):
@@ -39,7 +39,7 @@ def title_of(docs):
 
 def bandwidth(ax, ratio_ax, rows, title):
     for level in ("thread", "warp", "block"):
-        for path in ("put", "store", "ll"):
+        for path in ("put", "store", "ll", "ll128"):
             pts = sorted((r["size_bytes"], r["gb_per_s"], r.get("ratio")) for r in rows
                          if r["level"] == level and r.get("path", "put") == path)
             if not pts:
@@ -69,7 +69,7 @@ def bandwidth(ax, ratio_ax, rows, title):
 
 def pingpong(ax, rows, title):
     for level in ("thread", "warp", "block"):
-        for path in ("put", "store", "ll"):
+        for path in ("put", "store", "ll", "ll128"):
             pts = sorted((r["size_bytes"], r["half_rtt"]["p50_ns"] / 1e3) for r in rows
                          if r["level"] == level and r.get("path", "put") == path and r.get("half_rtt"))
             if pts:

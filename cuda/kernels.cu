@@ -117,7 +117,8 @@ constexpr uint32_t ACK_FLAG = 2;
 constexpr uint32_t PATH_PUT = 0;    // nixlPut + fence + nixlAtomicAdd
 constexpr uint32_t PATH_STORE = 1;  // stores through nixlGetPtr + a release add
 constexpr uint32_t PATH_LL = 2;     // LL lines through nixlGetPtr, no fence, no signal
-constexpr uint32_t PATH_FLAG = 3;   // no data: one relaxed store of a flag (the floor)
+constexpr uint32_t PATH_LL128 = 3;  // LL128 lines through nixlGetPtr, no fence, no signal
+constexpr uint32_t PATH_FLAG = 4;   // no data: one relaxed store of a flag (the floor)
 
 // Spin until *word >= threshold, the deadline passes, or the host cancels;
 // records the value seen last. Called by one thread. Returns whether the
@@ -381,6 +382,93 @@ __device__ bool ll_has_lines(const WriteParams &p) {
     return Group<L>::rank() < max(vecs, uint64_t(1));
 }
 
+// Up to 8 payload bytes at byte `o` of a message of `len` bytes as one
+// little-endian word, zero-padded (o is 8-byte aligned): one read-only
+// 8-byte load when all 8 are there, else tail_word's.
+__device__ __forceinline__ uint64_t payload_word(const uint8_t *src, uint64_t o, uint64_t len) {
+    if (o + 8 <= len) return __ldg(reinterpret_cast<const unsigned long long *>(src + o));
+    if (o >= len) return 0;
+    const int64_t n = int64_t(len - o);
+    return uint64_t(tail_word(src + o, n)) | (uint64_t(tail_word(src + o + 4, n - 4)) << 32);
+}
+
+// Which LL128 lines a group writes in one iteration: Layout's split in
+// lines, not bytes, so that no line is shared by two groups. Contiguous
+// (chunk == 0): an even split of the lines; interleaved: chunks of
+// chunk / 128 lines (a chunk of wire bytes) dealt round-robin.
+template <nixl_gpu_level_t L>
+__device__ Layout ll128_layout_of(const WriteParams &p) {
+    const uint64_t n = ll128_lines(p.size), g = Group<L>::index(), groups = Group<L>::count();
+    if (p.chunk == 0) {
+        const uint64_t per = (n + groups - 1) / groups;
+        return Layout{g * per, n, per, n};
+    }
+    const uint64_t c = max(p.chunk / LL128_LINE_BYTES, uint64_t(1));
+    return Layout{g * c, groups * c, c, n};
+}
+
+// The LL128 copy of lines [first, first + count) of a message of `len`
+// bytes: each warp of the group takes four lines at a time (one store
+// instruction, ll.cuh), four such quads in flight per warp. Lane 8j + c of
+// a warp loads payload bytes 16c.. of its line j and stores them with one
+// 16-byte store; lane 8j + 7 stores the line's last 8 bytes and the flag.
+// The loop runs alike on every lane of a warp and the warp meets before
+// its stores, so the eight lanes of a line store in one instruction (the
+// tail's loads may take the lanes apart).
+template <nixl_gpu_level_t L>
+__device__ void ll128_copy(uint8_t *lines, const uint8_t *src, uint64_t len, uint64_t first, uint64_t count,
+                           uint32_t seq) {
+    constexpr int kQuads = 4;
+    const unsigned t = Group<L>::rank(), warps = Group<L>::size() / 32;
+    const unsigned warp = t / 32, line_of_lane = (t % 32) / LL128_LANES, part = t % LL128_LANES;
+    const uint64_t flag = ll128_flag(seq);
+#pragma unroll 1
+    for (uint64_t q = warp; q * LL128_WARP_LINES < count; q += kQuads * warps) {
+        uint64_t lo[kQuads], hi[kQuads];
+        bool mine[kQuads];
+        // Lines past the last one this pass covers: when all are in the
+        // range and full, every load is a plain 8-byte one (the same for
+        // the whole warp, so no lane branches apart from the others).
+        const uint64_t past = (q + (kQuads - 1) * warps + 1) * LL128_WARP_LINES;
+        const bool whole = past <= count && (first + past) * LL128_PAYLOAD <= len;
+#pragma unroll
+        for (int u = 0; u < kQuads; ++u) {
+            const uint64_t k = (q + u * warps) * LL128_WARP_LINES + line_of_lane;  // line in the range
+            const uint64_t o = (first + k) * LL128_PAYLOAD + 16 * part;
+            const unsigned long long *w = reinterpret_cast<const unsigned long long *>(src + o);
+            mine[u] = whole || k < count;
+            if (whole) {
+                lo[u] = __ldg(w);
+                hi[u] = part == LL128_LANES - 1 ? flag : __ldg(w + 1);
+            } else {
+                lo[u] = mine[u] ? payload_word(src, o, len) : 0;
+                hi[u] = part == LL128_LANES - 1 ? flag : (mine[u] ? payload_word(src, o + 8, len) : 0);
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < kQuads; ++u) {
+            const uint64_t k = (q + u * warps) * LL128_WARP_LINES + line_of_lane;
+            if (mine[u]) {
+                ll128_store(reinterpret_cast<uint4 *>(lines + (first + k) * LL128_LINE_BYTES + 16 * part), lo[u],
+                            hi[u]);
+            }
+        }
+    }
+}
+
+// One iteration for one group, LL128 path: the group's lines stamped with
+// this iteration's seq. As on the LL path nothing follows: the lines are
+// the signal.
+template <nixl_gpu_level_t L>
+__device__ void ll128_write(const WriteParams &p, uint32_t iter, uint8_t *lines) {
+    const Layout at = ll128_layout_of<L>(p);
+    const uint8_t *src = p.src_addr[iter & 1];
+    for (uint64_t k = at.first; k < at.end; k += at.step) {
+        ll128_copy<L>(lines, src, p.size, k, min(at.len, at.end - k), iter + 1);
+    }
+}
+
 // One iteration of the floor: no data, one thread stores the flag (the
 // peer's signal word) with a relaxed store. Nothing is cheaper.
 __device__ void flag_write(const WriteParams &p, uint32_t iter, unsigned long long *signal) {
@@ -399,16 +487,18 @@ __device__ __forceinline__ uint64_t slot_of(const WriteParams &p, uint32_t iter)
 // One iteration on the round's path (PATH_* above); kSlots: --hbm.
 template <nixl_gpu_level_t L, uint32_t P, bool kSlots = false>
 struct Path {
-    static constexpr bool kDst = P == PATH_STORE || P == PATH_LL;
+    static constexpr bool kDst = P == PATH_STORE || P == PATH_LL || P == PATH_LL128;
     static constexpr bool kSignal = P == PATH_STORE || P == PATH_FLAG;
     uint8_t *dst;
     unsigned long long *signal;
     __device__ explicit Path(const WriteParams &p)
         : dst(kDst ? peer_ptr(p.dst) : nullptr),
           signal(kSignal ? reinterpret_cast<unsigned long long *>(peer_ptr(p.signal)) : nullptr) {}
-    // Whether the path can run here (all but the put path need peer pointers).
+    // Whether the path can run here (all but the put path need peer
+    // pointers; LL128 needs whole warps to write its lines).
     __device__ bool usable(const WriteParams &p) const {
-        if ((!kDst || dst != nullptr) && (!kSignal || signal != nullptr)) return true;
+        const bool warps = P != PATH_LL128 || (L != nixl_gpu_level_t::THREAD && Group<L>::size() % 32 == 0);
+        if (warps && (!kDst || dst != nullptr) && (!kSignal || signal != nullptr)) return true;
         if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return false;
     }
@@ -418,8 +508,9 @@ struct Path {
         if (P == PATH_PUT) put_and_signal<L>(p, iter, slot, ph);
         if (P == PATH_STORE) store_and_signal<L>(p, iter, slot, dst, signal, ph);
         if (P == PATH_LL) ll_write<L>(p, iter, reinterpret_cast<uint4 *>(dst));
+        if (P == PATH_LL128) ll128_write<L>(p, iter, dst);
         if (P == PATH_FLAG) flag_write(p, iter, signal);
-        if (P == PATH_LL || P == PATH_FLAG) ph.at_all();
+        if (P == PATH_LL || P == PATH_LL128 || P == PATH_FLAG) ph.at_all();
     }
 };
 
@@ -622,6 +713,18 @@ WRITE_KERNEL nixl_ll_write_warp(WriteParams p) {
 WRITE_KERNEL nixl_ll_write_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_LL>(p);
 }
+// LL128 path: nixlGetPtr + 128-byte lines, one warp store per four lines.
+// The thread-level kernel refuses (NIXL_ERR_NOT_SUPPORTED): one thread
+// cannot store a line at once. Ping-pong runs write_signal's loop.
+WRITE_KERNEL nixl_ll128_write_thread(WriteParams p) {
+    write_signal<nixl_gpu_level_t::THREAD, PATH_LL128>(p);
+}
+WRITE_KERNEL nixl_ll128_write_warp(WriteParams p) {
+    write_signal<nixl_gpu_level_t::WARP, PATH_LL128>(p);
+}
+WRITE_KERNEL nixl_ll128_write_block(WriteParams p) {
+    write_signal<nixl_gpu_level_t::BLOCK, PATH_LL128>(p);
+}
 WRITE_KERNEL nixl_ll_pingpong_thread(WriteParams p) {
     ll_ping_pong<nixl_gpu_level_t::THREAD>(p);
 }
@@ -821,3 +924,84 @@ __device__ void ll_wait(const WaitParams &p) {
 // for the reason the writers have two (ll_ping_pong above).
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) { ll_wait<false>(p); }
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll_pong_wait(WaitParams p) { ll_wait<true>(p); }
+
+// Where a wait on LL128 lines gave up: why, and the older half of the
+// flag word this lane saw last.
+__device__ void record_ll128_expired(KernelReport *r, uint32_t why, uint64_t flag) {
+    r->observed = min(uint32_t(flag), uint32_t(flag >> 32));
+    r->timed_out = why;
+}
+
+// The block polls every LL128 line of the iteration: warp w takes the
+// quads (four lines, one 512-byte warp load) w, w + warps, ..., the lane
+// holding a line's flag checks it, and the warp loads the quad again, all
+// of it, until every flag in it carries `seq` (a vote: payload and flag of
+// a line must come from the same load). With `keep` (the round's last
+// iteration, after which nothing more is written) each lane stores back
+// the 16 bytes it read with the current flag: the buffer the host checks
+// then holds what this kernel saw, so a line whose payload lagged its flag
+// (a split 128-byte write, which LL128 assumes never happens) fails the
+// check. True when all carry `seq`.
+__device__ bool block_wait_ll128(const WaitParams &p, uint32_t seq, uint64_t deadline, bool keep) {
+    const uint64_t n = p.line_count;
+    const unsigned warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const unsigned line_of_lane = (threadIdx.x % 32) / LL128_LANES, part = threadIdx.x % LL128_LANES;
+    // Our own data buffer, which only this kernel writes (keep).
+    uint8_t *lines = const_cast<uint8_t *>(reinterpret_cast<const uint8_t *>(p.lines));
+    bool ok = true;
+    for (uint64_t q = warp; ok && q * LL128_WARP_LINES < n; q += warps) {
+        const uint64_t k = q * LL128_WARP_LINES + line_of_lane;
+        const bool mine = k < n, holds_flag = part == LL128_LANES - 1;
+        uint4 *at = reinterpret_cast<uint4 *>(lines + k * LL128_LINE_BYTES + 16 * part);
+        uint64_t lo = 0, hi = 0;
+        __syncwarp();
+        if (mine) ll128_load(at, lo, hi);
+        bool ready = !mine || !holds_flag || ll128_ready(hi, seq);
+        for (uint32_t polls = 1; __any_sync(~0u, !ready); ++polls) {
+            const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
+            if (__any_sync(~0u, why != 0)) {
+                if (!ready) record_ll128_expired(p.report, why != 0 ? why : 1, hi);
+                ok = false;
+                break;
+            }
+            if (mine) ll128_load(at, lo, hi);
+            ready = !mine || !holds_flag || ll128_ready(hi, seq);
+        }
+        if (ok && keep && mine) ll128_store(at, lo, hi);
+    }
+    return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
+}
+
+// The target on the LL128 path, one block of whole warps: as ll_wait, on
+// 128-byte lines (block_wait_ll128), in bandwidth and ping-pong rounds
+// alike. The last iteration's lines are stored back as read (`keep`).
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll128_wait(WaitParams p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
+    const bool lead = threadIdx.x == 0;
+    Ack ack(p);
+    if (!ack.usable(p) || blockDim.x % 32 != 0) {
+        if (lead) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
+        return;
+    }
+    if (p.pong) {
+        for (uint32_t i = 0; i < total; ++i) {
+            if (i == p.warmup && lead) p.report->t_start_ns = globaltimer_ns();
+            if (!block_wait_ll128(p, p.first_seq + i, deadline, i + 1 == total)) return;
+            if (!lead) continue;
+            ack.send(p);
+            if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
+        }
+    } else {
+        if (p.warmup > 0) {
+            if (!block_wait_ll128(p, p.first_seq + p.warmup - 1, deadline, false)) return;
+            if (lead) ack.send(p);
+        }
+        if (lead) p.report->t_start_ns = globaltimer_ns();
+        if (!block_wait_ll128(p, last, deadline, true)) return;
+    }
+    if (!lead) return;
+    p.report->t_end_ns = globaltimer_ns();
+    p.report->observed = last;
+    if (!p.pong) ack.send(p);
+}

@@ -51,7 +51,15 @@ fn ep() -> Command {
 }
 
 fn collectives() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_collectives"));
+    rank_free(Command::new(env!("CARGO_BIN_EXE_collectives")))
+}
+
+fn pipeline() -> Command {
+    rank_free(Command::new(env!("CARGO_BIN_EXE_pipeline")))
+}
+
+/// `c` without the variables that would make the launcher a rank.
+fn rank_free(mut c: Command) -> Command {
     for v in [
         "RANK",
         "WORLD_SIZE",
@@ -106,11 +114,18 @@ fn a_path_a_program_lacks_is_refused_by_name() {
         ("put_and_signal", Command::new(example("put_and_signal"))),
     ];
     for (name, c) in lacking {
-        let o = output(c, &["--path", "ll"]);
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", both(&o));
-        let want = format!("--path ll: {name} has no ll path (it offers put, store)");
-        assert!(stderr(&o).contains(&want), "{name}: {}", both(&o));
+        for path in ["ll", "ll128"] {
+            let o = output(c_clone(&c), &["--path", path]);
+            assert_eq!(o.status.code(), Some(2), "{name}: {}", both(&o));
+            let want = format!("--path {path}: {name} has no {path} path (it offers put, store)");
+            assert!(stderr(&o).contains(&want), "{name}: {}", both(&o));
+        }
     }
+    // The pipeline has an LL path but no LL128 one.
+    let o = output(pipeline(), &["--path", "ll128"]);
+    assert_eq!(o.status.code(), Some(2), "pipeline: {}", both(&o));
+    let want = "--path ll128: pipeline has no ll128 path (it offers put, store, ll)";
+    assert!(stderr(&o).contains(want), "pipeline: {}", both(&o));
 }
 
 /// A fresh `Command` with the same program (Command is not Clone).

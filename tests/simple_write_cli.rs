@@ -86,6 +86,15 @@ fn bad_arguments_exit_2_with_a_reason() {
             &["--slots", "16", "--path", "ll"][..],
             "put and store paths only",
         ),
+        (
+            &["--hbm", "--path", "put,ll128"][..],
+            "an ll128 target finds the data by polling it",
+        ),
+        // One thread cannot store an LL128 line (eight lanes of a warp do).
+        (
+            &["--path", "ll128", "--level", "thread"][..],
+            "eight lanes of one warp store",
+        ),
         (&["--slots", "16", "--hbm"][..], "cannot be used with"),
     ] {
         let o = simple_write(args);

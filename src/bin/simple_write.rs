@@ -100,7 +100,9 @@ struct Args {
     /// How the kernel moves the data, comma-separated for one round each:
     /// nixlPut (any UCX device transport; the default and the teaching path),
     /// stores through the peer pointer from nixlGetPtr (NVLink/PCIe), or LL
-    /// lines that carry their own flag (NVLink or one GPU only).
+    /// or LL128 lines that carry their own flag (NVLink or one GPU only;
+    /// LL128 at warp and block level, where a warp stores a line at once:
+    /// thread-level rounds are left out for it).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Path::Put])]
     path: Vec<Path>,
 
@@ -599,6 +601,9 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
     for &size in &sizes {
         for &level in &args.level {
             for &path in &args.path {
+                if !level_writes(level, path) {
+                    continue;
+                }
                 specs.push(RoundSpec {
                     size,
                     level,
@@ -616,6 +621,12 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
         }
     }
     Ok(specs)
+}
+
+/// Whether `path` runs at `level`: LL128's lines are written by eight
+/// lanes of one warp store, which one thread alone cannot do.
+fn level_writes(level: Level, path: Path) -> bool {
+    !(level == Level::Thread && path == Path::Ll128)
 }
 
 /// `--floor`, on by default with `--pingpong`, off with `--no-floor`.
@@ -649,10 +660,22 @@ fn check_grid_args(args: &Args) -> Result<()> {
             "--pingpong times one group's round trips: it runs one block, so drop --blocks".into(),
         ));
     }
-    if (args.hbm || args.slots.is_some()) && args.path.contains(&Path::Ll) {
+    let rotates = args.hbm || args.slots.is_some();
+    let polled = args
+        .path
+        .iter()
+        .find(|p| matches!(p, Path::Ll | Path::Ll128));
+    if let Some(p) = polled.filter(|_| rotates) {
+        return Err(usage(format!(
+            "--hbm and --slots rotate the put and store paths only: an {p} target finds the data by polling it, and \
+             would have to poll every slot; drop {p} from --path"
+        )));
+    }
+    if args.path.contains(&Path::Ll128) && args.level.iter().all(|&l| !level_writes(l, Path::Ll128))
+    {
         return Err(usage(
-            "--hbm and --slots rotate the put and store paths only: an LL target finds the data by polling it, and \
-             would have to poll every slot; drop ll from --path"
+            "--path ll128 at thread level: an LL128 line is written by eight lanes of one warp store, which one \
+             thread cannot do; use --level warp or block"
                 .into(),
         ));
     }

@@ -2,13 +2,13 @@
 //! program here. Each parses its `--path` into [`Path`] and refuses a path
 //! it does not implement with a usage error (exit 2, [`refuse_missing`]):
 //!
-//! | program          | put | store | ll |
-//! |------------------|-----|-------|----|
-//! | `simple_write`   | yes | yes   | yes |
-//! | `pipeline`       | yes | yes   | yes |
-//! | `collectives`    | yes | yes   | no (its LL allreduce is `--algo ll`) |
-//! | `ep`             | yes | yes   | no |
-//! | `put_and_signal` | yes | yes   | no |
+//! | program          | put | store | ll | ll128 |
+//! |------------------|-----|-------|----|-------|
+//! | `simple_write`   | yes | yes   | yes | yes (warp and block level) |
+//! | `pipeline`       | yes | yes   | yes | no |
+//! | `collectives`    | yes | yes   | no (its LL kernels are `--algo ll`) | no |
+//! | `ep`             | yes | yes   | no | no |
+//! | `put_and_signal` | yes | yes   | no | no |
 //!
 //! (`simple_write`'s floor row stores a bare flag and moves no data: not a
 //! path a user picks, so it stays `simple_write`'s own notion,
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::UsageError;
 
 /// A data path. Serialized (JSON, CSV) and named on the command line as
-/// `put` / `store` / `ll`; [`Path::code`] is what the kernels take.
+/// `put` / `store` / `ll` / `ll128`; [`Path::code`] is what the kernels take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Path {
@@ -34,11 +34,17 @@ pub enum Path {
     /// signal, half the bytes are payload. Needs 8-byte halves to arrive
     /// whole: NVLink and within one GPU, not PCIe peer writes or RDMA.
     Ll,
+    /// `nixlGetPtr` + 128-byte LL128 lines: 120 payload bytes and one
+    /// 8-byte flag, written by eight lanes of a warp with one 16-byte store
+    /// each (NCCL's LL128 protocol, `cuda/ll.cuh`): no fence, no signal,
+    /// 15/16 of the bytes are payload. Needs a warp's 128-byte store to
+    /// arrive whole: NVLink, not PCIe or RDMA; warp and block level only.
+    Ll128,
 }
 
 impl Path {
     /// Every path, in the order of [`Path::code`].
-    pub const ALL: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
+    pub const ALL: [Path; 4] = [Path::Put, Path::Store, Path::Ll, Path::Ll128];
 
     /// Lower-case name, as on the command line and in results.
     pub fn name(self) -> &'static str {
@@ -46,12 +52,13 @@ impl Path {
             Path::Put => "put",
             Path::Store => "store",
             Path::Ll => "ll",
+            Path::Ll128 => "ll128",
         }
     }
 
     /// The code the kernels take. Every `.cu` numbers its paths the same
-    /// way, as far as it has them: `PATH_PUT` 0, `PATH_STORE` 1, `PATH_LL` 2
-    /// in `cuda/kernels.cu` (its `PATH_FLAG` 3 is
+    /// way, as far as it has them: `PATH_PUT` 0, `PATH_STORE` 1, `PATH_LL` 2,
+    /// `PATH_LL128` 3 in `cuda/kernels.cu` (its `PATH_FLAG` 4 is
     /// `simple_write::kernels::WritePath`'s), `PIPE_PATH_*` in
     /// `cuda/pipeline.cu`, `COLL_PATH_*` (put, store) in
     /// `cuda/collectives.cu`, `EP_PATH_*` (put, store) in
@@ -61,14 +68,16 @@ impl Path {
             Path::Put => 0,
             Path::Store => 1,
             Path::Ll => 2,
+            Path::Ll128 => 3,
         }
     }
 
     /// Bytes that cross the link per payload byte: 2 for LL (half of every
-    /// line is its flag), else 1.
+    /// line is its flag), 128/120 for LL128, else 1.
     pub fn wire_factor(self) -> f64 {
         match self {
             Path::Ll => 2.0,
+            Path::Ll128 => 128.0 / 120.0,
             Path::Put | Path::Store => 1.0,
         }
     }
@@ -87,6 +96,9 @@ impl clap::ValueEnum for Path {
             }
             Path::Ll => {
                 "nixlGetPtr + 16-byte lines {data, seq, data, seq}, no fence or signal: NVLink only"
+            }
+            Path::Ll128 => {
+                "nixlGetPtr + 128-byte lines (120 payload bytes + a flag) a warp stores at once: NVLink only, warp/block level"
             }
         };
         Some(clap::builder::PossibleValue::new(self.name()).help(help))
@@ -138,23 +150,23 @@ impl PathChoice {
     }
 }
 
-/// Every [`Path`] by its name, then `both`. `ll` parses, so the program
-/// can refuse it by name ([`refuse_missing`]), but is left out of the help:
-/// neither program offers it.
+/// Every [`Path`] by its name, then `both`. `ll` and `ll128` parse, so
+/// the program can refuse them by name ([`refuse_missing`]), but are left
+/// out of the help: neither program offers them.
 impl clap::ValueEnum for PathChoice {
     fn value_variants<'a>() -> &'a [Self] {
         &[
             PathChoice::One(Path::Put),
             PathChoice::One(Path::Store),
             PathChoice::One(Path::Ll),
+            PathChoice::One(Path::Ll128),
             PathChoice::Both,
         ]
     }
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
         match self {
-            PathChoice::One(p) => {
-                clap::ValueEnum::to_possible_value(p).map(|v| v.hide(*p == Path::Ll))
-            }
+            PathChoice::One(p) => clap::ValueEnum::to_possible_value(p)
+                .map(|v| v.hide(matches!(p, Path::Ll | Path::Ll128))),
             PathChoice::Both => Some(
                 clap::builder::PossibleValue::new("both")
                     .help("put and store, one after the other"),
@@ -171,8 +183,8 @@ mod tests {
     #[test]
     fn names_and_codes_are_what_results_and_kernels_read() {
         let names: Vec<&str> = Path::ALL.iter().map(|p| p.name()).collect();
-        assert_eq!(names, ["put", "store", "ll"]);
-        assert_eq!(Path::ALL.map(Path::code), [0, 1, 2]);
+        assert_eq!(names, ["put", "store", "ll", "ll128"]);
+        assert_eq!(Path::ALL.map(Path::code), [0, 1, 2, 3]);
         assert_eq!(serde_json::to_string(&Path::Ll).unwrap(), "\"ll\"");
         assert_eq!(
             serde_json::from_str::<Path>("\"store\"").unwrap(),

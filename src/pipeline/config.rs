@@ -43,6 +43,9 @@ pub struct Config {
 
 crate::json_value!(Config => "pipeline configuration");
 
+/// The data paths the stage kernels implement (`cuda/pipeline.cu`).
+pub const PATHS: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
+
 /// The most chunks one handshake may cover (`PIPE_BATCH` in
 /// `cuda/pipeline.cu`; the consumer's leader polls their ready words eight
 /// at a time). On an H200, 8 over 16 slots moved 1 MiB store chunks about
@@ -55,7 +58,7 @@ pub const MAX_BATCH: u32 = 16;
 /// lines are their own ready words.
 pub fn auto_batch(path: Path, slots: u32) -> u32 {
     match path {
-        Path::Ll => 1,
+        Path::Ll | Path::Ll128 => 1,
         _ => (slots / 2).clamp(1, MAX_BATCH),
     }
 }
@@ -159,6 +162,7 @@ impl Config {
     /// Refuses what cannot work, naming the fix.
     pub fn validate(&self) -> Result<(), UsageError> {
         let bad = |m: String| Err(UsageError(m));
+        crate::gpu::path::refuse_missing("pipeline", &PATHS, &self.paths)?;
         if self.warmup >= self.chunks {
             return bad(format!(
                 "--warmup {} must be below --chunks {}: no chunk would be timed",

@@ -132,7 +132,7 @@ impl PipeKernels {
                 .load_function(name)
                 .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
         };
-        let [put, store, ll] = Path::ALL;
+        let [put, store, ll] = super::config::PATHS;
         let mut entries = Vec::new();
         for level in Level::ALL {
             let name = |path: Path| format!("pipe_{}_{}", level.name(), path.name());

@@ -30,6 +30,9 @@ fn write_kernel(level: Level, path: WritePath) -> &'static str {
         (Path::Ll, Level::Thread) => "nixl_ll_write_thread",
         (Path::Ll, Level::Warp) => "nixl_ll_write_warp",
         (Path::Ll, Level::Block) => "nixl_ll_write_block",
+        (Path::Ll128, Level::Thread) => "nixl_ll128_write_thread",
+        (Path::Ll128, Level::Warp) => "nixl_ll128_write_warp",
+        (Path::Ll128, Level::Block) => "nixl_ll128_write_block",
         (Path::Put, Level::Thread) => "nixl_write_signal_thread",
         (Path::Put, Level::Warp) => "nixl_write_signal_warp",
         (Path::Put, Level::Block) => "nixl_write_signal_block",
@@ -250,11 +253,13 @@ pub struct WaitParams {
     /// The initiator's ack word before this round (the flag stores
     /// `ack_base + n` for the round's n-th acknowledgement).
     pub ack_base: u64,
-    /// LL path: device address of our data buffer, read as 16-byte lines.
+    /// LL and LL128 paths: device address of our data buffer, read as
+    /// lines (16 or 128 bytes).
     pub lines: u64,
-    /// LL path: lines per iteration ([`crate::gpu::ll::lines`]).
+    /// LL and LL128 paths: lines per iteration ([`crate::gpu::ll::lines`],
+    /// [`crate::gpu::ll::ll128::lines`]).
     pub line_count: u64,
-    /// LL path: sequence number of the round's first iteration (≥ 1).
+    /// LL and LL128 paths: sequence number of the round's first iteration (≥ 1).
     pub first_seq: u32,
     pub reserved: u32,
 }
@@ -268,7 +273,7 @@ pub enum AckMode {
     /// The flag where the transport maps the initiator's memory (cuda_ipc),
     /// else `nixlAtomicAdd(+1)` (RDMA): the put path, which runs anywhere.
     FlagOrNixl = 0,
-    /// The flag; the peer pointer must exist (store, LL and flag paths).
+    /// The flag; the peer pointer must exist (store, LL, LL128 and flag paths).
     Flag = 2,
 }
 
@@ -277,7 +282,9 @@ impl AckMode {
     pub fn of(path: WritePath) -> Self {
         match path {
             WritePath::Data(Path::Put) => AckMode::FlagOrNixl,
-            WritePath::Data(Path::Store | Path::Ll) | WritePath::Flag => AckMode::Flag,
+            WritePath::Data(Path::Store | Path::Ll | Path::Ll128) | WritePath::Flag => {
+                AckMode::Flag
+            }
         }
     }
 }
@@ -337,7 +344,7 @@ pub enum WritePath {
 }
 
 impl WritePath {
-    /// `put`, `store`, `ll` ([`Path::name`]) or `flag`.
+    /// `put`, `store`, `ll`, `ll128` ([`Path::name`]) or `flag`.
     pub fn name(self) -> &'static str {
         match self {
             WritePath::Data(p) => p.name(),
@@ -345,11 +352,11 @@ impl WritePath {
         }
     }
 
-    /// The kernel's `P`: [`Path::code`], or `PATH_FLAG` = 3.
+    /// The kernel's `P`: [`Path::code`], or `PATH_FLAG` = 4.
     pub fn code(self) -> u32 {
         match self {
             WritePath::Data(p) => p.code(),
-            WritePath::Flag => 3,
+            WritePath::Flag => 4,
         }
     }
 
@@ -406,7 +413,7 @@ const ONE_THREAD: LaunchConfig = grid(1, 1);
 pub struct Kernels {
     _module: Arc<CudaModule>,
     /// Write + signal, indexed `[path][level]` (the flag path: one kernel).
-    write: [[CudaFunction; 3]; 4],
+    write: [[CudaFunction; 3]; 5],
     /// The LL path's spinning ping-pong, by level (`nixl_ll_pingpong_*`).
     ll_pingpong: [CudaFunction; 3],
     /// `--hbm`: put and store rotating through slots, `[path][level]`.
@@ -415,6 +422,8 @@ pub struct Kernels {
     ll_wait: CudaFunction,
     /// The LL target's wait in ping-pong rounds (`nixl_ll_pong_wait`).
     ll_pong_wait: CudaFunction,
+    /// The LL128 target's wait, every round (`nixl_ll128_wait`).
+    ll128_wait: CudaFunction,
     stamp: CudaFunction,
     ack: CudaFunction,
 }
@@ -440,6 +449,7 @@ impl Kernels {
                 row(Path::Put.into())?,
                 row(Path::Store.into())?,
                 row(Path::Ll.into())?,
+                row(Path::Ll128.into())?,
                 row(WritePath::Flag)?,
             ],
             ll_pingpong: [
@@ -462,6 +472,7 @@ impl Kernels {
             wait: f("nixl_wait_signal")?,
             ll_wait: f("nixl_ll_wait")?,
             ll_pong_wait: f("nixl_ll_pong_wait")?,
+            ll128_wait: f("nixl_ll128_wait")?,
             stamp: f("nixl_stamp")?,
             ack: f("nixl_ack")?,
             _module: module,
@@ -551,9 +562,10 @@ impl Kernels {
         unsafe { launch(stream, &self.wait, (1, 1), p) }
     }
 
-    /// Queues the target's LL wait kernel: one block of `threads` threads
-    /// polling the lines (at most 1024); `nixl_ll_pong_wait` when
-    /// `p.pong`, where each thread polls its own line.
+    /// Queues the target's wait on `path`'s lines (LL or LL128): one block
+    /// of `threads` threads polling them (at most 1024); on the LL path
+    /// `nixl_ll_pong_wait` when `p.pong`, where each thread polls its own
+    /// line, on the LL128 path `nixl_ll128_wait` always.
     ///
     /// # Safety
     /// As for [`Kernels::launch_write`]; `p.lines` must hold
@@ -561,15 +573,16 @@ impl Kernels {
     pub unsafe fn launch_ll_wait(
         &self,
         stream: &CudaStream,
+        path: Path,
         threads: u32,
         p: &WaitParams,
     ) -> Result<(), DriverError> {
         // Whole warps: the kernel's lanes vote together (it refuses others).
         let threads = threads.clamp(1, 1024).next_multiple_of(32);
-        let f = if p.pong != 0 {
-            &self.ll_pong_wait
-        } else {
-            &self.ll_wait
+        let f = match (path, p.pong != 0) {
+            (Path::Ll128, _) => &self.ll128_wait,
+            (_, true) => &self.ll_pong_wait,
+            (_, false) => &self.ll_wait,
         };
         // SAFETY: as this function's contract.
         unsafe { launch(stream, f, (1, threads), p) }
@@ -623,6 +636,7 @@ mod tests {
             Path::Put.into(),
             Path::Store.into(),
             Path::Ll.into(),
+            Path::Ll128.into(),
             WritePath::Flag,
         ];
         for (code, w) in all.into_iter().enumerate() {
@@ -632,7 +646,7 @@ mod tests {
             assert_eq!(serde_json::from_str::<WritePath>(&json).unwrap(), w);
         }
         assert!(WritePath::from(Path::Ll) == Path::Ll && WritePath::Flag != Path::Put);
-        assert!(serde_json::from_str::<WritePath>("\"ll128\"").is_err());
+        assert!(serde_json::from_str::<WritePath>("\"ll256\"").is_err());
     }
 
     #[test]

@@ -77,11 +77,11 @@ impl Round {
     }
 
     /// Signals the target receives per iteration: one per group with data;
-    /// none on the LL path (the lines are the signal); one flag on the
+    /// none on the LL and LL128 paths (the lines are the signal); one flag on the
     /// flag path.
     pub fn signals_per_iter(&self) -> u64 {
         match self.path {
-            WritePath::Data(Path::Ll) => 0,
+            WritePath::Data(Path::Ll | Path::Ll128) => 0,
             WritePath::Flag => 1,
             WritePath::Data(Path::Put | Path::Store) => {
                 signals_per_iter(self.size, self.groups(), self.chunk)
@@ -90,10 +90,12 @@ impl Round {
     }
 
     /// Bytes the round occupies in the target's buffer: the payload, or
-    /// on the LL path its lines (about twice as many).
+    /// on the LL path its lines (about twice as many), on the LL128 path
+    /// its lines (16/15 as many, whole lines).
     pub fn wire_size(&self) -> u64 {
         match self.path {
             WritePath::Data(Path::Ll) => ll::wire_bytes(self.size),
+            WritePath::Data(Path::Ll128) => ll::ll128::wire_bytes(self.size),
             _ => self.size,
         }
     }
@@ -397,6 +399,10 @@ mod tests {
         assert_eq!(round(Path::Ll.into(), 1 << 20).signals_per_iter(), 0);
         assert_eq!(round(Path::Ll.into(), 1 << 20).wire_size(), 2 << 20);
         assert_eq!(round(Path::Ll.into(), 12345).wire_size(), 1544 * 16);
+        assert_eq!(round(Path::Ll128.into(), 1 << 20).signals_per_iter(), 0);
+        // 1 MiB in 8,739 lines of 128 bytes; 12,345 bytes in 103.
+        assert_eq!(round(Path::Ll128.into(), 1 << 20).wire_size(), 8739 * 128);
+        assert_eq!(round(Path::Ll128.into(), 12345).wire_size(), 103 * 128);
         assert_eq!(round(WritePath::Flag, 0).signals_per_iter(), 1);
         assert_eq!(round(Path::Store.into(), 1 << 20).wire_size(), 1 << 20);
         let plan = RunPlan {

@@ -21,9 +21,9 @@ use crate::{pattern, say};
 /// Receives every round of the plan; after a round whose data did not
 /// verify it publishes the verdict and fails with [`DataMismatch`].
 pub(super) fn run_all(held: &Held, member: &Member) -> Result<()> {
-    if held.wait == WaitMode::Stream && held.plan.rounds.iter().any(|r| r.path == Path::Ll) {
+    if held.wait == WaitMode::Stream && held.plan.rounds.iter().any(|r| polls_lines(r.path)) {
         tracing::info!(
-            "note: LL rounds poll their lines with a spinning kernel, and this GPU time-slices between the two \
+            "note: LL and LL128 rounds poll their lines with a spinning kernel, and this GPU time-slices between the two \
              processes: each direction then waits for a time slice (milliseconds); run under MPS (--mps) or \
              across GPUs to measure LL"
         );
@@ -81,9 +81,15 @@ pub(super) fn run_all(held: &Held, member: &Member) -> Result<()> {
     Ok(())
 }
 
+/// Whether rounds on `path` carry their own flags in lines (LL, LL128),
+/// which only a kernel can poll: no word for a stream wait to watch.
+fn polls_lines(path: WritePath) -> bool {
+    path == Path::Ll || path == Path::Ll128
+}
+
 /// The payload the round left in our buffer: the bytes themselves, or on
-/// the LL path the lines' data once every line's flags carry the round's
-/// last sequence number.
+/// the LL and LL128 paths the lines' data once every line's flags carry
+/// the round's last sequence number.
 fn payload_of<'a>(
     buf: &'a [u8],
     round: &Round,
@@ -91,16 +97,19 @@ fn payload_of<'a>(
 ) -> Result<std::borrow::Cow<'a, [u8]>, ll::LineMismatch> {
     match round.path {
         WritePath::Data(Path::Ll) => ll::unpack(buf, round.size as usize, last_seq).map(Into::into),
+        WritePath::Data(Path::Ll128) => {
+            ll::ll128::unpack(buf, round.size as usize, last_seq).map(Into::into)
+        }
         _ => Ok(buf.into()),
     }
 }
 
-/// An LL line without the last iteration's flags: wrong data as well.
+/// A line (LL, LL128) without the last iteration's flags: wrong data as well.
 fn line_mismatch(buf: &[u8], round: &Round, e: ll::LineMismatch) -> Verdict {
     let checksum = pattern::byte_sum(buf);
     eprintln!(
-        "[target] ✗ LL lines MISMATCH: round of {} B, {}: {e}",
-        round.size, round.level
+        "[target] ✗ {} lines MISMATCH: round of {} B, {}: {e}",
+        e.protocol, round.size, round.level
     );
     Verdict::Mismatch {
         checksum,
@@ -210,11 +219,10 @@ impl Wait<'_> {
         self.first_iter + self.round.warmup + self.round.iters
     }
 
-    /// Whether this round waits with `nixl_ll_wait`: LL lines can only be
-    /// polled by a kernel (no word for a stream wait to watch), so in
-    /// stream mode too.
+    /// Whether this round waits with `nixl_ll_wait` or `nixl_ll128_wait`:
+    /// lines can only be polled by a kernel, so in stream mode too.
     fn polls_lines(&self) -> bool {
-        self.round.path == Path::Ll
+        polls_lines(self.round.path)
     }
 
     /// Waits for the round; returns the report and, with a spinning wait,
@@ -243,7 +251,12 @@ impl Wait<'_> {
                 if stream_mode {
                     self.queue_host_sequenced(s, &params)
                 } else if lines {
-                    Ok(held.kernels.launch_ll_wait(s, self.ll_threads(), &params)?)
+                    let WritePath::Data(path) = self.round.path else {
+                        unreachable!("only the LL and LL128 paths poll lines")
+                    };
+                    Ok(held
+                        .kernels
+                        .launch_ll_wait(s, path, self.ll_threads(), &params)?)
                 } else {
                     Ok(held.kernels.launch_wait(s, &params)?)
                 }
@@ -276,6 +289,7 @@ impl Wait<'_> {
             lines: held.data.addr(),
             line_count: match r.path {
                 WritePath::Data(Path::Ll) => ll::lines(r.size),
+                WritePath::Data(Path::Ll128) => ll::ll128::lines(r.size),
                 _ => 0,
             },
             first_seq: self.first_iter + 1,
@@ -289,10 +303,16 @@ impl Wait<'_> {
     /// it; and under MPS a 512-thread block still fits beside one of the
     /// initiator's blocks on an SM (1024 threads could need a whole SM's
     /// registers, and a bandwidth grid leaves only one SM free).
+    ///
+    /// LL128: a warp polls four lines at once, so one warp per four
+    /// lines, within the same bounds.
     fn ll_threads(&self) -> u32 {
         let max = if self.round.pingpong { 1024 } else { 512 };
-        let lines = ll::lines(self.round.size).clamp(1, max) as u32;
-        lines.div_ceil(32) * 32
+        let lanes = match self.round.path {
+            WritePath::Data(Path::Ll128) => ll::ll128::lines(self.round.size).div_ceil(4) * 32,
+            _ => ll::lines(self.round.size),
+        };
+        (lanes.clamp(1, max) as u32).div_ceil(32) * 32
     }
 
     /// Stream mode: stream waits on the signal, each followed by `nixl_ack`.
