@@ -44,12 +44,12 @@ if ((MPS)); then
   mps_start || exit 1
 fi
 if ((QUICK)); then
-  RUNS=("bw-block|--levels block --path put,store,ll,ll128 -b 8 -e 64M -f 8"
-        "pp|--pingpong --levels thread,warp,block --path put,store,ll,ll128 -b 8 -e 64K -f 8")
+  RUNS=("bw-block|--levels block --path put,store,ll -b 8 -e 64M -f 8"
+        "pp|--pingpong --levels thread,warp,block --path put,store,ll -b 8 -e 64K -f 8")
 else
-  RUNS=("bw-block|--levels block --path put,store,ll,ll128 -b 8 -e 1G -f 2"
+  RUNS=("bw-block|--levels block --path put,store,ll -b 8 -e 1G -f 2"
         "bw-teach|--levels thread,warp -b 8 -e 16M -f 4"
-        "pp|--pingpong --levels thread,warp,block --path put,store,ll,ll128 -b 8 -e 1M -f 8")
+        "pp|--pingpong --levels thread,warp,block --path put,store,ll -b 8 -e 1M -f 8")
 fi
 fail=0
 for pair in "${PAIRS[@]}"; do

@@ -13,8 +13,10 @@
 #   sw       simple_write on the pair both ways: bandwidth 16 B - 1 GiB at
 #            block level on the put, store and ll paths beside the copy
 #            engine, ping-pong 8 B - 1 MiB at every level with the floor
-#            row; every other ordered pair: bandwidth at 1 MiB, 32 MiB and
-#            1 GiB (store, put) beside the copy engine
+#            row; the ll128 path in rows of its own on the pair (one way,
+#            bandwidth at block level, ping-pong at warp and block level),
+#            shown in the same tables; every other ordered pair: bandwidth at
+#            1 MiB, 32 MiB and 1 GiB (store, put) beside the copy engine
 #   nvshmem  NVSHMEM's put+signal on the pair (bench/nvshmem; --nvshmem DIR
 #            holds its binary, default .gpu-nvshmem), half round trip and
 #            bandwidth, to set beside simple_write's rows
@@ -135,13 +137,20 @@ sizes() { local n=0 s=$1; while ((s <= $2)); do n=$((n + 1)); s=$((s * $3)); don
 part_sw() {
   local a=${G[0]} b=${G[1]} x y
   local bw=(-b 16 -e 1G -f 4) pp=(-b 8 -e 1M -f 8)
-  local dbw=$((30 + 10 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 13 * $(sizes 8 $((1 << 20)) 8)))
+  local dbw=$((30 + 8 * $(sizes 16 $((1 << 30)) 4))) dpp=$((30 + 10 * $(sizes 8 $((1 << 20)) 8)))
   for x in "$a $b" "$b $a"; do
     read -r x y <<<"$x"
-    row "sw-${x}to${y}-bw" 0 $dbw "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --levels block --path put,store,ll,ll128 "${bw[@]}"
+    row "sw-${x}to${y}-bw" 0 $dbw "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --levels block --path put,store,ll "${bw[@]}"
   done
   row "sw-${a}to${b}-pp" 0 $dpp "$a,$b" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 --pingpong \
-    --levels thread,warp,block --path put,store,ll,ll128 "${pp[@]}"
+    --levels thread,warp,block --path put,store,ll "${pp[@]}"
+  # LL128 in rows of its own on the first pair, so that a failure of the
+  # newest path cannot take the other paths' rows with it (gpu_matrix.py
+  # shows its rows in the same tables).
+  row "ll128-${a}to${b}-bw" 0 $((30 + 4 * $(sizes 16 $((1 << 30)) 4))) "$a,$b" -- "$BIN/simple_write" -m pair -g 0 \
+    --target-gpu 1 --levels block --path ll128 "${bw[@]}"
+  row "ll128-${a}to${b}-pp" 0 $((30 + 5 * $(sizes 8 $((1 << 20)) 8))) "$a,$b" -- "$BIN/simple_write" -m pair -g 0 \
+    --target-gpu 1 --pingpong --levels warp,block --path ll128 "${pp[@]}"
   for x in "${G[@]}"; do for y in "${G[@]}"; do
     [[ $x == "$y" || ( $x == "$a" && $y == "$b" ) || ( $x == "$b" && $y == "$a" ) ]] && continue
     row "sw-${x}to${y}-bw" 0 60 "$x,$y" -- "$BIN/simple_write" -m pair -g 0 --target-gpu 1 \

@@ -132,6 +132,8 @@ def sw_rows(bw):
 def sw_bandwidth(tag, bw):
     """Each path's GB/s, the copy engine's, best ÷ copy engine, put ÷ store."""
     body = []
+    # ll128 only where it ran (it has rows of its own, ll128-XtoY-bw).
+    kinds = ("put", "store", "ll") + (("ll128",) if any(r["path"] == "ll128" for r in bw["rows"]) else ())
     for s, paths in sorted(sw_rows(bw).items()):
         if s < 1 << 20 and s not in (16, 4096, 65536):
             continue
@@ -140,10 +142,10 @@ def sw_bandwidth(tag, bw):
         put, store = (paths.get(k, {}).get("gb_per_s") for k in ("put", "store"))
         l2 = next((p.get("l2_resident") for p in paths.values()), None)
         body.append([size(s)] + [num(paths[k]["gb_per_s"], "{:.1f}") if k in paths else "-"
-                                 for k in ("put", "store", "ll", "ll128")]
+                                 for k in kinds]
                     + [num(ce, "{:.1f}"), against(best, ce), num(ratio(put, store)), "L2" if l2 else "HBM"])
     note = (bw.get("run") or {}).get("baselines", "")
-    return table([f"{tag}, block level", "put GB/s", "store GB/s", "ll GB/s", "ll128 GB/s", "copy engine", "best ÷ CE",
+    return table([f"{tag}, block level"] + [f"{k} GB/s" for k in kinds] + ["copy engine", "best ÷ CE",
                   "put ÷ store", "from"], body) + ([f"\n{note}"] if note else [])
 
 
@@ -226,10 +228,20 @@ def pipe_ll(tag, doc):
     return table([f"{tag}: LL 8 B, level", "one way p50 µs", "p99 µs"], body)
 
 
+def with_ll128(tag):
+    """The rows of `tag` (sw-XtoY-bw or -pp), with the ll128 rows of the
+    ll128-XtoY row of the same pair and mode, which runs on its own."""
+    doc = load(tag)
+    extra = load("ll128-" + tag[3:])
+    if doc and extra:
+        doc = dict(doc, rows=doc["rows"] + [r for r in extra["rows"] if r["path"] == "ll128"])
+    return doc or extra
+
+
 def sections():
     out = []
-    pps = [(t, load(t)) for t in tags("sw-*-pp")]
-    bws = [(t, load(t)) for t in tags("sw-*-bw")]
+    pps = [(t, with_ll128(t)) for t in tags("sw-*-pp")]
+    bws = [(t, with_ll128(t)) for t in tags("sw-*-bw")]
     out += [sw_latency(t, d) for t, d in pps if d]
     full = [(t, d) for t, d in bws if d and any(r["size_bytes"] < 1 << 20 for r in d["rows"])]
     out += [sw_bandwidth(t, d) for t, d in full]
