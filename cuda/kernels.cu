@@ -457,6 +457,15 @@ __device__ void ll128_copy(uint8_t *lines, const uint8_t *src, uint64_t len, uin
     }
 }
 
+// Whether this thread's warp stores any line of its group's first range
+// (ll128_copy: warp w takes the quads w, w + warps, ...).
+template <nixl_gpu_level_t L>
+__device__ bool ll128_warp_has_lines(const WriteParams &p) {
+    const Layout at = ll128_layout_of<L>(p);
+    if (at.first >= at.end) return false;
+    return uint64_t(Group<L>::rank() / 32) * LL128_WARP_LINES < min(at.len, at.end - at.first);
+}
+
 // One iteration for one group, LL128 path: the group's lines stamped with
 // this iteration's seq. As on the LL path nothing follows: the lines are
 // the signal.
@@ -624,6 +633,10 @@ __device__ void write_signal(const WriteParams &p) {
     const Path<L, P, kSlots> path(p);
     if (!path.usable(p)) return;
     if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
+        // LL128: a warp without a line of the message has nothing to send,
+        // and nothing waits for it (its group's copy meets per warp): it
+        // leaves rather than poll the ack (as ll_ping_pong's threads do).
+        if (P == PATH_LL128 && !ll128_warp_has_lines<L>(p)) return;
         ping_pong<L, P, false, kSlots>(p, path, deadline);
     } else {
         // Host-sequenced ping-pong is one iteration per launch.
@@ -933,48 +946,81 @@ __device__ void record_ll128_expired(KernelReport *r, uint32_t why, uint64_t fla
 }
 
 // The block polls every LL128 line of the iteration: warp w takes the
-// quads (four lines, one 512-byte warp load) w, w + warps, ..., the lane
-// holding a line's flag checks it, and the warp loads the quad again, all
-// of it, until every flag in it carries `seq` (a vote: payload and flag of
-// a line must come from the same load). With `keep` (the round's last
-// iteration, after which nothing more is written) each lane stores back
-// the 16 bytes it read with the current flag: the buffer the host checks
-// then holds what this kernel saw, so a line whose payload lagged its flag
-// (a split 128-byte write, which LL128 assumes never happens) fails the
-// check. True when all carry `seq`.
+// quads (four lines, one 512-byte warp load) w, w + warps, ..., four quads
+// in flight at once (as the LL wait keeps four lines a thread). The lane
+// holding a line's flag checks it; a line whose flag is not current is
+// loaded again by all eight of its lanes, because its data and its flag
+// must come from the same load; the warp polls until every line of its
+// four quads is current (a vote). With `keep` (the round's last iteration,
+// after which nothing more is written) each lane also stores the 16 bytes
+// it read with the current flag into the copy after the lines
+// (`p.lines + line_count` lines on): the host checks that copy, which
+// nothing else writes, so a line whose payload lagged its flag (a split
+// 128-byte write, which LL128 assumes never happens) fails the check even
+// if the late bytes land later. True when all carry `seq`.
 __device__ bool block_wait_ll128(const WaitParams &p, uint32_t seq, uint64_t deadline, bool keep) {
+    constexpr int kQuads = 4;
     const uint64_t n = p.line_count;
     const unsigned warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const unsigned line_of_lane = (threadIdx.x % 32) / LL128_LANES, part = threadIdx.x % LL128_LANES;
-    // Our own data buffer, which only this kernel writes (keep).
+    const unsigned flag_lane = (threadIdx.x % 32) | (LL128_LANES - 1);
+    const bool holds_flag = part == LL128_LANES - 1;
+    // Our own data buffer: the lines, then the copy only this kernel writes.
     uint8_t *lines = const_cast<uint8_t *>(reinterpret_cast<const uint8_t *>(p.lines));
+    uint8_t *seen = lines + n * LL128_LINE_BYTES;
     bool ok = true;
-    for (uint64_t q = warp; ok && q * LL128_WARP_LINES < n; q += warps) {
-        const uint64_t k = q * LL128_WARP_LINES + line_of_lane;
-        const bool mine = k < n, holds_flag = part == LL128_LANES - 1;
-        uint4 *at = reinterpret_cast<uint4 *>(lines + k * LL128_LINE_BYTES + 16 * part);
-        uint64_t lo = 0, hi = 0;
+    for (uint64_t q = warp; ok && q * LL128_WARP_LINES < n; q += kQuads * warps) {
+        uint64_t lo[kQuads], hi[kQuads];
+        bool mine[kQuads], got[kQuads];
+        // This lane's 16 bytes of its line in quad u (recomputed: registers
+        // are what four quads in flight are short of).
+        const auto at = [&](uint8_t *base, int u) {
+            const uint64_t k = (q + u * warps) * LL128_WARP_LINES + line_of_lane;
+            return reinterpret_cast<uint4 *>(base + k * LL128_LINE_BYTES + 16 * part);
+        };
         __syncwarp();
-        if (mine) ll128_load(at, lo, hi);
-        bool ready = !mine || !holds_flag || ll128_ready(hi, seq);
-        for (uint32_t polls = 1; __any_sync(~0u, !ready); ++polls) {
+#pragma unroll
+        for (int u = 0; u < kQuads; ++u) {
+            mine[u] = (q + u * warps) * LL128_WARP_LINES + line_of_lane < n;
+            lo[u] = hi[u] = 0;
+            if (mine[u]) ll128_load(at(lines, u), lo[u], hi[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kQuads; ++u) {
+            got[u] = __shfl_sync(~0u, !mine[u] || !holds_flag || ll128_ready(hi[u], seq), flag_lane);
+        }
+        for (uint32_t polls = 1; __any_sync(~0u, !(got[0] && got[1] && got[2] && got[3])); ++polls) {
             const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
             if (__any_sync(~0u, why != 0)) {
-                if (!ready) record_ll128_expired(p.report, why != 0 ? why : 1, hi);
+#pragma unroll
+                for (int u = 0; u < kQuads; ++u) {
+                    if (!got[u] && holds_flag) record_ll128_expired(p.report, why != 0 ? why : 1, hi[u]);
+                }
                 ok = false;
                 break;
             }
-            if (mine) ll128_load(at, lo, hi);
-            ready = !mine || !holds_flag || ll128_ready(hi, seq);
+#pragma unroll
+            for (int u = 0; u < kQuads; ++u) {
+                if (!got[u]) ll128_load(at(lines, u), lo[u], hi[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < kQuads; ++u) {
+                got[u] = __shfl_sync(~0u, !mine[u] || !holds_flag || ll128_ready(hi[u], seq), flag_lane);
+            }
         }
-        if (ok && keep && mine) ll128_store(at, lo, hi);
+        if (!ok || !keep) continue;
+#pragma unroll
+        for (int u = 0; u < kQuads; ++u) {
+            if (mine[u]) ll128_store(at(seen, u), lo[u], hi[u]);
+        }
     }
     return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
 }
 
 // The target on the LL128 path, one block of whole warps: as ll_wait, on
 // 128-byte lines (block_wait_ll128), in bandwidth and ping-pong rounds
-// alike. The last iteration's lines are stored back as read (`keep`).
+// alike. The last iteration's lines are copied as read (`keep`), after the
+// lines, for the host to check.
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll128_wait(WaitParams p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;

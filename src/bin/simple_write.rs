@@ -108,7 +108,8 @@ struct Args {
 
     /// Bytes per chunk when chunks are dealt round-robin to the groups, so
     /// that the groups work on neighbouring memory; 0 = one contiguous slice
-    /// per group [default: 0].
+    /// per group [default: 0]. On the LL128 path a chunk counts wire bytes:
+    /// chunk/128 lines of 120 payload bytes each.
     #[arg(long, value_parser = parse_chunk)]
     chunk: Option<u64>,
 
@@ -623,6 +624,11 @@ fn rounds(args: &Args) -> Result<Vec<RoundSpec>> {
     Ok(specs)
 }
 
+/// Whether any round runs at thread level (LL128's never do).
+fn runs_at_thread_level(args: &Args) -> bool {
+    args.level.contains(&Level::Thread) && args.path.iter().any(|&p| level_writes(Level::Thread, p))
+}
+
 /// Whether `path` runs at `level`: LL128's lines are written by eight
 /// lanes of one warp store, which one thread alone cannot do.
 fn level_writes(level: Level, path: Path) -> bool {
@@ -704,7 +710,7 @@ fn sizes(args: &Args) -> Result<Vec<u64>> {
 fn check_thread_level_fits(args: &Args, sizes: &[u64]) -> Result<()> {
     let thread_max = (args.timeout.as_secs_f64() / 4.0 * 25e6) as u64;
     match sizes.iter().find(|&&s| s > thread_max) {
-        Some(&too_big) if args.level.contains(&Level::Thread) => Err(UsageError(format!(
+        Some(&too_big) if runs_at_thread_level(args) => Err(UsageError(format!(
             "size {} at thread level: one thread copies about 25 MB/s, so one iteration would take ~{:.0} s of a \
              {:.0} s timeout; use --level warp,block for this size, or raise --timeout",
             fmt_bytes(too_big),

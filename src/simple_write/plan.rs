@@ -101,9 +101,21 @@ impl Round {
     }
 
     /// Bytes the round may write in the target's buffer: its wire size,
-    /// or with `--hbm` every slot ([`Round::span`]).
+    /// or with `--hbm` every slot ([`Round::span`]); on the LL128 path its
+    /// lines and, after them, the copy the target's wait kernel makes of
+    /// the last iteration's lines as it read them ([`Round::seen_copy`]).
     pub fn wire_span(&self) -> u64 {
-        self.wire_size().max(self.span())
+        let copy = self.seen_copy().map_or(0, |(_, n)| n);
+        self.wire_size().max(self.span()) + copy
+    }
+
+    /// LL128: where in the target's buffer (offset, bytes) its wait kernel
+    /// copies the last iteration's lines as it read them, each line's data
+    /// from the same load as its current flag; the host checks that copy,
+    /// which the initiator never writes, so a line whose data lagged its
+    /// flag cannot be repaired by bytes that land later. None elsewhere.
+    pub fn seen_copy(&self) -> Option<(u64, u64)> {
+        (self.path == Path::Ll128).then(|| (self.wire_size(), self.wire_size()))
     }
 
     /// Acknowledgements the target sends in this round.
@@ -403,6 +415,13 @@ mod tests {
         // 1 MiB in 8,739 lines of 128 bytes; 12,345 bytes in 103.
         assert_eq!(round(Path::Ll128.into(), 1 << 20).wire_size(), 8739 * 128);
         assert_eq!(round(Path::Ll128.into(), 12345).wire_size(), 103 * 128);
+        // The lines, then the wait kernel's copy of them.
+        assert_eq!(round(Path::Ll128.into(), 12345).wire_span(), 2 * 103 * 128);
+        assert_eq!(
+            round(Path::Ll128.into(), 12345).seen_copy(),
+            Some((103 * 128, 103 * 128))
+        );
+        assert_eq!(round(Path::Ll.into(), 12345).seen_copy(), None);
         assert_eq!(round(WritePath::Flag, 0).signals_per_iter(), 1);
         assert_eq!(round(Path::Store.into(), 1 << 20).wire_size(), 1 << 20);
         let plan = RunPlan {

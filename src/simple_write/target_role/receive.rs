@@ -88,8 +88,9 @@ fn polls_lines(path: WritePath) -> bool {
 }
 
 /// The payload the round left in our buffer: the bytes themselves, or on
-/// the LL and LL128 paths the lines' data once every line's flags carry
-/// the round's last sequence number.
+/// the LL path the lines' data once every line's flags carry the round's
+/// last sequence number; on the LL128 path the same of the wait kernel's
+/// copy of the lines as it read them ([`Round::seen_copy`]).
 fn payload_of<'a>(
     buf: &'a [u8],
     round: &Round,
@@ -98,7 +99,9 @@ fn payload_of<'a>(
     match round.path {
         WritePath::Data(Path::Ll) => ll::unpack(buf, round.size as usize, last_seq).map(Into::into),
         WritePath::Data(Path::Ll128) => {
-            ll::ll128::unpack(buf, round.size as usize, last_seq).map(Into::into)
+            let (at, n) = round.seen_copy().expect("an LL128 round has a copy");
+            let seen = &buf[at as usize..(at + n) as usize];
+            ll::ll128::unpack(seen, round.size as usize, last_seq).map(Into::into)
         }
         _ => Ok(buf.into()),
     }
@@ -362,7 +365,8 @@ impl Wait<'_> {
             let last = self.last_seq() as u64;
             if r.observed != last {
                 bail!(
-                    "round {i}: the LL wait ended on seq {} instead of {last}",
+                    "round {i}: the {} wait ended on seq {} instead of {last}",
+                    self.round.path,
                     r.observed
                 );
             }
@@ -379,11 +383,19 @@ impl Wait<'_> {
 
     fn silent(&self, observed: Option<u64>) -> String {
         let seen = observed.map_or(String::new(), |o| format!(" (it reached {o})"));
+        // Line paths have no signal: their lines carry the iteration's seq.
+        let what = match self.polls_lines() {
+            true => format!(
+                "the {} lines did not all carry seq {}",
+                self.round.path,
+                self.last_seq()
+            ),
+            false => format!("the signal did not reach {}", self.end()),
+        };
         format!(
-            "round {}: the signal did not reach {} within {:?}{seen}: the initiator stopped sending (died or froze); \
-             raise --timeout if it is just slow",
+            "round {}: {what} within {:?}{seen}: the initiator stopped sending (died or froze); raise --timeout if \
+             it is just slow",
             self.index,
-            self.end(),
             self.held.plan.timeout()
         )
     }
