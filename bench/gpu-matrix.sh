@@ -23,7 +23,9 @@
 #   coll     collectives at 2, 3 and 4 ranks (as many as there are GPUs),
 #            8 B - 1 GiB of f32, every op, algorithm (COLL_ALGO, default
 #            all) and path beside NCCL's same call (COLL_ARGS: more options):
-#            stream launches, then CUDA graphs against NCCL's graphs
+#            stream launches, then CUDA graphs against NCCL's graphs; and
+#            the LL128 algorithms (8 B - 4 MiB, store path) in a row of
+#            their own
 #   ep       EP2 and EP4, ht and ll, both paths, --graph, beside NCCL's
 #            all-to-all
 #   pipe     the pipeline at 2 and 4 stages, 1 and 4 MiB chunks beside
@@ -175,6 +177,10 @@ part_coll() {
     c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --dtype f32 --algo "${COLL_ALGO:-all}" --timeout 15 ${COLL_ARGS:-})
     row "coll-${n}r-stream" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)"
     row "coll-${n}r-graph" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)" --launch graph
+    # LL128 in a row of its own (not in --algo all until it has run on
+    # GPUs), stream launches, up to where it runs.
+    row "coll-${n}r-ll128" 0 $((60 + 3 * $(sizes 8 $((4 << 20)) 2))) "$(vis "${G[@]:0:n}")" -- "$BIN/collectives" \
+      --ranks "$n" --gpus "$n" -b 8 -e 4M --dtype f32 --algo ll128 --path store --timeout 15 --port "$(pick_port)"
   done
 }
 part_ep() {

@@ -251,7 +251,9 @@ def sections():
         pair = t.split("-", 1)[1]
         out.append(nvshmem(t, load(t), load(f"sw-{pair}-pp"), load(f"sw-{pair}-bw")))
     for t in sorted(tags("coll-*"), key=lambda t: (t.split("-")[2], t)):
-        out.append(coll(f"collectives, {t.split('-')[1][:-1]} ranks, {t.split('-')[2]} launches", load(t)))
+        kind = t.split("-")[2]  # stream, graph, or ll128 (its own row, stream launches)
+        what = "LL128, stream launches" if kind == "ll128" else f"{kind} launches"
+        out.append(coll(f"collectives, {t.split('-')[1][:-1]} ranks, {what}", load(t)))
     out += [ep(f"ep, EP{t[2:].split('-')[0]} {t.split('-')[1]}", load(t)) for t in tags("ep*-*")]
     out += [pipe(f"pipeline, {t[4:].split('-')[0]} stages, {t.split('-')[1]}", load(t))
             for t in tags("pipe*-*") if not t.endswith("ll8")]

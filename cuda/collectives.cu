@@ -50,7 +50,7 @@ constexpr uint64_t COLL_ALIGN_ELEMS = 8;
 // record, the algorithm of a call: the call's kernel entry already is one
 // operation's algorithm (COLL_ENTRY below).
 enum : uint32_t { COLL_ALLREDUCE = 0, COLL_ALLGATHER = 1, COLL_REDUCE_SCATTER = 2 };
-enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1, COLL_LL = 2 };
+enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1, COLL_LL = 2, COLL_LL128 = 3 };
 enum : uint32_t { COLL_PATH_PUT = 0, COLL_PATH_STORE = 1 };
 enum : uint32_t { COLL_F32 = 0, COLL_BF16 = 1 };
 
@@ -574,24 +574,33 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
 // byte (count 1 of f32: every 4 bytes).
 __device__ __forceinline__ bool aligned8(const uint8_t *p) { return (reinterpret_cast<uintptr_t>(p) & 7) == 0; }
 
-// Data bytes [8k, 8k + 8) of `src` (`bytes` in all; zeros past the end).
-__device__ __forceinline__ uint2 ll_payload(const uint8_t *src, uint64_t k, uint64_t bytes) {
-    const uint64_t at = 8 * k;
+// Data bytes [at, at + 8) of `src` (`bytes` in all; zeros past the end;
+// `at` a multiple of 8).
+__device__ __forceinline__ uint2 word_at(const uint8_t *src, uint64_t at, uint64_t bytes) {
     if (at + 8 <= bytes && aligned8(src)) return *reinterpret_cast<const uint2 *>(src + at);
     uint32_t h[4] = {0, 0, 0, 0};
     for (uint32_t j = 0; j < 4 && at + 2 * j < bytes; ++j) h[j] = reinterpret_cast<const uint16_t *>(src + at)[j];
     return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
 }
 
-// Writes the 8 data bytes of line k into `dst` (only those before `bytes`).
-__device__ __forceinline__ void ll_unpack(uint8_t *dst, uint64_t k, uint64_t bytes, uint2 v) {
-    const uint64_t at = 8 * k;
+// Writes the 8 data bytes `v` at byte `at` of `dst` (only those before `bytes`).
+__device__ __forceinline__ void word_to(uint8_t *dst, uint64_t at, uint64_t bytes, uint2 v) {
     if (at + 8 <= bytes && aligned8(dst)) {
         *reinterpret_cast<uint2 *>(dst + at) = v;
         return;
     }
     const uint32_t h[4] = {v.x & 0xffff, v.x >> 16, v.y & 0xffff, v.y >> 16};
     for (uint32_t j = 0; j < 4 && at + 2 * j < bytes; ++j) reinterpret_cast<uint16_t *>(dst + at)[j] = uint16_t(h[j]);
+}
+
+// Data bytes [8k, 8k + 8) of `src`: line k's data.
+__device__ __forceinline__ uint2 ll_payload(const uint8_t *src, uint64_t k, uint64_t bytes) {
+    return word_at(src, 8 * k, bytes);
+}
+
+// Writes the 8 data bytes of line k into `dst` (only those before `bytes`).
+__device__ __forceinline__ void ll_unpack(uint8_t *dst, uint64_t k, uint64_t bytes, uint2 v) {
+    word_to(dst, 8 * k, bytes, v);
 }
 
 // Stores the 8 data bytes `v` as the line at `dst`, stamped with `epoch`.
@@ -743,6 +752,223 @@ __device__ void reduce_scatter_ll(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
+// ---------------------------------------------------------- LL128 lines
+
+// The LL128 algorithms (store path, mid sizes): the LL algorithms' data
+// movement in 128-byte lines of 120 data bytes and one flag word carrying
+// the call's epoch twice (NCCL's LL128; the store, load and what it relies
+// on are cuda/ll.cuh's, src/gpu/ll.rs has the format), so 15/16 of the
+// bytes on the wire are data where LL's are half. A warp owns four lines
+// at a time: lane 8j + c stores (and the receiver loads) bytes 16c.. of
+// line j with one 16-byte access, lane 8j + 7 the last 8 data bytes and
+// the flag; a block's share is whole lines.
+
+// This block's lines [k0, k1) of a row of `bytes` data bytes, and the
+// call's epoch as the flags carry it.
+struct Ll128Slice {
+    uint64_t k0, k1;
+    uint32_t epoch;
+};
+
+__device__ __forceinline__ Ll128Slice ll128_slice(const CollParams &p, uint64_t bytes) {
+    const uint64_t n = ll128_lines(bytes), per = (n + gridDim.x - 1) / gridDim.x;
+    const uint64_t k0 = min(n, uint64_t(blockIdx.x) * per);
+    return {k0, min(n, k0 + per), uint32_t(p.epoch)};
+}
+
+// This lane's place in a quad of lines: `line` 0..3 of the quad, `part`
+// 0..7 of the line (16 bytes each; part 7 holds the flag).
+struct Ll128Lane {
+    uint32_t warp, warps, line, part;
+    __device__ Ll128Lane()
+        : warp(threadIdx.x / 32), warps(blockDim.x / 32), line(threadIdx.x % 32 / LL128_LANES),
+          part(threadIdx.x % LL128_LANES) {}
+    __device__ bool flag() const { return part == LL128_LANES - 1; }
+    // This lane's 16 bytes of line k: in a row of lines, and in the data.
+    __device__ uint64_t wire(uint64_t k) const { return k * LL128_LINE_BYTES + 16 * part; }
+    __device__ uint64_t data(uint64_t k) const { return k * LL128_PAYLOAD + 16 * part; }
+};
+
+__device__ __forceinline__ uint64_t as_word(uint2 v) { return uint64_t(v.y) << 32 | v.x; }
+__device__ __forceinline__ uint2 as_uint2(uint64_t w) { return make_uint2(uint32_t(w), uint32_t(w >> 32)); }
+
+// This lane's 16 bytes of line k of `src` as it sends them: two data words,
+// or one and the flag (zeros past the end of the data).
+__device__ __forceinline__ void ll128_words(const Ll128Lane &me, const uint8_t *src, uint64_t k, uint64_t bytes,
+                                            uint64_t flag, uint64_t &lo, uint64_t &hi) {
+    lo = as_word(word_at(src, me.data(k), bytes));
+    hi = me.flag() ? flag : as_word(word_at(src, me.data(k) + 8, bytes));
+}
+
+// Writes this lane's data of line k (16 bytes, or 8 beside the flag) at
+// `dst` (only the bytes before `bytes`).
+__device__ __forceinline__ void ll128_unpack(const Ll128Lane &me, uint8_t *dst, uint64_t k, uint64_t bytes,
+                                             uint64_t lo, uint64_t hi) {
+    word_to(dst, me.data(k), bytes, as_uint2(lo));
+    if (!me.flag()) word_to(dst, me.data(k) + 8, bytes, as_uint2(hi));
+}
+
+// The warp's quads of this block's lines: quad q covers lines
+// k0 + 4q .. k0 + 4q + 3; warp w takes quads w, w + warps, .... Calls
+// `each(k, mine)` for this lane's line of each quad, alike on every lane
+// of the warp (`mine`: the line is in the slice), so the warp's stores and
+// loads of one line stay one instruction; stops when `each` returns false.
+template <class Each>
+__device__ __forceinline__ void ll128_quads(const Ll128Lane &me, const Ll128Slice &l, Each &&each) {
+    for (uint64_t q = me.warp; 4 * q < l.k1 - l.k0; q += me.warps) {
+        const uint64_t k = l.k0 + 4 * q + me.line;
+        if (!each(k, k < l.k1)) return;
+    }
+}
+
+// Polls this lane's part of line k of rank `src`'s row in our window (at
+// `row`) until every line of the warp's quad carries exactly `epoch` (a
+// vote: a line's data and flag must come from the same load); its 16 bytes
+// in lo/hi. False, for the whole warp, once a lane's keep_waiting says stop.
+__device__ bool ll128_wait(const CollParams &p, const Ll128Lane &me, uint64_t row, uint64_t k, bool mine,
+                           uint32_t epoch, uint64_t start, uint32_t src, uint64_t &lo, uint64_t &hi) {
+    const uint4 *at = reinterpret_cast<const uint4 *>(p.window + row + me.wire(k));
+    const uint64_t want = ll128_flag(epoch);
+    lo = hi = 0;
+    __syncwarp();
+    if (mine) ll128_load(at, lo, hi);
+    bool ready = !mine || !me.flag() || hi == want;
+    for (uint32_t polls = 1; __any_sync(~0u, !ready); ++polls) {
+        const bool stop = (polls & 63) == 0 && !ready && !keep_waiting(p, start, uint32_t(hi), epoch, 0, rank_of(p, src));
+        if (__any_sync(~0u, stop)) return false;
+        if (mine) ll128_load(at, lo, hi);
+        ready = !mine || !me.flag() || hi == want;
+    }
+    return true;
+}
+
+// Stores this lane's 16 bytes of line k into rank `d`'s window at `row`
+// (every peer with a pointer; not ourselves).
+__device__ __forceinline__ void ll128_send(const CollParams &p, const Peers &b, uint32_t d, uint64_t row,
+                                           const Ll128Lane &me, uint64_t k, uint64_t lo, uint64_t hi) {
+    if (d != p.rank && b.ptr[d] != nullptr) ll128_store(reinterpret_cast<uint4 *>(b.ptr[d] + row + me.wire(k)), lo, hi);
+}
+
+// Adds this lane's 16 bytes of a line (4 f32 or 8 bf16; beside the flag
+// half that) into `a` (first word) and `c` (second), in f32.
+__device__ __forceinline__ void ll128_add(const Ll128Lane &me, float (&a)[4], float (&c)[4], uint64_t lo,
+                                          uint64_t hi, bool bf16) {
+    ll_add(a, as_uint2(lo), bf16);
+    if (!me.flag()) ll_add(c, as_uint2(hi), bf16);
+}
+
+// LL128 allreduce (store path, mid sizes): allreduce_ll in LL128 lines.
+// Each warp stores its quads of our input into every peer's LL128 row for
+// us, then polls the same quads of every peer's row in ours and sums all N
+// in rank order (bit-identical to one-shot's).
+__device__ void allreduce_ll128(const CollParams &p, Peers &b) {
+    const uint64_t bytes = p.count * elem_bytes(p);
+    const bool bf16 = p.dtype == COLL_BF16;
+    const Ll128Slice l = ll128_slice(p, bytes);
+    const Ll128Lane me;
+    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
+    const uint8_t *in = p.window + p.off_in;
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        uint64_t lo = 0, hi = 0;
+        if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
+        __syncwarp();
+        if (mine)
+            for (uint32_t d = 0; d < p.ranks; ++d) ll128_send(p, b, d, row, me, k, lo, hi);
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        float a[4] = {}, c[4] = {};
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            uint64_t lo = 0, hi = 0;
+            if (s == p.rank) {
+                if (mine) ll128_words(me, in, k, bytes, 0, lo, hi);
+            } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) {
+                return false;
+            }
+            ll128_add(me, a, c, lo, hi, bf16);
+        }
+        if (mine) ll128_unpack(me, p.window + p.off_out, k, bytes, as_word(ll_pack(a, bf16)), as_word(ll_pack(c, bf16)));
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
+// LL128 allgather (store path, mid sizes): allgather_ll in LL128 lines.
+__device__ void allgather_ll128(const CollParams &p, Peers &b) {
+    const uint64_t bytes = p.count * elem_bytes(p);
+    const Ll128Slice l = ll128_slice(p, bytes);
+    const Ll128Lane me;
+    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
+    const uint8_t *in = p.window + p.off_in;
+    uint8_t *out = p.window + p.off_out;
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        uint64_t lo = 0, hi = 0;
+        if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
+        __syncwarp();
+        if (mine) {
+            for (uint32_t d = 0; d < p.ranks; ++d) ll128_send(p, b, d, row, me, k, lo, hi);
+            ll128_unpack(me, out + p.rank * bytes, k, bytes, lo, hi);
+        }
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            if (s == p.rank) continue;
+            uint64_t lo, hi;
+            if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) return false;
+            if (mine) ll128_unpack(me, out + s * bytes, k, bytes, lo, hi);
+        }
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
+// LL128 reduce-scatter (store path, mid sizes): reduce_scatter_ll in LL128
+// lines: chunk d of our input goes to rank d's row for us; our chunk is
+// summed from all N in rank order.
+__device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
+    const uint64_t bytes = p.count * elem_bytes(p);
+    const bool bf16 = p.dtype == COLL_BF16;
+    const Ll128Slice l = ll128_slice(p, bytes);
+    const Ll128Lane me;
+    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
+    const uint8_t *in = p.window + p.off_in;
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        for (uint32_t d = 0; d < p.ranks; ++d) {
+            if (d == p.rank) continue;
+            uint64_t lo = 0, hi = 0;
+            if (mine) ll128_words(me, in + d * bytes, k, bytes, flag, lo, hi);
+            __syncwarp();
+            if (mine) ll128_send(p, b, d, row, me, k, lo, hi);
+        }
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        float a[4] = {}, c[4] = {};
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            uint64_t lo = 0, hi = 0;
+            if (s == p.rank) {
+                if (mine) ll128_words(me, in + p.rank * bytes, k, bytes, 0, lo, hi);
+            } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) {
+                return false;
+            }
+            ll128_add(me, a, c, lo, hi, bf16);
+        }
+        if (mine) ll128_unpack(me, p.window + p.off_out, k, bytes, as_word(ll_pack(a, bf16)), as_word(ll_pack(c, bf16)));
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
 // One call of one collective: block 0's start stamp, the step's abort
 // check, the peers' pointers, then `Algorithm`, then block 0's end stamp.
 // Every rank launches the same grid.
@@ -782,10 +1008,13 @@ __device__ __forceinline__ void coll_call(const CollParams &p) {
 COLL_ENTRY(allreduce_one_shot)
 COLL_ENTRY(allreduce_two_shot)
 COLL_ENTRY(allreduce_ll)
+COLL_ENTRY(allreduce_ll128)
 COLL_ENTRY(allgather)
 COLL_ENTRY(allgather_ll)
+COLL_ENTRY(allgather_ll128)
 COLL_ENTRY(reduce_scatter)
 COLL_ENTRY(reduce_scatter_ll)
+COLL_ENTRY(reduce_scatter_ll128)
 #undef COLL_ENTRY
 
 // ------------------------------------------------------ fill and check

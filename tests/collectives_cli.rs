@@ -32,6 +32,18 @@ fn arguments_that_cannot_work_exit_2() {
     usage_error(&["--ranks", "2", "--inject", "corrupt=5"], "corrupt=R");
     usage_error(&["-w", "0"], "0");
     usage_error(
+        &["--algo", "ll", "--path", "put"],
+        "--algo ll runs on the store path only",
+    );
+    usage_error(
+        &["--algo", "ll128", "--path", "put"],
+        "--algo ll128 runs on the store path only",
+    );
+    usage_error(
+        &["--algo", "ll128", "-b", "8M", "-e", "16M"],
+        "--algo ll128 runs up to 4 MiB",
+    );
+    usage_error(
         &["--ranks", "2", "--tuned", "/nonexistent/tuned.json"],
         "--tune FILE writes one",
     );

@@ -93,9 +93,10 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::all().to_vec())]
     op: Vec<Op>,
 
-    /// Algorithm: one-shot, two-shot (allreduce), ll, auto (by size), or all
-    /// (ll only where it runs: store path, up to 64 KiB). Allgather and
-    /// reduce-scatter have one-shot and ll; two-shot and auto run their one-shot.
+    /// Algorithm: one-shot, two-shot (allreduce), ll, ll128, auto (by size),
+    /// or all (ll only where it runs: store path, up to 64 KiB; ll128 only
+    /// when named). Allgather and reduce-scatter have one-shot, ll and ll128;
+    /// two-shot and auto run their one-shot.
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,
 

@@ -33,10 +33,16 @@ pub const LL_MAX_BYTES: u64 = 64 << 10;
 /// Bytes of one LL line: `{u32 data, u32 epoch, u32 data, u32 epoch}`
 /// (the format of [`crate::gpu::ll`]).
 pub const LL_LINE_BYTES: u64 = 16;
+/// The LL128 algorithms run up to this size: LL's one-shot data movement in
+/// 128-byte lines of 120 data bytes ([`crate::gpu::ll::ll128`]), the
+/// protocol NCCL runs on NVLink between LL's sizes and its bulk ring. Every
+/// rank still pushes its whole buffer to every peer, which stops paying
+/// once the bus, not the flags, sets the time.
+pub const LL128_MAX_BYTES: u64 = 4 << 20;
 
-/// How an operation is carried out. Allgather and reduce-scatter have two
-/// (one shot: every rank pushes to every rank; LL, the same in lines);
-/// allreduce has three ([`super::ops::allreduce`]).
+/// How an operation is carried out. Allgather and reduce-scatter have three
+/// (one shot: every rank pushes to every rank; LL and LL128, the same in
+/// lines); allreduce has four ([`super::ops::allreduce`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Algo {
@@ -48,6 +54,12 @@ pub enum Algo {
     /// 16-byte store, so no fence and no separate flag; the receiver polls
     /// every line. Store path only, up to [`LL_MAX_BYTES`].
     Ll,
+    /// One-shot in LL128 lines: 120 data bytes and a flag word carrying the
+    /// call's epoch in 128 bytes, each line stored by eight lanes of one
+    /// warp store (NCCL's LL128): no fence and no separate flag, 15/16 of
+    /// the wire is data. Store path over NVLink only, up to
+    /// [`LL128_MAX_BYTES`].
+    Ll128,
 }
 
 impl Algo {
@@ -56,6 +68,7 @@ impl Algo {
             Algo::OneShot => "one-shot",
             Algo::TwoShot => "two-shot",
             Algo::Ll => "ll",
+            Algo::Ll128 => "ll128",
         }
     }
 
@@ -74,10 +87,14 @@ pub enum AlgoChoice {
     TwoShot,
     /// LL lines (store path, up to 64 KiB).
     Ll,
+    /// LL128 lines (store path, up to 4 MiB). Not in `all`: it has not yet
+    /// run on GPUs.
+    Ll128,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
     /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above.
     Auto,
-    /// One-shot and two-shot at every size, LL where it runs.
+    /// One-shot and two-shot at every size, LL where it runs (LL128 only
+    /// when named: `--algo ll128`).
     All,
 }
 
@@ -143,6 +160,7 @@ fn align256(v: u64) -> u64 {
 /// | out\[2\] | the largest output, ×2 (call parity) | this rank; peers (allgather, two-shot) |
 /// | recv\[2\] | ranks × `recv_stride`, ×2 (call parity) | peers |
 /// | ll\[2\] | ranks × `ll_stride`, ×2 (call parity) | peers (LL lines) |
+/// | ll128\[2\] | ranks × `ll128_stride`, ×2 (call parity) | peers (LL128 lines) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowLayout {
     pub flags: u64,
@@ -155,6 +173,10 @@ pub struct WindowLayout {
     pub ll: [u64; 2],
     /// Bytes per source row in an LL area: the lines of the largest LL call.
     pub ll_stride: u64,
+    pub ll128: [u64; 2],
+    /// Bytes per source row in an LL128 area: the lines of the largest
+    /// LL128 call.
+    pub ll128_stride: u64,
     pub bytes: u64,
 }
 
@@ -176,6 +198,11 @@ impl WindowLayout {
         let ll_stride = align256(ll_bytes(max_bytes.min(LL_MAX_BYTES)));
         let ll0 = recv1 + recv_bytes;
         let ll1 = ll0 + u64::from(ranks) * ll_stride;
+        let ll128_stride = align256(crate::gpu::ll::ll128::wire_bytes(
+            max_bytes.min(LL128_MAX_BYTES),
+        ));
+        let ll128_0 = ll1 + u64::from(ranks) * ll_stride;
+        let ll128_1 = ll128_0 + u64::from(ranks) * ll128_stride;
         Self {
             flags,
             abort,
@@ -185,17 +212,20 @@ impl WindowLayout {
             recv_stride,
             ll: [ll0, ll1],
             ll_stride,
-            bytes: ll1 + u64::from(ranks) * ll_stride,
+            ll128: [ll128_0, ll128_1],
+            ll128_stride,
+            bytes: ll128_1 + u64::from(ranks) * ll128_stride,
         }
     }
 
     /// The receive area of call number `call` of `algo` (by call parity)
-    /// and its bytes per source row: the LL area for LL lines, else the
-    /// receive rows.
+    /// and its bytes per source row: the LL or LL128 area for lines, else
+    /// the receive rows.
     pub fn recv_area(&self, algo: Algo, call: u64) -> (u64, u64) {
         let parity = (call % 2) as usize;
         match algo {
             Algo::Ll => (self.ll[parity], self.ll_stride),
+            Algo::Ll128 => (self.ll128[parity], self.ll128_stride),
             _ => (self.recv[parity], self.recv_stride),
         }
     }
@@ -265,12 +295,20 @@ mod tests {
         assert_eq!(w.recv[1], w.recv[0] + 3 * 1024);
         assert_eq!(w.ll[0], w.recv[1] + 3 * 1024);
         assert_eq!(w.ll_stride, 2048); // 1000 B in 125 lines of 16 B, rounded to 256
-        assert_eq!(w.bytes, w.ll[1] + 3 * 2048);
+        assert_eq!(w.ll128[0], w.ll[1] + 3 * 2048);
+        assert_eq!(w.ll128_stride, 1280); // 1000 B in 9 lines of 128 B, rounded to 256
+        assert_eq!(w.bytes, w.ll128[1] + 3 * 1280);
         assert_eq!(
             WindowLayout::new(1 << 30, 2).ll_stride,
             ll_bytes(LL_MAX_BYTES)
         );
         assert_eq!(w.recv_area(Algo::Ll, 3), (w.ll[1], w.ll_stride));
+        assert_eq!(w.recv_area(Algo::Ll128, 4), (w.ll128[0], w.ll128_stride));
+        // 4 MiB in 34,953 lines of 128 B.
+        assert_eq!(
+            WindowLayout::new(1 << 30, 2).ll128_stride,
+            (34953 * 128u64).div_ceil(256) * 256
+        );
         assert_eq!(w.recv_area(Algo::TwoShot, 2), (w.recv[0], w.recv_stride));
     }
 }

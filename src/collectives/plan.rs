@@ -236,16 +236,23 @@ impl RunConfig {
                 super::layout::MAX_RANKS
             )));
         }
-        if self.algo == AlgoChoice::Ll && !self.paths.contains(&Path::Store) {
-            return Err(UsageError(
-                "--algo ll runs on the store path only (its lines need peer pointers): use --path store or both".into(),
-            ));
-        }
-        if self.algo == AlgoChoice::Ll && self.sizes[0] > super::layout::LL_MAX_BYTES {
-            return Err(UsageError(format!(
-                "--algo ll runs up to {}: lower -b",
-                fmt_bytes(super::layout::LL_MAX_BYTES)
-            )));
+        let lines = match self.algo {
+            AlgoChoice::Ll => Some(("ll", super::layout::LL_MAX_BYTES)),
+            AlgoChoice::Ll128 => Some(("ll128", super::layout::LL128_MAX_BYTES)),
+            _ => None,
+        };
+        if let Some((name, max)) = lines {
+            if !self.paths.contains(&Path::Store) {
+                return Err(UsageError(format!(
+                    "--algo {name} runs on the store path only (its lines need peer pointers): use --path store or both"
+                )));
+            }
+            if self.sizes[0] > max {
+                return Err(UsageError(format!(
+                    "--algo {name} runs up to {}: lower -b",
+                    fmt_bytes(max)
+                )));
+            }
         }
         let largest = *self.sizes.last().unwrap_or(&0);
         for &op in &self.ops {

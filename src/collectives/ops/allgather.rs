@@ -44,6 +44,7 @@ impl Collective for Allgather {
     fn kernel(&self, algo: Algo) -> &'static str {
         match algo {
             Algo::Ll => "coll_allgather_ll",
+            Algo::Ll128 => "coll_allgather_ll128",
             _ => "coll_allgather",
         }
     }
@@ -52,7 +53,7 @@ impl Collective for Allgather {
         input((i / count) as u32, i % count, call)
     }
 
-    /// LL moves the same elements as the one shot, packed in lines.
+    /// LL and LL128 move the same elements as the one shot, packed in lines.
     fn model(&self, _algo: Algo, m: &mut Model) {
         let (n, c) = (m.ranks, m.count);
         for r in 0..n {

@@ -59,7 +59,7 @@ impl Collective for Allreduce {
     }
 
     fn algorithms(&self) -> &'static [Algo] {
-        &[Algo::OneShot, Algo::TwoShot, Algo::Ll]
+        &[Algo::OneShot, Algo::TwoShot, Algo::Ll, Algo::Ll128]
     }
 
     fn chosen(&self, choice: AlgoChoice, bytes: u64, ranks: u32) -> Vec<Algo> {
@@ -67,8 +67,11 @@ impl Collective for Allreduce {
             AlgoChoice::OneShot => vec![Algo::OneShot],
             AlgoChoice::TwoShot => vec![Algo::TwoShot],
             AlgoChoice::Ll => vec![Algo::Ll],
+            AlgoChoice::Ll128 => vec![Algo::Ll128],
             AlgoChoice::Auto => vec![auto_algo(bytes, ranks)],
-            AlgoChoice::All if bytes <= LL_MAX_BYTES => self.algorithms().to_vec(),
+            AlgoChoice::All if bytes <= LL_MAX_BYTES => {
+                vec![Algo::OneShot, Algo::TwoShot, Algo::Ll]
+            }
             AlgoChoice::All => vec![Algo::OneShot, Algo::TwoShot],
         }
     }
@@ -86,6 +89,7 @@ impl Collective for Allreduce {
             Algo::OneShot => "coll_allreduce_one_shot",
             Algo::TwoShot => "coll_allreduce_two_shot",
             Algo::Ll => "coll_allreduce_ll",
+            Algo::Ll128 => "coll_allreduce_ll128",
         }
     }
 
@@ -95,9 +99,9 @@ impl Collective for Allreduce {
 
     fn model(&self, algo: Algo, m: &mut Model) {
         match algo {
-            // LL moves the same elements as one-shot, packed in lines (the
-            // line format is crate::gpu::ll's, tested there).
-            Algo::OneShot | Algo::Ll => one_shot(m),
+            // LL and LL128 move the same elements as one-shot, packed in
+            // lines (the line formats are crate::gpu::ll's, tested there).
+            Algo::OneShot | Algo::Ll | Algo::Ll128 => one_shot(m),
             Algo::TwoShot => two_shot(m),
         }
     }
@@ -185,6 +189,11 @@ mod tests {
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 2), vec![Algo::OneShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 16 << 20, 2), vec![Algo::TwoShot]);
         assert!(!a.runs(Algo::Ll, 8, Path::Put) && a.runs(Algo::Ll, 8, Path::Store));
+        assert_eq!(a.chosen(AlgoChoice::Ll128, 1 << 20, 4), vec![Algo::Ll128]);
+        assert!(
+            a.runs(Algo::Ll128, 4 << 20, Path::Store) && !a.runs(Algo::Ll128, 8 << 20, Path::Store)
+        );
+        assert!(!a.runs(Algo::Ll128, 8, Path::Put));
         assert!(a.runs(Algo::TwoShot, 1 << 30, Path::Put));
     }
 }

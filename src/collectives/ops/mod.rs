@@ -16,7 +16,7 @@ use anyhow::Result;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use super::layout::{Algo, AlgoChoice, LL_MAX_BYTES, Path};
+use super::layout::{Algo, AlgoChoice, LL_MAX_BYTES, LL128_MAX_BYTES, Path};
 use super::nccl::NcclCall;
 use super::reference::Model;
 
@@ -53,9 +53,9 @@ pub trait Collective: Sync {
     fn in_place(&self, out: u64, slot: u64) -> (u64, u64);
 
     /// Every algorithm it has, in the order a sweep runs them: by default
-    /// the one shot and LL (allgather, reduce-scatter).
+    /// the one shot, LL and LL128 (allgather, reduce-scatter).
     fn algorithms(&self) -> &'static [Algo] {
-        &[Algo::OneShot, Algo::Ll]
+        &[Algo::OneShot, Algo::Ll, Algo::Ll128]
     }
 
     /// The algorithms `--algo` picks for a buffer of `bytes` on `ranks` ranks.
@@ -98,23 +98,29 @@ pub trait Collective: Sync {
     unsafe fn nccl(&self, c: &NcclCall) -> Result<()>;
 }
 
-/// The algorithms of an operation that has one shot and LL (allgather,
-/// reduce-scatter) for `--algo` and a buffer of `bytes`: LL is asked for,
-/// or with `all` where it runs; any other choice is the one shot (they
-/// have no two-shot, and `auto` never picks LL).
+/// The algorithms of an operation that has one shot, LL and LL128
+/// (allgather, reduce-scatter) for `--algo` and a buffer of `bytes`: LL or
+/// LL128 as asked for, LL also with `all` where it runs; any other choice
+/// is the one shot (they have no two-shot, and `auto` never picks lines).
 pub fn one_shot_or_ll(choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
     match choice {
         AlgoChoice::Ll => vec![Algo::Ll],
+        AlgoChoice::Ll128 => vec![Algo::Ll128],
         AlgoChoice::All if bytes <= LL_MAX_BYTES => vec![Algo::OneShot, Algo::Ll],
         _ => vec![Algo::OneShot],
     }
 }
 
-/// Whether `algo` runs a buffer of `bytes` over `path`: LL's lines need
-/// peer pointers (store path) and carry half their bytes in data, so it
-/// stops at [`LL_MAX_BYTES`]; the others run everywhere.
+/// Whether `algo` runs a buffer of `bytes` over `path`: lines need peer
+/// pointers (store path); LL's carry half their bytes in data, so it stops
+/// at [`LL_MAX_BYTES`], LL128 at [`LL128_MAX_BYTES`]; the others run
+/// everywhere.
 pub fn ll_runs(algo: Algo, bytes: u64, path: Path) -> bool {
-    algo != Algo::Ll || (path == Path::Store && bytes <= LL_MAX_BYTES)
+    match algo {
+        Algo::Ll => path == Path::Store && bytes <= LL_MAX_BYTES,
+        Algo::Ll128 => path == Path::Store && bytes <= LL128_MAX_BYTES,
+        Algo::OneShot | Algo::TwoShot => true,
+    }
 }
 
 /// (n − 1)/n: the share of a buffer a rank exchanges with its peers,
@@ -173,9 +179,10 @@ mod tests {
         let entries: std::collections::BTreeSet<_> = Op::every_algorithm()
             .map(|(op, a)| op.spec().kernel(a))
             .collect();
-        // allreduce one-shot, two-shot, ll; allgather and reduce-scatter
-        // one-shot and ll: one entry each in cuda/collectives.cu.
-        assert_eq!(entries.len(), 7);
+        // allreduce one-shot, two-shot, ll, ll128; allgather and
+        // reduce-scatter one-shot, ll and ll128: one entry each in
+        // cuda/collectives.cu.
+        assert_eq!(entries.len(), 10);
         for e in &entries {
             let src = include_str!("../../../cuda/collectives.cu");
             let name = e.trim_start_matches("coll_");

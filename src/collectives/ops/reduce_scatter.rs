@@ -41,6 +41,7 @@ impl Collective for ReduceScatter {
     fn kernel(&self, algo: Algo) -> &'static str {
         match algo {
             Algo::Ll => "coll_reduce_scatter_ll",
+            Algo::Ll128 => "coll_reduce_scatter_ll128",
             _ => "coll_reduce_scatter",
         }
     }
@@ -50,7 +51,7 @@ impl Collective for ReduceScatter {
         (0..ranks).map(|r| input(r, at, call)).sum()
     }
 
-    /// LL moves the same elements as the one shot, packed in lines.
+    /// LL and LL128 move the same elements as the one shot, packed in lines.
     fn model(&self, _algo: Algo, m: &mut Model) {
         let (n, c) = (m.ranks, m.count);
         for r in 0..n {
