@@ -24,7 +24,7 @@
 #            8 B - 1 GiB of f32, every op, algorithm (COLL_ALGO, default
 #            all) and path beside NCCL's same call (COLL_ARGS: more options):
 #            stream launches, then CUDA graphs against NCCL's graphs; and
-#            the LL128 algorithms (8 B - 4 MiB, store path) in a row of
+#            the LL128 algorithms (8 B - 4 MiB, f32 and bf16, store path) in a row of
 #            their own
 #   ep       EP2 and EP4, ht and ll, both paths, --graph, beside NCCL's
 #            all-to-all
@@ -179,8 +179,8 @@ part_coll() {
     row "coll-${n}r-graph" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)" --launch graph
     # LL128 in a row of its own (not in --algo all until it has run on
     # GPUs), stream launches, up to where it runs.
-    row "coll-${n}r-ll128" 0 $((60 + 3 * $(sizes 8 $((4 << 20)) 2))) "$(vis "${G[@]:0:n}")" -- "$BIN/collectives" \
-      --ranks "$n" --gpus "$n" -b 8 -e 4M --dtype f32 --algo ll128 --path store --timeout 15 --port "$(pick_port)"
+    row "coll-${n}r-ll128" 0 $((60 + 6 * $(sizes 8 $((4 << 20)) 2))) "$(vis "${G[@]:0:n}")" -- "$BIN/collectives" \
+      --ranks "$n" --gpus "$n" -b 8 -e 4M --dtype f32,bf16 --algo ll128 --path store --timeout 15 --port "$(pick_port)"
   done
 }
 part_ep() {

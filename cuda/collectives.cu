@@ -842,8 +842,9 @@ __device__ bool ll128_wait(const CollParams &p, const Ll128Lane &me, uint64_t ro
     return true;
 }
 
-// Stores this lane's 16 bytes of line k into rank `d`'s window at `row`
-// (every peer with a pointer; not ourselves).
+// Stores this lane's 16 bytes of line k into member `d`'s window at `row`
+// (a peer with a pointer; not ourselves). Callers go round the members
+// from the one after us (peer_at), as every push does.
 __device__ __forceinline__ void ll128_send(const CollParams &p, const Peers &b, uint32_t d, uint64_t row,
                                            const Ll128Lane &me, uint64_t k, uint64_t lo, uint64_t hi) {
     if (d != p.rank && b.ptr[d] != nullptr) ll128_store(reinterpret_cast<uint4 *>(b.ptr[d] + row + me.wire(k)), lo, hi);
@@ -873,7 +874,7 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
         if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
         __syncwarp();
         if (mine)
-            for (uint32_t d = 0; d < p.ranks; ++d) ll128_send(p, b, d, row, me, k, lo, hi);
+            for (uint32_t j = 1; j < p.ranks; ++j) ll128_send(p, b, peer_at(p, j), row, me, k, lo, hi);
         return true;
     });
     stamp_phase(p, 0, &CollTiming::clock_sent);
@@ -909,7 +910,7 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
         if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
         __syncwarp();
         if (mine) {
-            for (uint32_t d = 0; d < p.ranks; ++d) ll128_send(p, b, d, row, me, k, lo, hi);
+            for (uint32_t j = 1; j < p.ranks; ++j) ll128_send(p, b, peer_at(p, j), row, me, k, lo, hi);
             ll128_unpack(me, out + p.rank * bytes, k, bytes, lo, hi);
         }
         return true;
@@ -940,8 +941,8 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
     const uint8_t *in = p.window + p.off_in;
     ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        for (uint32_t d = 0; d < p.ranks; ++d) {
-            if (d == p.rank) continue;
+        for (uint32_t j = 1; j < p.ranks; ++j) {
+            const uint32_t d = peer_at(p, j);
             uint64_t lo = 0, hi = 0;
             if (mine) ll128_words(me, in + d * bytes, k, bytes, flag, lo, hi);
             __syncwarp();

@@ -70,7 +70,7 @@ impl Case {
     /// ranks over the kernels' own window offsets and slices: every rank's
     /// output.
     pub fn simulate(&self, ranks: u32, blocks: u32, call: u64) -> Vec<Vec<f32>> {
-        let w = WindowLayout::new(self.bytes(ranks), ranks);
+        let w = WindowLayout::new(self.bytes(ranks), self.bytes(ranks), ranks);
         let e = self.dtype.bytes();
         let elem = |bytes: u64| (bytes / e) as usize;
         let io = (0..ranks)
@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn in_place_sits_in_the_output() {
-        let w = WindowLayout::new(1000, 3);
+        let w = WindowLayout::new(1000, 0, 3);
         let mut c = Case {
             in_place: true,
             ..case(Op::ReduceScatter, Algo::OneShot, 10)

@@ -87,8 +87,8 @@ pub enum AlgoChoice {
     TwoShot,
     /// LL lines (store path, up to 64 KiB).
     Ll,
-    /// LL128 lines (store path, up to 4 MiB). Not in `all`: it has not yet
-    /// run on GPUs.
+    /// LL128 lines (store path over NVLink, up to 4 MiB). Not in `all`: it
+    /// has not yet run on GPUs.
     Ll128,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
     /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above.
@@ -182,8 +182,10 @@ pub struct WindowLayout {
 
 impl WindowLayout {
     /// The window for calls whose buffers hold at most `max_bytes` (the
-    /// whole buffer of nccl-tests' size) on `ranks` ranks.
-    pub fn new(max_bytes: u64, ranks: u32) -> Self {
+    /// whole buffer of nccl-tests' size) on `ranks` ranks, of which LL128
+    /// calls at most `ll128_bytes` (0: the run has none, and the LL128 area
+    /// takes no memory).
+    pub fn new(max_bytes: u64, ll128_bytes: u64, ranks: u32) -> Self {
         let flags = 0;
         let flag_bytes = 2 * u64::from(MAX_BLOCKS) * u64::from(MAX_RANKS) * 8;
         let data = align256(max_bytes.max(16));
@@ -199,7 +201,7 @@ impl WindowLayout {
         let ll0 = recv1 + recv_bytes;
         let ll1 = ll0 + u64::from(ranks) * ll_stride;
         let ll128_stride = align256(crate::gpu::ll::ll128::wire_bytes(
-            max_bytes.min(LL128_MAX_BYTES),
+            ll128_bytes.min(max_bytes).min(LL128_MAX_BYTES),
         ));
         let ll128_0 = ll1 + u64::from(ranks) * ll_stride;
         let ll128_1 = ll128_0 + u64::from(ranks) * ll128_stride;
@@ -289,7 +291,7 @@ mod tests {
 
     #[test]
     fn window_regions_do_not_overlap() {
-        let w = WindowLayout::new(1000, 3);
+        let w = WindowLayout::new(1000, 1000, 3);
         assert!(w.input >= 2 * 128 * 16 * 8);
         assert_eq!(w.out[0], w.input + 1024);
         assert_eq!(w.recv[1], w.recv[0] + 3 * 1024);
@@ -299,14 +301,16 @@ mod tests {
         assert_eq!(w.ll128_stride, 1280); // 1000 B in 9 lines of 128 B, rounded to 256
         assert_eq!(w.bytes, w.ll128[1] + 3 * 1280);
         assert_eq!(
-            WindowLayout::new(1 << 30, 2).ll_stride,
+            WindowLayout::new(1 << 30, 0, 2).ll_stride,
             ll_bytes(LL_MAX_BYTES)
         );
         assert_eq!(w.recv_area(Algo::Ll, 3), (w.ll[1], w.ll_stride));
         assert_eq!(w.recv_area(Algo::Ll128, 4), (w.ll128[0], w.ll128_stride));
+        // A run without LL128 calls reserves nothing for them.
+        assert_eq!(WindowLayout::new(1 << 30, 0, 2).ll128_stride, 0);
         // 4 MiB in 34,953 lines of 128 B.
         assert_eq!(
-            WindowLayout::new(1 << 30, 2).ll128_stride,
+            WindowLayout::new(1 << 30, 1 << 30, 2).ll128_stride,
             (34953 * 128u64).div_ceil(256) * 256
         );
         assert_eq!(w.recv_area(Algo::TwoShot, 2), (w.recv[0], w.recv_stride));

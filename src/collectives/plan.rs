@@ -278,6 +278,16 @@ impl RunConfig {
     pub fn max_bytes(&self) -> u64 {
         self.groups().iter().map(|g| g.bytes).max().unwrap_or(16)
     }
+
+    /// The largest buffer of the run's LL128 calls, bytes (sizes the
+    /// window's LL128 area); 0 when it has none.
+    pub fn ll128_bytes(&self) -> u64 {
+        (self.groups().iter())
+            .filter(|g| g.cases.iter().any(|c| c.algo == Algo::Ll128))
+            .map(|g| g.bytes)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Rank 0's decisions, from every rank's GPU.

@@ -107,7 +107,7 @@ pub fn check_machine() -> Result<()> {
 /// Usage error when this rank's buffers cannot fit, named with the numbers.
 fn check_memory(gpu: &Gpu, cfg: &RunConfig, sharing: u32) -> Result<()> {
     let max = cfg.max_bytes();
-    let mut need = WindowLayout::new(max, cfg.ranks).bytes + (1 << 20);
+    let mut need = WindowLayout::new(max, cfg.ll128_bytes(), cfg.ranks).bytes + (1 << 20);
     if cfg.baseline {
         need += 2 * max;
     }

@@ -185,7 +185,7 @@ impl Session {
     /// rank's card. No peer is connected yet.
     pub fn create(ctx: &Context, incarnation: usize) -> Result<(Self, PeerCard)> {
         let g = ctx.group;
-        let layout = WindowLayout::new(ctx.cfg.max_bytes(), g.world);
+        let layout = WindowLayout::new(ctx.cfg.max_bytes(), ctx.cfg.ll128_bytes(), g.world);
         let alloc = |len: u64, what: &str| {
             DeviceBuffer::zeroed(&ctx.gpu.ctx, len as usize).with_context(|| {
                 format!("allocating {what} ({len} bytes) on GPU {}", ctx.gpu.ordinal)
