@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::kernels::{Level, Path};
+use super::kernels::{Level, PATHS, Path};
 use super::ring;
 use crate::cli::{UsageError, fmt_bytes};
 
@@ -42,9 +42,6 @@ pub struct Config {
 }
 
 crate::json_value!(Config => "pipeline configuration");
-
-/// The data paths the stage kernels implement (`cuda/pipeline.cu`).
-pub const PATHS: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
 
 /// The most chunks one handshake may cover (`PIPE_BATCH` in
 /// `cuda/pipeline.cu`; the consumer's leader polls their ready words eight

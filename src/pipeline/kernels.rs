@@ -17,6 +17,10 @@ use crate::gpu::launch;
 // every path.
 pub use crate::gpu::path::Path;
 
+/// The data paths the stage kernels implement (`PIPE_PATH_*`); the
+/// configuration refuses the others ([`crate::gpu::path::refuse_missing`]).
+pub const PATHS: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
+
 pub use crate::gpu::level::Level;
 
 /// `PipeParams`: one stage's run of `chunks` chunks. Offsets are bytes into
@@ -132,7 +136,7 @@ impl PipeKernels {
                 .load_function(name)
                 .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
         };
-        let [put, store, ll] = super::config::PATHS;
+        let [put, store, ll] = PATHS;
         let mut entries = Vec::new();
         for level in Level::ALL {
             let name = |path: Path| format!("pipe_{}_{}", level.name(), path.name());
