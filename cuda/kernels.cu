@@ -16,6 +16,7 @@
 #include <cuda/atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 // NIXL's device header, the clock, signals, the bounded wait, KernelReport.
 #include "device_common.cuh"
@@ -892,44 +893,60 @@ __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadli
     return blockDim.x > 32 ? __syncthreads_and(ok) : __all_sync(~0u, ok);
 }
 
-// The target on the LL path, one block: polls the lines themselves (there
-// is no signal), acknowledges with a bare flag, and timestamps like
-// nixl_wait_signal. Bandwidth: every line must carry the last warm-up
-// iteration's seq (the barrier), then the last iteration's. Ping-pong:
-// every iteration's. The host verifies the lines once the kernel is done.
-template <bool kOwnLine>
-__device__ void ll_wait(const WaitParams &p) {
+// The target's rounds on a line path (LL, LL128), one block: polls the
+// lines themselves (there is no signal), acknowledges with a bare flag,
+// and timestamps like nixl_wait_signal. Bandwidth: every line must carry
+// the last warm-up iteration's seq (the barrier), then the last
+// iteration's. Ping-pong: every iteration's. `wait(seq, deadline, last,
+// pong)` waits until every line carries `seq` (`last`: the round's last
+// iteration, after which nothing more is written; `pong`: std::true_type
+// in ping-pong rounds, so a wait can differ there at compile time); the
+// host verifies the lines once the kernel is done.
+template <class WaitLines>
+__device__ __forceinline__ void line_rounds(const WaitParams &p, WaitLines &&wait) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
     const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
     const bool lead = threadIdx.x == 0;
     Ack ack(p);
-    // Whole warps only: block_wait_lines votes over all 32 lanes.
+    // Whole warps only: the line waits vote over all 32 lanes.
     if (!ack.usable(p) || blockDim.x % 32 != 0) {
         if (lead) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
         return;
     }
     if (p.pong) {
-        const bool own = kOwnLine && p.line_count <= blockDim.x;
         for (uint32_t i = 0; i < total; ++i) {
             if (i == p.warmup && lead) p.report->t_start_ns = globaltimer_ns();
-            const uint32_t seq = p.first_seq + i;
-            if (!(own ? wait_own_line(p, seq, deadline) : block_wait_lines(p, seq, deadline))) return;
+            if (!wait(p.first_seq + i, deadline, i + 1 == total, std::true_type{})) return;
             if (!lead) continue;
             ack.send(p);
             if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
         }
     } else {
         if (p.warmup > 0) {
-            if (!block_wait_lines(p, p.first_seq + p.warmup - 1, deadline)) return;
+            if (!wait(p.first_seq + p.warmup - 1, deadline, false, std::false_type{})) return;
             if (lead) ack.send(p);
         }
         if (lead) p.report->t_start_ns = globaltimer_ns();
-        if (!block_wait_lines(p, last, deadline)) return;
+        if (!wait(last, deadline, true, std::false_type{})) return;
     }
     if (!lead) return;
     p.report->t_end_ns = globaltimer_ns();
     p.report->observed = last;
     if (!p.pong) ack.send(p);
+}
+
+// The target on the LL path (line_rounds): in nixl_ll_pong_wait,
+// ping-pong rounds of no more lines than threads poll one line a thread
+// (wait_own_line); every other wait is block_wait_lines.
+template <bool kOwnLine>
+__device__ void ll_wait(const WaitParams &p) {
+    const bool own = kOwnLine && p.line_count <= blockDim.x;
+    line_rounds(p, [&](uint32_t seq, uint64_t deadline, bool, auto pong) {
+        if constexpr (kOwnLine && decltype(pong)::value) {
+            if (own) return wait_own_line(p, seq, deadline);
+        }
+        return block_wait_lines(p, seq, deadline);
+    });
 }
 // Bandwidth rounds wait in nixl_ll_wait (block_wait_lines); ping-pong
 // rounds in nixl_ll_pong_wait, where each thread polls its own line
@@ -1017,37 +1034,11 @@ __device__ bool block_wait_ll128(const WaitParams &p, uint32_t seq, uint64_t dea
     return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
 }
 
-// The target on the LL128 path, one block of whole warps: as ll_wait, on
-// 128-byte lines (block_wait_ll128), in bandwidth and ping-pong rounds
-// alike. The last iteration's lines are copied as read (`keep`), after the
-// lines, for the host to check.
+// The target on the LL128 path (line_rounds), in bandwidth and ping-pong
+// rounds alike: the last iteration's lines are copied as read, after the
+// lines, for the host to check (block_wait_ll128's `keep`).
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll128_wait(WaitParams p) {
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    const uint32_t total = p.warmup + p.iters, last = p.first_seq + total - 1;
-    const bool lead = threadIdx.x == 0;
-    Ack ack(p);
-    if (!ack.usable(p) || blockDim.x % 32 != 0) {
-        if (lead) record_status(p.report, NIXL_ERR_NOT_SUPPORTED);
-        return;
-    }
-    if (p.pong) {
-        for (uint32_t i = 0; i < total; ++i) {
-            if (i == p.warmup && lead) p.report->t_start_ns = globaltimer_ns();
-            if (!block_wait_ll128(p, p.first_seq + i, deadline, i + 1 == total)) return;
-            if (!lead) continue;
-            ack.send(p);
-            if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
-        }
-    } else {
-        if (p.warmup > 0) {
-            if (!block_wait_ll128(p, p.first_seq + p.warmup - 1, deadline, false)) return;
-            if (lead) ack.send(p);
-        }
-        if (lead) p.report->t_start_ns = globaltimer_ns();
-        if (!block_wait_ll128(p, last, deadline, true)) return;
-    }
-    if (!lead) return;
-    p.report->t_end_ns = globaltimer_ns();
-    p.report->observed = last;
-    if (!p.pong) ack.send(p);
+    line_rounds(p, [&](uint32_t seq, uint64_t deadline, bool last, auto) {
+        return block_wait_ll128(p, seq, deadline, last);
+    });
 }
