@@ -858,13 +858,33 @@ __device__ __forceinline__ void ll128_add(const Ll128Lane &me, float (&a)[4], fl
     if (!me.flag()) ll_add(c, as_uint2(hi), bf16);
 }
 
+// Sums this lane's part of line k from every member in rank order (ours
+// from `own`, the peers' from their rows in our window, each waited for)
+// into the output, in f32, as reduce_into does. False, for the whole
+// warp, when a wait stopped.
+__device__ bool ll128_sum(const CollParams &p, const Ll128Lane &me, const Ll128Slice &l, uint64_t k, bool mine,
+                          const uint8_t *own, uint64_t bytes, uint64_t start) {
+    const bool bf16 = p.dtype == COLL_BF16;
+    float a[4] = {}, c[4] = {};
+    for (uint32_t s = 0; s < p.ranks; ++s) {
+        uint64_t lo = 0, hi = 0;
+        if (s == p.rank) {
+            if (mine) ll128_words(me, own, k, bytes, 0, lo, hi);
+        } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) {
+            return false;
+        }
+        ll128_add(me, a, c, lo, hi, bf16);
+    }
+    if (mine) ll128_unpack(me, p.window + p.off_out, k, bytes, as_word(ll_pack(a, bf16)), as_word(ll_pack(c, bf16)));
+    return true;
+}
+
 // LL128 allreduce (store path, mid sizes): allreduce_ll in LL128 lines.
 // Each warp stores its quads of our input into every peer's LL128 row for
 // us, then polls the same quads of every peer's row in ours and sums all N
 // in rank order (bit-identical to one-shot's).
 __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
-    const bool bf16 = p.dtype == COLL_BF16;
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
@@ -880,20 +900,7 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
-    ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        float a[4] = {}, c[4] = {};
-        for (uint32_t s = 0; s < p.ranks; ++s) {
-            uint64_t lo = 0, hi = 0;
-            if (s == p.rank) {
-                if (mine) ll128_words(me, in, k, bytes, 0, lo, hi);
-            } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) {
-                return false;
-            }
-            ll128_add(me, a, c, lo, hi, bf16);
-        }
-        if (mine) ll128_unpack(me, p.window + p.off_out, k, bytes, as_word(ll_pack(a, bf16)), as_word(ll_pack(c, bf16)));
-        return true;
-    });
+    ll128_quads(me, l, [&](uint64_t k, bool mine) { return ll128_sum(p, me, l, k, mine, in, bytes, start); });
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
@@ -935,7 +942,6 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
 // summed from all N in rank order.
 __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
-    const bool bf16 = p.dtype == COLL_BF16;
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
@@ -954,18 +960,7 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
     ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        float a[4] = {}, c[4] = {};
-        for (uint32_t s = 0; s < p.ranks; ++s) {
-            uint64_t lo = 0, hi = 0;
-            if (s == p.rank) {
-                if (mine) ll128_words(me, in + p.rank * bytes, k, bytes, 0, lo, hi);
-            } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) {
-                return false;
-            }
-            ll128_add(me, a, c, lo, hi, bf16);
-        }
-        if (mine) ll128_unpack(me, p.window + p.off_out, k, bytes, as_word(ll_pack(a, bf16)), as_word(ll_pack(c, bf16)));
-        return true;
+        return ll128_sum(p, me, l, k, mine, in + p.rank * bytes, bytes, start);
     });
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
