@@ -34,7 +34,7 @@ pub const LL_MAX_BYTES: u64 = 64 << 10;
 /// (the format of [`crate::gpu::ll`]).
 pub const LL_LINE_BYTES: u64 = 16;
 /// The LL128 algorithms run up to this size: LL's one-shot data movement in
-/// 128-byte lines of 120 data bytes ([`crate::gpu::ll::ll128`]), the
+/// 128-byte lines of 120 data bytes ([`crate::gpu::ll::LL128`]), the
 /// protocol NCCL runs on NVLink between LL's sizes and its bulk ring. Every
 /// rank still pushes its whole buffer to every peer, which stops paying
 /// once the bus, not the flags, sets the time.
@@ -200,9 +200,9 @@ impl WindowLayout {
         let ll_stride = align256(ll_bytes(max_bytes.min(LL_MAX_BYTES)));
         let ll0 = recv1 + recv_bytes;
         let ll1 = ll0 + u64::from(ranks) * ll_stride;
-        let ll128_stride = align256(crate::gpu::ll::ll128::wire_bytes(
-            ll128_bytes.min(max_bytes).min(LL128_MAX_BYTES),
-        ));
+        let ll128_stride = align256(
+            crate::gpu::ll::LL128.wire_bytes(ll128_bytes.min(max_bytes).min(LL128_MAX_BYTES)),
+        );
         let ll128_0 = ll1 + u64::from(ranks) * ll_stride;
         let ll128_1 = ll128_0 + u64::from(ranks) * ll128_stride;
         Self {

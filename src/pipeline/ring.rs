@@ -36,7 +36,7 @@ pub struct Window {
 /// payload bytes) when `ll`.
 pub fn slot_bytes(chunk: u64, ll: bool) -> u64 {
     match ll {
-        true => ll::wire_bytes(chunk),
+        true => ll::LL.wire_bytes(chunk),
         false => chunk,
     }
 }

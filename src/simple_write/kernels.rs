@@ -256,8 +256,7 @@ pub struct WaitParams {
     /// LL and LL128 paths: device address of our data buffer, read as
     /// lines (16 or 128 bytes).
     pub lines: u64,
-    /// LL and LL128 paths: lines per iteration ([`crate::gpu::ll::lines`],
-    /// [`crate::gpu::ll::ll128::lines`]).
+    /// LL and LL128 paths: lines per iteration ([`crate::gpu::ll::Format::lines`]).
     pub line_count: u64,
     /// LL and LL128 paths: sequence number of the round's first iteration (≥ 1).
     pub first_seq: u32,

@@ -94,8 +94,8 @@ impl Round {
     /// its lines (16/15 as many, whole lines).
     pub fn wire_size(&self) -> u64 {
         match self.path {
-            WritePath::Data(Path::Ll) => ll::wire_bytes(self.size),
-            WritePath::Data(Path::Ll128) => ll::ll128::wire_bytes(self.size),
+            WritePath::Data(Path::Ll) => ll::LL.wire_bytes(self.size),
+            WritePath::Data(Path::Ll128) => ll::LL128.wire_bytes(self.size),
             _ => self.size,
         }
     }

@@ -97,11 +97,15 @@ fn payload_of<'a>(
     last_seq: u32,
 ) -> Result<std::borrow::Cow<'a, [u8]>, ll::LineMismatch> {
     match round.path {
-        WritePath::Data(Path::Ll) => ll::unpack(buf, round.size as usize, last_seq).map(Into::into),
+        WritePath::Data(Path::Ll) => ll::LL
+            .unpack(buf, round.size as usize, last_seq)
+            .map(Into::into),
         WritePath::Data(Path::Ll128) => {
             let (at, n) = round.seen_copy().expect("an LL128 round has a copy");
             let seen = &buf[at as usize..(at + n) as usize];
-            ll::ll128::unpack(seen, round.size as usize, last_seq).map(Into::into)
+            ll::LL128
+                .unpack(seen, round.size as usize, last_seq)
+                .map(Into::into)
         }
         _ => Ok(buf.into()),
     }
@@ -291,8 +295,8 @@ impl Wait<'_> {
             ack_base: self.ack_base,
             lines: held.data.addr(),
             line_count: match r.path {
-                WritePath::Data(Path::Ll) => ll::lines(r.size),
-                WritePath::Data(Path::Ll128) => ll::ll128::lines(r.size),
+                WritePath::Data(Path::Ll) => ll::LL.lines(r.size),
+                WritePath::Data(Path::Ll128) => ll::LL128.lines(r.size),
                 _ => 0,
             },
             first_seq: self.first_iter + 1,
@@ -312,8 +316,8 @@ impl Wait<'_> {
     fn ll_threads(&self) -> u32 {
         let max = if self.round.pingpong { 1024 } else { 512 };
         let lanes = match self.round.path {
-            WritePath::Data(Path::Ll128) => ll::ll128::lines(self.round.size).div_ceil(4) * 32,
-            _ => ll::lines(self.round.size),
+            WritePath::Data(Path::Ll128) => ll::LL128.lines(self.round.size).div_ceil(4) * 32,
+            _ => ll::LL.lines(self.round.size),
         };
         (lanes.clamp(1, max) as u32).div_ceil(32) * 32
     }
