@@ -858,6 +858,23 @@ __device__ __forceinline__ void ll128_add(const Ll128Lane &me, float (&a)[4], fl
     if (!me.flag()) ll_add(c, as_uint2(hi), bf16);
 }
 
+// Pushes this block's lines of `in` (`bytes` in all) into every peer's
+// row for us, going round the members from the one after us; with `own`,
+// also unpacks them there (allgather's own slot).
+__device__ void ll128_push(const CollParams &p, const Peers &b, const Ll128Lane &me, const Ll128Slice &l,
+                           const uint8_t *in, uint64_t bytes, uint8_t *own) {
+    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        uint64_t lo = 0, hi = 0;
+        if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
+        __syncwarp();
+        if (!mine) return true;
+        for (uint32_t j = 1; j < p.ranks; ++j) ll128_send(p, b, peer_at(p, j), row, me, k, lo, hi);
+        if (own != nullptr) ll128_unpack(me, own, k, bytes, lo, hi);
+        return true;
+    });
+}
+
 // Sums this lane's part of line k from every member in rank order (ours
 // from `own`, the peers' from their rows in our window, each waited for)
 // into the output, in f32, as reduce_into does. False, for the whole
@@ -887,16 +904,8 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
-    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
     const uint8_t *in = p.window + p.off_in;
-    ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        uint64_t lo = 0, hi = 0;
-        if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
-        __syncwarp();
-        if (mine)
-            for (uint32_t j = 1; j < p.ranks; ++j) ll128_send(p, b, peer_at(p, j), row, me, k, lo, hi);
-        return true;
-    });
+    ll128_push(p, b, me, l, in, bytes, nullptr);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
@@ -909,19 +918,8 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
-    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
-    const uint8_t *in = p.window + p.off_in;
     uint8_t *out = p.window + p.off_out;
-    ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        uint64_t lo = 0, hi = 0;
-        if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
-        __syncwarp();
-        if (mine) {
-            for (uint32_t j = 1; j < p.ranks; ++j) ll128_send(p, b, peer_at(p, j), row, me, k, lo, hi);
-            ll128_unpack(me, out + p.rank * bytes, k, bytes, lo, hi);
-        }
-        return true;
-    });
+    ll128_push(p, b, me, l, p.window + p.off_in, bytes, out + p.rank * bytes);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
