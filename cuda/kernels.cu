@@ -7,8 +7,8 @@
 //
 // The pattern, in one sentence: a group of threads (one thread, one warp or
 // one block) puts its slice of the source into the peer's buffer with
-// nixlPut, makes those stores visible system-wide, then bumps the peer's
-// signal with nixlAtomicAdd; the peer's kernel spins on the signal with
+// nixlPut, makes those stores visible system-wide, then its first thread
+// bumps the peer's signal with nixlAtomicAdd; the peer's kernel spins on the signal with
 // system-scope acquire loads and, once every group of an iteration has
 // signalled, answers with an acknowledgement the sender's kernel waits for.
 // KERNEL_GUIDE.md walks through it.
@@ -144,7 +144,7 @@ template <> struct Group<nixl_gpu_level_t::THREAD> {
     __device__ static unsigned size() { return 1; }
     __device__ static void sync() {}
 };
-// WARP: each warp; every lane calls nixlPut/nixlAtomicAdd with the same arguments.
+// WARP: each warp; every lane calls nixlPut with the same arguments.
 template <> struct Group<nixl_gpu_level_t::WARP> {
     __device__ static unsigned index() { return (blockIdx.x * blockDim.x + threadIdx.x) / 32; }
     __device__ static unsigned count() { return gridDim.x * blockDim.x / 32; }
@@ -152,7 +152,7 @@ template <> struct Group<nixl_gpu_level_t::WARP> {
     __device__ static unsigned size() { return 32; }
     __device__ static void sync() { __syncwarp(); }
 };
-// BLOCK: each block; every thread of the block calls with the same arguments.
+// BLOCK: each block; every thread of the block calls nixlPut with the same arguments.
 template <> struct Group<nixl_gpu_level_t::BLOCK> {
     __device__ static unsigned index() { return blockIdx.x; }
     __device__ static unsigned count() { return gridDim.x; }
@@ -260,14 +260,19 @@ __device__ void put_and_signal(const WriteParams &p, uint32_t iter, uint64_t slo
     ph.at_data();
     // On cuda_ipc a put is plain stores by the calling threads, and the
     // atomic add orders nothing before it (UCX fences *after* the add). So:
-    // the group syncs, which orders every member's stores before what each
-    // member does next; then each member issues a system-scope release
-    // fence, which is cumulative: whichever thread performs the add, the
-    // stores it has synchronized with become visible to the peer first.
+    // the group syncs, which orders every member's stores before what its
+    // first thread does next; that thread alone issues a system-scope
+    // release fence, which is cumulative (the stores it has synchronized
+    // with become visible to the peer first), and the add at thread level.
+    // A group-level add would fence in every member and hold the whole
+    // group at a barrier behind UCX's trailing fence; at thread level the
+    // other members start the next iteration's copy meanwhile.
     G::sync();
-    fence_release(gpu_scope(p.flags));
-    ph.at_fence();
-    record_status(p.report, nixlAtomicAdd<L>(1, p.signal, channel));
+    if (G::rank() == 0) {
+        fence_release(gpu_scope(p.flags));
+        ph.at_fence();
+        record_status(p.report, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, p.signal, channel));
+    }
     ph.at_signal();
 }
 

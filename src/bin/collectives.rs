@@ -94,8 +94,8 @@ struct Args {
     op: Vec<Op>,
 
     /// Algorithm: one-shot, two-shot (allreduce), ll, ll128, auto (by size),
-    /// or all (ll only where it runs: store path, up to 64 KiB; ll128 only
-    /// when named). Allgather and reduce-scatter have one-shot, ll and ll128;
+    /// or all (ll and ll128 only where they run: store path, up to 64 KiB and
+    /// 4 MiB). Allgather and reduce-scatter have one-shot, ll and ll128;
     /// two-shot and auto run their one-shot.
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,

@@ -87,14 +87,12 @@ pub enum AlgoChoice {
     TwoShot,
     /// LL lines (store path, up to 64 KiB).
     Ll,
-    /// LL128 lines (store path over NVLink, up to 4 MiB). Not in `all`: it
-    /// has not yet run on GPUs.
+    /// LL128 lines (store path over NVLink, up to 4 MiB).
     Ll128,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
     /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above.
     Auto,
-    /// One-shot and two-shot at every size, LL where it runs (LL128 only
-    /// when named: `--algo ll128`).
+    /// One-shot and two-shot at every size, LL and LL128 where they run.
     All,
 }
 

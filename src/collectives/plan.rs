@@ -336,9 +336,9 @@ mod tests {
         assert_eq!(g.iter().filter(|g| g.op == Op::Allgather).count(), 1);
         let ag = g.iter().find(|g| g.op == Op::Allgather).unwrap();
         assert_eq!(ag.bytes, (1 << 20) / 12 * 12);
-        assert_eq!(ag.cases.len(), 4); // one algorithm × 2 paths × 2 places
-        assert_eq!(g[0].cases.len(), 10); // allreduce 8 B: 2 algorithms × 2 × 2, LL × store × 2
-        assert_eq!(g[1].cases.len(), 8); // 1 MiB: no LL
+        assert_eq!(ag.cases.len(), 6); // one shot × 2 paths × 2 places, LL128 × store × 2
+        assert_eq!(g[0].cases.len(), 12); // allreduce 8 B: 2 algorithms × 2 × 2, LL and LL128 × store × 2
+        assert_eq!(g[1].cases.len(), 10); // 1 MiB: no LL
         assert!(c.validate().is_ok());
         let small = RunConfig {
             sizes: vec![8],

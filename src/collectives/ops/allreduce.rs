@@ -8,8 +8,8 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, peer_share};
-use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, split};
+use super::{Collective, lines_up_to, peer_share};
+use crate::collectives::layout::{Algo, AlgoChoice, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -69,10 +69,9 @@ impl Collective for Allreduce {
             AlgoChoice::Ll => vec![Algo::Ll],
             AlgoChoice::Ll128 => vec![Algo::Ll128],
             AlgoChoice::Auto => vec![auto_algo(bytes, ranks)],
-            AlgoChoice::All if bytes <= LL_MAX_BYTES => {
-                vec![Algo::OneShot, Algo::TwoShot, Algo::Ll]
+            AlgoChoice::All => {
+                [Algo::OneShot, Algo::TwoShot].into_iter().chain(lines_up_to(bytes)).collect()
             }
-            AlgoChoice::All => vec![Algo::OneShot, Algo::TwoShot],
         }
     }
 
@@ -175,15 +174,19 @@ fn two_shot(m: &mut Model) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collectives::layout::Path;
+    use crate::collectives::layout::{LL_MAX_BYTES, LL128_MAX_BYTES, Path};
 
     #[test]
     fn algo_picks_by_size_and_path() {
         let a = Allreduce;
         assert_eq!(a.bus_factor(2), 1.0);
         assert_eq!(a.bus_factor(4), 1.5);
-        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES, 4).len(), 3);
-        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1, 4).len(), 2);
+        assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES, 4).len(), 4);
+        assert_eq!(
+            a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1, 4),
+            vec![Algo::OneShot, Algo::TwoShot, Algo::Ll128]
+        );
+        assert_eq!(a.chosen(AlgoChoice::All, LL128_MAX_BYTES + 1, 4).len(), 2);
         assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20, 4), vec![Algo::OneShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 4), vec![Algo::TwoShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 2), vec![Algo::OneShot]);

@@ -100,15 +100,25 @@ pub trait Collective: Sync {
 
 /// The algorithms of an operation that has one shot, LL and LL128
 /// (allgather, reduce-scatter) for `--algo` and a buffer of `bytes`: LL or
-/// LL128 as asked for, LL also with `all` where it runs; any other choice
-/// is the one shot (they have no two-shot, and `auto` never picks lines).
+/// LL128 as asked for, each also with `all` up to where it runs; any other
+/// choice is the one shot (they have no two-shot, and `auto` never picks
+/// lines).
 pub fn one_shot_or_ll(choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
     match choice {
         AlgoChoice::Ll => vec![Algo::Ll],
         AlgoChoice::Ll128 => vec![Algo::Ll128],
-        AlgoChoice::All if bytes <= LL_MAX_BYTES => vec![Algo::OneShot, Algo::Ll],
+        AlgoChoice::All => [Algo::OneShot].into_iter().chain(lines_up_to(bytes)).collect(),
         _ => vec![Algo::OneShot],
     }
+}
+
+/// The line algorithms `--algo all` adds for a buffer of `bytes`: LL up to
+/// [`LL_MAX_BYTES`], LL128 up to [`LL128_MAX_BYTES`].
+pub fn lines_up_to(bytes: u64) -> impl Iterator<Item = Algo> {
+    [(Algo::Ll, LL_MAX_BYTES), (Algo::Ll128, LL128_MAX_BYTES)]
+        .into_iter()
+        .filter(move |&(_, max)| bytes <= max)
+        .map(|(algo, _)| algo)
 }
 
 /// Whether `algo` runs a buffer of `bytes` over `path`: lines need peer
