@@ -52,7 +52,7 @@ def main():
     axes[0].set_ylabel("ours ÷ NCCL, time per call (below 1: ours faster)")
     axes[-1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT, dpi=110)
+    benchlib.save_png(fig, OUT, dpi=110)
 
 
 main()

@@ -57,3 +57,17 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_png(fig, path, dpi):
+    """`fig` written to `path` as a PNG of at most 256 colours (line plots
+    use a handful; a palette PNG is about a third of a full-colour one,
+    which keeps docs/results under its cap)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png")
+    buf.seek(0)
+    Image.open(buf).convert("RGB").quantize(colors=256).save(path, optimize=True)
