@@ -177,8 +177,8 @@ part_coll() {
     c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 1G --dtype f32 --algo "${COLL_ALGO:-all}" --timeout 15 ${COLL_ARGS:-})
     row "coll-${n}r-stream" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)"
     row "coll-${n}r-graph" 0 $d "$(vis "${G[@]:0:n}")" -- "${c[@]}" --port "$(pick_port)" --launch graph
-    # LL128 in a row of its own (not in --algo all until it has run on
-    # GPUs), stream launches, up to where it runs.
+    # LL128 also in a row of its own (--algo all runs it in f32 only):
+    # f32 and bf16, stream launches, up to where it runs.
     row "coll-${n}r-ll128" 0 $((60 + 6 * $(sizes 8 $((4 << 20)) 2))) "$(vis "${G[@]:0:n}")" -- "$BIN/collectives" \
       --ranks "$n" --gpus "$n" -b 8 -e 4M --dtype f32,bf16 --algo ll128 --path store --timeout 15 --port "$(pick_port)"
   done

@@ -69,9 +69,10 @@ impl Collective for Allreduce {
             AlgoChoice::Ll => vec![Algo::Ll],
             AlgoChoice::Ll128 => vec![Algo::Ll128],
             AlgoChoice::Auto => vec![auto_algo(bytes, ranks)],
-            AlgoChoice::All => {
-                [Algo::OneShot, Algo::TwoShot].into_iter().chain(lines_up_to(bytes)).collect()
-            }
+            AlgoChoice::All => [Algo::OneShot, Algo::TwoShot]
+                .into_iter()
+                .chain(lines_up_to(bytes))
+                .collect(),
         }
     }
 

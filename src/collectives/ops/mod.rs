@@ -107,7 +107,10 @@ pub fn one_shot_or_ll(choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
     match choice {
         AlgoChoice::Ll => vec![Algo::Ll],
         AlgoChoice::Ll128 => vec![Algo::Ll128],
-        AlgoChoice::All => [Algo::OneShot].into_iter().chain(lines_up_to(bytes)).collect(),
+        AlgoChoice::All => [Algo::OneShot]
+            .into_iter()
+            .chain(lines_up_to(bytes))
+            .collect(),
         _ => vec![Algo::OneShot],
     }
 }
