@@ -8,9 +8,9 @@
 #
 # Runs both processes on GPU 0, and GPU 0 -> GPU 1 when there are two
 # (--pairs chooses), with `simple_write --mode pair`:
-#   bandwidth, block level, put, store and ll paths:  8 B .. 1 GiB, x2
+#   bandwidth, block level, put, store, ll and ll128 paths:  8 B .. 1 GiB, x2
 #   bandwidth, thread+warp level, put path:           8 B .. 16 MiB, x4   (they teach; slow by nature)
-#   ping-pong, every level, put, store and ll paths:  8 B .. 1 MiB, x8, with the floor row
+#   ping-pong, every level, put, store, ll and ll128 paths:  8 B .. 1 MiB, x8, with the floor row (ll128: warp and block)
 # then bench/crossover.py: the size up to which ll beats the best other path.
 # --mps runs the same-GPU pairs under a private MPS daemon (stopped after),
 # where the two processes' kernels run at once instead of time-slicing.
@@ -44,12 +44,12 @@ if ((MPS)); then
   mps_start || exit 1
 fi
 if ((QUICK)); then
-  RUNS=("bw-block|--levels block --path put,store,ll -b 8 -e 64M -f 8"
-        "pp|--pingpong --levels thread,warp,block --path put,store,ll -b 8 -e 64K -f 8")
+  RUNS=("bw-block|--levels block --path put,store,ll,ll128 -b 8 -e 64M -f 8"
+        "pp|--pingpong --levels thread,warp,block --path put,store,ll,ll128 -b 8 -e 64K -f 8")
 else
-  RUNS=("bw-block|--levels block --path put,store,ll -b 8 -e 1G -f 2"
+  RUNS=("bw-block|--levels block --path put,store,ll,ll128 -b 8 -e 1G -f 2"
         "bw-teach|--levels thread,warp -b 8 -e 16M -f 4"
-        "pp|--pingpong --levels thread,warp,block --path put,store,ll -b 8 -e 1M -f 8")
+        "pp|--pingpong --levels thread,warp,block --path put,store,ll,ll128 -b 8 -e 1M -f 8")
 fi
 fail=0
 for pair in "${PAIRS[@]}"; do
@@ -65,9 +65,10 @@ for pair in "${PAIRS[@]}"; do
   done
 done
 ((MPS)) && mps_stop
-python3 "$ROOT/bench/crossover.py" "$OUT"
+python3 "$ROOT/bench/crossover.py" "$OUT" || { echo "!! bench/crossover.py failed" >&2; fail=1; }
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$ROOT/bench/plot_bench.py" "$OUT" "$OUT/bench.png" && echo "plot: $OUT/bench.png"
+  if python3 "$ROOT/bench/plot_bench.py" "$OUT" "$OUT/bench.png"; then echo "plot: $OUT/bench.png"
+  else echo "!! bench/plot_bench.py failed: no plot" >&2; fail=1; fi
 else
   echo "note: python3 has no matplotlib; no plot (the JSON files hold every figure)" >&2
 fi

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs simple_write's verification matrix on a GPU machine and prints one
 # table: sizes 8 B, 1 MiB and 64 MiB at thread, warp and block level, on
-# all three data paths (nixlPut, stores through nixlGetPtr, LL lines), both processes
+# all four data paths (nixlPut, stores through nixlGetPtr, LL and LL128 lines;
+# LL128 at warp and block level only), both processes
 # on one GPU, and GPU 0 -> GPU 1 when there are two.
 #
 #   bench/gpu-check.sh [--bundle FILE] [--bin DIR] [--nixl-lib DIR] [--sizes "8 1M 64M"]
-#                        [--paths put,store,ll] [--mps] [--out DIR] [-- simple_write options]
+#                        [--paths put,store,ll,ll128] [--mps] [--out DIR] [-- simple_write options]
 #
 #   --mps   the same-GPU rows under a private MPS daemon (scripts/lib/mps.sh)
 #
@@ -18,7 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib/cli.sh
 source "$ROOT/scripts/lib/cli.sh"
 BUNDLE="$ROOT/.gpu/bundle.tar.xz"; BIN=""; NIXL_LIB=""; SIZES="8 1M 64M"; OUT=/tmp/gpu-check
-PATHS=put,store,ll; MPS=0; EXTRA=()
+PATHS=put,store,ll,ll128; MPS=0; EXTRA=()
 while (($#)); do
   case "$1" in
     --bundle) gpu_option "$1" $# "${2-}"; shift 2 ;;

@@ -44,7 +44,7 @@ def bandwidth(ax, ratio_ax, rows, title):
                          if r["level"] == level and r.get("path", "put") == path)
             if not pts:
                 continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLE[path], marker="o", ms=3,
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=STYLE[path], marker="o", ms=3,
                     label=f"{level}, {NAME[path]}")
             # Hollow rings: the row's working set fits in L2 (a cache rate, not HBM's).
             cached = sorted((r["size_bytes"], r["gb_per_s"]) for r in rows
@@ -53,7 +53,7 @@ def bandwidth(ax, ratio_ax, rows, title):
                 ax.plot(*zip(*cached), linestyle="none", marker="o", ms=7, mfc="none", mec="grey")
             rp = [(p[0], p[2]) for p in pts if p[2]]
             if rp and level == "block":
-                ratio_ax.plot(*zip(*rp), STYLE[path], marker="o", ms=3, label=f"block, {path}")
+                ratio_ax.plot(*zip(*rp), linestyle=STYLE[path], marker="o", ms=3, label=f"block, {path}")
     for key, label in (("copy_engine_gbps", "copy engine"), ("nixl_write_gbps", "NIXL host WRITE")):
         pts = sorted({(r["size_bytes"], r["baselines"][key]) for r in rows if r["baselines"].get(key)})
         if pts:
@@ -61,7 +61,7 @@ def bandwidth(ax, ratio_ax, rows, title):
     ax.set(xscale="log", yscale="log", xlabel="bytes per iteration (ringed: fits in L2)", ylabel="GB/s (1e9 B/s)",
            title="bandwidth, " + title)
     ratio_ax.axhline(1.0, color="grey", lw=0.8)
-    ratio_ax.set(xscale="log", xlabel="bytes per iteration", ylabel="put / best baseline", title="ratio, " + title)
+    ratio_ax.set(xscale="log", xlabel="bytes per iteration", ylabel="path ÷ best baseline", title="ratio, " + title)
     for a in (ax, ratio_ax):
         a.grid(True, which="both", alpha=0.3)
         a.legend(fontsize=7)
@@ -73,7 +73,7 @@ def pingpong(ax, rows, title):
             pts = sorted((r["size_bytes"], r["half_rtt"]["p50_ns"] / 1e3) for r in rows
                          if r["level"] == level and r.get("path", "put") == path and r.get("half_rtt"))
             if pts:
-                ax.plot(*zip(*pts), STYLE[path], marker="o", ms=3, label=f"{level}, {path}, p50")
+                ax.plot(*zip(*pts), linestyle=STYLE[path], marker="o", ms=3, label=f"{level}, {path}, p50")
     floors = [r["half_rtt"]["p50_ns"] / 1e3 for r in rows if r.get("path") == "flag" and r.get("half_rtt")]
     if floors:
         ax.axhline(min(floors), color="grey", lw=1, label=f"floor (bare flag) {min(floors):.2f} µs")
