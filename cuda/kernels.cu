@@ -352,15 +352,27 @@ __device__ void ll_copy(uint4 *lines, const uint8_t *from, uint64_t len, uint32_
     }
 }
 
-// The payload of a message of one line (up to 8 bytes) in registers:
-// its two 4-byte halves, zero-padded.
-struct LinePayload {
-    uint32_t lo, hi;
+// A ping-pong's messages are known in advance, so the next one can be read
+// while this one's acknowledgement is awaited (ping_pong's `Ahead`): read()
+// loads message `iter` into registers, send() stores it stamped with `seq`.
+// NoAhead reads inside the round trip (the path's iteration).
+struct NoAhead {
+    static constexpr bool kOn = false;
+    __device__ void read(const WriteParams &, uint32_t) {}
+    __device__ void send(uint8_t *, uint32_t) const {}
 };
-__device__ __forceinline__ LinePayload line_payload(const WriteParams &p, uint32_t iter) {
-    const uint8_t *src = p.src_addr[iter & 1];
-    return LinePayload{tail_word(src, p.size), tail_word(src + 4, int64_t(p.size) - 4)};
-}
+// LL, a message of one line (up to 8 bytes): its two 4-byte halves,
+// zero-padded, stored by the one thread that has the line.
+struct LlAhead {
+    static constexpr bool kOn = true;
+    uint32_t lo = 0, hi = 0;
+    __device__ void read(const WriteParams &p, uint32_t iter) {
+        const uint8_t *src = p.src_addr[iter & 1];
+        lo = tail_word(src, p.size);
+        hi = tail_word(src + 4, int64_t(p.size) - 4);
+    }
+    __device__ void send(uint8_t *dst, uint32_t seq) const { ll_store(reinterpret_cast<uint4 *>(dst), lo, hi, seq); }
+};
 
 // One iteration for one group, LL path: the group's payload as lines
 // stamped with this iteration's seq. Nothing follows: no sync, no fence,
@@ -590,18 +602,19 @@ __device__ bool each_wait_ack(const WriteParams &p, uint64_t target, uint64_t de
 // every row's round trip is timed between the same two clock reads: before
 // the message's first instruction and after its acknowledgement is seen.
 //
-// kAhead (LL, a message of one line): the next message's payload is read
-// while the ack of this one is awaited (a ping-pong's data is known in
-// advance), so a round trip holds the line's store, as the floor's holds
-// the flag's, and not the load before it. The store and put paths read
-// theirs inside the round trip.
-template <nixl_gpu_level_t L, uint32_t P, bool kAhead, bool kS>
+// Ahead (LlAhead, Ll128Ahead: a message of one pass): the next message's
+// payload is read while the ack of this one is awaited, so a round trip
+// holds the lines' stores, as the floor's holds the flag's, and not the
+// loads before them. The store and put paths read theirs inside the round
+// trip (NoAhead).
+template <nixl_gpu_level_t L, uint32_t P, class Ahead, bool kS>
 __device__ void ping_pong(const WriteParams &p, const Path<L, P, kS> &path, uint64_t deadline) {
     const bool timer = threadIdx.x == 0;
     const uint32_t total = p.warmup + p.iters;
     uint64_t c_start = 0;
     Phases ph;
-    LinePayload next = kAhead ? line_payload(p, p.first_iter) : LinePayload{};
+    Ahead next;
+    next.read(p, p.first_iter);
     for (uint32_t i = 0; i < total; ++i) {
         if (i == p.warmup && timer) {
             p.report->t_start_ns = globaltimer_ns();
@@ -611,10 +624,10 @@ __device__ void ping_pong(const WriteParams &p, const Path<L, P, kS> &path, uint
         ph.at = stamp ? p.phase_cycles + 4 * uint64_t(i - p.warmup) : nullptr;
         const uint64_t c0 = clock64();
         if (stamp) ph.at[0] = c0;
-        if (kAhead) {
-            ll_store(reinterpret_cast<uint4 *>(path.dst), next.lo, next.hi, p.first_iter + i + 1);
+        if (Ahead::kOn) {
+            next.send(path.dst, p.first_iter + i + 1);
             ph.at_all();
-            if (i + 1 < total) next = line_payload(p, p.first_iter + i + 1);
+            if (i + 1 < total) next.read(p, p.first_iter + i + 1);
         } else {
             path.iteration(p, p.first_iter + i, ph);
         }
@@ -639,11 +652,7 @@ __device__ void write_signal(const WriteParams &p) {
     const Path<L, P, kSlots> path(p);
     if (!path.usable(p)) return;
     if ((p.flags & WRITE_PINGPONG) && !(p.flags & WRITE_HOST_SEQUENCED)) {
-        // LL128: a warp without a line of the message has nothing to send,
-        // and nothing waits for it (its group's copy meets per warp): it
-        // leaves rather than poll the ack (as ll_ping_pong's threads do).
-        if (P == PATH_LL128 && !ll128_warp_has_lines<L>(p)) return;
-        ping_pong<L, P, false, kSlots>(p, path, deadline);
+        ping_pong<L, P, NoAhead, kSlots>(p, path, deadline);
     } else {
         // Host-sequenced ping-pong is one iteration per launch.
         stream_rounds<L, P>(p, path, deadline);
@@ -672,8 +681,64 @@ __device__ void ll_ping_pong(const WriteParams &p) {
     if (!ll_has_lines<L>(p)) return;
     // A one-line message gets its own copy of the loop, so the payload
     // read ahead does not take registers from the other.
-    if (p.size <= 8) ping_pong<L, PATH_LL, true, false>(p, path, deadline);
-    else ping_pong<L, PATH_LL, false, false>(p, path, deadline);
+    if (p.size <= 8) ping_pong<L, PATH_LL, LlAhead, false>(p, path, deadline);
+    else ping_pong<L, PATH_LL, NoAhead, false>(p, path, deadline);
+}
+
+// LL128, a message whose lines the group's warps store in one pass (at
+// most one quad, four lines, per warp; ll128_copy's first pass): this
+// lane's 16 bytes of its line, the flag half stamped at send().
+template <nixl_gpu_level_t L>
+struct Ll128Ahead {
+    static constexpr bool kOn = true;
+    uint64_t lo = 0, hi = 0;
+    uint64_t at = 0;  // this lane's 16 bytes in the lines
+    bool mine = false, flag = false;  // flag: the lane holds its line's flag
+    __device__ void read(const WriteParams &p, uint32_t iter) {
+        const Layout g = ll128_layout_of<L>(p);
+        const unsigned t = Group<L>::rank(), part = t % LL128_LANES;
+        const uint64_t k = (t / 32) * LL128_WARP_LINES + (t % 32) / LL128_LANES;  // line in the range
+        mine = g.first < g.end && k < min(g.len, g.end - g.first);
+        flag = part == LL128_LANES - 1;
+        const uint8_t *src = p.src_addr[iter & 1];
+        const uint64_t o = (g.first + k) * LL128_PAYLOAD + 16 * part;
+        lo = mine ? payload_word(src, o, p.size) : 0;
+        hi = mine && !flag ? payload_word(src, o + 8, p.size) : 0;
+        at = (g.first + k) * LL128_LINE_BYTES + 16 * part;
+    }
+    __device__ void send(uint8_t *lines, uint32_t seq) const {
+        // The eight lanes of a line store in one instruction (ll128_copy).
+        __syncwarp();
+        if (mine) ll128_store(reinterpret_cast<uint4 *>(lines + at), lo, flag ? ll128_flag(seq) : hi);
+    }
+};
+
+// Whether the group's lines fit one pass of its warps (Ll128Ahead): a
+// ping-pong message of up to 480 bytes a warp, in one range.
+template <nixl_gpu_level_t L>
+__device__ bool ll128_one_pass(const WriteParams &p) {
+    const Layout g = ll128_layout_of<L>(p);
+    return g.first >= g.end ||
+           (g.first + g.step >= g.end && min(g.len, g.end - g.first) <= LL128_WARP_LINES * (Group<L>::size() / 32));
+}
+
+// The LL128 path's spinning ping-pong (nixl_ll128_pingpong_*), kept out of
+// the bandwidth kernels as LL's is: a message of one pass is read ahead.
+template <nixl_gpu_level_t L>
+__device__ void ll128_ping_pong(const WriteParams &p) {
+    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
+    const Path<L, PATH_LL128> path(p);
+    if (!path.usable(p)) return;
+    if (!(p.flags & WRITE_PINGPONG) || (p.flags & WRITE_HOST_SEQUENCED)) {
+        if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_INVALID_PARAM);
+        return;
+    }
+    // A warp without a line of the message has nothing to send, and
+    // nothing waits for it (its group's copy meets per warp): it leaves
+    // rather than poll the ack (warp 0 always has a line).
+    if (!ll128_warp_has_lines<L>(p)) return;
+    if (ll128_one_pass<L>(p)) ping_pong<L, PATH_LL128, Ll128Ahead<L>, false>(p, path, deadline);
+    else ping_pong<L, PATH_LL128, NoAhead, false>(p, path, deadline);
 }
 
 // Put path: nixlPut + nixlAtomicAdd. Every write kernel is bounded to 64
@@ -752,6 +817,16 @@ WRITE_KERNEL nixl_ll_pingpong_warp(WriteParams p) {
 }
 WRITE_KERNEL nixl_ll_pingpong_block(WriteParams p) {
     ll_ping_pong<nixl_gpu_level_t::BLOCK>(p);
+}
+// The thread-level kernel refuses, as nixl_ll128_write_thread does.
+WRITE_KERNEL nixl_ll128_pingpong_thread(WriteParams p) {
+    ll128_ping_pong<nixl_gpu_level_t::THREAD>(p);
+}
+WRITE_KERNEL nixl_ll128_pingpong_warp(WriteParams p) {
+    ll128_ping_pong<nixl_gpu_level_t::WARP>(p);
+}
+WRITE_KERNEL nixl_ll128_pingpong_block(WriteParams p) {
+    ll128_ping_pong<nixl_gpu_level_t::BLOCK>(p);
 }
 // The floor: a bare flag, one thread.
 WRITE_KERNEL nixl_flag_write(WriteParams p) {

@@ -415,6 +415,8 @@ pub struct Kernels {
     write: [[CudaFunction; 3]; 5],
     /// The LL path's spinning ping-pong, by level (`nixl_ll_pingpong_*`).
     ll_pingpong: [CudaFunction; 3],
+    /// The LL128 path's spinning ping-pong, by level (`nixl_ll128_pingpong_*`).
+    ll128_pingpong: [CudaFunction; 3],
     /// `--hbm`: put and store rotating through slots, `[path][level]`.
     write_hbm: [[CudaFunction; 3]; 2],
     wait: CudaFunction,
@@ -455,6 +457,11 @@ impl Kernels {
                 f("nixl_ll_pingpong_thread")?,
                 f("nixl_ll_pingpong_warp")?,
                 f("nixl_ll_pingpong_block")?,
+            ],
+            ll128_pingpong: [
+                f("nixl_ll128_pingpong_thread")?,
+                f("nixl_ll128_pingpong_warp")?,
+                f("nixl_ll128_pingpong_block")?,
             ],
             write_hbm: [
                 [
@@ -519,11 +526,12 @@ impl Kernels {
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
     }
 
-    /// Queues the write + signal kernel: `blocks` × `threads`. An LL
-    /// ping-pong with a spinning wait runs `nixl_ll_pingpong_*`, whose
-    /// shortcuts for small messages are kept out of the bandwidth kernels
-    /// (`cuda/kernels.cu`, `ll_ping_pong`); a put or store round with
-    /// `p.slots > 1` runs the `--hbm` kernels.
+    /// Queues the write + signal kernel: `blocks` × `threads`. An LL or
+    /// LL128 ping-pong with a spinning wait runs `nixl_ll_pingpong_*` or
+    /// `nixl_ll128_pingpong_*`, whose shortcuts for small messages (the next
+    /// message read while the ack is awaited) are kept out of the bandwidth
+    /// kernels (`cuda/kernels.cu`, `ll_ping_pong`); a put or store round
+    /// with `p.slots > 1` runs the `--hbm` kernels.
     ///
     /// # Safety
     /// The views, ack word and report in `p` must stay valid until the
@@ -539,6 +547,7 @@ impl Kernels {
         let spinning_pingpong = p.flags & (WRITE_PINGPONG | WRITE_HOST_SEQUENCED) == WRITE_PINGPONG;
         let f = match path {
             WritePath::Data(Path::Ll) if spinning_pingpong => &self.ll_pingpong[level as usize],
+            WritePath::Data(Path::Ll128) if spinning_pingpong => &self.ll128_pingpong[level as usize],
             WritePath::Data(Path::Put | Path::Store) if p.slots > 1 => {
                 &self.write_hbm[path.code() as usize][level as usize]
             }
