@@ -1114,11 +1114,51 @@ __device__ bool block_wait_ll128(const WaitParams &p, uint32_t seq, uint64_t dea
     return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
 }
 
-// The target on the LL128 path (line_rounds), in bandwidth and ping-pong
-// rounds alike: the last iteration's lines are copied as read, after the
-// lines, for the host to check (block_wait_ll128's `keep`).
-extern "C" __global__ void __launch_bounds__(1024) nixl_ll128_wait(WaitParams p) {
-    line_rounds(p, [&](uint32_t seq, uint64_t deadline, bool last, auto) {
+// Ping-pong, at most one quad (four lines) a warp: each lane polls its 16
+// bytes of its line with one load, the flag lane tells the line's other
+// seven (a shuffle), and the warp polls until its lines are current, as
+// wait_own_line does for LL. A lane past the last line polls the last line
+// too (the same address, so the warp keeps one request per poll). With
+// `keep`, as block_wait_ll128's.
+__device__ bool wait_own_quad(const WaitParams &p, uint32_t seq, uint64_t deadline, bool keep) {
+    const uint64_t n = p.line_count;
+    const unsigned lane = threadIdx.x % 32, part = lane % LL128_LANES;
+    const uint64_t k = uint64_t(threadIdx.x / 32) * LL128_WARP_LINES + lane / LL128_LANES;
+    const bool holds_flag = part == LL128_LANES - 1;
+    uint8_t *lines = const_cast<uint8_t *>(reinterpret_cast<const uint8_t *>(p.lines));
+    const uint64_t at = min(k, n - 1) * LL128_LINE_BYTES + 16 * part;
+    uint64_t lo, hi;
+    ll128_load(reinterpret_cast<const uint4 *>(lines + at), lo, hi);
+    bool got = __shfl_sync(~0u, !holds_flag || ll128_ready(hi, seq), lane | (LL128_LANES - 1));
+    bool ok = true;
+    for (uint32_t polls = 1; !__all_sync(~0u, got); ++polls) {
+        const uint32_t why = (polls & 63) == 0 ? wait_expired(p.report, deadline) : 0;
+        if (__any_sync(~0u, why != 0)) {
+            if (!got && holds_flag) record_ll128_expired(p.report, why != 0 ? why : 1, hi);
+            ok = false;
+            break;
+        }
+        if (!got) ll128_load(reinterpret_cast<const uint4 *>(lines + at), lo, hi);
+        got = __shfl_sync(~0u, !holds_flag || ll128_ready(hi, seq), lane | (LL128_LANES - 1));
+    }
+    if (ok && keep && k < n) ll128_store(reinterpret_cast<uint4 *>(lines + n * LL128_LINE_BYTES + at), lo, hi);
+    return blockDim.x > 32 ? __syncthreads_and(ok) : ok;
+}
+
+// The target on the LL128 path (line_rounds): the last iteration's lines
+// are copied as read, after the lines, for the host to check (`keep`).
+// Bandwidth rounds wait in nixl_ll128_wait (block_wait_ll128); ping-pong
+// rounds in nixl_ll128_pong_wait, where each warp polls its own quad
+// (wait_own_quad) when the message has no more (two kernels, as LL's).
+template <bool kOwnQuad>
+__device__ void ll128_wait(const WaitParams &p) {
+    const bool own = kOwnQuad && p.line_count <= uint64_t(blockDim.x / 32) * LL128_WARP_LINES;
+    line_rounds(p, [&](uint32_t seq, uint64_t deadline, bool last, auto pong) {
+        if constexpr (kOwnQuad && decltype(pong)::value) {
+            if (own) return wait_own_quad(p, seq, deadline, last);
+        }
         return block_wait_ll128(p, seq, deadline, last);
     });
 }
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll128_wait(WaitParams p) { ll128_wait<false>(p); }
+extern "C" __global__ void __launch_bounds__(1024) nixl_ll128_pong_wait(WaitParams p) { ll128_wait<true>(p); }

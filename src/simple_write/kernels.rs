@@ -423,8 +423,10 @@ pub struct Kernels {
     ll_wait: CudaFunction,
     /// The LL target's wait in ping-pong rounds (`nixl_ll_pong_wait`).
     ll_pong_wait: CudaFunction,
-    /// The LL128 target's wait, every round (`nixl_ll128_wait`).
+    /// The LL128 target's wait in bandwidth rounds (`nixl_ll128_wait`).
     ll128_wait: CudaFunction,
+    /// The LL128 target's wait in ping-pong rounds (`nixl_ll128_pong_wait`).
+    ll128_pong_wait: CudaFunction,
     stamp: CudaFunction,
     ack: CudaFunction,
 }
@@ -479,6 +481,7 @@ impl Kernels {
             ll_wait: f("nixl_ll_wait")?,
             ll_pong_wait: f("nixl_ll_pong_wait")?,
             ll128_wait: f("nixl_ll128_wait")?,
+            ll128_pong_wait: f("nixl_ll128_pong_wait")?,
             stamp: f("nixl_stamp")?,
             ack: f("nixl_ack")?,
             _module: module,
@@ -571,9 +574,9 @@ impl Kernels {
     }
 
     /// Queues the target's wait on `path`'s lines (LL or LL128): one block
-    /// of `threads` threads polling them (at most 1024); on the LL path
-    /// `nixl_ll_pong_wait` when `p.pong`, where each thread polls its own
-    /// line, on the LL128 path `nixl_ll128_wait` always.
+    /// of `threads` threads polling them (at most 1024); when `p.pong`,
+    /// `nixl_ll_pong_wait` or `nixl_ll128_pong_wait`, where each thread
+    /// (LL128: each warp) polls its own line (quad) of a small message.
     ///
     /// # Safety
     /// As for [`Kernels::launch_write`]; `p.lines` must hold
@@ -588,7 +591,8 @@ impl Kernels {
         // Whole warps: the kernel's lanes vote together (it refuses others).
         let threads = threads.clamp(1, 1024).next_multiple_of(32);
         let f = match (path, p.pong != 0) {
-            (Path::Ll128, _) => &self.ll128_wait,
+            (Path::Ll128, true) => &self.ll128_pong_wait,
+            (Path::Ll128, false) => &self.ll128_wait,
             (_, true) => &self.ll_pong_wait,
             (_, false) => &self.ll_wait,
         };
