@@ -78,10 +78,10 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Every script of scripts/, bench/ and bench/nvshmem/ (not scripts/lib/),
-/// as a path from the repository's root.
+/// Every script of scripts/, bench/, bench/nvshmem/ and bench/link-ceiling/
+/// (not scripts/lib/), as a path from the repository's root.
 fn scripts() -> Vec<String> {
-    let mut v: Vec<String> = ["scripts", "bench", "bench/nvshmem"]
+    let mut v: Vec<String> = ["scripts", "bench", "bench/nvshmem", "bench/link-ceiling"]
         .iter()
         .filter_map(|d| Some((d, std::fs::read_dir(root().join(d)).ok()?)))
         .flat_map(|(d, entries)| {

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds bench/link-ceiling/link_ceiling.cu, what SMs can push over the link
+# between two GPUs beside the copy engine (16-byte stores, streaming stores,
+# the SM's bulk-copy engine), on a machine with nvcc; the binary runs on a
+# GPU machine without it (CUDA runtime static):
+#
+#   bench/link-ceiling/build.sh [--out DIR] [--arch SM]
+#   DIR/link_ceiling          # on a machine with two GPUs; prints one table
+#
+#   --out DIR   output folder (created; default <repo>/.gpu-link-ceiling)
+#   --arch SM   compute capability without the dot (default 90: H100/H200;
+#               the bulk copy needs 90 or newer)
+#
+# Looks for nvcc in: $NVCC, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin, the
+# repo's .venv (PyPI nvidia/cu13). Exits 1 saying what is missing, 2 on a
+# bad option.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+# shellcheck source=../../scripts/lib/cli.sh
+source "$root/scripts/lib/cli.sh"
+fail() { echo "link-ceiling-build: error: $*" >&2; exit 1; }
+
+out=$root/.gpu-link-ceiling
+arch=90
+while (($#)); do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --out) need_value "$1" $#; out=$2; shift 2 ;;
+    --arch) need_value "$1" $#; arch=$2; shift 2 ;;
+    *) bad_option "$1" ;;
+  esac
+done
+[[ $arch =~ ^[0-9]+$ ]] || { echo "link-ceiling-build: --arch '$arch': want a number such as 90" >&2; exit 2; }
+
+site=$(compgen -G "$root/.venv/lib/python3*/site-packages" | head -1 || true)
+nvcc=
+for cand in "${NVCC:-}" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" "$(command -v nvcc || true)" \
+  /usr/local/cuda/bin/nvcc "${site:+$site/nvidia/cu13/bin/nvcc}"; do
+  if [[ -n $cand && -x $cand ]]; then nvcc=$cand; break; fi
+done
+[[ -n $nvcc ]] || fail "nvcc not found (set NVCC or CUDA_HOME, or install the PyPI CUDA 13 toolkit into .venv)"
+command -v "${CXX:-g++}" >/dev/null || fail "no host C++ compiler (g++) for nvcc"
+# The PyPI toolkit keeps libcudart_static.a in ../lib, where nvcc does not look.
+cudalib=()
+for d in "$(dirname "$nvcc")/../lib64" "$(dirname "$nvcc")/../lib"; do
+  [[ -f $d/libcudart_static.a ]] && cudalib+=(-L "$(cd "$d" && pwd)")
+done
+mkdir -p "$out"
+"$nvcc" -O3 -std=c++17 -gencode "arch=compute_$arch,code=sm_$arch" -o "$out/link_ceiling" \
+  "$here/link_ceiling.cu" ${cudalib[@]+"${cudalib[@]}"} || fail "nvcc failed"
+echo "link-ceiling-build: built $out/link_ceiling" >&2
