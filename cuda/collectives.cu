@@ -77,15 +77,18 @@ struct CollParams {
     uint32_t algo;
     uint32_t path;
     uint32_t dtype;
-    uint32_t same_gpu;  // 1: every rank runs on this GPU, GPU-scope ordering suffices
-    uint32_t reserved;
-    const uint64_t *peer_ptrs;  // [rank]: nixlGetPtr of each peer's window, looked up once; or null
+    uint32_t same_gpu;      // 1: every rank runs on this GPU, GPU-scope ordering suffices
+    uint32_t has_peer_ptr;  // 1: peer_ptr holds the members' windows (looked up once per session)
     // Elastic runs (step == 0: a fixed run, every wait fatal after timeout_ns).
     uint64_t off_abort;          // the abort slots, [rank]: the last step that rank abandoned
     uint64_t step;               // this call's step, from 1
     uint64_t fault_timeout_ns;   // a wait on a rank masks it after this long
     uint64_t *abort_sent;        // [rank]: the last step this rank's abort reached that rank (put path)
     uint8_t members[COLL_MAX_RANKS];  // [index]: the member's rank
+    // [index]: member i's window as nixlGetPtr gave it, in the parameters
+    // themselves: a call reads them from the constant bank, not with a
+    // load from device memory before its first store.
+    uint64_t peer_ptr[COLL_MAX_RANKS];
 };
 
 // Begins with the suite's KernelReport, so gpu::run::run_watched zeroes it,
@@ -147,8 +150,8 @@ struct CollVerify {
     uint32_t reserved;
 };
 
-static_assert(sizeof(CollParams) == 200, "CollParams layout is shared with the host");
-static_assert(offsetof(CollParams, members) == 184, "CollParams layout is shared with the host");
+static_assert(sizeof(CollParams) == 320, "CollParams layout is shared with the host");
+static_assert(offsetof(CollParams, members) == 176, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
 static_assert(sizeof(CollTiming) == 64, "CollTiming layout is shared with the host");
 static_assert(sizeof(CollReport) == 96, "CollReport layout is shared with the host");
@@ -203,8 +206,8 @@ __device__ void raise_abort(const CollParams &p, uint32_t gone) {
         const uint32_t d = rank_of(p, i);
         if (i == p.rank || d == gone) continue;
         if (p.path == COLL_PATH_STORE) {
-            uint8_t *w = p.peer_ptrs != nullptr ? reinterpret_cast<uint8_t *>(p.peer_ptrs[d])
-                                                : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            uint8_t *w = p.has_peer_ptr ? reinterpret_cast<uint8_t *>(p.peer_ptr[i])
+                                        : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
             if (w != nullptr) release_store(reinterpret_cast<uint64_t *>(w + slot), p.step, false);
         } else {
             const nixlMemViewElem counter{p.remote_mvh, d, slot};
@@ -308,8 +311,8 @@ __device__ void peers_setup(const CollParams &p, Peers &b) {
         } else if (p.path == COLL_PATH_STORE) {
             // The session looked the pointers up once (coll_probe_ptrs):
             // nixlGetPtr walks the view in device memory, ~0.5 µs a call.
-            ptr = p.peer_ptrs != nullptr ? reinterpret_cast<uint8_t *>(p.peer_ptrs[d])
-                                         : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            ptr = p.has_peer_ptr ? reinterpret_cast<uint8_t *>(p.peer_ptr[i])
+                                 : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
             if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
         }
         b.ptr[i] = ptr;

@@ -61,10 +61,9 @@ pub struct CollParams {
     pub dtype: u32,
     /// 1 when every rank runs on this GPU: fences and signals at GPU scope.
     pub same_gpu: u32,
-    pub reserved: u32,
-    /// `[rank]` u64: every peer's window as `nixlGetPtr` gave it, looked
-    /// up once per session (0: the kernel calls `nixlGetPtr` itself).
-    pub peer_ptrs: u64,
+    /// 1: `peer_ptr` holds the members' windows (the store path, looked up
+    /// once per session); 0: the kernel calls `nixlGetPtr` itself.
+    pub has_peer_ptr: u32,
     /// The abort slots in the window, `[rank]` u64: the last step that rank
     /// abandoned (elastic runs).
     pub off_abort: u64,
@@ -79,6 +78,10 @@ pub struct CollParams {
     /// `[index]`: member `i` is rank `members[i]` (its window, flag slots and
     /// receive rows); chunks and output slots follow the index.
     pub members: [u8; MAX_RANKS as usize],
+    /// `[index]`: member `i`'s window as `nixlGetPtr` gave it (with
+    /// `has_peer_ptr`), passed by value so that a call reads it from the
+    /// kernel's parameters instead of loading it from device memory.
+    pub peer_ptr: [u64; MAX_RANKS as usize],
 }
 
 /// `CollReport`: what went wrong in a call. It begins with the suite's
@@ -207,8 +210,8 @@ pub struct CollVerify {
 }
 
 const _: () = {
-    assert!(size_of::<CollParams>() == 200);
-    assert!(std::mem::offset_of!(CollParams, members) == 184);
+    assert!(size_of::<CollParams>() == 320);
+    assert!(std::mem::offset_of!(CollParams, members) == 176);
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
     assert!(size_of::<CollTiming>() == 64);
     assert!(size_of::<CollReport>() == 96);

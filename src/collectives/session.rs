@@ -164,8 +164,8 @@ pub struct Session {
     gates: Cell<u64>,
     /// Every peer's window as `nixlGetPtr` gives it (store path), looked
     /// up by [`Session::check_pointers`] (an elastic run: again whenever
-    /// its members change, [`Session::probe_members`]).
-    ptrs: Option<DeviceBuffer>,
+    /// its members change, [`Session::probe_members`]), by rank.
+    ptrs: Option<Vec<u64>>,
     corrupted: Cell<bool>,
 }
 
@@ -264,15 +264,15 @@ impl Session {
     }
 
     /// `nixlGetPtr` of the window of every rank in `ranks` (connected), 1
-    /// for this rank, 0 for the others: returns the pointers and the ranks
-    /// of `ranks` it gave none for.
-    fn probe(&self, ctx: &Context, ranks: &BTreeSet<u32>) -> Result<(DeviceBuffer, Vec<u32>)> {
+    /// for this rank, 0 for the others: returns the pointers (by rank) and
+    /// the ranks of `ranks` it gave none for.
+    fn probe(&self, ctx: &Context, ranks: &BTreeSet<u32>) -> Result<(Vec<u64>, Vec<u32>)> {
         let (g, remote) = (ctx.group, self.net.views().remote);
         let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
         let wanted = ranks.iter().fold(0u64, |m, &r| m | 1u64 << r);
         if remote == 0 {
             return Ok((
-                probe,
+                vec![0; g.world as usize],
                 ranks.iter().copied().filter(|&r| r != g.rank).collect(),
             ));
         }
@@ -289,12 +289,12 @@ impl Session {
             .copied()
             .filter(|&r| raw[r as usize] == 0)
             .collect();
-        Ok((probe, none))
+        Ok((raw, none))
     }
 
     /// The store path needs every peer's window mapped into ours; every rank
     /// learns whether all can, so all stop together with the same message.
-    /// The pointers are kept for the kernels (`CollParams::peer_ptrs`).
+    /// The pointers are kept for the kernels (`CollParams::peer_ptr`).
     pub fn check_pointers(&mut self, ctx: &Context) -> Result<()> {
         let g = ctx.group;
         let (ptrs, unreachable) = self.probe(ctx, &(0..g.world).collect())?;
@@ -431,14 +431,26 @@ impl Session {
             path: case.path.code(),
             dtype: case.dtype.code(),
             same_gpu: u32::from(v.same_gpu),
-            reserved: 0,
-            peer_ptrs: self.ptrs.as_ref().map_or(0, |b| b.addr()),
+            has_peer_ptr: u32::from(self.ptrs.is_some()),
             off_abort: self.layout.abort,
             step: v.step,
             fault_timeout_ns: v.fault_timeout_ns,
             abort_sent: self.abort_sent.addr(),
             members: v.members,
+            peer_ptr: self.peer_ptr(v.members, v.ranks),
         }
+    }
+
+    /// `CollParams::peer_ptr`: the window of each of the call's members
+    /// (index order), or zeros where the session has no pointers.
+    fn peer_ptr(&self, members: [u8; MAX_RANKS as usize], ranks: u32) -> [u64; MAX_RANKS as usize] {
+        let mut out = [0u64; MAX_RANKS as usize];
+        if let Some(ptrs) = &self.ptrs {
+            for (o, &r) in out.iter_mut().zip(&members).take(ranks as usize) {
+                *o = ptrs.get(usize::from(r)).copied().unwrap_or(0);
+            }
+        }
+        out
     }
 
     fn data(&self, ctx: &Context, case: &Case, input: u64, output: u64, call: u64) -> CollData {
