@@ -377,7 +377,7 @@ struct LlAhead {
 // One iteration for one group, LL path: the group's payload as lines
 // stamped with this iteration's seq. Nothing follows: no sync, no fence,
 // no signal; the lines are the signal. (A spinning ping-pong takes
-// shorter ways: ll_ping_pong below.)
+// shorter ways: line_ping_pong below.)
 template <nixl_gpu_level_t L>
 __device__ void ll_write(const WriteParams &p, uint32_t iter, uint4 *lines) {
     const Layout at = layout_of<L>(p);
@@ -659,32 +659,6 @@ __device__ void write_signal(const WriteParams &p) {
     }
 }
 
-// The LL path's spinning ping-pong has kernels of its own
-// (nixl_ll_pingpong_*), with the shortcuts for small messages. Built into
-// write_signal, the same shortcuts changed how the bandwidth kernels' copy
-// loop compiled (its source unchanged), and LL lost a third of its
-// bandwidth at 16-64 MiB on an H200. The host picks the kernel
-// (Kernels::launch_write).
-template <nixl_gpu_level_t L>
-__device__ void ll_ping_pong(const WriteParams &p) {
-    const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    const Path<L, PATH_LL> path(p);
-    if (!path.usable(p)) return;
-    if (!(p.flags & WRITE_PINGPONG) || (p.flags & WRITE_HOST_SEQUENCED)) {
-        // Spinning ping-pong only: the host launched the wrong kernel.
-        if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_INVALID_PARAM);
-        return;
-    }
-    // A thread without a line of the message has nothing to send, and no
-    // barrier waits for it: it leaves rather than poll the ack beside the
-    // one that times (thread 0 always has a line).
-    if (!ll_has_lines<L>(p)) return;
-    // A one-line message gets its own copy of the loop, so the payload
-    // read ahead does not take registers from the other.
-    if (p.size <= 8) ping_pong<L, PATH_LL, LlAhead, false>(p, path, deadline);
-    else ping_pong<L, PATH_LL, NoAhead, false>(p, path, deadline);
-}
-
 // LL128, a message whose lines the group's warps store in one pass (at
 // most one quad, four lines, per warp; ll128_copy's first pass): this
 // lane's 16 bytes of its line, the flag half stamped at send().
@@ -722,23 +696,36 @@ __device__ bool ll128_one_pass(const WriteParams &p) {
            (g.first + g.step >= g.end && min(g.len, g.end - g.first) <= LL128_WARP_LINES * (Group<L>::size() / 32));
 }
 
-// The LL128 path's spinning ping-pong (nixl_ll128_pingpong_*), kept out of
-// the bandwidth kernels as LL's is: a message of one pass is read ahead.
-template <nixl_gpu_level_t L>
-__device__ void ll128_ping_pong(const WriteParams &p) {
+// The line paths' spinning ping-pong has kernels of its own
+// (nixl_ll_pingpong_*, nixl_ll128_pingpong_*), with the shortcuts for
+// small messages. Built into write_signal, the same shortcuts changed how
+// the bandwidth kernels' copy loop compiled (its source unchanged), and LL
+// lost a third of its bandwidth at 16-64 MiB on an H200. The host picks
+// the kernel (Kernels::launch_write).
+template <nixl_gpu_level_t L, uint32_t P>
+__device__ void line_ping_pong(const WriteParams &p) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
-    const Path<L, PATH_LL128> path(p);
+    const Path<L, P> path(p);
     if (!path.usable(p)) return;
     if (!(p.flags & WRITE_PINGPONG) || (p.flags & WRITE_HOST_SEQUENCED)) {
+        // Spinning ping-pong only: the host launched the wrong kernel.
         if (threadIdx.x == 0 && blockIdx.x == 0) record_status(p.report, NIXL_ERR_INVALID_PARAM);
         return;
     }
-    // A warp without a line of the message has nothing to send, and
-    // nothing waits for it (its group's copy meets per warp): it leaves
-    // rather than poll the ack (warp 0 always has a line).
-    if (!ll128_warp_has_lines<L>(p)) return;
-    if (ll128_one_pass<L>(p)) ping_pong<L, PATH_LL128, Ll128Ahead<L>, false>(p, path, deadline);
-    else ping_pong<L, PATH_LL128, NoAhead, false>(p, path, deadline);
+    // A thread (LL128: a warp) without a line of the message has nothing
+    // to send, and nothing waits for it: it leaves rather than poll the
+    // ack beside the one that times (thread 0 always has a line). A
+    // message read ahead gets its own copy of the loop, so the payload in
+    // registers does not take them from the other.
+    if constexpr (P == PATH_LL) {
+        if (!ll_has_lines<L>(p)) return;
+        if (p.size <= 8) ping_pong<L, P, LlAhead, false>(p, path, deadline);
+        else ping_pong<L, P, NoAhead, false>(p, path, deadline);
+    } else {
+        if (!ll128_warp_has_lines<L>(p)) return;
+        if (ll128_one_pass<L>(p)) ping_pong<L, P, Ll128Ahead<L>, false>(p, path, deadline);
+        else ping_pong<L, P, NoAhead, false>(p, path, deadline);
+    }
 }
 
 // Put path: nixlPut + nixlAtomicAdd. Every write kernel is bounded to 64
@@ -810,23 +797,23 @@ WRITE_KERNEL nixl_ll128_write_block(WriteParams p) {
     write_signal<nixl_gpu_level_t::BLOCK, PATH_LL128>(p);
 }
 WRITE_KERNEL nixl_ll_pingpong_thread(WriteParams p) {
-    ll_ping_pong<nixl_gpu_level_t::THREAD>(p);
+    line_ping_pong<nixl_gpu_level_t::THREAD, PATH_LL>(p);
 }
 WRITE_KERNEL nixl_ll_pingpong_warp(WriteParams p) {
-    ll_ping_pong<nixl_gpu_level_t::WARP>(p);
+    line_ping_pong<nixl_gpu_level_t::WARP, PATH_LL>(p);
 }
 WRITE_KERNEL nixl_ll_pingpong_block(WriteParams p) {
-    ll_ping_pong<nixl_gpu_level_t::BLOCK>(p);
+    line_ping_pong<nixl_gpu_level_t::BLOCK, PATH_LL>(p);
 }
 // The thread-level kernel refuses, as nixl_ll128_write_thread does.
 WRITE_KERNEL nixl_ll128_pingpong_thread(WriteParams p) {
-    ll128_ping_pong<nixl_gpu_level_t::THREAD>(p);
+    line_ping_pong<nixl_gpu_level_t::THREAD, PATH_LL128>(p);
 }
 WRITE_KERNEL nixl_ll128_pingpong_warp(WriteParams p) {
-    ll128_ping_pong<nixl_gpu_level_t::WARP>(p);
+    line_ping_pong<nixl_gpu_level_t::WARP, PATH_LL128>(p);
 }
 WRITE_KERNEL nixl_ll128_pingpong_block(WriteParams p) {
-    ll128_ping_pong<nixl_gpu_level_t::BLOCK>(p);
+    line_ping_pong<nixl_gpu_level_t::BLOCK, PATH_LL128>(p);
 }
 // The floor: a bare flag, one thread.
 WRITE_KERNEL nixl_flag_write(WriteParams p) {
@@ -1031,7 +1018,7 @@ __device__ void ll_wait(const WaitParams &p) {
 // Bandwidth rounds wait in nixl_ll_wait (block_wait_lines); ping-pong
 // rounds in nixl_ll_pong_wait, where each thread polls its own line
 // (wait_own_line) when there are no more lines than threads. Two kernels
-// for the reason the writers have two (ll_ping_pong above).
+// for the reason the writers have two (line_ping_pong above).
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll_wait(WaitParams p) { ll_wait<false>(p); }
 extern "C" __global__ void __launch_bounds__(1024) nixl_ll_pong_wait(WaitParams p) { ll_wait<true>(p); }
 

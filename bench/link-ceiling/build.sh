@@ -20,6 +20,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # shellcheck source=../../scripts/lib/cli.sh
 source "$root/scripts/lib/cli.sh"
+# shellcheck source=../../scripts/lib/nvcc.sh
+source "$root/scripts/lib/nvcc.sh"
 fail() { echo "link-ceiling-build: error: $*" >&2; exit 1; }
 
 out=$root/.gpu-link-ceiling
@@ -34,19 +36,11 @@ while (($#)); do
 done
 [[ $arch =~ ^[0-9]+$ ]] || { echo "link-ceiling-build: --arch '$arch': want a number such as 90" >&2; exit 2; }
 
-site=$(compgen -G "$root/.venv/lib/python3*/site-packages" | head -1 || true)
-nvcc=
-for cand in "${NVCC:-}" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" "$(command -v nvcc || true)" \
-  /usr/local/cuda/bin/nvcc "${site:+$site/nvidia/cu13/bin/nvcc}"; do
-  if [[ -n $cand && -x $cand ]]; then nvcc=$cand; break; fi
-done
+nvcc=$(find_nvcc "$root")
 [[ -n $nvcc ]] || fail "nvcc not found (set NVCC or CUDA_HOME, or install the PyPI CUDA 13 toolkit into .venv)"
 command -v "${CXX:-g++}" >/dev/null || fail "no host C++ compiler (g++) for nvcc"
-# The PyPI toolkit keeps libcudart_static.a in ../lib, where nvcc does not look.
-cudalib=()
-for d in "$(dirname "$nvcc")/../lib64" "$(dirname "$nvcc")/../lib"; do
-  [[ -f $d/libcudart_static.a ]] && cudalib+=(-L "$(cd "$d" && pwd)")
-done
+# shellcheck disable=SC2207  # "-L DIR" pairs, no spaces in them
+cudalib=($(cuda_lib_dirs "$nvcc" libcudart_static.a))
 mkdir -p "$out"
 "$nvcc" -O3 -std=c++17 -gencode "arch=compute_$arch,code=sm_$arch" -o "$out/link_ceiling" \
   "$here/link_ceiling.cu" ${cudalib[@]+"${cudalib[@]}"} || fail "nvcc failed"

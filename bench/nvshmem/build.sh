@@ -26,6 +26,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # shellcheck source=../../scripts/lib/cli.sh
 source "$root/scripts/lib/cli.sh"
+# shellcheck source=../../scripts/lib/nvcc.sh
+source "$root/scripts/lib/nvcc.sh"
 log() { echo "nvshmem-build: $*" >&2; }
 fail() { echo "nvshmem-build: error: $*" >&2; exit 1; }
 
@@ -43,11 +45,7 @@ while (($#)); do
 done
 
 site=$(compgen -G "$root/.venv/lib/python3*/site-packages" | head -1 || true)
-nvcc=
-for cand in "${NVCC:-}" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" "$(command -v nvcc || true)" \
-  /usr/local/cuda/bin/nvcc "${site:+$site/nvidia/cu13/bin/nvcc}"; do
-  if [[ -n $cand && -x $cand ]]; then nvcc=$cand; break; fi
-done
+nvcc=$(find_nvcc "$root")
 [[ -n $nvcc ]] || fail "nvcc not found (set NVCC or CUDA_HOME, or install the PyPI CUDA 13 toolkit into .venv)"
 
 nvshmem=
@@ -65,11 +63,8 @@ log "nvcc: $nvcc ($("$nvcc" --version | tail -1))"
 log "NVSHMEM $version: $nvshmem"
 log "arch sm_$arch -> $out"
 mkdir -p "$out"
-# The PyPI toolkit keeps libcudart_static.a / libcudadevrt.a in ../lib, where nvcc does not look.
-cudalib=()
-for d in "$(dirname "$nvcc")/../lib64" "$(dirname "$nvcc")/../lib"; do
-  [[ -f $d/libcudadevrt.a ]] && cudalib+=(-L "$(cd "$d" && pwd)")
-done
+# shellcheck disable=SC2207  # "-L DIR" pairs, no spaces in them
+cudalib=($(cuda_lib_dirs "$nvcc" libcudadevrt.a))
 
 # -rdc=true: NVSHMEM's device API lives in libnvshmem_device.a and is device-linked in.
 # $ORIGIN/lib comes after LD_LIBRARY_PATH (RUNPATH), for a --bundle-libs copy.

@@ -533,7 +533,7 @@ impl Kernels {
     /// LL128 ping-pong with a spinning wait runs `nixl_ll_pingpong_*` or
     /// `nixl_ll128_pingpong_*`, whose shortcuts for small messages (the next
     /// message read while the ack is awaited) are kept out of the bandwidth
-    /// kernels (`cuda/kernels.cu`, `ll_ping_pong`); a put or store round
+    /// kernels (`cuda/kernels.cu`, `line_ping_pong`); a put or store round
     /// with `p.slots > 1` runs the `--hbm` kernels.
     ///
     /// # Safety
