@@ -1139,7 +1139,7 @@ __device__ bool wait_own_quad(const WaitParams &p, uint32_t seq, uint64_t deadli
 // (wait_own_quad) when the message has no more (two kernels, as LL's).
 template <bool kOwnQuad>
 __device__ void ll128_wait(const WaitParams &p) {
-    const bool own = kOwnQuad && p.line_count <= uint64_t(blockDim.x / 32) * LL128_WARP_LINES;
+    const bool own = kOwnQuad && p.line_count > 0 && p.line_count <= uint64_t(blockDim.x / 32) * LL128_WARP_LINES;
     line_rounds(p, [&](uint32_t seq, uint64_t deadline, bool last, auto pong) {
         if constexpr (kOwnQuad && decltype(pong)::value) {
             if (own) return wait_own_quad(p, seq, deadline, last);
