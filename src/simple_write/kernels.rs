@@ -550,7 +550,9 @@ impl Kernels {
         let spinning_pingpong = p.flags & (WRITE_PINGPONG | WRITE_HOST_SEQUENCED) == WRITE_PINGPONG;
         let f = match path {
             WritePath::Data(Path::Ll) if spinning_pingpong => &self.ll_pingpong[level as usize],
-            WritePath::Data(Path::Ll128) if spinning_pingpong => &self.ll128_pingpong[level as usize],
+            WritePath::Data(Path::Ll128) if spinning_pingpong => {
+                &self.ll128_pingpong[level as usize]
+            }
             WritePath::Data(Path::Put | Path::Store) if p.slots > 1 => {
                 &self.write_hbm[path.code() as usize][level as usize]
             }
