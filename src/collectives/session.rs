@@ -268,14 +268,14 @@ impl Session {
     /// the ranks of `ranks` it gave none for.
     fn probe(&self, ctx: &Context, ranks: &BTreeSet<u32>) -> Result<(Vec<u64>, Vec<u32>)> {
         let (g, remote) = (ctx.group, self.net.views().remote);
-        let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
-        let wanted = ranks.iter().fold(0u64, |m, &r| m | 1u64 << r);
         if remote == 0 {
             return Ok((
                 vec![0; g.world as usize],
                 ranks.iter().copied().filter(|&r| r != g.rank).collect(),
             ));
         }
+        let probe = DeviceBuffer::zeroed(&ctx.gpu.ctx, 8 * g.world as usize)?;
+        let wanted = ranks.iter().fold(0u64, |m, &r| m | 1u64 << r);
         // SAFETY: the view is live, its elements of `ranks` are connected;
         // the probe buffer holds `world` u64.
         unsafe {
