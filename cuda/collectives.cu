@@ -50,7 +50,7 @@ constexpr uint64_t COLL_ALIGN_ELEMS = 8;
 // record, the algorithm of a call: the call's kernel entry already is one
 // operation's algorithm (COLL_ENTRY below).
 enum : uint32_t { COLL_ALLREDUCE = 0, COLL_ALLGATHER = 1, COLL_REDUCE_SCATTER = 2 };
-enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1, COLL_LL = 2, COLL_LL128 = 3 };
+enum : uint32_t { COLL_ONE_SHOT = 0, COLL_TWO_SHOT = 1, COLL_LL = 2, COLL_LL128 = 3, COLL_TWO_SHOT_LL128 = 4 };
 enum : uint32_t { COLL_PATH_PUT = 0, COLL_PATH_STORE = 1 };
 enum : uint32_t { COLL_F32 = 0, COLL_BF16 = 1 };
 
@@ -267,30 +267,62 @@ __device__ bool coll_wait(const CollParams &p, const uint64_t *slot, uint64_t ta
 
 // --------------------------------------------------------------- copying
 
-// The block copies `bytes` (a multiple of 2): 16-byte vectors, four in
-// flight per thread, when both ends are aligned; 2-byte words otherwise.
+// The 16 bytes at `p`, which needs only be 2-byte aligned: the aligned
+// vector holding p and, where p is not aligned, the next one, spliced with
+// funnel shifts. Both vectors are the granules holding p's first and last
+// byte, so neither load leaves the allocation. `Cg` loads at L2 (data a
+// peer wrote), else through L1.
+template <bool Cg, bool Aligned> __device__ __forceinline__ int4 load16(const uint8_t *p) {
+    const uint32_t m = Aligned ? 0 : uint32_t(reinterpret_cast<uintptr_t>(p) & 15);
+    const int4 *at = reinterpret_cast<const int4 *>(p - m);
+    const int4 x = Cg ? __ldcg(at) : *at;
+    if (Aligned || m == 0) return x;
+    const int4 y = Cg ? __ldcg(at + 1) : at[1];
+    const uint32_t w[8] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w),
+                           uint32_t(y.x), uint32_t(y.y), uint32_t(y.z), uint32_t(y.w)};
+    // Words m/4 .. m/4 + 4 of the pair, picked by selects (an array indexed
+    // at run time would live in local memory), then shifted by m % 4 bytes.
+    const uint32_t q = m >> 2, shift = (m & 3) * 8;
+    uint32_t v[5];
+#pragma unroll
+    for (uint32_t j = 0; j < 5; ++j) v[j] = q == 0 ? w[j] : q == 1 ? w[j + 1] : q == 2 ? w[j + 2] : w[min(j + 3, 7u)];
+    return make_int4(int(__funnelshift_r(v[0], v[1], shift)), int(__funnelshift_r(v[1], v[2], shift)),
+                     int(__funnelshift_r(v[2], v[3], shift)), int(__funnelshift_r(v[3], v[4], shift)));
+}
+
+// The block copies n16 16-byte vectors from `src` to the aligned `dst`,
+// four in flight per thread.
+template <bool Aligned> __device__ void block_copy16(int4 *dst, const uint8_t *src, uint64_t n16) {
+    constexpr uint32_t U = 4;
+    for (uint64_t i = threadIdx.x; i < n16; i += uint64_t(blockDim.x) * U) {
+        int4 v[U];
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (i + blockDim.x * u < n16) v[u] = load16<false, Aligned>(src + 16 * (i + blockDim.x * u));
+#pragma unroll
+        for (uint32_t u = 0; u < U; ++u)
+            if (i + blockDim.x * u < n16) dst[i + blockDim.x * u] = v[u];
+    }
+}
+
+// The block copies `bytes` (a multiple of 2, both ends 2-byte aligned): in
+// 2-byte words up to dst's first 16-byte boundary and after its last, in
+// 16-byte stores between, whatever src's alignment. Allgather's and
+// reduce-scatter's slots of rank × count elements start at any element, so
+// on 3 ranks most of them are not 16-byte aligned (2-byte words all along
+// took 1.2–1.8× NCCL's time from 16 MiB; stores are what NVLink carries).
 __device__ void block_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
     if (dst == src || bytes == 0) return;
-    uint64_t done = 0;
-    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-        const int4 *s = reinterpret_cast<const int4 *>(src);
-        int4 *d = reinterpret_cast<int4 *>(dst);
-        const uint64_t n16 = bytes / 16;
-        constexpr uint32_t U = 4;
-        for (uint64_t i = threadIdx.x; i < n16; i += uint64_t(blockDim.x) * U) {
-            int4 v[U];
-#pragma unroll
-            for (uint32_t u = 0; u < U; ++u)
-                if (i + blockDim.x * u < n16) v[u] = s[i + blockDim.x * u];
-#pragma unroll
-            for (uint32_t u = 0; u < U; ++u)
-                if (i + blockDim.x * u < n16) d[i + blockDim.x * u] = v[u];
-        }
-        done = n16 * 16;
-    }
-    const uint16_t *s2 = reinterpret_cast<const uint16_t *>(src + done);
-    uint16_t *d2 = reinterpret_cast<uint16_t *>(dst + done);
-    for (uint64_t i = threadIdx.x; i < (bytes - done) / 2; i += blockDim.x) d2[i] = s2[i];
+    const uint64_t head = min(bytes, uint64_t((16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15));
+    const uint64_t n16 = (bytes - head) / 16, tail = head + n16 * 16;
+    const uint16_t *s2 = reinterpret_cast<const uint16_t *>(src);
+    uint16_t *d2 = reinterpret_cast<uint16_t *>(dst);
+    for (uint64_t i = threadIdx.x; i < head / 2; i += blockDim.x) d2[i] = s2[i];
+    if (((reinterpret_cast<uintptr_t>(src) + head) & 15) == 0)
+        block_copy16<true>(reinterpret_cast<int4 *>(dst + head), src + head, n16);
+    else
+        block_copy16<false>(reinterpret_cast<int4 *>(dst + head), src + head, n16);
+    for (uint64_t i = tail / 2 + threadIdx.x; i < bytes / 2; i += blockDim.x) d2[i] = s2[i];
 }
 
 // Where each rank's window is, as this block reaches it: our own for
@@ -445,17 +477,16 @@ template <> struct Vec<__nv_bfloat16> {
 };
 
 // out[i] = sum over ranks s, in rank order, of b.src[s][i], for i in
-// [lo, hi). Vectors where every pointer allows, single elements otherwise:
-// every rank adds in the same order, so all get bit-identical results.
+// [lo, hi). 16-byte vectors wherever `out` is aligned (sources at any
+// element: load16), single elements otherwise: every rank adds in the same
+// order, so all get bit-identical results.
 template <typename T> __device__ void reduce_into(const CollParams &p, const Peers &b, uint8_t *out, uint64_t lo, uint64_t hi) {
     using V = Vec<T>;
     constexpr uint64_t E = sizeof(T);
-    uintptr_t bits = reinterpret_cast<uintptr_t>(out + lo * E);
-    for (uint32_t s = 0; s < p.ranks; ++s) bits |= reinterpret_cast<uintptr_t>(b.src[s] + lo * E);
-    const uint64_t nv = (bits & 15) == 0 ? (hi - lo) / V::N : 0;
+    const uint64_t nv = (reinterpret_cast<uintptr_t>(out + lo * E) & 15) == 0 ? (hi - lo) / V::N : 0;
     for (uint64_t v = threadIdx.x; v < nv; v += blockDim.x) {
         float a[V::N] = {};
-        for (uint32_t s = 0; s < p.ranks; ++s) V::add(a, __ldcg(reinterpret_cast<const int4 *>(b.src[s] + lo * E) + v));
+        for (uint32_t s = 0; s < p.ranks; ++s) V::add(a, load16<true, false>(b.src[s] + (lo + v * V::N) * E));
         reinterpret_cast<int4 *>(out + lo * E)[v] = V::pack(a);
     }
     for (uint64_t i = lo + nv * V::N + threadIdx.x; i < hi; i += blockDim.x) {
@@ -815,13 +846,15 @@ __device__ __forceinline__ void ll128_unpack(const Ll128Lane &me, uint8_t *dst, 
 // k0 + 4q .. k0 + 4q + 3; warp w takes quads w, w + warps, .... Calls
 // `each(k, mine)` for this lane's line of each quad, alike on every lane
 // of the warp (`mine`: the line is in the slice), so the warp's stores and
-// loads of one line stay one instruction; stops when `each` returns false.
+// loads of one line stay one instruction; stops when `each` returns false
+// (and returns false).
 template <class Each>
-__device__ __forceinline__ void ll128_quads(const Ll128Lane &me, const Ll128Slice &l, Each &&each) {
+__device__ __forceinline__ bool ll128_quads(const Ll128Lane &me, const Ll128Slice &l, Each &&each) {
     for (uint64_t q = me.warp; 4 * q < l.k1 - l.k0; q += me.warps) {
         const uint64_t k = l.k0 + 4 * q + me.line;
-        if (!each(k, k < l.k1)) return;
+        if (!each(k, k < l.k1)) return false;
     }
+    return true;
 }
 
 // Polls this lane's part of line k of rank `src`'s row in our window (at
@@ -879,23 +912,27 @@ __device__ void ll128_push(const CollParams &p, const Peers &b, const Ll128Lane 
 }
 
 // Sums this lane's part of line k from every member in rank order (ours
-// from `own`, the peers' from their rows in our window, each waited for)
-// into the output, in f32, as reduce_into does. False, for the whole
+// from `own`, the peers' from their rows in our window at `rows` past each
+// row's start, each waited for) into `out`, in f32, as reduce_into does;
+// the sum as this lane's words of the line in lo/hi. False, for the whole
 // warp, when a wait stopped.
-__device__ bool ll128_sum(const CollParams &p, const Ll128Lane &me, const Ll128Slice &l, uint64_t k, bool mine,
-                          const uint8_t *own, uint64_t bytes, uint64_t start) {
+__device__ __forceinline__ bool ll128_sum(const CollParams &p, const Ll128Lane &me, const Ll128Slice &l, uint64_t k, bool mine,
+                          const uint8_t *own, uint64_t rows, uint8_t *out, uint64_t bytes, uint64_t start,
+                          uint64_t &lo, uint64_t &hi) {
     const bool bf16 = p.dtype == COLL_BF16;
     float a[4] = {}, c[4] = {};
     for (uint32_t s = 0; s < p.ranks; ++s) {
-        uint64_t lo = 0, hi = 0;
+        uint64_t x = 0, y = 0;
         if (s == p.rank) {
-            if (mine) ll128_words(me, own, k, bytes, 0, lo, hi);
-        } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, lo, hi)) {
+            if (mine) ll128_words(me, own, k, bytes, 0, x, y);
+        } else if (!ll128_wait(p, me, row_offset(p, s) + rows, k, mine, l.epoch, start, s, x, y)) {
             return false;
         }
-        ll128_add(me, a, c, lo, hi, bf16);
+        ll128_add(me, a, c, x, y, bf16);
     }
-    if (mine) ll128_unpack(me, p.window + p.off_out, k, bytes, as_word(ll_pack(a, bf16)), as_word(ll_pack(c, bf16)));
+    lo = as_word(ll_pack(a, bf16));
+    hi = as_word(ll_pack(c, bf16));
+    if (mine) ll128_unpack(me, out, k, bytes, lo, hi);
     return true;
 }
 
@@ -912,7 +949,78 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
-    ll128_quads(me, l, [&](uint64_t k, bool mine) { return ll128_sum(p, me, l, k, mine, in, bytes, start); });
+    uint8_t *out = p.window + p.off_out;
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        uint64_t lo, hi;
+        return ll128_sum(p, me, l, k, mine, in, 0, out, bytes, start, lo, hi);
+    });
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
+// LL128 two-shot allreduce (store path, mid sizes): allreduce_two_shot in
+// LL128 lines, with no barrier between its halves. A row for a peer has two
+// halves of the largest chunk's lines: the reduce-scatter's (chunk d of our
+// input, into rank d's first half for us) and the allgather's (the sums of
+// our chunk, into every peer's second half for us). Each warp pushes its
+// quads of every peer's chunk, sums the same quads of ours as they arrive
+// and pushes the sums on at once (the summing lane holds the line's words),
+// then unpacks the peers' sums. Half of one-shot's bytes per rank on 4
+// ranks, where every rank pushing its whole input stops paying (2–4 MiB).
+__device__ void allreduce_two_shot_ll128(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p);
+    // Chunk d's first byte and bytes (the last chunks may be short or empty:
+    // their lines carry zeros past the end, so every member has the lines of
+    // the largest).
+    const auto chunk = [&](uint32_t d, uint64_t &at, uint64_t &bytes) {
+        uint64_t c0, c1;
+        split(p.count, p.ranks, d, c0, c1);
+        at = c0 * E;
+        bytes = (c1 - c0) * E;
+    };
+    uint64_t at, bytes;
+    chunk(0, at, bytes);
+    const Ll128Slice l = ll128_slice(p, bytes);
+    const uint64_t half = ll128_lines(bytes) * LL128_LINE_BYTES, flag = ll128_flag(l.epoch);
+    const uint64_t row = row_offset(p, p.rank);
+    const Ll128Lane me;
+    const uint8_t *in = p.window + p.off_in;
+    uint8_t *out = p.window + p.off_out;
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        for (uint32_t j = 1; j < p.ranks; ++j) {
+            const uint32_t d = peer_at(p, j);
+            uint64_t lo = 0, hi = 0;
+            chunk(d, at, bytes);
+            if (mine) ll128_words(me, in + at, k, bytes, flag, lo, hi);
+            __syncwarp();
+            if (mine) ll128_send(p, b, d, row, me, k, lo, hi);
+        }
+        return true;
+    });
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    chunk(p.rank, at, bytes);
+    const bool summed = ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        uint64_t lo, hi;
+        if (!ll128_sum(p, me, l, k, mine, in + at, 0, out + at, bytes, start, lo, hi)) return false;
+        if (me.flag()) hi = flag;
+        __syncwarp();
+        for (uint32_t j = 1; j < p.ranks; ++j)
+            if (mine) ll128_send(p, b, peer_at(p, j), row + half, me, k, lo, hi);
+        return true;
+    });
+    if (summed) {
+        ll128_quads(me, l, [&](uint64_t k, bool mine) {
+            for (uint32_t j = 1; j < p.ranks; ++j) {
+                const uint32_t s = peer_at(p, j);
+                uint64_t lo, hi;
+                chunk(s, at, bytes);
+                if (!ll128_wait(p, me, row_offset(p, s) + half, k, mine, l.epoch, start, s, lo, hi)) return false;
+                if (mine) ll128_unpack(me, out + at, k, bytes, lo, hi);
+            }
+            return true;
+        });
+    }
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
@@ -961,7 +1069,8 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
     ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        return ll128_sum(p, me, l, k, mine, in + p.rank * bytes, bytes, start);
+        uint64_t lo, hi;
+        return ll128_sum(p, me, l, k, mine, in + p.rank * bytes, 0, p.window + p.off_out, bytes, start, lo, hi);
     });
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
@@ -1006,6 +1115,7 @@ COLL_ENTRY(allreduce_one_shot)
 COLL_ENTRY(allreduce_two_shot)
 COLL_ENTRY(allreduce_ll)
 COLL_ENTRY(allreduce_ll128)
+COLL_ENTRY(allreduce_two_shot_ll128)
 COLL_ENTRY(allgather)
 COLL_ENTRY(allgather_ll)
 COLL_ENTRY(allgather_ll128)

@@ -93,10 +93,12 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Op::all().to_vec())]
     op: Vec<Op>,
 
-    /// Algorithm: one-shot, two-shot (allreduce), ll, ll128, auto (by size),
-    /// or all (ll and ll128 only where they run: store path, up to 64 KiB and
-    /// 4 MiB). Allgather and reduce-scatter have one-shot, ll and ll128;
-    /// two-shot and auto run their one-shot.
+    /// Algorithm: one-shot, two-shot (allreduce), ll, ll128, two-shot-ll128
+    /// (allreduce), auto (by size), or all (the line algorithms only where
+    /// they run: store path, up to 64 KiB for ll, 4 MiB for ll128 and
+    /// two-shot-ll128). Allgather and reduce-scatter have one-shot, ll and
+    /// ll128; two-shot and auto run their one-shot, two-shot-ll128 their
+    /// ll128.
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,
 

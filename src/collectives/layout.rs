@@ -42,7 +42,7 @@ pub const LL128_MAX_BYTES: u64 = 4 << 20;
 
 /// How an operation is carried out. Allgather and reduce-scatter have three
 /// (one shot: every rank pushes to every rank; LL and LL128, the same in
-/// lines); allreduce has four ([`super::ops::allreduce`]).
+/// lines); allreduce has five ([`super::ops::allreduce`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Algo {
@@ -60,6 +60,12 @@ pub enum Algo {
     /// the wire is data. Store path over NVLink only, up to
     /// [`LL128_MAX_BYTES`].
     Ll128,
+    /// Two-shot in LL128 lines, with no barrier between its halves: each
+    /// line of a rank's chunk is summed as it arrives and its sum pushed on
+    /// at once (allreduce only). Half of one-shot's bytes per rank on 4
+    /// ranks, so it overtakes LL128's one shot as the bus starts to set
+    /// the time. Store path over NVLink only, up to [`LL128_MAX_BYTES`].
+    TwoShotLl128,
 }
 
 impl Algo {
@@ -69,6 +75,7 @@ impl Algo {
             Algo::TwoShot => "two-shot",
             Algo::Ll => "ll",
             Algo::Ll128 => "ll128",
+            Algo::TwoShotLl128 => "two-shot-ll128",
         }
     }
 
@@ -76,6 +83,11 @@ impl Algo {
     /// entry already is one).
     pub fn code(self) -> u32 {
         self as u32
+    }
+
+    /// Whether its receive rows are LL128 lines (the window's LL128 area).
+    pub fn ll128_lines(self) -> bool {
+        matches!(self, Algo::Ll128 | Algo::TwoShotLl128)
     }
 }
 
@@ -89,6 +101,9 @@ pub enum AlgoChoice {
     Ll,
     /// LL128 lines (store path over NVLink, up to 4 MiB).
     Ll128,
+    /// Allreduce's two-shot in LL128 lines (store path over NVLink, up to 4
+    /// MiB); allgather and reduce-scatter run their LL128.
+    TwoShotLl128,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
     /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above.
     Auto,
@@ -198,9 +213,10 @@ impl WindowLayout {
         let ll_stride = align256(ll_bytes(max_bytes.min(LL_MAX_BYTES)));
         let ll0 = recv1 + recv_bytes;
         let ll1 = ll0 + u64::from(ranks) * ll_stride;
-        let ll128_stride = align256(
-            crate::gpu::ll::LL128.wire_bytes(ll128_bytes.min(max_bytes).min(LL128_MAX_BYTES)),
-        );
+        let ll128_stride = align256(ll128_row_bytes(
+            ll128_bytes.min(max_bytes).min(LL128_MAX_BYTES),
+            ranks,
+        ));
         let ll128_0 = ll1 + u64::from(ranks) * ll_stride;
         let ll128_1 = ll128_0 + u64::from(ranks) * ll128_stride;
         Self {
@@ -225,10 +241,23 @@ impl WindowLayout {
         let parity = (call % 2) as usize;
         match algo {
             Algo::Ll => (self.ll[parity], self.ll_stride),
-            Algo::Ll128 => (self.ll128[parity], self.ll128_stride),
+            Algo::Ll128 | Algo::TwoShotLl128 => (self.ll128[parity], self.ll128_stride),
             _ => (self.recv[parity], self.recv_stride),
         }
     }
+}
+
+/// Bytes an LL128 row for one source takes for calls of up to `bytes`:
+/// one-shot's lines of the whole buffer, or two-shot's two halves of the
+/// lines of the largest chunk (⌈bytes/ranks⌉ rounded up to
+/// [`ALIGN_ELEMS`] elements of at most 4 bytes), whichever is larger.
+pub fn ll128_row_bytes(bytes: u64, ranks: u32) -> u64 {
+    if bytes == 0 {
+        return 0;
+    }
+    let wire = |b| crate::gpu::ll::LL128.wire_bytes(b);
+    let chunk = bytes.div_ceil(u64::from(ranks.max(1))) + ALIGN_ELEMS * 4;
+    wire(bytes).max(2 * wire(chunk))
 }
 
 /// Bytes the LL lines of `bytes` of data take: 8 data bytes per line.
@@ -281,6 +310,21 @@ mod tests {
     }
 
     #[test]
+    fn an_ll128_row_holds_two_shots_halves() {
+        // The kernel's second half starts after the largest chunk's lines.
+        let wire = |b| crate::gpu::ll::LL128.wire_bytes(b);
+        for ranks in 2..=MAX_RANKS {
+            for e in [2u64, 4] {
+                for count in (1..5000).step_by(37).chain([1 << 20, (4 << 20) / e]) {
+                    let chunk = split(count, u64::from(ranks), 0).1 * e;
+                    let row = ll128_row_bytes(count * e, ranks);
+                    assert!(row >= 2 * wire(chunk) && row >= wire(count * e), "{ranks} {e} {count}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn sizes_follow_nccl_tests() {
         assert_eq!(sizes(8, 64, 2).unwrap(), vec![8, 16, 32, 64]);
         assert_eq!(sizes(8, 100, 4).unwrap(), vec![8, 32]);
@@ -306,10 +350,15 @@ mod tests {
         assert_eq!(w.recv_area(Algo::Ll128, 4), (w.ll128[0], w.ll128_stride));
         // A run without LL128 calls reserves nothing for them.
         assert_eq!(WindowLayout::new(1 << 30, 0, 2).ll128_stride, 0);
-        // 4 MiB in 34,953 lines of 128 B.
+        // 4 MiB in 34,953 lines of 128 B; on 2 ranks two-shot's halves of
+        // the largest chunk (2 MiB + 32 B bound) take one line more.
+        assert_eq!(
+            WindowLayout::new(1 << 30, 1 << 30, 4).ll128_stride,
+            (34953 * 128u64).div_ceil(256) * 256
+        );
         assert_eq!(
             WindowLayout::new(1 << 30, 1 << 30, 2).ll128_stride,
-            (34953 * 128u64).div_ceil(256) * 256
+            (2 * 17477 * 128u64).div_ceil(256) * 256
         );
         assert_eq!(w.recv_area(Algo::TwoShot, 2), (w.recv[0], w.recv_stride));
     }

@@ -239,6 +239,7 @@ impl RunConfig {
         let lines = match self.algo {
             AlgoChoice::Ll => Some(("ll", super::layout::LL_MAX_BYTES)),
             AlgoChoice::Ll128 => Some(("ll128", super::layout::LL128_MAX_BYTES)),
+            AlgoChoice::TwoShotLl128 => Some(("two-shot-ll128", super::layout::LL128_MAX_BYTES)),
             _ => None,
         };
         if let Some((name, max)) = lines {
@@ -283,7 +284,7 @@ impl RunConfig {
     /// window's LL128 area); 0 when it has none.
     pub fn ll128_bytes(&self) -> u64 {
         (self.groups().iter())
-            .filter(|g| g.cases.iter().any(|c| c.algo == Algo::Ll128))
+            .filter(|g| g.cases.iter().any(|c| c.algo.ll128_lines()))
             .map(|g| g.bytes)
             .max()
             .unwrap_or(0)
@@ -338,7 +339,7 @@ mod tests {
         assert_eq!(ag.bytes, (1 << 20) / 12 * 12);
         assert_eq!(ag.cases.len(), 6); // one shot × 2 paths × 2 places, LL128 × store × 2
         assert_eq!(g[0].cases.len(), 12); // allreduce 8 B: 2 algorithms × 2 × 2, LL and LL128 × store × 2
-        assert_eq!(g[1].cases.len(), 10); // 1 MiB: no LL
+        assert_eq!(g[1].cases.len(), 12); // 1 MiB: no LL; two-shot in LL128 lines × store × 2
         assert!(c.validate().is_ok());
         let small = RunConfig {
             sizes: vec![8],

@@ -1,15 +1,16 @@
 //! Allreduce (sum): every rank ends with the sum of all inputs, `count`
-//! elements in and out. Three algorithms: one-shot (every rank pushes its
+//! elements in and out. Five algorithms: one-shot (every rank pushes its
 //! whole input to every peer and sums all N), two-shot (reduce-scatter,
 //! then allgather of the sums: 2(N−1)/N of the data per rank, the bus
-//! optimum) and LL (one-shot in 16-byte lines that carry the call's epoch,
-//! store path, small sizes). docs/COLLECTIVES.md compares them.
+//! optimum), LL (one-shot in 16-byte lines that carry the call's epoch,
+//! store path, small sizes), LL128 (one-shot in 128-byte lines, mid sizes)
+//! and two-shot in LL128 lines. docs/COLLECTIVES.md compares them.
 
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
 use super::{Collective, lines_up_to, peer_share};
-use crate::collectives::layout::{Algo, AlgoChoice, split};
+use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, LL128_MAX_BYTES, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -33,6 +34,13 @@ pub fn auto_algo(bytes: u64, ranks: u32) -> Algo {
     } else {
         Algo::TwoShot
     }
+}
+
+/// Whether `--algo all` runs two-shot in LL128 lines on a buffer of
+/// `bytes`: from above LL's sizes (below them its second flight costs more
+/// than it saves) up to [`LL128_MAX_BYTES`].
+pub fn two_shot_lines(bytes: u64) -> bool {
+    bytes > LL_MAX_BYTES && bytes <= LL128_MAX_BYTES
 }
 
 pub struct Allreduce;
@@ -59,7 +67,13 @@ impl Collective for Allreduce {
     }
 
     fn algorithms(&self) -> &'static [Algo] {
-        &[Algo::OneShot, Algo::TwoShot, Algo::Ll, Algo::Ll128]
+        &[
+            Algo::OneShot,
+            Algo::TwoShot,
+            Algo::Ll,
+            Algo::Ll128,
+            Algo::TwoShotLl128,
+        ]
     }
 
     fn chosen(&self, choice: AlgoChoice, bytes: u64, ranks: u32) -> Vec<Algo> {
@@ -68,10 +82,12 @@ impl Collective for Allreduce {
             AlgoChoice::TwoShot => vec![Algo::TwoShot],
             AlgoChoice::Ll => vec![Algo::Ll],
             AlgoChoice::Ll128 => vec![Algo::Ll128],
+            AlgoChoice::TwoShotLl128 => vec![Algo::TwoShotLl128],
             AlgoChoice::Auto => vec![auto_algo(bytes, ranks)],
             AlgoChoice::All => [Algo::OneShot, Algo::TwoShot]
                 .into_iter()
                 .chain(lines_up_to(bytes))
+                .chain(two_shot_lines(bytes).then_some(Algo::TwoShotLl128))
                 .collect(),
         }
     }
@@ -79,7 +95,7 @@ impl Collective for Allreduce {
     /// Two-shot's blocks divide one rank's chunk, the others' the whole.
     fn block_elems(&self, algo: Algo, count: u64, ranks: u32) -> u64 {
         match algo {
-            Algo::TwoShot => split(count, u64::from(ranks), 0).1,
+            Algo::TwoShot | Algo::TwoShotLl128 => split(count, u64::from(ranks), 0).1,
             _ => count,
         }
     }
@@ -90,6 +106,7 @@ impl Collective for Allreduce {
             Algo::TwoShot => "coll_allreduce_two_shot",
             Algo::Ll => "coll_allreduce_ll",
             Algo::Ll128 => "coll_allreduce_ll128",
+            Algo::TwoShotLl128 => "coll_allreduce_two_shot_ll128",
         }
     }
 
@@ -102,7 +119,7 @@ impl Collective for Allreduce {
             // LL and LL128 move the same elements as one-shot, packed in
             // lines (the line formats are crate::gpu::ll's, tested there).
             Algo::OneShot | Algo::Ll | Algo::Ll128 => one_shot(m),
-            Algo::TwoShot => two_shot(m),
+            Algo::TwoShot | Algo::TwoShotLl128 => two_shot(m),
         }
     }
 
@@ -175,7 +192,7 @@ fn two_shot(m: &mut Model) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collectives::layout::{LL_MAX_BYTES, LL128_MAX_BYTES, Path};
+    use crate::collectives::layout::Path;
 
     #[test]
     fn algo_picks_by_size_and_path() {
@@ -185,7 +202,7 @@ mod tests {
         assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES, 4).len(), 4);
         assert_eq!(
             a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1, 4),
-            vec![Algo::OneShot, Algo::TwoShot, Algo::Ll128]
+            vec![Algo::OneShot, Algo::TwoShot, Algo::Ll128, Algo::TwoShotLl128]
         );
         assert_eq!(a.chosen(AlgoChoice::All, LL128_MAX_BYTES + 1, 4).len(), 2);
         assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20, 4), vec![Algo::OneShot]);
@@ -198,6 +215,8 @@ mod tests {
             a.runs(Algo::Ll128, 4 << 20, Path::Store) && !a.runs(Algo::Ll128, 8 << 20, Path::Store)
         );
         assert!(!a.runs(Algo::Ll128, 8, Path::Put));
+        assert!(!a.runs(Algo::TwoShotLl128, 8, Path::Put));
+        assert!(!a.runs(Algo::TwoShotLl128, 8 << 20, Path::Store));
         assert!(a.runs(Algo::TwoShot, 1 << 30, Path::Put));
     }
 }

@@ -100,13 +100,13 @@ pub trait Collective: Sync {
 
 /// The algorithms of an operation that has one shot, LL and LL128
 /// (allgather, reduce-scatter) for `--algo` and a buffer of `bytes`: LL or
-/// LL128 as asked for, each also with `all` up to where it runs; any other
-/// choice is the one shot (they have no two-shot, and `auto` never picks
-/// lines).
+/// LL128 as asked for (allreduce's two-shot in LL128 lines too), each also
+/// with `all` up to where it runs; any other choice is the one shot (they
+/// have no two-shot, and `auto` never picks lines).
 pub fn one_shot_or_ll(choice: AlgoChoice, bytes: u64) -> Vec<Algo> {
     match choice {
         AlgoChoice::Ll => vec![Algo::Ll],
-        AlgoChoice::Ll128 => vec![Algo::Ll128],
+        AlgoChoice::Ll128 | AlgoChoice::TwoShotLl128 => vec![Algo::Ll128],
         AlgoChoice::All => [Algo::OneShot]
             .into_iter()
             .chain(lines_up_to(bytes))
@@ -131,7 +131,7 @@ pub fn lines_up_to(bytes: u64) -> impl Iterator<Item = Algo> {
 pub fn ll_runs(algo: Algo, bytes: u64, path: Path) -> bool {
     match algo {
         Algo::Ll => path == Path::Store && bytes <= LL_MAX_BYTES,
-        Algo::Ll128 => path == Path::Store && bytes <= LL128_MAX_BYTES,
+        Algo::Ll128 | Algo::TwoShotLl128 => path == Path::Store && bytes <= LL128_MAX_BYTES,
         Algo::OneShot | Algo::TwoShot => true,
     }
 }
@@ -192,10 +192,10 @@ mod tests {
         let entries: std::collections::BTreeSet<_> = Op::every_algorithm()
             .map(|(op, a)| op.spec().kernel(a))
             .collect();
-        // allreduce one-shot, two-shot, ll, ll128; allgather and
-        // reduce-scatter one-shot, ll and ll128: one entry each in
-        // cuda/collectives.cu.
-        assert_eq!(entries.len(), 10);
+        // allreduce one-shot, two-shot, ll, ll128, two-shot-ll128;
+        // allgather and reduce-scatter one-shot, ll and ll128: one entry
+        // each in cuda/collectives.cu.
+        assert_eq!(entries.len(), 11);
         for e in &entries {
             let src = include_str!("../../../cuda/collectives.cu");
             let name = e.trim_start_matches("coll_");
