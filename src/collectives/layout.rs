@@ -12,8 +12,9 @@ use crate::cli::{UsageError, fmt_bytes};
 /// Ranks the kernels are written for (`COLL_MAX_RANKS`).
 pub const MAX_RANKS: u32 = 16;
 /// Blocks per call at most (`COLL_MAX_BLOCKS`): the flag slots per phase.
-/// Two per SM of an H100 or H200 (132 SMs): most kernels take at most 64
-/// registers a thread, so two blocks of [`THREADS`] fit on an SM.
+/// Two per SM of an H100 or H200 (132 SMs), for `--blocks`; a run's own
+/// limit is one block per SM (its share of them), the residency the
+/// kernels are compiled for (`__launch_bounds__(COLL_THREADS, 1)`).
 pub const MAX_BLOCKS: u32 = 264;
 /// Threads per block (`COLL_THREADS`).
 pub const THREADS: u32 = 512;
