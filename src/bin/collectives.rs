@@ -142,9 +142,10 @@ struct Args {
     blocks: Option<u32>,
 
     /// Bytes of a call's elements per thread block: a call takes one block per
-    /// this many bytes, up to --blocks.
-    #[arg(long, default_value = "8K", value_parser = parse_bytes)]
-    block_bytes: u64,
+    /// this many bytes, up to --blocks [default: 4K for ll, ll128 and
+    /// two-shot-ll128, 8K for one-shot and two-shot].
+    #[arg(long, value_parser = parse_bytes)]
+    block_bytes: Option<u64>,
 
     /// Write the tuned table: for every operation, type and size, the
     /// algorithm and path that ran fastest here (JSON; rank 0 writes it).

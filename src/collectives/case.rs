@@ -43,12 +43,14 @@ impl Case {
         self.op.spec().elems(self.count, ranks)
     }
 
-    /// Thread blocks of the call: one per `block_bytes`
-    /// ([`BLOCK_BYTES`](super::layout::BLOCK_BYTES) unless `--block-bytes`) of the elements the blocks divide, within
-    /// `1..=max_blocks`. Every rank computes the same.
-    pub fn blocks(&self, ranks: u32, max_blocks: u32, block_bytes: u64) -> u32 {
+    /// Thread blocks of the call: one per `block_bytes` (`--block-bytes`;
+    /// without it the algorithm's own, [`Algo::block_bytes`]) of the
+    /// elements the blocks divide, within `1..=max_blocks`. Every rank
+    /// computes the same.
+    pub fn blocks(&self, ranks: u32, max_blocks: u32, block_bytes: Option<u64>) -> u32 {
         let basis = self.op.spec().block_elems(self.algo, self.count, ranks);
-        let want = (basis * self.dtype.bytes()).div_ceil(block_bytes.max(1));
+        let per = block_bytes.unwrap_or(self.algo.block_bytes()).max(1);
+        let want = (basis * self.dtype.bytes()).div_ceil(per);
         want.clamp(1, u64::from(max_blocks.clamp(1, MAX_BLOCKS))) as u32
     }
 
@@ -120,14 +122,17 @@ mod tests {
     #[test]
     fn blocks_grow_with_size_and_stay_within_the_limit() {
         let mut c = case(Op::Allreduce, Algo::OneShot, 2);
-        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 1);
+        assert_eq!(c.blocks(3, 44, None), 1);
         c.count = 64 << 20;
-        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 44);
-        assert_eq!(c.blocks(3, 1000, BLOCK_BYTES), MAX_BLOCKS);
+        assert_eq!(c.blocks(3, 44, None), 44);
+        assert_eq!(c.blocks(3, 1000, None), MAX_BLOCKS);
         c.count = BLOCK_BYTES; // 4× BLOCK_BYTES of f32
-        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 4);
+        assert_eq!(c.blocks(3, 44, None), 4);
         c.algo = Algo::TwoShot; // a third of it per rank's chunk
-        assert_eq!(c.blocks(3, 44, BLOCK_BYTES), 2);
+        assert_eq!(c.blocks(3, 44, None), 2);
+        c.algo = Algo::Ll128; // the line algorithms take half as much per block
+        assert_eq!(c.blocks(3, 44, None), 8);
+        assert_eq!(c.blocks(3, 44, Some(BLOCK_BYTES)), 4); // unless --block-bytes says
     }
 
     #[test]

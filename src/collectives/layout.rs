@@ -21,11 +21,21 @@ pub const THREADS: u32 = 512;
 /// Slices and chunks start at multiples of this many elements: 16-byte
 /// vectors for bf16 and f32 alike (`COLL_ALIGN_ELEMS`).
 pub const ALIGN_ELEMS: u64 = 8;
-/// Bytes of work per block before another block is added. On four H100s
-/// (`--block-bytes`, 32 KiB – 4 MiB, every op): 8 KiB took ours ÷ NCCL's
-/// time to 1.12 (geometric mean), 16 KiB to 1.20, 32 KiB to 1.28; sizes
-/// whose grid is at the SM limit either way read the same.
+/// Bytes of work per block before another block is added, for one-shot
+/// and two-shot. On four H100s (`--block-bytes`, 32 KiB – 4 MiB, every op):
+/// 8 KiB took ours ÷ NCCL's time to 1.12 (geometric mean), 16 KiB to 1.20,
+/// 32 KiB to 1.28; sizes whose grid is at the SM limit either way read the
+/// same.
 pub const BLOCK_BYTES: u64 = 8 << 10;
+/// The same for the line algorithms (LL, LL128, two-shot in LL128 lines).
+/// A warp's lines are a chain (it loads a line's data, stores it, and
+/// only then loads the next; it polls a line, uses it, then polls the
+/// next), so a block should give each warp about one quad of LL128 lines
+/// (16 warps × 4 × 120 bytes = 7.5 KiB) or each thread one LL line (512 ×
+/// 8 bytes). On four H200s, 16 KiB – 2 MiB: 4 KiB took the 4-rank calls
+/// from 8 KiB's 10.3–12.96 µs to 8.5–9.8 µs at 64 KiB and from 12.6 to 9.7
+/// µs for a 256 KiB reduce-scatter; 2 KiB read as 4 KiB.
+pub const LINE_BLOCK_BYTES: u64 = 4 << 10;
 /// The LL algorithms run up to this size: its lines carry 8 bytes of data
 /// in 16, and every receiving thread polls its own lines, which pays only
 /// while the flag, not the data, sets the time (MSCCL++ uses LL packets up
@@ -89,6 +99,15 @@ impl Algo {
     /// Whether its receive rows are LL128 lines (the window's LL128 area).
     pub fn ll128_lines(self) -> bool {
         matches!(self, Algo::Ll128 | Algo::TwoShotLl128)
+    }
+
+    /// Bytes of work per block: [`LINE_BLOCK_BYTES`] for the line
+    /// algorithms, [`BLOCK_BYTES`] for the others.
+    pub fn block_bytes(self) -> u64 {
+        match self {
+            Algo::Ll | Algo::Ll128 | Algo::TwoShotLl128 => LINE_BLOCK_BYTES,
+            Algo::OneShot | Algo::TwoShot => BLOCK_BYTES,
+        }
     }
 }
 
@@ -319,7 +338,10 @@ mod tests {
                 for count in (1..5000).step_by(37).chain([1 << 20, (4 << 20) / e]) {
                     let chunk = split(count, u64::from(ranks), 0).1 * e;
                     let row = ll128_row_bytes(count * e, ranks);
-                    assert!(row >= 2 * wire(chunk) && row >= wire(count * e), "{ranks} {e} {count}");
+                    assert!(
+                        row >= 2 * wire(chunk) && row >= wire(count * e),
+                        "{ranks} {e} {count}"
+                    );
                 }
             }
         }

@@ -83,9 +83,10 @@ pub struct RunConfig {
     /// `--blocks`: the block limit per call, instead of the GPU's share.
     pub blocks: Option<u32>,
     /// `--block-bytes`: a call takes one block per this many bytes of the
-    /// elements its blocks divide (up to the block limit).
-    #[serde(default = "default_block_bytes")]
-    pub block_bytes: u64,
+    /// elements its blocks divide (up to the block limit); none: each
+    /// algorithm's own ([`super::layout::Algo::block_bytes`]).
+    #[serde(default)]
+    pub block_bytes: Option<u64>,
     pub baseline: bool,
     /// Stream launches or one CUDA graph per case's timed calls.
     #[serde(default)]
@@ -120,10 +121,6 @@ pub struct Group {
     pub dtype: Dtype,
     pub bytes: u64,
     pub cases: Vec<Case>,
-}
-
-fn default_block_bytes() -> u64 {
-    super::layout::BLOCK_BYTES
 }
 
 impl RunConfig {
@@ -318,7 +315,7 @@ mod tests {
             warmup: 1,
             timeout_ns: 1,
             blocks: None,
-            block_bytes: crate::collectives::layout::BLOCK_BYTES,
+            block_bytes: None,
             tuned: None,
             baseline: true,
             launch: Launch::Stream,

@@ -202,7 +202,12 @@ mod tests {
         assert_eq!(a.chosen(AlgoChoice::All, LL_MAX_BYTES, 4).len(), 4);
         assert_eq!(
             a.chosen(AlgoChoice::All, LL_MAX_BYTES + 1, 4),
-            vec![Algo::OneShot, Algo::TwoShot, Algo::Ll128, Algo::TwoShotLl128]
+            vec![
+                Algo::OneShot,
+                Algo::TwoShot,
+                Algo::Ll128,
+                Algo::TwoShotLl128
+            ]
         );
         assert_eq!(a.chosen(AlgoChoice::All, LL128_MAX_BYTES + 1, 4).len(), 2);
         assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20, 4), vec![Algo::OneShot]);
