@@ -125,9 +125,11 @@ pub enum AlgoChoice {
     /// MiB); allgather and reduce-scatter run their LL128.
     TwoShotLl128,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
-    /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above.
+    /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above; no
+    /// lines (they need the store path: `--tune` and `--tuned` pick them).
     Auto,
-    /// One-shot and two-shot at every size, LL and LL128 where they run.
+    /// One-shot and two-shot at every size, LL, LL128 and two-shot in LL128
+    /// lines where they run (the last above LL's sizes).
     All,
 }
 
