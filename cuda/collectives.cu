@@ -120,6 +120,7 @@ struct CollTiming {
     uint64_t clock_sent;       // phase 0's data pushed
     uint64_t clock_signalled;  // phase 0's fence and signals done
     uint64_t clock_waited;     // every peer's phase-0 signal seen
+    uint64_t gt_last_end;      // the last block's end (every block's atomicMax)
 };
 
 // What the fill and check kernels work on (src/collectives/kernels.rs CollData).
@@ -153,7 +154,7 @@ struct CollVerify {
 static_assert(sizeof(CollParams) == 320, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, members) == 176, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
-static_assert(sizeof(CollTiming) == 64, "CollTiming layout is shared with the host");
+static_assert(sizeof(CollTiming) == 72, "CollTiming layout is shared with the host");
 static_assert(sizeof(CollReport) == 96, "CollReport layout is shared with the host");
 static_assert(offsetof(CollReport, base) == 0, "run_watched reads and cancels a CollReport as its KernelReport");
 static_assert(sizeof(CollData) == 80, "CollData layout is shared with the host");
@@ -182,8 +183,11 @@ __device__ __forceinline__ void split(uint64_t total, uint64_t parts, uint64_t i
 __device__ __forceinline__ uint32_t elem_bytes(const CollParams &p) { return p.dtype == COLL_BF16 ? 2 : 4; }
 
 __device__ __forceinline__ bool given_up(const CollReport *r) {
-    return *static_cast<const volatile uint32_t *>(&r->base.timed_out) != 0 ||
-           *static_cast<const volatile uint32_t *>(&r->aborted) != 0;
+    // Both loads before either is used: one load's latency at every call's
+    // start, not two.
+    const uint32_t timed_out = *static_cast<const volatile uint32_t *>(&r->base.timed_out);
+    const uint32_t aborted = *static_cast<const volatile uint32_t *>(&r->aborted);
+    return (timed_out | aborted) != 0;
 }
 
 // The rank of member `i`.
@@ -1102,6 +1106,9 @@ __device__ __forceinline__ void coll_call(const CollParams &p) {
         p.timing->clock_end = clock64();
         p.timing->gt_end = globaltimer_ns();
     }
+    // A slot keeps an earlier call's end, always earlier than this one's.
+    if (threadIdx.x == 0)
+        atomicMax(reinterpret_cast<unsigned long long *>(&p.timing->gt_last_end), globaltimer_ns());
 }
 
 // The kernel entries, coll_<algorithm>, one per operation and algorithm:

@@ -46,7 +46,9 @@ use nixl_examples::results::ResultFiles;
 /// with fresh inputs) and, out of place, of the last two timed calls (the
 /// timed calls run back to back, as nccl-tests runs them, or replayed from
 /// one CUDA graph per case with --launch graph). The kern column is block
-/// 0's time inside the kernel; setup/push/sig/wait splits its first phase:
+/// 0's time inside the kernel, last from its start to the end of the call's
+/// last block (%globaltimer; above kern: blocks ended unevenly);
+/// setup/push/sig/wait splits block 0's first phase:
 /// peer pointers, pushing the data, fence and signals, waiting for every
 /// peer (for ll: the polls and the sum).
 ///

@@ -126,6 +126,9 @@ pub struct CollTiming {
     pub clock_sent: u64,
     pub clock_signalled: u64,
     pub clock_waited: u64,
+    /// `%globaltimer` at the end of the call's last block (every block's
+    /// `atomicMax`; a slot keeps an earlier call's, always earlier).
+    pub gt_last_end: u64,
 }
 
 /// Per-call times from the stamps, ns: cycle counts (their resolution)
@@ -149,6 +152,15 @@ impl CollTiming {
             gt_end: self.gt_end,
         }
     }
+}
+
+/// Per call, ns, from block 0's first instruction to the end of the
+/// call's last block, by `%globaltimer` (its resolution: at least block
+/// 0's own time, [`calibrate`], when the timer cannot tell them apart).
+pub fn last_block(slots: &[CollTiming], block0: &[f64]) -> Vec<f64> {
+    (slots.iter().zip(block0))
+        .map(|(s, &b0)| (s.gt_last_end.saturating_sub(s.gt_start) as f64).max(b0))
+        .collect()
 }
 
 /// Per call, ns, where block 0's time in phase 0 went: looking up the peer
@@ -213,7 +225,7 @@ const _: () = {
     assert!(size_of::<CollParams>() == 320);
     assert!(std::mem::offset_of!(CollParams, members) == 176);
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
-    assert!(size_of::<CollTiming>() == 64);
+    assert!(size_of::<CollTiming>() == 72);
     assert!(size_of::<CollReport>() == 96);
     assert!(std::mem::offset_of!(CollReport, base) == 0);
     assert!(size_of::<CollData>() == 80);

@@ -21,6 +21,9 @@ pub struct RankTimes {
     pub cases: Vec<Vec<f64>>,
     /// In-kernel time of the same calls (block 0's clock), ns.
     pub kernel: Vec<Vec<f64>>,
+    /// The same calls from block 0's start to the last block's end, ns.
+    #[serde(default)]
+    pub kernel_last: Vec<Vec<f64>>,
     /// Where block 0's phase 0 went in the same calls (setup, push,
     /// signal, wait), ns.
     #[serde(default)]
@@ -53,6 +56,11 @@ pub struct Row {
     /// Block 0's first instruction to its end, p50 of the slowest rank:
     /// what the call costs inside the kernel, launch gaps excluded.
     pub kernel_p50_us: f64,
+    /// Block 0's first instruction to the end of the call's last block
+    /// (`%globaltimer`), p50 of the slowest rank: where it exceeds
+    /// `kernel_p50_us`, blocks ended unevenly.
+    #[serde(default)]
+    pub kernel_last_p50_us: f64,
     /// Block 0's phase 0, p50 per step over the calls of rank 0: looking
     /// up peer pointers, pushing the data, fence and signals, waiting for
     /// every peer's signal, µs.
@@ -111,6 +119,7 @@ pub fn row(
         time_p50_us: ours.p50_ns / 1e3,
         time_p99_us: ours.p99_ns / 1e3,
         kernel_p50_us: kernel.p50_ns / 1e3,
+        kernel_last_p50_us: 0.0,
         phases_p50_us: std::array::from_fn(|i| {
             Summary::of(&phases.iter().map(|p| p[i]).collect::<Vec<_>>()).p50_ns / 1e3
         }),
@@ -152,7 +161,7 @@ fn opt(v: Option<f64>, prec: usize) -> String {
 /// are its same call timed the same two ways.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>19} {:>7} {:>7} {:>9} {:>7} {:>6} {:>9} {:>9} {:>6}\n",
+        "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9} {:>9} {:>8} {:>8} {:>19} {:>7} {:>7} {:>9} {:>7} {:>6} {:>9} {:>9} {:>6}\n",
         "size(B)",
         "count",
         "type",
@@ -165,6 +174,7 @@ pub fn table(rows: &[Row]) -> String {
         "time(us)",
         "p99(us)",
         "kern(us)",
+        "last(us)",
         "setup/push/sig/wait",
         "algbw",
         "busbw",
@@ -177,7 +187,7 @@ pub fn table(rows: &[Row]) -> String {
     );
     for r in rows {
         s += &format!(
-            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>7.2} {:>7.2} {:>9} {:>7} {:>6} {:>9.2} {:>9} {:>6}\n",
+            "{:>12} {:>10} {:>8} {:>5} {:>14} {:>8} {:>5} {:>5} {:>4} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>19} {:>7.2} {:>7.2} {:>9} {:>7} {:>6} {:>9.2} {:>9} {:>6}\n",
             r.size_bytes,
             r.count,
             r.dtype,
@@ -190,6 +200,7 @@ pub fn table(rows: &[Row]) -> String {
             r.time_p50_us,
             r.time_p99_us,
             r.kernel_p50_us,
+            r.kernel_last_p50_us,
             r.phases_p50_us.map(|x| format!("{x:.1}")).join("/"),
             r.algbw_gbps,
             r.busbw_gbps,

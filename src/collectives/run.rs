@@ -369,6 +369,7 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
         for case in &grp.cases {
             let ours = report::slowest(&all.iter().map(|t| &t.cases[i]).collect::<Vec<_>>());
             let kernel = report::slowest(&all.iter().map(|t| &t.kernel[i]).collect::<Vec<_>>());
+            let last: Vec<&Vec<f64>> = all.iter().filter_map(|t| t.kernel_last.get(i)).collect();
             let mut row = report::row(
                 case,
                 n,
@@ -380,6 +381,7 @@ fn rows(ctx: &Context, all: &[RankTimes]) -> Vec<Row> {
             );
             let batch: Vec<Option<f64>> = all.iter().map(|t| t.batch.get(i).copied()).collect();
             row.set_batch(report::slowest_batch(&batch).unwrap_or(0.0), nccl_batch);
+            row.kernel_last_p50_us = report::slowest(&last).p50_ns / 1e3;
             rows.push(row);
             i += 1;
         }

@@ -20,7 +20,8 @@ use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, result, sys};
 
 use super::case::Case;
 use super::kernels::{
-    CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, phases,
+    CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, last_block,
+    phases,
 };
 use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout};
 use super::member::Group;
@@ -376,11 +377,12 @@ impl Session {
         for (n, grp) in groups.iter().enumerate() {
             for case in &grp.cases {
                 crate::stall::waiting_on(describe(case, g.world));
-                let (events, kernel, phases, batch) = self.run_case(ctx, case, call)?;
-                times.cases.push(events);
-                times.kernel.push(kernel);
-                times.phases.push(phases);
-                times.batch.push(batch);
+                let t = self.run_case(ctx, case, call)?;
+                times.cases.push(t.events);
+                times.kernel.push(t.kernel);
+                times.kernel_last.push(t.kernel_last);
+                times.phases.push(t.phases);
+                times.batch.push(t.batch);
                 call += u64::from(ctx.cfg.calls());
             }
             let case = &grp.cases[0];
@@ -475,10 +477,19 @@ impl Session {
     }
 }
 
-/// A case's timed calls, ns: their GPU times, their in-kernel times,
-/// where block 0's phase 0 spent them (setup, push, signal, wait), and the
-/// batch's mean time per call.
-type CaseTimes = (Vec<f64>, Vec<f64>, Vec<[f64; 4]>, f64);
+/// A case's timed calls, ns.
+struct CaseTimes {
+    /// Each call's GPU time (an event before and after it).
+    events: Vec<f64>,
+    /// Block 0's time inside the kernel.
+    kernel: Vec<f64>,
+    /// Block 0's start to the end of the call's last block.
+    kernel_last: Vec<f64>,
+    /// Where block 0's phase 0 went (setup, push, signal, wait).
+    phases: Vec<[f64; 4]>,
+    /// The batch's mean time per call.
+    batch: f64,
+}
 
 impl Session {
     /// One case: its calls queued and watched, then the report and the
@@ -563,7 +574,14 @@ impl Session {
             .download(&ctx.gpu.stream, bytemuck::cast_slice_mut(&mut raw))?;
         let stamps = &raw[(warm + 2) as usize..(warm + 2 + iters) as usize];
         let batch = timed.batch_mean()?;
-        Ok((timed.times(2)?, calibrate(stamps)?, phases(stamps)?, batch))
+        let kernel = calibrate(stamps)?;
+        Ok(CaseTimes {
+            events: timed.times(2)?,
+            kernel_last: last_block(stamps, &kernel),
+            kernel,
+            phases: phases(stamps)?,
+            batch,
+        })
     }
 
     /// Runs `queue`'s work, whose timed calls wait behind a gate, watched
