@@ -89,6 +89,7 @@ struct CollParams {
     // themselves: a call reads them from the constant bank, not with a
     // load from device memory before its first store.
     uint64_t peer_ptr[COLL_MAX_RANKS];
+    uint64_t piece_elems;  // one-shot and two-shot: elements per piece at most (a multiple of 8)
 };
 
 // Begins with the suite's KernelReport, so gpu::run::run_watched zeroes it,
@@ -151,7 +152,7 @@ struct CollVerify {
     uint32_t reserved;
 };
 
-static_assert(sizeof(CollParams) == 320, "CollParams layout is shared with the host");
+static_assert(sizeof(CollParams) == 328, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, members) == 176, "CollParams layout is shared with the host");
 static_assert(offsetof(CollParams, rank) == 112, "CollParams layout is shared with the host");
 static_assert(sizeof(CollTiming) == 72, "CollTiming layout is shared with the host");
@@ -176,6 +177,21 @@ __device__ __forceinline__ void split(uint64_t total, uint64_t parts, uint64_t i
     per = (per + COLL_ALIGN_ELEMS - 1) / COLL_ALIGN_ELEMS * COLL_ALIGN_ELEMS;
     lo = min(i * per, total);
     hi = min(lo + per, total);
+}
+
+// This block's pieces of `total` elements, each handed to `each(lo, hi)`:
+// pieces of the block's share (split's) or of p.piece_elems, whichever is
+// smaller, dealt round the blocks (piece i to block i % gridDim.x). A
+// small call is one piece per block, split's slices; a large one has every
+// block work through the buffer beside the others, so the pages a call
+// touches at once stay few: with one slice per block, 132 blocks streamed
+// through 132 regions of 2 MiB or more, and the last block ended up to
+// 35 % after the first (2 H200s, 512 MiB).
+template <class Each> __device__ __forceinline__ void for_pieces(const CollParams &p, uint64_t total, Each &&each) {
+    uint64_t per = (total + gridDim.x - 1) / gridDim.x;
+    per = (per + COLL_ALIGN_ELEMS - 1) / COLL_ALIGN_ELEMS * COLL_ALIGN_ELEMS;
+    const uint64_t piece = min(per, p.piece_elems);
+    for (uint64_t lo = blockIdx.x * piece; lo < total; lo += uint64_t(gridDim.x) * piece) each(lo, min(lo + piece, total));
 }
 
 // ------------------------------------------------------------ primitives
@@ -524,77 +540,79 @@ __device__ void reduce(const CollParams &p, const Peers &b, uint8_t *out, uint64
 // at 190 GB/s bus bandwidth where NCCL's ring made 324).
 __device__ __forceinline__ uint32_t peer_at(const CollParams &p, uint32_t j) { return (p.rank + j) % p.ranks; }
 
-// One-shot allreduce: push this block's slice of the input to every peer's
-// receive row for us, wait for theirs, sum all N in rank order.
+// One-shot allreduce: push this block's pieces of the input to every
+// peer's receive row for us, wait for theirs, sum all N in rank order.
 __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
-    uint64_t lo, hi;
-    split(p.count, gridDim.x, blockIdx.x, lo, hi);
-    for (uint32_t j = 1; j < p.ranks; ++j)
-        send_to(p, b, peer_at(p, j), p.off_in + lo * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
+        for (uint32_t j = 1; j < p.ranks; ++j)
+            send_to(p, b, peer_at(p, j), p.off_in + lo * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
+    });
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
     set_sources(p, b, p.off_in);
-    reduce(p, b, p.window + p.off_out, lo, hi);
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi); });
 }
 
 // Two-shot allreduce: reduce-scatter (rank c sums chunk c), then allgather
-// of the sums. Block b moves slice b of every chunk in both phases, so it
-// pairs with block b of every peer.
+// of the sums. Block b moves the same pieces of every chunk in both
+// phases, so it pairs with block b of every peer.
 __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < p.ranks; ++j) {
         const uint32_t d = peer_at(p, j);
-        uint64_t c0, c1, lo, hi;
+        uint64_t c0, c1;
         split(p.count, p.ranks, d, c0, c1);
-        split(c1 - c0, gridDim.x, blockIdx.x, lo, hi);
-        send_to(p, b, d, p.off_in + (c0 + lo) * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
+        for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) {
+            send_to(p, b, d, p.off_in + (c0 + lo) * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
+        });
     }
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
-    uint64_t c0, c1, lo, hi;
+    uint64_t c0, c1;
     split(p.count, p.ranks, p.rank, c0, c1);
-    split(c1 - c0, gridDim.x, blockIdx.x, lo, hi);
     // Element c0 + j comes from our input there and from the peers' rows at
     // j: shift the rows back by c0 so one index serves all.
     set_sources(p, b, p.off_in);
     if (threadIdx.x < p.ranks && threadIdx.x != p.rank) b.src[threadIdx.x] -= c0 * E;
     __syncthreads();
-    reduce(p, b, p.window + p.off_out, c0 + lo, c0 + hi);
+    for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, c0 + lo, c0 + hi); });
     __syncthreads();
-    for (uint32_t j = 1; j < p.ranks; ++j)
-        send_to(p, b, peer_at(p, j), p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
+    for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) {
+        for (uint32_t j = 1; j < p.ranks; ++j)
+            send_to(p, b, peer_at(p, j), p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
+    });
     signal_peers(p, b, 1);
     wait_peers(p, b, 1);
 }
 
-// Allgather: push this block's slice of our input into slot `rank` of
+// Allgather: push this block's pieces of our input into slot `rank` of
 // every rank's output (ours included), wait for every peer's.
 __device__ void allgather(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
-    uint64_t lo, hi;
-    split(p.count, gridDim.x, blockIdx.x, lo, hi);
-    const uint64_t at = (p.rank * p.count + lo) * E;
-    for (uint32_t j = 1; j <= p.ranks; ++j)  // our own slot last
-        send_to(p, b, peer_at(p, j), p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
+        const uint64_t at = (p.rank * p.count + lo) * E;
+        for (uint32_t j = 1; j <= p.ranks; ++j)  // our own slot last
+            send_to(p, b, peer_at(p, j), p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
+    });
     signal_peers(p, b, 0);
     wait_peers(p, b, 0);
 }
 
-// Reduce-scatter: push slice b of chunk d of our input to rank d's receive
-// row for us, wait, sum our chunk from all N.
+// Reduce-scatter: push this block's pieces of chunk d of our input to rank
+// d's receive row for us, wait, sum our chunk's pieces from all N.
 __device__ void reduce_scatter(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
-    uint64_t lo, hi;
-    split(p.count, gridDim.x, blockIdx.x, lo, hi);
-    for (uint32_t j = 1; j < p.ranks; ++j) {
-        const uint32_t d = peer_at(p, j);
-        send_to(p, b, d, p.off_in + (d * p.count + lo) * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
-    }
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
+        for (uint32_t j = 1; j < p.ranks; ++j) {
+            const uint32_t d = peer_at(p, j);
+            send_to(p, b, d, p.off_in + (d * p.count + lo) * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
+        }
+    });
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
     set_sources(p, b, p.off_in + p.rank * p.count * E);
-    reduce(p, b, p.window + p.off_out, lo, hi);
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi); });
 }
 
 // ------------------------------------------------------------- LL lines

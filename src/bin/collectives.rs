@@ -149,6 +149,13 @@ struct Args {
     #[arg(long, value_parser = parse_bytes)]
     block_bytes: Option<u64>,
 
+    /// One-shot and two-shot: bytes per piece at most. A block's share is cut
+    /// into pieces dealt round the blocks, so every block works through the
+    /// buffer beside the others (one slice per block ended unevenly from
+    /// about 1 MiB a block).
+    #[arg(long, default_value = "256K", value_parser = parse_bytes)]
+    piece_bytes: u64,
+
     /// Write the tuned table: for every operation, type and size, the
     /// algorithm and path that ran fastest here (JSON; rank 0 writes it).
     #[arg(long, value_name = "FILE", conflicts_with = "tuned")]
@@ -378,6 +385,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         timeout_ns: args.timeout.as_nanos() as u64,
         blocks: args.blocks,
         block_bytes: args.block_bytes,
+        piece_bytes: args.piece_bytes,
         tuned: match &args.tuned {
             Some(f) => Some(TuneTable::read(f, ranks)?),
             None => None,

@@ -68,10 +68,10 @@ impl Case {
         }
     }
 
-    /// The CPU run of this call (number `call`, `blocks` blocks) on `ranks`
-    /// ranks over the kernels' own window offsets and slices: every rank's
-    /// output.
-    pub fn simulate(&self, ranks: u32, blocks: u32, call: u64) -> Vec<Vec<f32>> {
+    /// The CPU run of this call (number `call`, `blocks` blocks, pieces of
+    /// at most `piece_elems`) on `ranks` ranks over the kernels' own window
+    /// offsets and slices: every rank's output.
+    pub fn simulate(&self, ranks: u32, blocks: u32, piece_elems: u64, call: u64) -> Vec<Vec<f32>> {
         let w = WindowLayout::new(self.bytes(ranks), self.bytes(ranks), ranks);
         let e = self.dtype.bytes();
         let elem = |bytes: u64| (bytes / e) as usize;
@@ -81,6 +81,7 @@ impl Case {
             .collect();
         let rows = (elem(w.recv[(call % 2) as usize]), elem(w.recv_stride));
         let mut m = Model::new(self.count, blocks, elem(w.bytes), io, rows);
+        m.piece_elems = piece_elems;
         let (n_in, n_out) = self.elems(ranks);
         m.fill(n_in, call);
         self.op.spec().model(self.algo, &mut m);
@@ -163,7 +164,11 @@ mod tests {
                                 ..case(op, algo, count)
                             };
                             let call = u64::from(blocks) + count;
-                            checked += agree(&case, ranks, blocks, call);
+                            // Pieces of 8 elements deal several per block
+                            // from 17 elements on; 2^20, one slice each.
+                            for piece in [8, 1 << 20] {
+                                checked += agree(&case, ranks, blocks, piece, call);
+                            }
                         }
                     }
                 }
@@ -174,14 +179,14 @@ mod tests {
 
     /// Compares every rank's simulated output with the reference; returns
     /// the elements compared.
-    fn agree(case: &Case, ranks: u32, blocks: u32, call: u64) -> usize {
-        let out = case.simulate(ranks, blocks, call);
+    fn agree(case: &Case, ranks: u32, blocks: u32, piece: u64, call: u64) -> usize {
+        let out = case.simulate(ranks, blocks, piece, call);
         for (r, o) in out.iter().enumerate() {
             for (i, &got) in o.iter().enumerate() {
                 let want = (case.op.spec()).expected(ranks, r as u32, case.count, call, i as u64);
                 assert_eq!(
                     got, want,
-                    "{case:?} ranks {ranks} blocks {blocks}: rank {r} element {i}"
+                    "{case:?} ranks {ranks} blocks {blocks} piece {piece}: rank {r} element {i}"
                 );
             }
         }

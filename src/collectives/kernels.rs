@@ -82,6 +82,9 @@ pub struct CollParams {
     /// `has_peer_ptr`), passed by value so that a call reads it from the
     /// kernel's parameters instead of loading it from device memory.
     pub peer_ptr: [u64; MAX_RANKS as usize],
+    /// One-shot and two-shot: elements per piece at most, a multiple of
+    /// [`super::layout::ALIGN_ELEMS`] ([`super::layout::pieces`]).
+    pub piece_elems: u64,
 }
 
 /// `CollReport`: what went wrong in a call. It begins with the suite's
@@ -222,7 +225,7 @@ pub struct CollVerify {
 }
 
 const _: () = {
-    assert!(size_of::<CollParams>() == 320);
+    assert!(size_of::<CollParams>() == 328);
     assert!(std::mem::offset_of!(CollParams, members) == 176);
     assert!(std::mem::offset_of!(CollParams, rank) == 112);
     assert!(size_of::<CollTiming>() == 72);

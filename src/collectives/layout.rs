@@ -36,6 +36,13 @@ pub const BLOCK_BYTES: u64 = 8 << 10;
 /// from 8 KiB's 10.3–12.96 µs to 8.5–9.8 µs at 64 KiB and from 12.6 to 9.7
 /// µs for a 256 KiB reduce-scatter; 2 KiB read as 4 KiB.
 pub const LINE_BLOCK_BYTES: u64 = 4 << 10;
+/// One-shot and two-shot cut a block's share into pieces of at most this
+/// many bytes, dealt round the blocks, so that every block works through
+/// the buffer beside the others ([`pieces`]). With one slice per block,
+/// from about 1 MiB a block the pages in use at once outgrew what the GPU
+/// keeps translated, and blocks ended unevenly: on two H200s at 512 MiB
+/// the last block of a two-shot allreduce ended 35 % after the first.
+pub const PIECE_BYTES: u64 = 256 << 10;
 /// The LL algorithms run up to this size: its lines carry 8 bytes of data
 /// in 16, and every receiving thread polls its own lines, which pays only
 /// while the flag, not the data, sets the time (MSCCL++ uses LL packets up
@@ -177,6 +184,31 @@ pub fn split(total: u64, parts: u64, i: u64) -> (u64, u64) {
     let per = total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
     let lo = (i * per).min(total);
     (lo, (lo + per).min(total))
+}
+
+/// Block `i` of `parts`' pieces of `total` elements, `[lo, hi)` each:
+/// pieces of the block's share ([`split`]'s, ⌈total/parts⌉ rounded up to
+/// [`ALIGN_ELEMS`]) or of `piece_elems` (a multiple of [`ALIGN_ELEMS`]),
+/// whichever is smaller, piece k to block k mod `parts`. Mirrors
+/// `for_pieces()` in `cuda/collectives.cu`.
+pub fn pieces(
+    total: u64,
+    parts: u64,
+    i: u64,
+    piece_elems: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let per = total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
+    let piece = per.min(piece_elems).max(1);
+    (0..)
+        .map(move |k| (i + k * parts) * piece)
+        .take_while(move |&lo| lo < total)
+        .map(move |lo| (lo, (lo + piece).min(total)))
+}
+
+/// `--piece-bytes` as elements of `elem_bytes` for the kernels: a
+/// multiple of [`ALIGN_ELEMS`], at least one.
+pub fn piece_elems(piece_bytes: u64, elem_bytes: u64) -> u64 {
+    (piece_bytes / elem_bytes / ALIGN_ELEMS).max(1) * ALIGN_ELEMS
 }
 
 /// Round `v` up to a multiple of 256 bytes.
@@ -326,6 +358,34 @@ mod tests {
                 assert_eq!(next, total, "total {total} parts {parts}");
             }
         }
+        // Pieces: every element once, each piece within one block's deal.
+        for total in [0u64, 1, 7, 8, 100, 1000, 4099] {
+            for parts in [1u64, 2, 3, 7, 132] {
+                for piece in [8u64, 16, 64, 1 << 20] {
+                    let mut seen = vec![0u8; total as usize];
+                    for i in 0..parts {
+                        for (lo, hi) in pieces(total, parts, i, piece) {
+                            assert!(lo < hi && hi <= total && lo % ALIGN_ELEMS == 0);
+                            seen[lo as usize..hi as usize]
+                                .iter_mut()
+                                .for_each(|s| *s += 1);
+                        }
+                    }
+                    assert!(seen.iter().all(|&s| s == 1), "{total} {parts} {piece}");
+                }
+            }
+        }
+        // Small shares are split's slices, one per block.
+        assert_eq!(
+            pieces(1000, 3, 1, 1 << 20).collect::<Vec<_>>(),
+            vec![split(1000, 3, 1)]
+        );
+        assert_eq!(
+            pieces(100, 2, 1, 16).collect::<Vec<_>>(),
+            vec![(16, 32), (48, 64), (80, 96)]
+        );
+        assert_eq!(piece_elems(PIECE_BYTES, 4), 65536);
+        assert_eq!(piece_elems(1, 2), ALIGN_ELEMS);
         assert_eq!(split(10, 3, 0), (0, 8));
         assert_eq!(split(10, 3, 1), (8, 10));
         assert_eq!(split(10, 3, 2), (10, 10));

@@ -87,6 +87,10 @@ pub struct RunConfig {
     /// algorithm's own ([`super::layout::Algo::block_bytes`]).
     #[serde(default)]
     pub block_bytes: Option<u64>,
+    /// `--piece-bytes`: one-shot and two-shot cut a block's share into
+    /// pieces of at most this many bytes ([`super::layout::pieces`]).
+    #[serde(default = "default_piece_bytes")]
+    pub piece_bytes: u64,
     pub baseline: bool,
     /// Stream launches or one CUDA graph per case's timed calls.
     #[serde(default)]
@@ -103,6 +107,10 @@ pub struct RunConfig {
     /// `algo` and `paths` ([`super::tune`]).
     #[serde(default)]
     pub tuned: Option<TuneTable>,
+}
+
+fn default_piece_bytes() -> u64 {
+    super::layout::PIECE_BYTES
 }
 
 /// How an elastic run goes ([`super::elastic`]).
@@ -316,6 +324,7 @@ mod tests {
             timeout_ns: 1,
             blocks: None,
             block_bytes: None,
+            piece_bytes: crate::collectives::layout::PIECE_BYTES,
             tuned: None,
             baseline: true,
             launch: Launch::Stream,

@@ -21,6 +21,9 @@ pub struct Model {
     pub count: u64,
     /// Blocks of the call: every algorithm slices by them as its kernel does.
     pub blocks: u64,
+    /// One-shot and two-shot: elements per piece at most
+    /// ([`crate::collectives::layout::pieces`]).
+    pub piece_elems: u64,
     /// Every rank's input and output offsets.
     io: Vec<(usize, usize)>,
     /// The receive rows: the first row's offset, elements per row.
@@ -43,10 +46,16 @@ impl Model {
             ranks,
             count,
             blocks: u64::from(blocks),
+            piece_elems: u64::MAX,
             win: vec![vec![f32::NAN; len]; ranks as usize],
             io,
             rows,
         }
+    }
+
+    /// Block `b`'s pieces of `total` elements, as the kernels deal them.
+    pub fn pieces(&self, total: u64, b: u64) -> impl Iterator<Item = (u64, u64)> {
+        crate::collectives::layout::pieces(total, self.blocks, b, self.piece_elems)
     }
 
     /// Writes `n` input elements of every rank for call `call` ([`input`]).

@@ -23,7 +23,7 @@ use super::kernels::{
     CollData, CollKernels, CollParams, CollReport, CollTiming, CollVerify, calibrate, last_block,
     phases,
 };
-use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout};
+use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout, piece_elems};
 use super::member::Group;
 use super::nccl::{Comm, NcclCall};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
@@ -440,6 +440,7 @@ impl Session {
             abort_sent: self.abort_sent.addr(),
             members: v.members,
             peer_ptr: self.peer_ptr(v.members, v.ranks),
+            piece_elems: piece_elems(ctx.cfg.piece_bytes, case.dtype.bytes()),
         }
     }
 

@@ -9,7 +9,7 @@ use anyhow::Result;
 use cudarc::nccl::result;
 
 use super::{Collective, peer_share};
-use crate::collectives::layout::{Algo, split};
+use crate::collectives::layout::Algo;
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -58,11 +58,12 @@ impl Collective for Allgather {
         let (n, c) = (m.ranks, m.count);
         for r in 0..n {
             for b in 0..m.blocks {
-                let (lo, hi) = split(c, m.blocks, b);
-                let (i, o) = m.io(r);
-                let at = o + (u64::from(r) * c + lo) as usize;
-                for d in 0..n {
-                    m.send(r, d, i + lo as usize, at, hi - lo);
+                for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
+                    let (i, o) = m.io(r);
+                    let at = o + (u64::from(r) * c + lo) as usize;
+                    for d in 0..n {
+                        m.send(r, d, i + lo as usize, at, hi - lo);
+                    }
                 }
             }
         }

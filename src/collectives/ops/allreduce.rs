@@ -137,10 +137,11 @@ fn one_shot(m: &mut Model) {
     let (n, c) = (m.ranks, m.count);
     for r in 0..n {
         for b in 0..m.blocks {
-            let (lo, hi) = split(c, m.blocks, b);
-            for d in (0..n).filter(|&d| d != r) {
-                let (i, dst) = (m.io(r).0, m.recv(r));
-                m.send(r, d, i + lo as usize, dst + lo as usize, hi - lo);
+            for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
+                for d in (0..n).filter(|&d| d != r) {
+                    let (i, dst) = (m.io(r).0, m.recv(r));
+                    m.send(r, d, i + lo as usize, dst + lo as usize, hi - lo);
+                }
             }
         }
     }
@@ -148,42 +149,48 @@ fn one_shot(m: &mut Model) {
         let (i, o) = m.io(r);
         let src = m.sources(r, i, 0);
         for b in 0..m.blocks {
-            let (lo, hi) = split(c, m.blocks, b);
-            m.reduce(r, o, &src, lo, hi);
+            for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
+                m.reduce(r, o, &src, lo, hi);
+            }
         }
     }
 }
 
 fn two_shot(m: &mut Model) {
     let (n, c) = (m.ranks, m.count);
-    let slice = |m: &Model, d: u32, b: u64| {
+    // Block b's pieces of chunk d: (chunk start, lo, hi), lo and hi within it.
+    let slices = |m: &Model, d: u32, b: u64| {
         let (c0, c1) = split(c, u64::from(n), u64::from(d));
-        let (lo, hi) = split(c1 - c0, m.blocks, b);
-        (c0, lo, hi)
+        m.pieces(c1 - c0, b)
+            .map(move |(lo, hi)| (c0, lo, hi))
+            .collect::<Vec<_>>()
     };
     for r in 0..n {
         for b in 0..m.blocks {
             for d in (0..n).filter(|&d| d != r) {
-                let (c0, lo, hi) = slice(m, d, b);
-                let (i, dst) = (m.io(r).0, m.recv(r));
-                m.send(r, d, i + (c0 + lo) as usize, dst + lo as usize, hi - lo);
+                for (c0, lo, hi) in slices(m, d, b) {
+                    let (i, dst) = (m.io(r).0, m.recv(r));
+                    m.send(r, d, i + (c0 + lo) as usize, dst + lo as usize, hi - lo);
+                }
             }
         }
     }
     for r in 0..n {
         let (i, o) = m.io(r);
         for b in 0..m.blocks {
-            let (c0, lo, hi) = slice(m, r, b);
-            let src = m.sources(r, i, c0);
-            m.reduce(r, o, &src, c0 + lo, c0 + hi);
+            for (c0, lo, hi) in slices(m, r, b) {
+                let src = m.sources(r, i, c0);
+                m.reduce(r, o, &src, c0 + lo, c0 + hi);
+            }
         }
     }
     for r in 0..n {
         for b in 0..m.blocks {
-            let (c0, lo, hi) = slice(m, r, b);
-            for d in (0..n).filter(|&d| d != r) {
-                let at = m.io(r).1 + (c0 + lo) as usize;
-                m.send(r, d, at, at, hi - lo);
+            for (c0, lo, hi) in slices(m, r, b) {
+                for d in (0..n).filter(|&d| d != r) {
+                    let at = m.io(r).1 + (c0 + lo) as usize;
+                    m.send(r, d, at, at, hi - lo);
+                }
             }
         }
     }

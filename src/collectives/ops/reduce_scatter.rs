@@ -9,7 +9,7 @@ use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
 use super::{Collective, peer_share};
-use crate::collectives::layout::{Algo, split};
+use crate::collectives::layout::Algo;
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -56,11 +56,12 @@ impl Collective for ReduceScatter {
         let (n, c) = (m.ranks, m.count);
         for r in 0..n {
             for b in 0..m.blocks {
-                let (lo, hi) = split(c, m.blocks, b);
-                for d in (0..n).filter(|&d| d != r) {
-                    let (i, dst) = (m.io(r).0, m.recv(r));
-                    let at = i + (u64::from(d) * c + lo) as usize;
-                    m.send(r, d, at, dst + lo as usize, hi - lo);
+                for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
+                    for d in (0..n).filter(|&d| d != r) {
+                        let (i, dst) = (m.io(r).0, m.recv(r));
+                        let at = i + (u64::from(d) * c + lo) as usize;
+                        m.send(r, d, at, dst + lo as usize, hi - lo);
+                    }
                 }
             }
         }
@@ -68,8 +69,9 @@ impl Collective for ReduceScatter {
             let (i, o) = m.io(r);
             let src = m.sources(r, i + (u64::from(r) * c) as usize, 0);
             for b in 0..m.blocks {
-                let (lo, hi) = split(c, m.blocks, b);
-                m.reduce(r, o, &src, lo, hi);
+                for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
+                    m.reduce(r, o, &src, lo, hi);
+                }
             }
         }
     }
