@@ -606,13 +606,17 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
 }
 
 // Allgather: push this block's pieces of our input into slot `rank` of
-// every rank's output (ours included), wait for every peer's.
+// every rank's output, wait for every peer's. Our own slot is copied piece
+// by piece beside the first peer's pushes, a copy in our own memory while
+// the link carries the pushes (after all of them, it added its whole time:
+// 2 ranks at 512 MiB – 1 GiB, 12 %).
 __device__ void allgather(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
-    for (uint32_t j = 1; j <= p.ranks; ++j)  // our own slot last
+    for (uint32_t j = 1; j < max(p.ranks, 2u); ++j)
         for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
             const uint64_t at = (p.rank * p.count + lo) * E;
-            send_to(p, b, peer_at(p, j), p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
+            if (j < p.ranks) send_to(p, b, peer_at(p, j), p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
+            if (j == 1) send_to(p, b, p.rank, p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
         });
     signal_peers(p, b, 0);
     wait_peers(p, b, 0);
