@@ -559,8 +559,8 @@ __device__ __forceinline__ uint32_t peer_at(const CollParams &p, uint32_t j) { r
 // peer's receive row for us, wait for theirs, sum all N in rank order.
 // Every push loop takes the peers in the outer loop: at each step each
 // GPU then receives from one writer (peer_at); with the pieces outside,
-// the blocks drifted out of step and 4-rank calls from 256 MiB ran 7 %
-// slower (four H200s).
+// the blocks drifted out of step and 4-rank calls from 256 MiB ran up to
+// 8 % slower (four H200s).
 __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < p.ranks; ++j)
@@ -608,8 +608,8 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
 // Allgather: push this block's pieces of our input into slot `rank` of
 // every rank's output, wait for every peer's. Our own slot is copied piece
 // by piece beside the first peer's pushes, a copy in our own memory while
-// the link carries the pushes (after all of them, it added its whole time:
-// 2 ranks at 512 MiB – 1 GiB, 12 %).
+// the link carries the pushes (after all of them: 2 ranks 7–11 % slower
+// from 128 MiB).
 __device__ void allgather(const CollParams &p, Peers &b) {
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < max(p.ranks, 2u); ++j)
