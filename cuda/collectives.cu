@@ -931,6 +931,28 @@ __device__ __forceinline__ void ll128_send(const CollParams &p, const Peers &b, 
     if (d != p.rank && b.ptr[d] != nullptr) ll128_store(reinterpret_cast<uint4 *>(b.ptr[d] + row + me.wire(k)), lo, hi);
 }
 
+// Pushes this block's lines of each peer's chunk into that peer's row for
+// us at `row`, going round the members from the one after us (reduce-
+// scatter's and two-shot's first half); `chunk(d, src, bytes)` names the
+// chunk bound for member d.
+template <class Chunk>
+__device__ void ll128_scatter(const CollParams &p, const Peers &b, const Ll128Lane &me, const Ll128Slice &l,
+                              uint64_t row, Chunk &&chunk) {
+    const uint64_t flag = ll128_flag(l.epoch);
+    ll128_quads(me, l, [&](uint64_t k, bool mine) {
+        for (uint32_t j = 1; j < p.ranks; ++j) {
+            const uint32_t d = peer_at(p, j);
+            const uint8_t *src;
+            uint64_t bytes, lo = 0, hi = 0;
+            chunk(d, src, bytes);
+            if (mine) ll128_words(me, src, k, bytes, flag, lo, hi);
+            __syncwarp();
+            if (mine) ll128_send(p, b, d, row, me, k, lo, hi);
+        }
+        return true;
+    });
+}
+
 // Adds this lane's 16 bytes of a line (4 f32 or 8 bf16; beside the flag
 // half that) into `a` (first word) and `c` (second), in f32.
 __device__ __forceinline__ void ll128_add(const Ll128Lane &me, float (&a)[4], float (&c)[4], uint64_t lo,
@@ -1030,16 +1052,10 @@ __device__ void allreduce_two_shot_ll128(const CollParams &p, Peers &b) {
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
     uint8_t *out = p.window + p.off_out;
-    ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        for (uint32_t j = 1; j < p.ranks; ++j) {
-            const uint32_t d = peer_at(p, j);
-            uint64_t lo = 0, hi = 0, c0, n;
-            chunk(d, c0, n);
-            if (mine) ll128_words(me, in + c0, k, n, flag, lo, hi);
-            __syncwarp();
-            if (mine) ll128_send(p, b, d, row, me, k, lo, hi);
-        }
-        return true;
+    ll128_scatter(p, b, me, l, row, [&](uint32_t d, const uint8_t *&src, uint64_t &n) {
+        uint64_t c0;
+        chunk(d, c0, n);
+        src = in + c0;
     });
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
@@ -1098,17 +1114,11 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
-    const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
+    const uint64_t row = row_offset(p, p.rank);
     const uint8_t *in = p.window + p.off_in;
-    ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        for (uint32_t j = 1; j < p.ranks; ++j) {
-            const uint32_t d = peer_at(p, j);
-            uint64_t lo = 0, hi = 0;
-            if (mine) ll128_words(me, in + d * bytes, k, bytes, flag, lo, hi);
-            __syncwarp();
-            if (mine) ll128_send(p, b, d, row, me, k, lo, hi);
-        }
-        return true;
+    ll128_scatter(p, b, me, l, row, [&](uint32_t d, const uint8_t *&src, uint64_t &n) {
+        src = in + d * bytes;
+        n = bytes;
     });
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
