@@ -33,7 +33,7 @@ pub const BLOCK_BYTES: u64 = 8 << 10;
 /// next), so a block should give each warp about one quad of LL128 lines
 /// (16 warps × 4 × 120 bytes = 7.5 KiB) or each thread one LL line (512 ×
 /// 8 bytes). On four H200s, 16 KiB – 2 MiB: 4 KiB took the 4-rank calls
-/// from 8 KiB's 10.3–12.96 µs to 8.5–9.8 µs at 64 KiB and from 12.6 to 9.7
+/// from 8 KiB's 10.3–12.96 µs to 8.6–9.5 µs at 64 KiB and from 12.6 to 9.7
 /// µs for a 256 KiB reduce-scatter; 2 KiB read as 4 KiB.
 pub const LINE_BLOCK_BYTES: u64 = 4 << 10;
 /// One-shot and two-shot cut a block's share into pieces of at most this
