@@ -172,9 +172,13 @@ __host__ __device__ __forceinline__ float coll_input(uint32_t rank, uint64_t i, 
 
 // Slice `i` of `parts` over `total` elements: [lo, hi), starting at a
 // multiple of COLL_ALIGN_ELEMS (src/collectives/layout.rs split()).
+__device__ __forceinline__ uint64_t split_share(uint64_t total, uint64_t parts) {
+    const uint64_t per = (total + parts - 1) / parts;
+    return (per + COLL_ALIGN_ELEMS - 1) / COLL_ALIGN_ELEMS * COLL_ALIGN_ELEMS;
+}
+
 __device__ __forceinline__ void split(uint64_t total, uint64_t parts, uint64_t i, uint64_t &lo, uint64_t &hi) {
-    uint64_t per = (total + parts - 1) / parts;
-    per = (per + COLL_ALIGN_ELEMS - 1) / COLL_ALIGN_ELEMS * COLL_ALIGN_ELEMS;
+    const uint64_t per = split_share(total, parts);
     lo = min(i * per, total);
     hi = min(lo + per, total);
 }
@@ -188,9 +192,7 @@ __device__ __forceinline__ void split(uint64_t total, uint64_t parts, uint64_t i
 // through 132 regions of 2 MiB or more, and the last block ended up to
 // 35 % after the first (2 H200s, 512 MiB).
 template <class Each> __device__ __forceinline__ void for_pieces(const CollParams &p, uint64_t total, Each &&each) {
-    uint64_t per = (total + gridDim.x - 1) / gridDim.x;
-    per = (per + COLL_ALIGN_ELEMS - 1) / COLL_ALIGN_ELEMS * COLL_ALIGN_ELEMS;
-    const uint64_t piece = min(per, p.piece_elems);
+    const uint64_t piece = min(split_share(total, gridDim.x), p.piece_elems);
     for (uint64_t lo = blockIdx.x * piece; lo < total; lo += uint64_t(gridDim.x) * piece) each(lo, min(lo + piece, total));
 }
 
@@ -979,20 +981,19 @@ __device__ void ll128_push(const CollParams &p, const Peers &b, const Ll128Lane 
 }
 
 // Sums this lane's part of line k from every member in rank order (ours
-// from `own`, the peers' from their rows in our window at `rows` past each
-// row's start, each waited for) into `out`, in f32, as reduce_into does;
-// the sum as this lane's words of the line in lo/hi. False, for the whole
-// warp, when a wait stopped.
-__device__ __forceinline__ bool ll128_sum(const CollParams &p, const Ll128Lane &me, const Ll128Slice &l, uint64_t k, bool mine,
-                          const uint8_t *own, uint64_t rows, uint8_t *out, uint64_t bytes, uint64_t start,
-                          uint64_t &lo, uint64_t &hi) {
+// from `own`, the peers' from their rows in our window, each waited for)
+// into `out`, in f32, as reduce_into does; the sum as this lane's words of
+// the line in lo/hi. False, for the whole warp, when a wait stopped.
+__device__ bool ll128_sum(const CollParams &p, const Ll128Lane &me, const Ll128Slice &l, uint64_t k, bool mine,
+                          const uint8_t *own, uint8_t *out, uint64_t bytes, uint64_t start, uint64_t &lo,
+                          uint64_t &hi) {
     const bool bf16 = p.dtype == COLL_BF16;
     float a[4] = {}, c[4] = {};
     for (uint32_t s = 0; s < p.ranks; ++s) {
         uint64_t x = 0, y = 0;
         if (s == p.rank) {
             if (mine) ll128_words(me, own, k, bytes, 0, x, y);
-        } else if (!ll128_wait(p, me, row_offset(p, s) + rows, k, mine, l.epoch, start, s, x, y)) {
+        } else if (!ll128_wait(p, me, row_offset(p, s), k, mine, l.epoch, start, s, x, y)) {
             return false;
         }
         ll128_add(me, a, c, x, y, bf16);
@@ -1019,7 +1020,7 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     uint8_t *out = p.window + p.off_out;
     ll128_quads(me, l, [&](uint64_t k, bool mine) {
         uint64_t lo, hi;
-        return ll128_sum(p, me, l, k, mine, in, 0, out, bytes, start, lo, hi);
+        return ll128_sum(p, me, l, k, mine, in, out, bytes, start, lo, hi);
     });
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
@@ -1063,7 +1064,7 @@ __device__ void allreduce_two_shot_ll128(const CollParams &p, Peers &b) {
     chunk(p.rank, at, bytes);  // ours from here on
     const bool summed = ll128_quads(me, l, [&](uint64_t k, bool mine) {
         uint64_t lo, hi;
-        if (!ll128_sum(p, me, l, k, mine, in + at, 0, out + at, bytes, start, lo, hi)) return false;
+        if (!ll128_sum(p, me, l, k, mine, in + at, out + at, bytes, start, lo, hi)) return false;
         if (me.flag()) hi = flag;
         __syncwarp();
         for (uint32_t j = 1; j < p.ranks; ++j)
@@ -1125,7 +1126,7 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     const uint64_t start = globaltimer_ns();
     ll128_quads(me, l, [&](uint64_t k, bool mine) {
         uint64_t lo, hi;
-        return ll128_sum(p, me, l, k, mine, in + p.rank * bytes, 0, p.window + p.off_out, bytes, start, lo, hi);
+        return ll128_sum(p, me, l, k, mine, in + p.rank * bytes, p.window + p.off_out, bytes, start, lo, hi);
     });
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }

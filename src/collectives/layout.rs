@@ -181,9 +181,14 @@ impl Dtype {
 /// ⌈total/parts⌉ rounded up to [`ALIGN_ELEMS`], the last ones shorter or
 /// empty. Mirrors `split()` in `cuda/collectives.cu`.
 pub fn split(total: u64, parts: u64, i: u64) -> (u64, u64) {
-    let per = total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
+    let per = split_share(total, parts);
     let lo = (i * per).min(total);
     (lo, (lo + per).min(total))
+}
+
+/// A share of [`split`]: ⌈total/parts⌉ rounded up to [`ALIGN_ELEMS`].
+fn split_share(total: u64, parts: u64) -> u64 {
+    total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS
 }
 
 /// Block `i` of `parts`' pieces of `total` elements, `[lo, hi)` each:
@@ -197,8 +202,7 @@ pub fn pieces(
     i: u64,
     piece_elems: u64,
 ) -> impl Iterator<Item = (u64, u64)> {
-    let per = total.div_ceil(parts).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
-    let piece = per.min(piece_elems).max(1);
+    let piece = split_share(total, parts).min(piece_elems).max(1);
     (0..)
         .map(move |k| (i + k * parts) * piece)
         .take_while(move |&lo| lo < total)
