@@ -347,17 +347,36 @@ __device__ void block_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
     for (uint64_t i = tail / 2 + threadIdx.x; i < bytes / 2; i += blockDim.x) d2[i] = s2[i];
 }
 
+// Block 0's clock into a stamp of this call (phase 0 only).
+__device__ __forceinline__ void stamp_phase(const CollParams &p, uint32_t phase, uint64_t CollTiming::*at) {
+    if (phase == 0 && blockIdx.x == 0 && threadIdx.x == 0) p.timing->*at = clock64();
+}
+
 // Where each rank's window is, as this block reaches it: our own for
 // ourselves, the mapped peer window on the store path, nothing on the put
 // path (peers are addressed through the remote view there).
 struct Peers {
     uint8_t *ptr[COLL_MAX_RANKS];
     const uint8_t *src[COLL_MAX_RANKS];  // the reduction's sources, rank order
-    bool ok;
+    bool ok;      // no wait of this call gave up
+    bool opened;  // the call went on past open_call
 };
 
-__device__ void peers_setup(const CollParams &p, Peers &b) {
-    for (uint32_t i = threadIdx.x; i < p.ranks; i += blockDim.x) {
+// Opens the call for this block, before its first store: whether it goes
+// on (not a step another member abandoned, nor after an earlier call's
+// wait gave up: then every thread leaves, or none) and the members'
+// windows. One barrier: thread 0 reads the report while warp 1 looks the
+// windows up. A kernel may load before it opens the call (its own input,
+// which nothing else writes during the call), never store: the line
+// kernels load their first lines' data there, so that load's latency
+// overlaps the report's.
+__device__ bool open_call(const CollParams &p, Peers &b) {
+    if (threadIdx.x == 0) {
+        if (p.step != 0 && !given_up(p.report) && peer_aborted(p)) atomicExch(&p.report->aborted, 1u);
+        b.ok = b.opened = !given_up(p.report);
+    }
+    const uint32_t i = threadIdx.x - 32;
+    if (i < p.ranks) {
         uint8_t *ptr = nullptr;
         const uint32_t d = rank_of(p, i);
         if (i == p.rank) {
@@ -371,8 +390,9 @@ __device__ void peers_setup(const CollParams &p, Peers &b) {
         }
         b.ptr[i] = ptr;
     }
-    if (threadIdx.x == 0) b.ok = true;
     __syncthreads();
+    stamp_phase(p, 0, &CollTiming::clock_setup);
+    return b.opened;
 }
 
 // The block copies `bytes` from our window at src_off to member `dest`'s
@@ -402,11 +422,6 @@ __device__ __forceinline__ uint64_t flag_offset(const CollParams &p, uint32_t ph
 // The receive row rank `src` writes into (by rank, as the flags).
 __device__ __forceinline__ uint64_t row_offset(const CollParams &p, uint32_t src) {
     return p.off_recv + rank_of(p, src) * p.recv_stride;
-}
-
-// Block 0's clock into a stamp of this call (phase 0 only).
-__device__ __forceinline__ void stamp_phase(const CollParams &p, uint32_t phase, uint64_t CollTiming::*at) {
-    if (phase == 0 && blockIdx.x == 0 && threadIdx.x == 0) p.timing->*at = clock64();
 }
 
 // After this block's copies: tells every peer this block's data of `phase`
@@ -564,6 +579,7 @@ __device__ __forceinline__ uint32_t peer_at(const CollParams &p, uint32_t j) { r
 // the blocks drifted out of step and 4-rank calls from 256 MiB ran up to
 // 8 % slower (four H200s).
 __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < p.ranks; ++j)
         for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
@@ -579,6 +595,7 @@ __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
 // of the sums. Block b moves the same pieces of every chunk in both
 // phases, so it pairs with block b of every peer.
 __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < p.ranks; ++j) {
         const uint32_t d = peer_at(p, j);
@@ -613,6 +630,7 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
 // the link carries the pushes (after all of them: 2 ranks 7–11 % slower
 // from 128 MiB).
 __device__ void allgather(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < max(p.ranks, 2u); ++j)
         for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
@@ -627,6 +645,7 @@ __device__ void allgather(const CollParams &p, Peers &b) {
 // Reduce-scatter: push this block's pieces of chunk d of our input to rank
 // d's receive row for us, wait, sum our chunk's pieces from all N.
 __device__ void reduce_scatter(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
     for (uint32_t j = 1; j < p.ranks; ++j) {
         const uint32_t d = peer_at(p, j);
@@ -721,46 +740,10 @@ __device__ __forceinline__ uint2 ll_pack(const float (&a)[4], bool bf16) {
     return make_uint2(*reinterpret_cast<const uint32_t *>(&h0), *reinterpret_cast<const uint32_t *>(&h1));
 }
 
-// LL allreduce (store path, small sizes): one-shot's data movement in lines.
-// Thread t of block b stores lines t, t + blockDim, … of the block's slice
-// into every peer's LL row for us, then polls the same lines of every
-// peer's row in ours and sums all N in rank order, as reduce_into does (so
-// the results are bit-identical to one-shot's). Off the store path's
-// fence → barrier → flag → poll chain, a line costs one store one way.
-__device__ void allreduce_ll(const CollParams &p, Peers &b) {
-    const uint64_t E = elem_bytes(p), bytes = p.count * E;
-    const bool bf16 = p.dtype == COLL_BF16;
-    uint64_t lo, hi;
-    split(p.count, gridDim.x, blockIdx.x, lo, hi);
-    // Slices start at multiples of 16 bytes: whole lines, none shared.
-    const uint64_t k0 = lo * E / 8, k1 = (hi * E + 7) / 8;
-    const uint32_t epoch = uint32_t(p.epoch);
-    const uint8_t *in = p.window + p.off_in;
-    const uint64_t row = row_offset(p, p.rank);
-    for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
-        const uint2 v = ll_payload(in, k, bytes);
-        for (uint32_t d = 0; d < p.ranks; ++d)
-            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, epoch);
-    }
-    stamp_phase(p, 0, &CollTiming::clock_sent);
-    stamp_phase(p, 0, &CollTiming::clock_signalled);
-    const uint64_t start = globaltimer_ns();
-    for (uint64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
-        float a[4] = {};
-        for (uint32_t s = 0; s < p.ranks; ++s) {
-            uint2 w;
-            if (s == p.rank) w = ll_payload(in, k, bytes);
-            else if (!ll_wait(p.window + row_offset(p, s) + 16 * k, epoch, start, p, s, w)) return;
-            ll_add(a, w, bf16);
-        }
-        ll_unpack(p.window + p.off_out, k, bytes, ll_pack(a, bf16));
-    }
-    stamp_phase(p, 0, &CollTiming::clock_waited);
-}
-
 // The lines [k0, k1) of this block's slice of `count` elements, each
 // thread's first line, and the call's epoch as lines carry it. Slices
 // start at multiples of 16 bytes: whole lines, none shared between blocks.
+// A thread takes lines k0, k0 + blockDim, ...
 struct LlSlice {
     uint64_t k0, k1;
     uint32_t epoch;
@@ -773,6 +756,60 @@ __device__ __forceinline__ LlSlice ll_slice(const CollParams &p) {
     return {lo * E / 8 + threadIdx.x, (hi * E + 7) / 8, uint32_t(p.epoch)};
 }
 
+// Members whose lines a thread loads together (reduce-scatter's push): a
+// volatile store orders every load after it, so each member's load and
+// store in turn cost one load's latency per member (push 0.9–1.4 µs on 4
+// ranks, against 0.4 batched). Four at a time keeps the unrolled code
+// small: unrolled over all 16 members, the call's start took 0.3–0.4 µs
+// longer on four H200s (more code to fetch before the first store).
+constexpr uint32_t LL_BATCH = 4;
+
+// The data of line k of the chunks of members d0 .. d0 + LL_BATCH - 1 (not
+// ours; member d's from `in` + d × bytes), all loads issued before any is
+// used.
+__device__ __forceinline__ void ll_chunks(const CollParams &p, const uint8_t *in, uint64_t k, uint64_t bytes,
+                                          uint32_t d0, uint2 (&v)[LL_BATCH]) {
+#pragma unroll
+    for (uint32_t i = 0; i < LL_BATCH; ++i)
+        if (d0 + i < p.ranks && d0 + i != p.rank) v[i] = ll_payload(in + (d0 + i) * bytes, k, bytes);
+}
+
+// LL allreduce (store path, small sizes): one-shot's data movement in lines.
+// Thread t of block b stores lines t, t + blockDim, … of the block's slice
+// into every peer's LL row for us, then polls the same lines of every
+// peer's row in ours and sums all N in rank order, as reduce_into does (so
+// the results are bit-identical to one-shot's). Off the store path's
+// fence → barrier → flag → poll chain, a line costs one store one way.
+// Every line kernel loads its first line's data before it opens the call.
+__device__ void allreduce_ll(const CollParams &p, Peers &b) {
+    const uint64_t bytes = p.count * elem_bytes(p);
+    const bool bf16 = p.dtype == COLL_BF16;
+    const LlSlice l = ll_slice(p);
+    const uint8_t *in = p.window + p.off_in;
+    uint2 v = l.k0 < l.k1 ? ll_payload(in, l.k0, bytes) : make_uint2(0, 0);
+    if (!open_call(p, b)) return;
+    const uint64_t row = row_offset(p, p.rank);
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        if (k != l.k0) v = ll_payload(in, k, bytes);
+        for (uint32_t d = 0; d < p.ranks; ++d)
+            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, l.epoch);
+    }
+    stamp_phase(p, 0, &CollTiming::clock_sent);
+    stamp_phase(p, 0, &CollTiming::clock_signalled);
+    const uint64_t start = globaltimer_ns();
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        float a[4] = {};
+        for (uint32_t s = 0; s < p.ranks; ++s) {
+            uint2 w;
+            if (s == p.rank) w = ll_payload(in, k, bytes);
+            else if (!ll_wait(p.window + row_offset(p, s) + 16 * k, l.epoch, start, p, s, w)) return;
+            ll_add(a, w, bf16);
+        }
+        ll_unpack(p.window + p.off_out, k, bytes, ll_pack(a, bf16));
+    }
+    stamp_phase(p, 0, &CollTiming::clock_waited);
+}
+
 // LL allgather (store path, small sizes): allgather's data movement in
 // lines. Each thread stores its lines of our input into every peer's LL
 // row for us and into our own output slot, then polls the same lines of
@@ -781,10 +818,12 @@ __device__ void allgather_ll(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
+    uint2 v = l.k0 < l.k1 ? ll_payload(in, l.k0, bytes) : make_uint2(0, 0);
+    if (!open_call(p, b)) return;
     uint8_t *out = p.window + p.off_out;
     const uint64_t row = row_offset(p, p.rank);
     for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
-        const uint2 v = ll_payload(in, k, bytes);
+        if (k != l.k0) v = ll_payload(in, k, bytes);
         for (uint32_t d = 0; d < p.ranks; ++d)
             if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, l.epoch);
         ll_unpack(out + p.rank * bytes, k, bytes, v);
@@ -813,10 +852,20 @@ __device__ void reduce_scatter_ll(const CollParams &p, Peers &b) {
     const bool bf16 = p.dtype == COLL_BF16;
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
+    uint2 v[LL_BATCH];
+    if (l.k0 < l.k1) ll_chunks(p, in, l.k0, bytes, 0, v);
+    if (!open_call(p, b)) return;
     const uint64_t row = row_offset(p, p.rank);
-    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x)
-        for (uint32_t d = 0; d < p.ranks; ++d)
-            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, ll_payload(in + d * bytes, k, bytes), l.epoch);
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        for (uint32_t d0 = 0; d0 < p.ranks; d0 += LL_BATCH) {
+            if (k != l.k0 || d0 != 0) ll_chunks(p, in, k, bytes, d0, v);
+#pragma unroll
+            for (uint32_t i = 0; i < LL_BATCH; ++i) {
+                const uint32_t d = d0 + i;
+                if (d < p.ranks && d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v[i], l.epoch);
+            }
+        }
+    }
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
@@ -963,15 +1012,30 @@ __device__ __forceinline__ void ll128_add(const Ll128Lane &me, float (&a)[4], fl
     if (!me.flag()) ll_add(c, as_uint2(hi), bf16);
 }
 
+// This lane's words of its warp's first quad of `in` (`bytes` in all),
+// read before the call opens (ll128_push sends them): line k, lo/hi as
+// ll128_words gives them.
+struct Ll128First {
+    uint64_t k, lo, hi;
+};
+
+__device__ __forceinline__ Ll128First ll128_first(const Ll128Lane &me, const Ll128Slice &l, const uint8_t *in,
+                                                  uint64_t bytes) {
+    Ll128First f{l.k0 + 4 * me.warp + me.line, 0, 0};  // ll128_quads' first line for this lane
+    if (f.k < l.k1) ll128_words(me, in, f.k, bytes, ll128_flag(l.epoch), f.lo, f.hi);
+    return f;
+}
+
 // Pushes this block's lines of `in` (`bytes` in all) into every peer's
 // row for us, going round the members from the one after us; with `own`,
-// also unpacks them there (allgather's own slot).
+// also unpacks them there (allgather's own slot). The first quad's words
+// are `first`'s.
 __device__ void ll128_push(const CollParams &p, const Peers &b, const Ll128Lane &me, const Ll128Slice &l,
-                           const uint8_t *in, uint64_t bytes, uint8_t *own) {
+                           const uint8_t *in, uint64_t bytes, uint8_t *own, const Ll128First &first) {
     const uint64_t flag = ll128_flag(l.epoch), row = row_offset(p, p.rank);
     ll128_quads(me, l, [&](uint64_t k, bool mine) {
-        uint64_t lo = 0, hi = 0;
-        if (mine) ll128_words(me, in, k, bytes, flag, lo, hi);
+        uint64_t lo = first.lo, hi = first.hi;
+        if (mine && k != first.k) ll128_words(me, in, k, bytes, flag, lo, hi);
         __syncwarp();
         if (!mine) return true;
         for (uint32_t j = 1; j < p.ranks; ++j) ll128_send(p, b, peer_at(p, j), row, me, k, lo, hi);
@@ -1013,7 +1077,9 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
-    ll128_push(p, b, me, l, in, bytes, nullptr);
+    const Ll128First first = ll128_first(me, l, in, bytes);
+    if (!open_call(p, b)) return;
+    ll128_push(p, b, me, l, in, bytes, nullptr, first);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
@@ -1035,6 +1101,7 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
 // then unpacks the peers' sums. Half of one-shot's bytes per rank on 4
 // ranks, where every rank pushing its whole input stops paying (2–4 MiB).
 __device__ void allreduce_two_shot_ll128(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
     // Chunk d's first byte and bytes (the last chunks may be short or empty:
     // their lines carry zeros past the end, so every member has the lines of
@@ -1091,8 +1158,11 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
+    const uint8_t *in = p.window + p.off_in;
+    const Ll128First first = ll128_first(me, l, in, bytes);
+    if (!open_call(p, b)) return;
     uint8_t *out = p.window + p.off_out;
-    ll128_push(p, b, me, l, p.window + p.off_in, bytes, out + p.rank * bytes);
+    ll128_push(p, b, me, l, in, bytes, out + p.rank * bytes, first);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
@@ -1112,6 +1182,7 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
 // lines: chunk d of our input goes to rank d's row for us; our chunk is
 // summed from all N in rank order.
 __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
     const uint64_t bytes = p.count * elem_bytes(p);
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
@@ -1131,8 +1202,8 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
-// One call of one collective: block 0's start stamp, the step's abort
-// check, the peers' pointers, then `Algorithm`, then block 0's end stamp.
+// One call of one collective: block 0's start stamp, `Algorithm` (which
+// opens the call itself, open_call), then block 0's end stamp.
 // Every rank launches the same grid.
 template <void (*Algorithm)(const CollParams &, Peers &)>
 __device__ __forceinline__ void coll_call(const CollParams &p) {
@@ -1142,18 +1213,9 @@ __device__ __forceinline__ void coll_call(const CollParams &p) {
         p.timing->gt_start = globaltimer_ns();
         p.timing->clock_start = clock64();
     }
-    // Block-uniform: every thread leaves, or none (a step another member
-    // abandoned, or a wait of an earlier call that gave up).
-    if (threadIdx.x == 0) {
-        if (p.step != 0 && !given_up(p.report) && peer_aborted(p)) atomicExch(&p.report->aborted, 1u);
-        b.ok = !given_up(p.report);
-    }
-    __syncthreads();
-    if (!b.ok) return;
-    peers_setup(p, b);
-    stamp_phase(p, 0, &CollTiming::clock_setup);
     Algorithm(p, b);
     __syncthreads();
+    if (!b.opened) return;  // nothing ran: no end to stamp
     if (stamp) {
         p.timing->clock_end = clock64();
         p.timing->gt_end = globaltimer_ns();
