@@ -29,7 +29,8 @@
 #   ep       EP2 and EP4, ht and ll, both paths, --graph, beside NCCL's
 #            all-to-all
 #   pipe     the pipeline at 2 and 4 stages, 1 and 4 MiB chunks beside
-#            NCCL's send/recv chain; one 8-byte LL chunk on the pair
+#            NCCL's send/recv chain, the line paths (LL128, LL) beside the
+#            store path at 8 KiB - 1 MiB; one 8-byte LL chunk on the pair
 #   faults   bench/gpu-faults.sh, initiator and target on the pair
 #
 # Parts can run in separate calls into one folder (--out): a call removes
@@ -200,6 +201,8 @@ part_pipe() {
     p=("$BIN/pipeline" --ranks "$n" --gpus "$n" --path store,put --chunk 1M,4M --chunks 2000 --warmup 100)
     row "pipe${n}-default" 0 120 "$(vis "${G[@]:0:n}")" -- "${p[@]}" --port "$(pick_port)" --slots 8,32
     row "pipe${n}-b128" 0 120 "$(vis "${G[@]:0:n}")" -- "${p[@]}" --port "$(pick_port)" --slots 8,16,32 --blocks 128
+    row "pipe${n}-lines" 0 120 "$(vis "${G[@]:0:n}")" -- "$BIN/pipeline" --ranks "$n" --gpus "$n" --port "$(pick_port)" \
+      --path ll128,ll,store --chunk 8K,64K,1M --slots 8 --chunks 5000 --warmup 200
   done
   row pipe2-ll8 0 90 "$(vis "${G[@]:0:2}")" -- "$BIN/pipeline" --ranks 2 --gpus 2 --port "$(pick_port)" --path ll \
     --chunk 8 --slots 1 --level thread,warp,block --threads 256 --chunks 20000 --warmup 1000 --no-baseline

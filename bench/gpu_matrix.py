@@ -217,9 +217,11 @@ def ep(tag, doc):
 
 def pipe(tag, doc):
     body = [[r["path"], size(r["chunk_bytes"]), r["slots"], r["channels"], num(r["min_link_gbps"], "{:.1f}"),
+             num(r.get("min_link_wire_gbps"), "{:.1f}"),
              num(r.get("ce_gbps"), "{:.1f}"), against(r["min_link_gbps"], r.get("ce_gbps")),
              num(r.get("nccl_gbps"), "{:.1f}"), num(r.get("link_vs_nccl"))] for r in doc["rows"]]
-    return table([tag, "chunk", "slots", "channels", "GB/s per link", "CE GB/s", "÷ CE", "NCCL GB/s", "÷ NCCL"], body)
+    return table([tag, "chunk", "slots", "channels", "GB/s per link", "wire GB/s", "CE GB/s", "÷ CE", "NCCL GB/s",
+                  "÷ NCCL"], body)
 
 
 def pipe_ll(tag, doc):

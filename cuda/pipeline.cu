@@ -33,12 +33,19 @@
 //          the sequences (NVLink / one GPU only);
 //   ll:    16-byte lines {data, seq, data, seq} (cuda/ll.cuh, as
 //          simple_write's LL path) stored through the pointer: every line carries the chunk's
-//          sequence, so there is no ready word; the receiver polls the lines.
+//          sequence, so there is no ready word; the receiver polls the lines;
+//   ll128: 128-byte lines of 120 payload bytes and a flag word {seq, seq}
+//          (cuda/ll.cuh's LL128), eight lanes of a warp to a line: as ll,
+//          with 15/16 of the bytes payload (warp and block level).
 
 #include "device_common.cuh"
 #include "ll.cuh"
 
-enum : uint32_t { PIPE_PATH_PUT = 0, PIPE_PATH_STORE = 1, PIPE_PATH_LL = 2 };
+enum : uint32_t { PIPE_PATH_PUT = 0, PIPE_PATH_STORE = 1, PIPE_PATH_LL = 2, PIPE_PATH_LL128 = 3 };
+
+// The paths whose lines carry their own sequence (no ready word, one
+// chunk a handshake).
+__device__ __forceinline__ bool pipe_lines(uint32_t path) { return path == PIPE_PATH_LL || path == PIPE_PATH_LL128; }
 // What a wait waited for (PipeReport::wait_on).
 enum : uint32_t { PIPE_WAIT_READY = 1, PIPE_WAIT_CREDIT = 2 };
 
@@ -435,6 +442,73 @@ __device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, u
     return true;
 }
 
+// What lane `part` of an LL128 line carries of chunk g's words from word
+// w (4 words, 2 beside the flag; `n` of them are payload, the rest past
+// the slice are zeros): stage 0 makes them, a middle stage maps what it
+// read (`lo`/`hi`), the last checks them. Returns the lane's 16 bytes to
+// store (the flag lane's high half: its flag word).
+__device__ __forceinline__ void ll128_words(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, uint32_t n,
+                                            bool holds_flag, uint64_t flag, uint64_t &lo, uint64_t &hi) {
+    uint32_t v[4] = {uint32_t(lo), uint32_t(lo >> 32), uint32_t(hi), uint32_t(hi >> 32)};
+    const bool last = p.stage + 1 == p.stages;
+#pragma unroll
+    for (uint32_t j = 0; j < 4; ++j) {
+        if (j >= n) {
+            v[j] = 0;
+        } else if (last) {
+            pipe_check(p, g, w + j, v[j], pipe_want(c, g, w + j));
+        } else {
+            v[j] = p.stage == 0 ? pipe_word(g, w + j) : v[j] * 3u + p.stage;
+            if (p.corrupt_chunk >= 0 && uint64_t(p.corrupt_chunk) == g && w + j == 0) v[j] ^= 1;
+        }
+    }
+    lo = uint64_t(v[1]) << 32 | v[0];
+    hi = holds_flag ? flag : uint64_t(v[3]) << 32 | v[2];
+}
+
+// The team's slice of chunk g, LL128 form: the team is whole warps, and
+// warp i of it takes the quads of lines i, i + warps, ... (four lines a
+// quad, 120 payload bytes a line). Lane 8j + c holds bytes 16c .. 16c + 15
+// of line j of its quad (c = 7: the last 8 and the flag). Unless stage 0,
+// the warp polls its quad in our ring until every line's flag carries
+// g + 1 or later (a later one: the slot was overwritten, counted); then,
+// unless the last stage, it stores the quad, stamped with g + 1, into the
+// next stage's ring, the eight lanes of a line in one instruction. `at`
+// as ll_slice's (the leader's first line).
+__device__ bool ll128_slice(const PipeParams &p, const Channel &c, const Team &t, uint64_t g, bool stamp, uint64_t &at) {
+    const uint32_t seq = uint32_t(g + 1);
+    const uint64_t lines = ll128_lines(c.len), flag = ll128_flag(seq);
+    const uint8_t *in = p.window + p.off_ring + slice_offset(p, c, g);
+    uint8_t *out = c.next ? c.next + p.off_ring + slice_offset(p, c, g) : nullptr;
+    const uint32_t lane = t.rank % 32, part = lane % LL128_LANES, flag_lane = lane | (LL128_LANES - 1);
+    const bool holds_flag = part == LL128_LANES - 1;
+    for (uint64_t q = t.rank / 32; LL128_WARP_LINES * q < lines; q += t.size / 32) {
+        const uint64_t k = LL128_WARP_LINES * q + lane / LL128_LANES;
+        const bool mine = k < lines;
+        const uint64_t off = k * LL128_PAYLOAD + 16 * part;  // payload byte in the slice
+        const uint32_t n = off >= c.len ? 0 : uint32_t(min(uint64_t(holds_flag ? 2 : 4), (c.len - off) / 4));
+        const uint4 *line = reinterpret_cast<const uint4 *>(in + k * LL128_LINE_BYTES + 16 * part);
+        uint64_t lo = 0, hi = 0, start = 0;
+        if (p.stage > 0) {
+            if (mine) ll128_load(line, lo, hi);
+            bool got = __shfl_sync(~0u, !mine || ll128_ready(hi, seq), flag_lane);
+            for (uint32_t polls = 1; __any_sync(~0u, !got); ++polls) {
+                const bool stop = (polls & 63) == 0 && !got && holds_flag &&
+                                  pipe_stop(p, start, min(uint32_t(hi), uint32_t(hi >> 32)), PIPE_WAIT_READY, g);
+                if (__any_sync(~0u, stop)) return false;
+                if (mine && !got) ll128_load(line, lo, hi);
+                got = __shfl_sync(~0u, !mine || ll128_ready(hi, seq), flag_lane);
+            }
+            if (mine && holds_flag && hi != flag) atomicAdd(reinterpret_cast<unsigned long long *>(&p.report->overwrites), 1ull);
+        }
+        if (mine) ll128_words(p, c, g, (c.lo + off) / 4, n, holds_flag, flag, lo, hi);
+        if (stamp && q == t.rank / 32 && lane == 0) at = globaltimer_ns();
+        __syncwarp();
+        if (out != nullptr && mine) ll128_store(reinterpret_cast<uint4 *>(out + k * LL128_LINE_BYTES + 16 * part), lo, hi);
+    }
+    return true;
+}
+
 // ----------------------------------------------------- signal and credit
 
 // Store path, once the team's slices of the batch's chunks h .. h + n - 1
@@ -522,7 +596,7 @@ __device__ void pipe_credit(const PipeParams &p, const Channel &c, const Team &t
 // LL path, whose lines are their own ready words: the small-chunk,
 // low-latency form).
 __device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
-    return p.path == PIPE_PATH_LL ? 1u : max(1u, min(PIPE_BATCH, p.batch));
+    return pipe_lines(p.path) ? 1u : max(1u, min(PIPE_BATCH, p.batch));
 }
 
 // The leader polls the ready words of chunks h .. h + 7 (up to `most`,
@@ -578,7 +652,7 @@ __device__ uint32_t pipe_room(const PipeParams &p, const Channel &c, uint64_t h,
 // size; 0: a wait gave up.
 __device__ uint32_t pipe_turn(const PipeParams &p, const Channel &c, uint64_t h, Carry &k) {
     uint32_t n = uint32_t(min(uint64_t(batch_max(p)), p.chunks - h));
-    if (p.stage > 0 && p.path != PIPE_PATH_LL) n = pipe_arrived(p, c, h, n);
+    if (p.stage > 0 && !pipe_lines(p.path)) n = pipe_arrived(p, c, h, n);
     if (n != 0 && p.stage + 1 < p.stages) n = pipe_room(p, c, h, n, k);
     if (n != 0 && p.delay_ns != 0) pipe_delay(p.delay_ns * n);
     return n;
@@ -650,6 +724,12 @@ __device__ Team pipe_team(const PipeParams &p, const Channel &c) {
     const uint32_t kind = L == nixl_gpu_level_t::THREAD ? TEAM_ONE : L == nixl_gpu_level_t::WARP ? TEAM_WARP : TEAM_BLOCK;
     const Team group{G::rank(), G::size(), kind};
     if (p.path == PIPE_PATH_PUT) return group;
+    if (p.path == PIPE_PATH_LL128) {
+        // Whole warps: a quad of lines is one warp's (at most one warp
+        // when the slice is one quad).
+        const bool one_quad = ll128_lines(c.len) <= LL128_WARP_LINES;
+        return one_quad && kind == TEAM_BLOCK ? Team{G::rank(), 32, TEAM_WARP} : group;
+    }
     const uint64_t work = p.path == PIPE_PATH_LL ? c.len / 8 : c.len / 16;
     if (work <= 1) return Team{G::rank(), 1, TEAM_ONE};
     if (work <= 32 && kind == TEAM_BLOCK && G::size() % 32 == 0) return Team{G::rank(), 32, TEAM_WARP};
@@ -664,15 +744,17 @@ __device__ __forceinline__ uint8_t *pipe_dst(const PipeParams &p, const Channel 
     return c.next ? c.next + p.off_ring : nullptr;
 }
 
-// The LL form of a batch (always one chunk, h): the lines, then the credit
-// (not stage 0) and the stamps, taken where the leader's line was stored
-// (stage 0) or had arrived and been checked (ll_slice).
+// The line form of a batch (LL and LL128, always one chunk, h): the lines,
+// then the credit (not stage 0) and the stamps, taken where the leader's
+// line was stored (stage 0) or had arrived and been checked (ll_slice,
+// ll128_slice).
 template <nixl_gpu_level_t L>
 __device__ bool pipe_ll_chunk(const PipeParams &p, const Channel &c, const Team &t, uint64_t h) {
     const bool last = p.stage + 1 == p.stages;
     const bool stamp = t.rank == 0 && (pipe_stamped(p, c, h, false) || (last && pipe_stamped(p, c, h, true)));
     uint64_t at = 0;
-    if (!t.all(ll_slice(p, c, t, h, stamp, at))) return false;
+    const bool ok = p.path == PIPE_PATH_LL128 ? ll128_slice(p, c, t, h, stamp, at) : ll_slice(p, c, t, h, stamp, at);
+    if (!t.all(ok)) return false;
     if (p.stage > 0) pipe_credit<L>(p, c, t, h, 1);
     if (t.rank != 0) return true;
     if (pipe_stamped(p, c, h, false)) pipe_stamp(p, c, h, 1, false, at);
@@ -693,7 +775,7 @@ __device__ uint32_t pipe_batch(const PipeParams &p, const Channel &c, const Team
     const uint32_t n = t.share(lead ? pipe_turn(p, c, h, k) : 0, shared);
     if (n == 0) return 0;
     k.handshakes += lead;
-    if (p.path == PIPE_PATH_LL) return pipe_ll_chunk<L>(p, c, t, h) ? 1 : 0;
+    if (pipe_lines(p.path)) return pipe_ll_chunk<L>(p, c, t, h) ? 1 : 0;
     if (lead) pipe_stamp(p, c, h, n, false, pipe_clock(p, c, h, n, false));
     move_batch(p, c, t, h, n, pipe_dst(p, c));
     // The last stage's clock is read now (checked: the chunks are through)
@@ -749,3 +831,7 @@ PIPE_ENTRY(pipe_block_store, nixl_gpu_level_t::BLOCK, PIPE_PATH_STORE)
 PIPE_ENTRY(pipe_thread_ll, nixl_gpu_level_t::THREAD, PIPE_PATH_LL)
 PIPE_ENTRY(pipe_warp_ll, nixl_gpu_level_t::WARP, PIPE_PATH_LL)
 PIPE_ENTRY(pipe_block_ll, nixl_gpu_level_t::BLOCK, PIPE_PATH_LL)
+// LL128 needs a warp to a quad of lines: no thread-level kernel (the
+// host refuses --level thread with --path ll128).
+PIPE_ENTRY(pipe_warp_ll128, nixl_gpu_level_t::WARP, PIPE_PATH_LL128)
+PIPE_ENTRY(pipe_block_ll128, nixl_gpu_level_t::BLOCK, PIPE_PATH_LL128)

@@ -121,10 +121,10 @@ fn a_path_a_program_lacks_is_refused_by_name() {
             assert!(stderr(&o).contains(&want), "{name}: {}", both(&o));
         }
     }
-    // The pipeline has an LL path but no LL128 one.
-    let o = output(pipeline(), &["--path", "ll128"]);
+    // The pipeline has every path, but LL128 only at warp and block level.
+    let o = output(pipeline(), &["--path", "ll128", "--level", "thread"]);
     assert_eq!(o.status.code(), Some(2), "pipeline: {}", both(&o));
-    let want = "--path ll128: pipeline has no ll128 path (it offers put, store, ll)";
+    let want = "--path ll128 --level thread: eight lanes of a warp write an LL128 line at once";
     assert!(stderr(&o).contains(want), "pipeline: {}", both(&o));
 }
 

@@ -37,8 +37,10 @@ use nixl_examples::results::ResultFiles;
 /// and the report shows the wait and that no slot was overwritten. Paths:
 /// put (nixlPut + nixlAtomicAdd, any UCX device transport), store (stores
 /// through nixlGetPtr, NVLink or one GPU), ll (16-byte lines that carry
-/// their own sequence number, no ready word). Each chunk is cut into one
-/// slice per channel: a thread block, warp or thread (--level).
+/// their own sequence number, no ready word), ll128 (128-byte lines of 120
+/// payload bytes and a flag, eight lanes of a warp to a line: warp and
+/// block level). Each chunk is cut into one slice per channel: a thread
+/// block, warp or thread (--level).
 ///
 /// Reported per case: the slowest link's and the end-to-end throughput
 /// (GB/s = 1e9 B/s, GPU clock, warm-up excluded), one chunk's latency
@@ -62,6 +64,7 @@ use nixl_examples::results::ResultFiles;
     pipeline --ranks 2 --chunk 1M --slots 8 --path store,put\n  \
     pipeline --ranks 3 --slow-stage 1 --delay-us 20 --chunks 20000\n  \
     pipeline --ranks 2 --path ll --chunk 8 --slots 1 --level warp\n  \
+    pipeline --ranks 2 --path ll128,ll --chunk 64K --slots 4\n  \
     pipeline --ranks 3 --check-connection                   # no GPU needed\n\n\
     bench/run_pipeline.sh runs the usual matrix."
 )]
@@ -81,12 +84,12 @@ struct Args {
 
     /// The most chunks one handshake covers (one barrier, one fence, one
     /// credit for all), comma-separated for one case each, 1 to 16, at
-    /// most the slots [default: half the slots, at most 16; the LL path
-    /// always 1].
+    /// most the slots [default: half the slots, at most 16; the LL and
+    /// LL128 paths always 1].
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH as i64))]
     batch: Vec<u32>,
 
-    /// Bytes of one slot [default: what one chunk needs; LL: 16 per 8 payload bytes].
+    /// Bytes of one slot [default: what one chunk needs; LL: 16 per 8 payload bytes, LL128: 128 per 120].
     #[arg(long, value_parser = parse_bytes)]
     slot_bytes: Option<u64>,
 
@@ -114,7 +117,8 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     blocks: Option<u32>,
 
-    /// Threads per block [default: 512 (store, ll) or 256 (put) at block level, 256 otherwise].
+    /// Threads per block [default: 512 (store, ll, ll128) or 256 (put) at block level, 256 otherwise];
+    /// ll128: a multiple of 32.
     #[arg(long, value_parser = clap::value_parser!(u32).range(32..=1024))]
     threads: Option<u32>,
 

@@ -72,6 +72,16 @@ impl Path {
         }
     }
 
+    /// The line format of the paths whose lines carry their own flag (LL,
+    /// LL128); `None` for put and store.
+    pub fn lines(self) -> Option<&'static crate::gpu::ll::Format> {
+        match self {
+            Path::Ll => Some(&crate::gpu::ll::LL),
+            Path::Ll128 => Some(&crate::gpu::ll::LL128),
+            Path::Put | Path::Store => None,
+        }
+    }
+
     /// Bytes that cross the link per payload byte: 2 for LL (half of every
     /// line is its flag), 128/120 for LL128, else 1.
     pub fn wire_factor(self) -> f64 {

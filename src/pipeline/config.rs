@@ -51,8 +51,8 @@ pub const MAX_BATCH: u32 = 16;
 
 /// The most chunks one handshake covers when `--batch` is not given: half
 /// the ring (so the two ends still overlap, one filling half while the
-/// other drains the other), at most [`MAX_BATCH`]; 1 on the LL path, whose
-/// lines are their own ready words.
+/// other drains the other), at most [`MAX_BATCH`]; 1 on the line paths
+/// (LL, LL128), whose lines are their own ready words.
 pub fn auto_batch(path: Path, slots: u32) -> u32 {
     match path {
         Path::Ll | Path::Ll128 => 1,
@@ -69,17 +69,17 @@ pub struct Case {
     pub chunk: u64,
     pub slots: u32,
     /// The most chunks one handshake covers: `--batch` (at most the
-    /// slots; 1 on the LL path), or [`auto_batch`].
+    /// slots; 1 on the line paths), or [`auto_batch`].
     pub batch: u32,
 }
 
 impl Case {
     /// Bytes of one slot of this case.
     pub fn slot_bytes(&self) -> u64 {
-        ring::slot_bytes(self.chunk, self.path == Path::Ll)
+        ring::slot_bytes(self.chunk, self.path.lines())
     }
 
-    /// Threads per block: `--threads`, else 512 on the store and LL paths
+    /// Threads per block: `--threads`, else 512 on the store and line paths
     /// and 256 on the put path at block level (simple_write's), 256 at
     /// warp and thread level.
     pub fn threads(&self, cfg: &Config) -> u32 {
@@ -144,7 +144,7 @@ impl Config {
 
     /// The batches a case runs with, in `--batch` order, each once.
     fn batches_for(&self, path: Path, slots: u32) -> Vec<u32> {
-        if self.batches.is_empty() || path == Path::Ll {
+        if self.batches.is_empty() || path.lines().is_some() {
             return vec![auto_batch(path, slots)];
         }
         let mut out: Vec<u32> = Vec::new();
@@ -160,6 +160,19 @@ impl Config {
     pub fn validate(&self) -> Result<(), UsageError> {
         let bad = |m: String| Err(UsageError(m));
         crate::gpu::path::refuse_missing("pipeline", &PATHS, &self.paths)?;
+        if self.paths.contains(&Path::Ll128) {
+            if self.levels.contains(&Level::Thread) {
+                return bad("--path ll128 --level thread: eight lanes of a warp write an LL128 line at once, so \
+                            the ll128 path runs at warp and block level; drop thread from --level, or use --path ll"
+                    .into());
+            }
+            if let Some(t) = self.threads.filter(|t| t % 32 != 0) {
+                return bad(format!(
+                    "--threads {t} with --path ll128: a block must be whole warps (an LL128 line is eight lanes' \
+                     store); give a multiple of 32"
+                ));
+            }
+        }
         if self.warmup >= self.chunks {
             return bad(format!(
                 "--warmup {} must be below --chunks {}: no chunk would be timed",
@@ -227,9 +240,12 @@ impl Config {
         (self.cases().iter())
             .map(|c| {
                 let channels = c.level.channels(c.blocks(self, share), c.threads(self));
-                let ll = c.path == Path::Ll;
-                let stride =
-                    ring::slice_stride(self.slot_bytes.unwrap_or(0), c.chunk, channels, ll);
+                let stride = ring::slice_stride(
+                    self.slot_bytes.unwrap_or(0),
+                    c.chunk,
+                    channels,
+                    c.path.lines(),
+                );
                 ring::Window::new(c.slots, stride, channels).bytes
             })
             .max()
@@ -281,6 +297,25 @@ mod tests {
         );
         let ll = config(vec![8], vec![2, 4], vec![Path::Ll]);
         assert_eq!(batches(&ll), [(8, 1)]);
+        let ll128 = config(vec![8], vec![2, 4], vec![Path::Ll128]);
+        assert_eq!(batches(&ll128), [(8, 1)]);
+    }
+
+    #[test]
+    fn ll128_needs_whole_warps() {
+        let mut cfg = config(vec![8], vec![], vec![Path::Ll128]);
+        assert!(cfg.validate().is_ok());
+        cfg.levels = vec![Level::Warp, Level::Thread];
+        let err = cfg.validate().unwrap_err().0;
+        assert!(err.contains("--level thread") && err.contains("warp and block"), "{err}");
+        cfg.levels = vec![Level::Block];
+        cfg.threads = Some(48);
+        let err = cfg.validate().unwrap_err().0;
+        assert!(err.contains("--threads 48") && err.contains("multiple of 32"), "{err}");
+        // The other paths keep every level.
+        cfg.paths = vec![Path::Ll];
+        cfg.levels = vec![Level::Thread];
+        assert!(cfg.validate().is_ok());
     }
 
     #[test]

@@ -13,13 +13,13 @@ use crate::gpu::launch;
 // How a chunk moves between two stages (`PIPE_PATH_*` in `cuda/`, numbered
 // as `Path::code`): put, nixlPut from a staging slot + nixlAtomicAdd ready
 // and credit words; store, stores through nixlGetPtr's pointer + release
-// stores; ll, lines through the pointer, no ready word. The pipeline offers
-// every path.
+// stores; ll and ll128, lines through the pointer, no ready word (ll128 at
+// warp and block level only). The pipeline offers every path.
 pub use crate::gpu::path::Path;
 
 /// The data paths the stage kernels implement (`PIPE_PATH_*`); the
 /// configuration refuses the others ([`crate::gpu::path::refuse_missing`]).
-pub const PATHS: [Path; 3] = [Path::Put, Path::Store, Path::Ll];
+pub const PATHS: [Path; 4] = [Path::Put, Path::Store, Path::Ll, Path::Ll128];
 
 pub use crate::gpu::level::Level;
 
@@ -123,29 +123,47 @@ unsafe impl DeviceRepr for PipeParams {}
 /// kernel holds only its path's code and registers).
 pub struct PipeKernels {
     _module: Arc<CudaModule>,
-    /// `[level][path]`, as [`Level`] and [`Path::code`] number them.
-    entries: Vec<[CudaFunction; 3]>,
+    /// `[level][path]`, as [`Level`] and [`Path::code`] number them; `None`
+    /// where the pair has no kernel (LL128 at thread level: a quad of lines
+    /// needs a warp; the configuration refuses it).
+    entries: Vec<[Option<CudaFunction>; 4]>,
+}
+
+/// Whether the stage kernels have an entry for `path` at `level`.
+pub fn has_kernel(level: Level, path: Path) -> bool {
+    !(level == Level::Thread && path == Path::Ll128)
 }
 
 impl PipeKernels {
     /// Loads the embedded fatbin into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
         let module = crate::gpu::module::load(ctx, crate::gpu::module::Fatbin::Pipeline)?;
-        let f = |name: &str| {
-            module
-                .load_function(name)
+        let f = |level: Level, path: Path| -> anyhow::Result<Option<CudaFunction>> {
+            if !has_kernel(level, path) {
+                return Ok(None);
+            }
+            let name = format!("pipe_{}_{}", level.name(), path.name());
+            (module.load_function(&name).map(Some))
                 .map_err(|e| anyhow::anyhow!("kernel {name} missing from the pipeline fatbin: {e}"))
         };
-        let [put, store, ll] = PATHS;
         let mut entries = Vec::new();
         for level in Level::ALL {
-            let name = |path: Path| format!("pipe_{}_{}", level.name(), path.name());
-            entries.push([f(&name(put))?, f(&name(store))?, f(&name(ll))?]);
+            let [put, store, ll, ll128] = PATHS;
+            entries.push([f(level, put)?, f(level, store)?, f(level, ll)?, f(level, ll128)?]);
         }
         Ok(Self {
             entries,
             _module: module,
         })
+    }
+
+    /// The entry for `path` at `level`; `CUDA_ERROR_NOT_FOUND` where there
+    /// is none ([`has_kernel`]).
+    fn entry(&self, level: Level, path: u32) -> Result<&CudaFunction, DriverError> {
+        let missing = DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
+        (self.entries[level as usize].get(path as usize))
+            .and_then(Option::as_ref)
+            .ok_or(missing)
     }
 
     /// Most blocks of `threads` threads of the stage kernel at `level` for
@@ -156,7 +174,7 @@ impl PipeKernels {
         path: Path,
         threads: u32,
     ) -> Result<u32, DriverError> {
-        self.entries[level as usize][path.code() as usize]
+        self.entry(level, path.code())?
             .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
     }
 
@@ -172,7 +190,7 @@ impl PipeKernels {
         (blocks, threads): (u32, u32),
         p: &PipeParams,
     ) -> Result<(), DriverError> {
-        let f = &self.entries[level as usize][p.path as usize];
+        let f = self.entry(level, p.path)?;
         // SAFETY: as this function's contract; `PipeParams` is the entries'.
         unsafe { launch::launch(s, f, (blocks, threads), p) }
     }

@@ -74,6 +74,9 @@ pub struct Row {
     /// Per link, into stage 1, 2, …: GB/s.
     pub link_gbps: Vec<f64>,
     pub min_link_gbps: f64,
+    /// The same link's bytes on the wire, GB/s: the payload's, or on the
+    /// line paths their lines' (LL ×2, LL128 ×128/120, flags included).
+    pub min_link_wire_gbps: f64,
     /// The slowest link's time per chunk, ns: with one slot and two stages
     /// a round trip (the chunk there, its credit back).
     pub link_ns_per_chunk: f64,
@@ -160,6 +163,7 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         channels,
         timed_chunks: timed,
         min_link_gbps: link.iter().copied().fold(f64::INFINITY, f64::min),
+        min_link_wire_gbps: link.iter().copied().fold(f64::INFINITY, f64::min) * case.path.wire_factor(),
         link_gbps: link,
         link_ns_per_chunk: per_chunk,
         e2e_gbps: gbps(timed * case.chunk, span),
@@ -285,8 +289,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     );
     say!("# {}", ctx.nccl_note);
     say!(
-        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us per \
-         stage (share; chunks a handshake)",
+        "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  stall us \
+         per stage (share; chunks a handshake)",
         "path",
         "level",
         "chunk",
@@ -294,6 +298,7 @@ fn print_table(ctx: &Context, rows: &[Row]) {
         "batch",
         "chan",
         "link min",
+        "wire",
         "us/chunk",
         "e2e",
         "ce GB/s",
@@ -310,7 +315,7 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             .map(|((us, sh), b)| format!("{us:.0} ({:.0}%; {b:.2})", sh * 100.0))
             .collect();
         say!(
-            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
+            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9.2} {:>8.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
             r.path,
             r.level,
             fmt_bytes(r.chunk_bytes),
@@ -318,6 +323,7 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             r.batch,
             r.channels,
             r.min_link_gbps,
+            r.min_link_wire_gbps,
             r.link_ns_per_chunk / 1e3,
             r.e2e_gbps,
             r.ce_gbps.map_or("-".into(), |v| format!("{v:.2}")),
@@ -331,7 +337,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
         );
     }
     say!(
-        "# link min: the slowest link's GB/s (1e9 B/s) of payload, us/chunk its time per chunk; lat: channel 0's slice \
+        "# link min: the slowest link's GB/s (1e9 B/s) of payload, wire: of its bytes on the wire (ll: lines twice \
+         the payload, ll128: 128 bytes per 120), us/chunk its time per chunk; lat: channel 0's slice \
          of a chunk through the chain, us; batch: the most chunks one handshake covers; stall: one channel's wait for credits over the timed \
          chunks, and its mean batch; ce: {}; nccl: NCCL's ncclSend/ncclRecv chain's slowest link (no \
          transform, no slow stage)",
@@ -458,5 +465,23 @@ mod tests {
         assert_eq!(v["nccl_link_gbps"], serde_json::json!([2.0]));
         assert_eq!(v["nccl_gbps"], 2.0);
         assert_eq!(v["link_vs_nccl"], 0.5);
+    }
+
+    #[test]
+    fn the_wire_column_counts_the_lines_flags() {
+        for (path, wire) in [("store", 1.0), ("ll", 2.0), ("ll128", 128.0 / 120.0)] {
+            let cfg: Config = serde_json::from_value(serde_json::json!({
+                "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": [path], "levels": ["block"],
+                "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
+                "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": false
+            }))
+            .unwrap();
+            let b = StageResult {
+                arrive_last: 9 * 1024,
+                ..Default::default()
+            };
+            let r = row(&cfg, &cfg.cases()[0], 1, &[&StageResult::default(), &b]);
+            assert_eq!((r.min_link_gbps, r.min_link_wire_gbps), (1.0, wire), "{path}");
+        }
     }
 }

@@ -12,7 +12,7 @@
 //! [`credit_needed`]`(g, S)`; nothing is ever cleared, so laps differ only
 //! by their sequence numbers.
 
-use crate::gpu::ll;
+use crate::gpu::ll::Format;
 
 /// Alignment of every part of the window, bytes.
 const ALIGN: u64 = 256;
@@ -32,22 +32,21 @@ pub struct Window {
     pub bytes: u64,
 }
 
-/// Bytes of one slot: the chunk itself, or its LL lines (16 bytes per 8
-/// payload bytes) when `ll`.
-pub fn slot_bytes(chunk: u64, ll: bool) -> u64 {
-    match ll {
-        true => ll::LL.wire_bytes(chunk),
-        false => chunk,
-    }
+/// Bytes of one slot: the chunk itself, or its lines when the path has
+/// `lines` (LL: 16 bytes per 8 payload bytes; LL128: 128 per 120).
+pub fn slot_bytes(chunk: u64, lines: Option<&Format>) -> u64 {
+    lines.map_or(chunk, |f| f.wire_bytes(chunk))
 }
 
 /// Bytes from one of a channel's slices to its next in the ring: its
-/// payload (LL: its lines), or, when `slot` (`--slot-bytes`) asks for more,
+/// payload (or its lines), or, when `slot` (`--slot-bytes`) asks for more,
 /// the slot's even share among the channels that carry data, in whole
-/// 16-byte units.
-pub fn slice_stride(slot: u64, chunk: u64, channels: u32, ll: bool) -> u64 {
+/// 16-byte units (whole lines on the line paths: an LL128 line must stay
+/// 128-byte aligned, so that a warp's store of it arrives whole).
+pub fn slice_stride(slot: u64, chunk: u64, channels: u32, lines: Option<&Format>) -> u64 {
     let busy = u64::from(busy_channels(chunk, channels));
-    slot_bytes(slice_bytes(chunk, channels), ll).max(slot / busy / 16 * 16)
+    let unit = lines.map_or(16, |f| f.line_bytes);
+    slot_bytes(slice_bytes(chunk, channels), lines).max(slot / busy / unit * unit)
 }
 
 impl Window {
@@ -110,6 +109,7 @@ pub fn busy_channels(chunk: u64, channels: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::ll;
 
     #[test]
     fn laps_differ_by_sequence_and_the_ready_word_ends_at_it() {
@@ -154,27 +154,31 @@ mod tests {
 
     #[test]
     fn the_window_parts_do_not_overlap() {
-        let stride = slice_stride(0, 1 << 20, 64, false);
+        let stride = slice_stride(0, 1 << 20, 64, None);
         assert_eq!(stride, 16 << 10);
         let w = Window::new(8, stride, 64);
         assert_eq!(w.off_stage, 8 << 20);
         assert!(w.off_ready >= w.off_stage + (8 << 20));
         assert!(w.off_credit >= w.off_ready + 8 * 8 * 64);
         assert!(w.bytes >= w.off_credit + 8 * 64);
-        assert_eq!(slot_bytes(8, true), 16);
-        assert_eq!(slot_bytes(1024, true), 2048);
+        assert_eq!(slot_bytes(8, Some(&ll::LL)), 16);
+        assert_eq!(slot_bytes(1024, Some(&ll::LL)), 2048);
+        assert_eq!(slot_bytes(120, Some(&ll::LL128)), 128);
+        assert_eq!(slot_bytes(1024, Some(&ll::LL128)), 9 * 128);
     }
 
     #[test]
     fn every_channel_s_slices_fit_its_ring_and_a_larger_slot_pads_them() {
-        for (chunk, channels, ll) in [
-            (1u64 << 20, 66u32, false),
-            (1000, 3, false),
-            (8, 128, true),
-            (4096, 7, true),
+        for (chunk, channels, lines) in [
+            (1u64 << 20, 66u32, None),
+            (1000, 3, None),
+            (8, 128, Some(&ll::LL)),
+            (4096, 7, Some(&ll::LL)),
+            (4096, 7, Some(&ll::LL128)),
+            (1 << 20, 33, Some(&ll::LL128)),
         ] {
-            let stride = slice_stride(0, chunk, channels, ll);
-            let wire = slot_bytes(slice_bytes(chunk, channels), ll);
+            let stride = slice_stride(0, chunk, channels, lines);
+            let wire = slot_bytes(slice_bytes(chunk, channels), lines);
             assert_eq!(stride, wire, "{chunk} {channels}");
             // Every busy channel's slice of every slot lies inside the ring.
             let w = Window::new(5, stride, channels);
@@ -182,8 +186,12 @@ mod tests {
             assert!(last <= w.off_stage, "{chunk} {channels}");
         }
         // --slot-bytes 2 MiB for 1 MiB chunks over 64 channels: 32 KiB apart.
-        assert_eq!(slice_stride(2 << 20, 1 << 20, 64, false), 32 << 10);
+        assert_eq!(slice_stride(2 << 20, 1 << 20, 64, None), 32 << 10);
         // A smaller slot never shrinks a slice (the options refuse it anyway).
-        assert_eq!(slice_stride(1, 1 << 20, 64, false), 16 << 10);
+        assert_eq!(slice_stride(1, 1 << 20, 64, None), 16 << 10);
+        // LL128 slices stay whole lines apart, whatever share the slot gives.
+        for (slot, chunk, channels) in [(0, 4096, 7), (100_000, 4096, 7), (3 << 20, 1 << 20, 33)] {
+            assert_eq!(slice_stride(slot, chunk, channels, Some(&ll::LL128)) % 128, 0, "{slot} {chunk}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::config::{Case, Config};
-use super::kernels::{Path, PipeKernels, PipeParams, PipeReport};
+use super::kernels::{PipeKernels, PipeParams, PipeReport};
 use super::nccl::{self, NcclTimes};
 use super::report::{self, StageResult};
 use super::ring::{self, Window};
@@ -329,8 +329,12 @@ fn run_case(ctx: &Ctx, net: &Net, b: &Bufs, case: &Case, n: usize) -> Result<Sta
     let blocks = case.blocks(cfg, ctx.share);
     let threads = case.threads(cfg);
     let channels = case.level.channels(blocks, threads);
-    let ll = case.path == Path::Ll;
-    let stride = ring::slice_stride(cfg.slot_bytes.unwrap_or(0), case.chunk, channels, ll);
+    let stride = ring::slice_stride(
+        cfg.slot_bytes.unwrap_or(0),
+        case.chunk,
+        channels,
+        case.path.lines(),
+    );
     let w = Window::new(case.slots, stride, channels);
     b.window.zero(&gpu.stream)?;
     gpu.stream.synchronize()?;
