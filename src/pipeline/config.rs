@@ -307,11 +307,17 @@ mod tests {
         assert!(cfg.validate().is_ok());
         cfg.levels = vec![Level::Warp, Level::Thread];
         let err = cfg.validate().unwrap_err().0;
-        assert!(err.contains("--level thread") && err.contains("warp and block"), "{err}");
+        assert!(
+            err.contains("--level thread") && err.contains("warp and block"),
+            "{err}"
+        );
         cfg.levels = vec![Level::Block];
         cfg.threads = Some(48);
         let err = cfg.validate().unwrap_err().0;
-        assert!(err.contains("--threads 48") && err.contains("multiple of 32"), "{err}");
+        assert!(
+            err.contains("--threads 48") && err.contains("multiple of 32"),
+            "{err}"
+        );
         // The other paths keep every level.
         cfg.paths = vec![Path::Ll];
         cfg.levels = vec![Level::Thread];

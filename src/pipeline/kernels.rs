@@ -149,7 +149,12 @@ impl PipeKernels {
         let mut entries = Vec::new();
         for level in Level::ALL {
             let [put, store, ll, ll128] = PATHS;
-            entries.push([f(level, put)?, f(level, store)?, f(level, ll)?, f(level, ll128)?]);
+            entries.push([
+                f(level, put)?,
+                f(level, store)?,
+                f(level, ll)?,
+                f(level, ll128)?,
+            ]);
         }
         Ok(Self {
             entries,

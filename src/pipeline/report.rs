@@ -163,7 +163,8 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
         channels,
         timed_chunks: timed,
         min_link_gbps: link.iter().copied().fold(f64::INFINITY, f64::min),
-        min_link_wire_gbps: link.iter().copied().fold(f64::INFINITY, f64::min) * case.path.wire_factor(),
+        min_link_wire_gbps: link.iter().copied().fold(f64::INFINITY, f64::min)
+            * case.path.wire_factor(),
         link_gbps: link,
         link_ns_per_chunk: per_chunk,
         e2e_gbps: gbps(timed * case.chunk, span),
@@ -481,7 +482,11 @@ mod tests {
                 ..Default::default()
             };
             let r = row(&cfg, &cfg.cases()[0], 1, &[&StageResult::default(), &b]);
-            assert_eq!((r.min_link_gbps, r.min_link_wire_gbps), (1.0, wire), "{path}");
+            assert_eq!(
+                (r.min_link_gbps, r.min_link_wire_gbps),
+                (1.0, wire),
+                "{path}"
+            );
         }
     }
 }

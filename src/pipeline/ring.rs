@@ -191,7 +191,11 @@ mod tests {
         assert_eq!(slice_stride(1, 1 << 20, 64, None), 16 << 10);
         // LL128 slices stay whole lines apart, whatever share the slot gives.
         for (slot, chunk, channels) in [(0, 4096, 7), (100_000, 4096, 7), (3 << 20, 1 << 20, 33)] {
-            assert_eq!(slice_stride(slot, chunk, channels, Some(&ll::LL128)) % 128, 0, "{slot} {chunk}");
+            assert_eq!(
+                slice_stride(slot, chunk, channels, Some(&ll::LL128)) % 128,
+                0,
+                "{slot} {chunk}"
+            );
         }
     }
 }
