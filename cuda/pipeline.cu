@@ -445,8 +445,8 @@ __device__ bool ll_slice(const PipeParams &p, const Channel &c, const Team &t, u
 // What lane `part` of an LL128 line carries of chunk g's words from word
 // w (4 words, 2 beside the flag; `n` of them are payload, the rest past
 // the slice are zeros): stage 0 makes them, a middle stage maps what it
-// read (`lo`/`hi`), the last checks them. Returns the lane's 16 bytes to
-// store (the flag lane's high half: its flag word).
+// read (`lo`/`hi`), the last checks them. Leaves in lo/hi the lane's 16
+// bytes to store (the flag lane's high half: its flag word).
 __device__ __forceinline__ void ll128_words(const PipeParams &p, const Channel &c, uint64_t g, uint64_t w, uint32_t n,
                                             bool holds_flag, uint64_t flag, uint64_t &lo, uint64_t &hi) {
     uint32_t v[4] = {uint32_t(lo), uint32_t(lo >> 32), uint32_t(hi), uint32_t(hi >> 32)};
@@ -593,8 +593,8 @@ __device__ void pipe_credit(const PipeParams &p, const Channel &c, const Team &t
 // The most chunks one handshake covers (`--batch`; the host's default is
 // half the ring, so the two ends still overlap: one fills half the ring
 // while the other drains the other half, at most PIPE_BATCH; and 1 on the
-// LL path, whose lines are their own ready words: the small-chunk,
-// low-latency form).
+// line paths, LL and LL128, whose lines are their own ready words: the
+// small-chunk, low-latency forms).
 __device__ __forceinline__ uint32_t batch_max(const PipeParams &p) {
     return pipe_lines(p.path) ? 1u : max(1u, min(PIPE_BATCH, p.batch));
 }
