@@ -99,8 +99,9 @@ struct WaitParams {
     uint64_t line_count;   // LL path: lines per iteration
     uint32_t first_seq;    // LL path: sequence number of the round's first iteration
     uint32_t reserved;
+    uint32_t *done;        // LL128 bandwidth over a grid: [2] blocks past each wait, zeroed per round
 };
-static_assert(sizeof(WaitParams) == 120, "WaitParams layout is shared with the host");
+static_assert(sizeof(WaitParams) == 128, "WaitParams layout is shared with the host");
 static_assert(offsetof(WaitParams, ack_base) == 88, "WaitParams layout is shared with the host");
 static_assert(offsetof(WaitParams, first_seq) == 112, "WaitParams layout is shared with the host");
 
@@ -960,15 +961,28 @@ __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadli
     return blockDim.x > 32 ? __syncthreads_and(ok) : __all_sync(~0u, ok);
 }
 
-// The target's rounds on a line path (LL, LL128), one block: polls the
-// lines themselves (there is no signal), acknowledges with a bare flag,
-// and timestamps like nixl_wait_signal. Bandwidth: every line must carry
-// the last warm-up iteration's seq (the barrier), then the last
-// iteration's. Ping-pong: every iteration's. `wait(seq, deadline, last,
-// pong)` waits until every line carries `seq` (`last`: the round's last
-// iteration, after which nothing more is written; `pong`: std::true_type
-// in ping-pong rounds, so a wait can differ there at compile time); the
-// host verifies the lines once the kernel is done.
+// Whether this thread is the lead of the grid's last block past wait `i` (0: the warm-up's, 1: the round's end), which then
+// acknowledges and stamps for the grid. One block: its lead. A grid (LL128
+// bandwidth rounds on a GPU of the target's own) counts its blocks in
+// p.done[i]; no block waits for another, so the blocks need not be
+// resident together.
+__device__ bool grid_last(const WaitParams &p, int i) {
+    if (threadIdx.x != 0) return false;
+    if (gridDim.x == 1) return true;
+    __threadfence();
+    return atomicAdd(p.done + i, 1u) == gridDim.x - 1;
+}
+
+// The target's rounds on a line path (LL, LL128): polls the lines
+// themselves (there is no signal), acknowledges with a bare flag, and
+// timestamps like nixl_wait_signal. Bandwidth: every line must carry the
+// last warm-up iteration's seq (the barrier), then the last iteration's;
+// LL128 may spread the lines over a grid (grid_last). Ping-pong: every
+// iteration's, one block. `wait(seq, deadline, last, pong)` waits until
+// every line (of this block's share) carries `seq` (`last`: the round's
+// last iteration, after which nothing more is written; `pong`:
+// std::true_type in ping-pong rounds, so a wait can differ there at
+// compile time); the host verifies the lines once the kernel is done.
 template <class WaitLines>
 __device__ __forceinline__ void line_rounds(const WaitParams &p, WaitLines &&wait) {
     const uint64_t deadline = globaltimer_ns() + p.timeout_ns;
@@ -989,12 +1003,13 @@ __device__ __forceinline__ void line_rounds(const WaitParams &p, WaitLines &&wai
             if (i >= p.warmup && p.iter_ns) p.iter_ns[i - p.warmup] = globaltimer_ns();
         }
     } else {
-        if (p.warmup > 0) {
-            if (!wait(p.first_seq + p.warmup - 1, deadline, false, std::false_type{})) return;
-            if (lead) ack.send(p);
+        if (p.warmup > 0 && !wait(p.first_seq + p.warmup - 1, deadline, false, std::false_type{})) return;
+        if (grid_last(p, 0)) {
+            if (p.warmup > 0) ack.send(p);
+            p.report->t_start_ns = globaltimer_ns();
         }
-        if (lead) p.report->t_start_ns = globaltimer_ns();
-        if (!wait(last, deadline, true, std::false_type{})) return;
+        if (!wait(last, deadline, true, std::false_type{}) || !grid_last(p, 1)) return;
+        ack.sent = p.warmup > 0;  // the block that acknowledges now may not be the one that did after the warm-up
     }
     if (!lead) return;
     p.report->t_end_ns = globaltimer_ns();
@@ -1045,7 +1060,10 @@ __device__ void record_ll128_expired(KernelReport *r, uint32_t why, uint64_t fla
 __device__ bool block_wait_ll128(const WaitParams &p, uint32_t seq, uint64_t deadline, bool keep) {
     constexpr int kQuads = 4;
     const uint64_t n = p.line_count;
-    const unsigned warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    // The grid's warps deal the quads among them (one block, or a grid on
+    // a GPU of the target's own: line_rounds).
+    const uint64_t warp = uint64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const uint64_t warps = uint64_t(gridDim.x) * (blockDim.x / 32);
     const unsigned line_of_lane = (threadIdx.x % 32) / LL128_LANES, part = threadIdx.x % LL128_LANES;
     const unsigned flag_lane = (threadIdx.x % 32) | (LL128_LANES - 1);
     const bool holds_flag = part == LL128_LANES - 1;

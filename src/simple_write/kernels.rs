@@ -261,6 +261,10 @@ pub struct WaitParams {
     /// LL and LL128 paths: sequence number of the round's first iteration (≥ 1).
     pub first_seq: u32,
     pub reserved: u32,
+    /// LL128 bandwidth rounds over a grid: device address of two zeroed
+    /// u32, the blocks past the warm-up's wait and the round's end (the
+    /// last one acknowledges and stamps); 0 with one block.
+    pub done: u64,
 }
 
 /// How the target acknowledges (`ACK_*` in kernels.cu). An acknowledgement
@@ -296,7 +300,7 @@ const _: () = {
     assert!(offset_of!(WriteParams, ack) == 72 && offset_of!(WriteParams, warmup) == 128);
     assert!(offset_of!(WriteParams, src_addr) == 152);
     assert!(offset_of!(WriteParams, signal_base) == 176);
-    assert!(size_of::<WaitParams>() == 120);
+    assert!(size_of::<WaitParams>() == 128);
     assert!(offset_of!(WaitParams, ack_base) == 88 && offset_of!(WaitParams, first_seq) == 112);
 };
 
@@ -575,19 +579,22 @@ impl Kernels {
         unsafe { launch(stream, &self.wait, (1, 1), p) }
     }
 
-    /// Queues the target's wait on `path`'s lines (LL or LL128): one block
-    /// of `threads` threads polling them (at most 1024); when `p.pong`,
-    /// `nixl_ll_pong_wait` or `nixl_ll128_pong_wait`, where each thread
-    /// (LL128: each warp) polls its own line (quad) of a small message.
+    /// Queues the target's wait on `path`'s lines (LL or LL128): `blocks`
+    /// blocks of `threads` threads polling them (at most 1024; more than one
+    /// block only for LL128 bandwidth rounds, whose warps then deal the
+    /// lines among the grid); when `p.pong`, `nixl_ll_pong_wait` or
+    /// `nixl_ll128_pong_wait`, where each thread (LL128: each warp) polls
+    /// its own line (quad) of a small message.
     ///
     /// # Safety
     /// As for [`Kernels::launch_write`]; `p.lines` must hold
-    /// `p.line_count` lines.
+    /// `p.line_count` lines, and with more than one block `p.done` must be
+    /// two zeroed u32.
     pub unsafe fn launch_ll_wait(
         &self,
         stream: &CudaStream,
         path: Path,
-        threads: u32,
+        (blocks, threads): (u32, u32),
         p: &WaitParams,
     ) -> Result<(), DriverError> {
         // Whole warps: the kernel's lanes vote together (it refuses others).
@@ -599,7 +606,7 @@ impl Kernels {
             (_, false) => &self.ll_wait,
         };
         // SAFETY: as this function's contract.
-        unsafe { launch(stream, f, (1, threads), p) }
+        unsafe { launch(stream, f, (blocks.max(1), threads), p) }
     }
 }
 

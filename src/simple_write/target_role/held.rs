@@ -23,4 +23,8 @@ pub(crate) struct Held {
     pub gpu: Gpu,
     pub plan: RunPlan,
     pub wait: WaitMode,
+    /// The initiator runs on another GPU: this GPU is the target's own.
+    pub own_gpu: bool,
+    /// Two u32 for the LL128 wait's grid (`WaitParams::done`), zeroed per round.
+    pub done: DeviceBuffer,
 }

@@ -138,10 +138,12 @@ fn set_up(cfg: &TargetConfig, plan: RunPlan, member: &Member) -> Result<Held> {
     )?;
     member.put(&p::target_gpu(), &me)?;
     say!("[target] Published metadata and descriptors");
-    let wait = cfg
-        .wait
-        .resolve(me.uuid == plan.initiator_gpu.uuid, gpu.mps);
+    let own_gpu = me.uuid != plan.initiator_gpu.uuid;
+    let wait = cfg.wait.resolve(!own_gpu, gpu.mps);
+    let done = DeviceBuffer::zeroed(&gpu.ctx, 8)?;
     Ok(Held {
+        own_gpu,
+        done,
         ack_view: None,
         _registrations: registrations,
         data,
