@@ -331,9 +331,10 @@ impl Wait<'_> {
     /// on a GPU of the target's own, one per 4 MiB of payload, at most 16.
     /// A round's end is the last line of its last iteration seen, and one
     /// block polling (and copying) 1 GiB of lines behind the link ended
-    /// it late: LL128 read 0.71× the copy engine at 1 GiB, 0.83× at 256
-    /// MiB, against 0.87× at 64 MiB. Under MPS the initiator's grid holds
-    /// the SMs, so the target keeps to one block there.
+    /// it late: on two H200s LL128 read 0.72× the copy engine at 1 GiB and
+    /// 0.83× at 256 MiB with one block, 0.87× and 0.88× with the grid.
+    /// Under MPS the initiator's grid holds the SMs, so the target keeps to
+    /// one block there.
     fn ll_blocks(&self) -> u32 {
         match (self.round.path, self.round.pingpong, self.held.own_gpu) {
             (WritePath::Data(Path::Ll128), false, true) => {
