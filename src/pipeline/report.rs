@@ -80,10 +80,14 @@ pub struct Row {
     /// The slowest link's time per chunk, ns: with one slot and two stages
     /// a round trip (the chunk there, its credit back).
     pub link_ns_per_chunk: f64,
-    pub e2e_gbps: f64,
+    /// Payload over stage 0's first timed start to the last stage's end:
+    /// `None` where the two stages are on different GPUs, whose
+    /// `%globaltimer` clocks differ by an unknown offset (tens of µs on
+    /// two H200s), so no difference of them means anything.
+    pub e2e_gbps: Option<f64>,
     /// Channel 0's slice of a chunk: stage 0's start to the last stage's
-    /// end of its check, ns.
-    pub latency: Summary,
+    /// end of its check, ns; `None` as `e2e_gbps`.
+    pub latency: Option<Summary>,
     /// Per stage: time one channel waited for credits, µs, and as a share
     /// of the timed run.
     pub stall_us: Vec<f64>,
@@ -122,8 +126,16 @@ pub struct Context<'a> {
     pub nccl: Option<Vec<Vec<NcclTimes>>>,
 }
 
-/// One row from every stage's result of `case` (`stages[r]`: rank r's).
-pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) -> Row {
+/// One row from every stage's result of `case` (`stages[r]`: rank r's);
+/// `one_clock`: stage 0 and the last stage share a GPU, so their stamps
+/// come from one clock and the end-to-end figures can be taken.
+pub fn row(
+    cfg: &Config,
+    case: &Case,
+    channels: u32,
+    stages: &[&StageResult],
+    one_clock: bool,
+) -> Row {
     let timed = cfg.chunks - cfg.warmup;
     let gbps = |bytes: u64, ns: u64| {
         if ns == 0 {
@@ -167,8 +179,8 @@ pub fn row(cfg: &Config, case: &Case, channels: u32, stages: &[&StageResult]) ->
             * case.path.wire_factor(),
         link_gbps: link,
         link_ns_per_chunk: per_chunk,
-        e2e_gbps: gbps(timed * case.chunk, span),
-        latency: Summary::of(&lat),
+        e2e_gbps: one_clock.then(|| gbps(timed * case.chunk, span)),
+        latency: one_clock.then(|| Summary::of(&lat)),
         stall_us: stages.iter().map(|s| per_channel(s) / 1e3).collect(),
         stall_share: stages
             .iter()
@@ -209,7 +221,13 @@ pub fn publish(ctx: &Context, all: &[Vec<StageResult>]) -> Result<()> {
     let mut rows = Vec::new();
     for (n, case) in cfg.cases().iter().enumerate() {
         let stages: Vec<&StageResult> = all.iter().map(|r| &r[n]).collect();
-        rows.push(row(cfg, case, (ctx.channels)(case), &stages));
+        rows.push(row(
+            cfg,
+            case,
+            (ctx.channels)(case),
+            &stages,
+            one_clock(ctx.infos),
+        ));
     }
     if let (true, Some(dst)) = (cfg.baseline, ctx.ce_dst) {
         let peer = peer_context(ctx.gpu, dst)?;
@@ -239,6 +257,11 @@ pub fn publish(ctx: &Context, all: &[Vec<StageResult>]) -> Result<()> {
     }
     print_table(ctx, &rows);
     write_files(ctx, &rows)
+}
+
+/// Whether stage 0 and the last stage run on one GPU (one `%globaltimer`).
+fn one_clock(infos: &[RankInfo]) -> bool {
+    infos.first().map(|i| &i.gpu_uuid) == infos.last().map(|i| &i.gpu_uuid)
 }
 
 /// The context of GPU `dst` (this process's ordinal), peer access enabled
@@ -316,7 +339,7 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             .map(|((us, sh), b)| format!("{us:.0} ({:.0}%; {b:.2})", sh * 100.0))
             .collect();
         say!(
-            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9.2} {:>8.2} {:>8.3} {:>9.2} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2} {:>5}  {}",
+            "{:>5} {:>6} {:>8} {:>5} {:>5} {:>5} {:>9.2} {:>8.2} {:>8.3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5}  {}",
             r.path,
             r.level,
             fmt_bytes(r.chunk_bytes),
@@ -326,13 +349,17 @@ fn print_table(ctx: &Context, rows: &[Row]) {
             r.min_link_gbps,
             r.min_link_wire_gbps,
             r.link_ns_per_chunk / 1e3,
-            r.e2e_gbps,
+            r.e2e_gbps.map_or("-".into(), |v| format!("{v:.2}")),
             r.ce_gbps.map_or("-".into(), |v| format!("{v:.2}")),
             r.link_vs_ce.map_or("-".into(), |v| format!("{v:.2}")),
             r.nccl_gbps.map_or("-".into(), |v| format!("{v:.2}")),
             r.link_vs_nccl.map_or("-".into(), |v| format!("{v:.2}")),
-            r.latency.p50_ns / 1e3,
-            r.latency.p99_ns / 1e3,
+            r.latency
+                .as_ref()
+                .map_or("-".into(), |l| format!("{:.2}", l.p50_ns / 1e3)),
+            r.latency
+                .as_ref()
+                .map_or("-".into(), |l| format!("{:.2}", l.p99_ns / 1e3)),
             r.overwrites,
             stalls.join(", ")
         );
@@ -340,7 +367,8 @@ fn print_table(ctx: &Context, rows: &[Row]) {
     say!(
         "# link min: the slowest link's GB/s (1e9 B/s) of payload, wire: of its bytes on the wire (ll: lines twice \
          the payload, ll128: 128 bytes per 120), us/chunk its time per chunk; lat: channel 0's slice \
-         of a chunk through the chain, us; batch: the most chunks one handshake covers; stall: one channel's wait for credits over the timed \
+         of a chunk through the chain, us (lat and e2e read stage 0's clock against the last stage's: '-' where they are on \
+         different GPUs, whose clocks differ); batch: the most chunks one handshake covers; stall: one channel's wait for credits over the timed \
          chunks, and its mean batch; ce: {}; nccl: NCCL's ncclSend/ncclRecv chain's slowest link (no \
          transform, no slow stage)",
         ce_note(ctx, rows)
@@ -455,7 +483,7 @@ mod tests {
             ..Default::default()
         };
         let (a, b) = (stage(0, 0), stage(0, 9 * 1024));
-        let mut r = row(&cfg, &cfg.cases()[0], 1, &[&a, &b]);
+        let mut r = row(&cfg, &cfg.cases()[0], 1, &[&a, &b], true);
         assert_eq!(r.min_link_gbps, 1.0);
         let none = serde_json::to_value(&r).unwrap();
         for key in ["nccl_link_gbps", "nccl_gbps", "link_vs_nccl", "ce_gbps"] {
@@ -466,6 +494,37 @@ mod tests {
         assert_eq!(v["nccl_link_gbps"], serde_json::json!([2.0]));
         assert_eq!(v["nccl_gbps"], 2.0);
         assert_eq!(v["link_vs_nccl"], 0.5);
+    }
+
+    #[test]
+    fn two_gpus_clocks_are_never_subtracted() {
+        let cfg: Config = serde_json::from_value(serde_json::json!({
+            "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": ["ll"], "levels": ["block"],
+            "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
+            "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": false
+        }))
+        .unwrap();
+        // Stage 1's clock runs 77 µs ahead of stage 0's on another GPU.
+        let a = StageResult {
+            t_start: vec![1_000],
+            ..Default::default()
+        };
+        let b = StageResult {
+            arrive_last: 9 * 1024,
+            done_ns: 80_000,
+            t_end: vec![78_000],
+            ..Default::default()
+        };
+        let apart = row(&cfg, &cfg.cases()[0], 1, &[&a, &b], false);
+        assert_eq!((apart.latency.is_none(), apart.e2e_gbps), (true, None));
+        assert_eq!(
+            apart.min_link_gbps, 1.0,
+            "a link is timed on its receiver's clock alone"
+        );
+        let v = serde_json::to_value(&apart).unwrap();
+        assert!(v["latency"].is_null() && v["e2e_gbps"].is_null(), "{v}");
+        let shared = row(&cfg, &cfg.cases()[0], 1, &[&a, &b], true);
+        assert_eq!(shared.latency.map(|l| l.p50_ns), Some(77_000.0));
     }
 
     #[test]
@@ -481,7 +540,13 @@ mod tests {
                 arrive_last: 9 * 1024,
                 ..Default::default()
             };
-            let r = row(&cfg, &cfg.cases()[0], 1, &[&StageResult::default(), &b]);
+            let r = row(
+                &cfg,
+                &cfg.cases()[0],
+                1,
+                &[&StageResult::default(), &b],
+                true,
+            );
             assert_eq!(
                 (r.min_link_gbps, r.min_link_wire_gbps),
                 (1.0, wire),
