@@ -469,14 +469,19 @@ mod tests {
         assert_eq!(nccl_links(&all, 64), None, "a chunk size NCCL did not run");
     }
 
+    /// Two stages, one case of 1 KiB chunks on `path`, 10 of 11 chunks timed.
+    fn one_case(path: &str, baseline: bool) -> Config {
+        serde_json::from_value(serde_json::json!({
+            "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": [path], "levels": ["block"],
+            "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
+            "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": baseline
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn the_nccl_columns_are_in_every_row_and_file() {
-        let cfg: Config = serde_json::from_value(serde_json::json!({
-            "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": ["store"], "levels": ["block"],
-            "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
-            "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": true
-        }))
-        .unwrap();
+        let cfg = one_case("store", true);
         let stage = |first, last| StageResult {
             arrive_first: first,
             arrive_last: last,
@@ -498,12 +503,7 @@ mod tests {
 
     #[test]
     fn two_gpus_clocks_are_never_subtracted() {
-        let cfg: Config = serde_json::from_value(serde_json::json!({
-            "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": ["ll"], "levels": ["block"],
-            "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
-            "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": false
-        }))
-        .unwrap();
+        let cfg = one_case("ll", false);
         // Stage 1's clock runs 77 µs ahead of stage 0's on another GPU.
         let a = StageResult {
             t_start: vec![1_000],
@@ -530,12 +530,7 @@ mod tests {
     #[test]
     fn the_wire_column_counts_the_lines_flags() {
         for (path, wire) in [("store", 1.0), ("ll", 2.0), ("ll128", 128.0 / 120.0)] {
-            let cfg: Config = serde_json::from_value(serde_json::json!({
-                "stages": 2, "chunk_sizes": [1024], "slots": [8], "paths": [path], "levels": ["block"],
-                "chunks": 11, "warmup": 1, "slot_bytes": null, "blocks": null, "threads": null,
-                "slow_stage": null, "delay_us": 0, "fault_timeout_ns": 1, "corrupt_stage": null, "baseline": false
-            }))
-            .unwrap();
+            let cfg = one_case(path, false);
             let b = StageResult {
                 arrive_last: 9 * 1024,
                 ..Default::default()
