@@ -961,16 +961,23 @@ __device__ bool wait_own_line(const WaitParams &p, uint32_t seq, uint64_t deadli
     return blockDim.x > 32 ? __syncthreads_and(ok) : __all_sync(~0u, ok);
 }
 
-// Whether this thread is the lead of the grid's last block past wait `i` (0: the warm-up's, 1: the round's end), which then
-// acknowledges and stamps for the grid. One block: its lead. A grid (LL128
-// bandwidth rounds on a GPU of the target's own) counts its blocks in
-// p.done[i]; no block waits for another, so the blocks need not be
-// resident together.
+// Whether this thread is the lead of the grid's last block past wait `i`
+// (0: the warm-up's, 1: the round's end), which then acknowledges and
+// stamps for the grid. One block: its lead. A grid (LL128 bandwidth rounds
+// on a GPU of the target's own) counts its blocks in p.done[i]. The
+// warm-up's acknowledgement waits for every block, and the blocks past it
+// wait for data sent after it, so the grid must be resident at once: the
+// host launches at most 16 blocks of 512 threads, on a GPU nothing else
+// of the run uses. The fences on both sides of the count order each
+// block's copy of its lines, and the acknowledgement an earlier last block
+// stored, before the one this block stores now.
 __device__ bool grid_last(const WaitParams &p, int i) {
     if (threadIdx.x != 0) return false;
     if (gridDim.x == 1) return true;
     __threadfence();
-    return atomicAdd(p.done + i, 1u) == gridDim.x - 1;
+    const bool last = atomicAdd(p.done + i, 1u) == gridDim.x - 1;
+    if (last) __threadfence();
+    return last;
 }
 
 // The target's rounds on a line path (LL, LL128): polls the lines

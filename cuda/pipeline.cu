@@ -490,6 +490,7 @@ __device__ bool ll128_slice(const PipeParams &p, const Channel &c, const Team &t
         const uint4 *line = reinterpret_cast<const uint4 *>(in + k * LL128_LINE_BYTES + 16 * part);
         uint64_t lo = 0, hi = 0, start = 0;
         if (p.stage > 0) {
+            __syncwarp();  // a line's eight lanes load in one instruction: data and flag together
             if (mine) ll128_load(line, lo, hi);
             bool got = __shfl_sync(~0u, !mine || ll128_ready(hi, seq), flag_lane);
             for (uint32_t polls = 1; __any_sync(~0u, !got); ++polls) {
