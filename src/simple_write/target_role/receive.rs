@@ -328,7 +328,9 @@ impl Wait<'_> {
     }
 
     /// Blocks of the LL wait kernel: one, but for an LL128 bandwidth round
-    /// on a GPU of the target's own, one per 4 MiB of payload, at most 16.
+    /// on a GPU of the target's own, one per 4 MiB of payload, at most 16
+    /// and never more than the GPU's SMs (the grid must be resident at
+    /// once: its warm-up acknowledgement waits for every block).
     /// A round's end is the last line of its last iteration seen, and one
     /// block polling (and copying) 1 GiB of lines behind the link ended
     /// it late: on two H200s LL128 read 0.72× the copy engine at 1 GiB and
@@ -338,7 +340,8 @@ impl Wait<'_> {
     fn ll_blocks(&self) -> u32 {
         match (self.round.path, self.round.pingpong, self.held.own_gpu) {
             (WritePath::Data(Path::Ll128), false, true) => {
-                self.round.size.div_ceil(4 << 20).clamp(1, 16) as u32
+                let most = self.held.gpu.sm_count.clamp(1, 16);
+                (self.round.size.div_ceil(4 << 20) as u32).clamp(1, most)
             }
             _ => 1,
         }
