@@ -211,6 +211,14 @@ __device__ __forceinline__ bool given_up(const CollReport *r) {
 // The rank of member `i`.
 __device__ __forceinline__ uint32_t rank_of(const CollParams &p, uint32_t i) { return p.members[i]; }
 
+// Member i's window as the store path reaches it (not ourselves): the
+// pointer the session looked up once (coll_probe_ptrs), else nixlGetPtr,
+// which walks the view in device memory, ~0.5 µs a call.
+__device__ __forceinline__ uint8_t *peer_window(const CollParams &p, uint32_t i) {
+    return p.has_peer_ptr ? reinterpret_cast<uint8_t *>(p.peer_ptr[i])
+                          : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, rank_of(p, i)));
+}
+
 // Whether another member abandoned this step (elastic runs).
 __device__ bool peer_aborted(const CollParams &p) {
     const uint64_t *slots = reinterpret_cast<const uint64_t *>(p.window + p.off_abort);
@@ -228,8 +236,7 @@ __device__ void raise_abort(const CollParams &p, uint32_t gone) {
         const uint32_t d = rank_of(p, i);
         if (i == p.rank || d == gone) continue;
         if (p.path == COLL_PATH_STORE) {
-            uint8_t *w = p.has_peer_ptr ? reinterpret_cast<uint8_t *>(p.peer_ptr[i])
-                                        : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            uint8_t *w = peer_window(p, i);
             if (w != nullptr) release_store(reinterpret_cast<uint64_t *>(w + slot), p.step, false);
         } else {
             const nixlMemViewElem counter{p.remote_mvh, d, slot};
@@ -382,10 +389,7 @@ __device__ bool open_call(const CollParams &p, Peers &b) {
         if (i == p.rank) {
             ptr = p.window;
         } else if (p.path == COLL_PATH_STORE) {
-            // The session looked the pointers up once (coll_probe_ptrs):
-            // nixlGetPtr walks the view in device memory, ~0.5 µs a call.
-            ptr = p.has_peer_ptr ? reinterpret_cast<uint8_t *>(p.peer_ptr[i])
-                                 : static_cast<uint8_t *>(nixlGetPtr(p.remote_mvh, d));
+            ptr = peer_window(p, i);
             if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
         }
         b.ptr[i] = ptr;
@@ -756,6 +760,29 @@ __device__ __forceinline__ LlSlice ll_slice(const CollParams &p) {
     return {lo * E / 8 + threadIdx.x, (hi * E + 7) / 8, uint32_t(p.epoch)};
 }
 
+// This thread's first line of `in` (`bytes` in all), loaded before the
+// call opens (ll_push stores it).
+__device__ __forceinline__ uint2 ll_first(const LlSlice &l, const uint8_t *in, uint64_t bytes) {
+    return l.k0 < l.k1 ? ll_payload(in, l.k0, bytes) : make_uint2(0, 0);
+}
+
+// Stores this thread's lines of `in` into every peer's LL row for us, the
+// first from `first`; with kOwn, also unpacks them at `own` (allgather's
+// own slot), as ll128_push does in LL128 lines. (A template flag, not a
+// null test: the kernels then compile to the instructions they had.)
+template <bool kOwn>
+__device__ __forceinline__ void ll_push(const CollParams &p, const Peers &b, const LlSlice &l, const uint8_t *in,
+                                        uint64_t bytes, uint2 first, uint8_t *own) {
+    const uint64_t row = row_offset(p, p.rank);
+    uint2 v = first;
+    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
+        if (k != l.k0) v = ll_payload(in, k, bytes);
+        for (uint32_t d = 0; d < p.ranks; ++d)
+            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, l.epoch);
+        if (kOwn) ll_unpack(own, k, bytes, v);
+    }
+}
+
 // Members whose lines a thread loads together (reduce-scatter's push): a
 // volatile store orders every load after it, so each member's load and
 // store in turn cost one load's latency per member (push 0.9–1.4 µs on 4
@@ -786,14 +813,9 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     const bool bf16 = p.dtype == COLL_BF16;
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
-    uint2 v = l.k0 < l.k1 ? ll_payload(in, l.k0, bytes) : make_uint2(0, 0);
+    const uint2 first = ll_first(l, in, bytes);
     if (!open_call(p, b)) return;
-    const uint64_t row = row_offset(p, p.rank);
-    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
-        if (k != l.k0) v = ll_payload(in, k, bytes);
-        for (uint32_t d = 0; d < p.ranks; ++d)
-            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, l.epoch);
-    }
+    ll_push<false>(p, b, l, in, bytes, first, nullptr);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
@@ -818,16 +840,10 @@ __device__ void allgather_ll(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
-    uint2 v = l.k0 < l.k1 ? ll_payload(in, l.k0, bytes) : make_uint2(0, 0);
+    const uint2 first = ll_first(l, in, bytes);
     if (!open_call(p, b)) return;
     uint8_t *out = p.window + p.off_out;
-    const uint64_t row = row_offset(p, p.rank);
-    for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
-        if (k != l.k0) v = ll_payload(in, k, bytes);
-        for (uint32_t d = 0; d < p.ranks; ++d)
-            if (d != p.rank && b.ptr[d] != nullptr) ll_put(b.ptr[d] + row + 16 * k, v, l.epoch);
-        ll_unpack(out + p.rank * bytes, k, bytes, v);
-    }
+    ll_push<true>(p, b, l, in, bytes, first, out + p.rank * bytes);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
     const uint64_t start = globaltimer_ns();
