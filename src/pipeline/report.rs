@@ -152,6 +152,7 @@ pub fn row(
             )
         })
         .collect();
+    let min_link = link.iter().copied().fold(f64::INFINITY, f64::min);
     let (first, last) = (stages[0], stages[stages.len() - 1]);
     let start = first.t_start.first().copied().unwrap_or(0);
     let span = last.done_ns.saturating_sub(start);
@@ -174,9 +175,8 @@ pub fn row(
             .collect(),
         channels,
         timed_chunks: timed,
-        min_link_gbps: link.iter().copied().fold(f64::INFINITY, f64::min),
-        min_link_wire_gbps: link.iter().copied().fold(f64::INFINITY, f64::min)
-            * case.path.wire_factor(),
+        min_link_gbps: min_link,
+        min_link_wire_gbps: min_link * case.path.wire_factor(),
         link_gbps: link,
         link_ns_per_chunk: per_chunk,
         e2e_gbps: one_clock.then(|| gbps(timed * case.chunk, span)),
