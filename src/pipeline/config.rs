@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::kernels::{Level, PATHS, Path};
+use super::kernels::{Level, PATHS, Path, has_kernel};
 use super::ring;
 use crate::cli::{UsageError, fmt_bytes};
 
@@ -161,7 +161,7 @@ impl Config {
         let bad = |m: String| Err(UsageError(m));
         crate::gpu::path::refuse_missing("pipeline", &PATHS, &self.paths)?;
         if self.paths.contains(&Path::Ll128) {
-            if self.levels.contains(&Level::Thread) {
+            if self.levels.iter().any(|&l| !has_kernel(l, Path::Ll128)) {
                 return bad("--path ll128 --level thread: eight lanes of a warp write an LL128 line at once, so \
                             the ll128 path runs at warp and block level; drop thread from --level, or use --path ll"
                     .into());
