@@ -103,6 +103,17 @@ __device__ __forceinline__ void fence_acquire(bool gpu_scope) {
     else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
 }
 
+// An acquire load of a word a release wrote, at that release's scope: the
+// read synchronizes with it, as a relaxed read followed by fence_acquire
+// does, but without the fence, which waits for all of this thread's own
+// outstanding loads and stores first (MEMBAR.ALL.SYS against a load and
+// an L1 invalidation).
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p, bool gpu_scope) {
+    uint64_t *w = const_cast<uint64_t *>(p);
+    if (gpu_scope) return cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*w).load(cuda::memory_order_acquire);
+    return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*w).load(cuda::memory_order_acquire);
+}
+
 // --------------------------------------------------------------- report
 
 // Counts a NIXL device call that did not return NIXL_IN_PROG / NIXL_SUCCESS

@@ -219,4 +219,5 @@ struct EpParams {
     uint32_t combine_batches;        // flags per expert rank: ceil(tokens / combine_batch)
     uint32_t gpu_scope;              // 1: every rank shares this GPU, releases are GPU-scope; 0: system scope
     uint32_t combine_senders;        // high-throughput combine: warps per block that send (the rest reduce)
+    uint32_t combine_pieces;         // high-throughput combine: pieces a token's reduction is claimed in
 };

@@ -33,7 +33,7 @@ fn rust_side() -> Vec<(String, String)> {
         off_dispatch_count, off_combine_flags, off_barrier, off_recv_x, off_recv_meta, off_combine_recv,
         off_x, off_meta, off_y, seed, timeout_ns, fault_timeout_ns, rank, ranks, tokens, hidden, topk,
         local_experts, meta_bytes, n_entries, chunks, chunk_bytes, path, timing_slots, combine_batch,
-        combine_batches, gpu_scope, combine_senders);
+        combine_batches, gpu_scope, combine_senders, combine_pieces);
     v.extend(fields!(EpReport, "EpReport":
         base, wait_kind, wait_rank, wait_target, null_ptr_rank, reserved, masked_bits, first_mask_ns,
         first_wait_ns, mask_kind, mask_rank));

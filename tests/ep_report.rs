@@ -120,6 +120,7 @@ fn result(rank: u32, scale: f64, nccl: bool) -> RankResult {
             chunks: 1,
             chunk_bytes: 128,
             gpu_scope: false,
+            shared: false,
         },
         dispatch_bytes: PhaseBytes {
             deepep: 2_000_000,

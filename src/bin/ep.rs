@@ -147,7 +147,8 @@ struct Args {
     blocks: Option<u32>,
 
     /// High-throughput combine: warps of each 16-warp block that send while
-    /// the others reduce from the start (for measuring the split) [default: 16].
+    /// the others reduce from the start (for measuring the split) [default: 4 on
+    /// the store path, 8 on the put path, 16 where ranks share a GPU].
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=16))]
     combine_senders: Option<u32>,
 

@@ -168,17 +168,39 @@ impl Shape {
 
     /// Slots per combine flag: an expert rank signals its contributions to
     /// an origin in batches of this many tokens, so the origin can add them
-    /// up while the rest is still arriving (16 from 4096 tokens, at least
-    /// 2). Below 512 tokens one batch holds them all, and every block of
-    /// the grid copies a share and signals once (cuda/ep.cu,
-    /// `send_outputs_all`): with so few tokens the batches were too small
-    /// to keep the grid busy and their fences ran one after another.
+    /// up while the rest is still arriving: the smallest power of two whose
+    /// rows hold at least 112 KiB, from 2 to 16 (8 for 7168 values). Below
+    /// 512 tokens one batch holds them all, and every block of the grid
+    /// copies a share and signals once (cuda/ep.cu, `send_outputs_all`):
+    /// with so few tokens the batches were too small to keep the grid busy
+    /// and their fences ran one after another.
+    ///
+    /// Measured on two H200s at EP2 (2026-11-28): smaller batches let the
+    /// reduction follow the data closer, but each costs its sender warps a
+    /// sync and a release (the put path a fence and an atomic): 4 096 tokens
+    /// of 7 168 values combined in 179 µs with 8 slots (store path; put
+    /// 187), 186 (192) with 16, 178 (204) with 4; 3 001, 600 and 1 500
+    /// tokens (the last of 2 056 values) were fastest with this rule too. A
+    /// count of batches the grid's blocks share unevenly costs most: 14
+    /// slots for 4 096 values made 293 batches, 3 on some of the 132 blocks
+    /// and 2 on the rest (114 µs against 108 with 8 slots and 109 with 16).
     pub fn combine_batch(&self) -> u32 {
         if self.tokens < 512 {
-            self.tokens.max(1)
-        } else {
-            (self.tokens / 256).clamp(2, 16)
+            return self.tokens.max(1);
         }
+        let rows = (112 * 1024u64).div_ceil(self.token_bytes()).max(1);
+        (rows.next_power_of_two() as u32).clamp(2, 16)
+    }
+
+    /// Pieces one token's reduction is claimed in by the high-throughput
+    /// combine's warps: at most four passes of the kernel's loads each (a
+    /// pass: 32 lanes × 4 vectors of 16 bytes, cuda/ep.cu `reduce_token`),
+    /// 2 for 7168 values. The last tokens to arrive are then added by two
+    /// warps each; smaller pieces cost more than they gave (a claim and a
+    /// wait each: 7 one-pass pieces made the EP2 combine 5 % slower than
+    /// whole tokens, 2 pieces 2 % faster, two H200s, 2026-11-28).
+    pub fn combine_pieces(&self) -> u32 {
+        (self.hidden / 8).div_ceil(4 * 32 * 4).max(1)
     }
 
     /// Flags per expert rank: ⌈tokens / combine_batch⌉.
@@ -240,7 +262,7 @@ pub struct RunConfig {
     pub baseline: bool,
     /// High-throughput combine: warps per block that send while the others
     /// reduce (`--combine-senders`, hidden, for measuring; default
-    /// [`COMBINE_SENDERS`]).
+    /// [`combine_senders`]).
     #[serde(default)]
     pub combine_senders: Option<u32>,
     /// Run every path's steps a second time replayed from a CUDA graph
@@ -261,13 +283,23 @@ fn default_fault_timeout_ns() -> u64 {
 }
 
 /// Warps of a high-throughput combine block that send batches before they
-/// reduce (cuda/ep.cu, `ep_combine`): all 16. Fewer senders let the other
-/// warps reduce from the start, but on one H100 under MPS every split
-/// measured slower (store path 245 µs with 16, 247-251 with 8-14; put
-/// path 268 against 280-292, its sends being bound by warps issuing
-/// nixlPut): sends and reduction share the same HBM there. Across GPUs,
-/// where sends are bound by the link, `--combine-senders` measures it.
-pub const COMBINE_SENDERS: u32 = 16;
+/// reduce (cuda/ep.cu, `ep_combine`; `--combine-senders` overrides it).
+/// The others reduce tokens from the start, as their batches arrive.
+/// Across GPUs the sends are bound by the link, and few senders keep it as
+/// busy as all 16: on two H200s at EP2 (2026-11-28), the store path's
+/// combine took 186 µs with 4 senders against 202 with 16, its sends alone
+/// 172 against 167; the put path's, bound by the warps issuing nixlPut,
+/// was fastest with 8 (196 against 203). Ranks sharing a GPU keep all 16:
+/// there sends and reduction draw on the same HBM, and on one H100 under
+/// MPS every split measured slower (store path 245 µs with 16, 247-251
+/// with 8-14; put path 268 against 280-292).
+pub fn combine_senders(path: Path, shared_gpu: bool) -> u32 {
+    match (shared_gpu, path) {
+        (true, _) => 16,
+        (false, Path::Store) => 4,
+        (false, _) => 8,
+    }
+}
 
 impl RunConfig {
     /// Iterations of every path together, warm-up included: how far the
@@ -370,6 +402,10 @@ pub struct Grid {
     /// memory system). Otherwise a peer observes through the link, and only
     /// a system-scope release does.
     pub gpu_scope: bool,
+    /// Another rank runs on this GPU too (under MPS): the combine's sends
+    /// and reduction share its HBM ([`combine_senders`]).
+    #[serde(default)]
+    pub shared: bool,
 }
 
 /// Threads per block of the phase kernels: 16 warps.
@@ -407,6 +443,7 @@ impl Grid {
             chunks: row.div_ceil(chunk_bytes) as u32,
             chunk_bytes: chunk_bytes as u32,
             gpu_scope: ranks_per_gpu >= shape.ranks,
+            shared: ranks_per_gpu > 1,
         }
     }
 }
@@ -464,6 +501,18 @@ mod tests {
         }
         assert!(w.y + rows <= w.bytes);
         assert_eq!(s.meta_bytes(), 80);
+    }
+
+    #[test]
+    fn combine_batches_hold_112_kib_and_tokens_are_reduced_in_pieces() {
+        let g = |t, h| shape(t, h, 8, 256, 2).combine_batch();
+        assert_eq!(g(4096, 7168), 8, "8 rows of 14 KiB");
+        assert_eq!(g(600, 7168), 8);
+        assert_eq!(g(4096, 4096), 16, "14 rows of 8 KiB, up to a power of two");
+        assert_eq!(g(1500, 2056), 16, "at most 16");
+        assert_eq!(g(100, 7168), 100, "below 512 tokens, one batch");
+        let p = |h| shape(4096, h, 8, 256, 2).combine_pieces();
+        assert_eq!((p(7168), p(4096), p(2056), p(8)), (2, 1, 1, 1));
     }
 
     #[test]

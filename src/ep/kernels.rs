@@ -101,6 +101,9 @@ pub struct EpParams {
     /// the others reduce tokens as they arrive (the senders join the
     /// reduction once their batches are out). 1..=16.
     pub combine_senders: u32,
+    /// High-throughput combine: pieces a token's reduction is claimed in
+    /// ([`super::config::Shape::combine_pieces`]).
+    pub combine_pieces: u32,
 }
 
 /// `EpReport`: what went wrong in an iteration's launches: the
@@ -197,7 +200,7 @@ pub struct EpTiming {
 }
 
 const _: () = {
-    assert!(size_of::<EpParams>() == 304);
+    assert!(size_of::<EpParams>() == 312);
     assert!(std::mem::offset_of!(EpParams, off_dispatch_count) == 144);
     assert!(std::mem::offset_of!(EpParams, rank) == 240);
     assert!(size_of::<EpReport>() == 96);

@@ -168,9 +168,9 @@ impl Rig {
             combine_batch: s.combine_batch(),
             combine_batches: s.combine_batches(),
             gpu_scope: u32::from(grid.gpu_scope),
-            combine_senders: cfg
-                .combine_senders
-                .unwrap_or(super::config::COMBINE_SENDERS),
+            combine_senders: (cfg.combine_senders)
+                .unwrap_or_else(|| super::config::combine_senders(path, grid.shared)),
+            combine_pieces: s.combine_pieces(),
         }
     }
 
@@ -211,11 +211,12 @@ impl SourceBaseline {
 
 /// This rank's own grid words before `step`: `grid_flags[2]` (blocks done
 /// with the combine, `blocks` per step) and `grid_flags[3]` (the combine's
-/// token claims, `tokens` + one per warp per step).
+/// claims: `tokens` × [`Shape::combine_pieces`] + one per warp per step).
 pub fn local_baseline(shape: &Shape, blocks: u32, step: u32) -> [u64; 2] {
     let (b, s) = (u64::from(blocks), u64::from(step));
     let warps = b * u64::from(super::config::THREADS / 32);
-    [s * b, s * (u64::from(shape.tokens) + warps)]
+    let pieces = u64::from(shape.tokens) * u64::from(shape.combine_pieces());
+    [s * b, s * (pieces + warps)]
 }
 
 fn u64_bytes(words: &[u64]) -> Vec<u8> {
