@@ -105,9 +105,9 @@ __device__ __forceinline__ void fence_acquire(bool gpu_scope) {
 
 // An acquire load of a word a release wrote, at that release's scope: the
 // read synchronizes with it, as a relaxed read followed by fence_acquire
-// does, but without the fence, which waits for all of this thread's own
-// outstanding loads and stores first (MEMBAR.ALL.SYS against a load and
-// an L1 invalidation).
+// does, but without the fence, which first waits for all of this thread's
+// own outstanding loads and stores. On sm_90 the load compiles to a strong
+// load and an L1 invalidation; the fence adds a MEMBAR.ALL.SYS.
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p, bool gpu_scope) {
     uint64_t *w = const_cast<uint64_t *>(p);
     if (gpu_scope) return cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*w).load(cuda::memory_order_acquire);

@@ -418,11 +418,13 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_dispatch(EpParams p)
 // each block the first combine_senders warps send the block's batches and
 // flag each one (the senders sync among themselves, then one release add on
 // the origin's flag for this rank and batch); the block's other warps add up
-// tokens from the start, each as soon as the batches holding its slots are
-// flagged, and a sender joins them once its batches are out. Reduction and
-// transfer overlap inside every block: no SM stops sending (giving half the
-// grid to the reduction left too few senders to keep NVLink busy), and a
-// contribution is read back while it is still in L2.
+// pieces of tokens from the start, each as soon as the batches holding its
+// token's slots are flagged, and a sender joins them once its batches are
+// out. Reduction and transfer overlap inside every block: no SM stops
+// sending (giving half the grid to the reduction left too few senders to
+// keep NVLink busy), and a contribution is read back while it is still in
+// L2. docs/EP.md §11a has the measurements behind the batch size, the
+// senders and the pieces.
 //
 // Few tokens (one batch per expert rank, the low-latency shape): every
 // block copies a share of every origin's slots, as dispatch does, then adds
@@ -551,11 +553,13 @@ __device__ uint64_t wait_token(const EpParams &p, uint32_t t) {
         // An acquire read of each flag the warp adds a contribution behind,
         // not a fence: that also waits for the warp's own stores of its last
         // piece, once per claim, and with it smaller claims slowed the
-        // combine (7 pieces a token: 225 us against 186 whole, two H200s).
+        // combine (7 pieces a token: 225 µs against 186 whole, two H200s).
         for (uint32_t r = 0; r < p.ranks; ++r)
             if (r != p.rank && (kept >> r & 1)) load_acquire(token_flag(p, r, t), p.gpu_scope);
     }
-    // __syncwarp orders lane 0's acquire before every lane's loads.
+    // __syncwarp orders lane 0's acquire before every lane's loads (a
+    // shuffle alone is not documented to order memory).
+    __syncwarp();
     return __shfl_sync(0xffffffff, kept, 0);
 }
 
@@ -635,11 +639,11 @@ __device__ void reduce_token(const EpParams &p, uint32_t t, uint32_t v0, uint32_
 // Claims the calling warp's next piece of this step's reduction: claim c
 // is part c % combine_pieces of token c / combine_pieces. Tokens are cut
 // into pieces (src/ep/config.rs Shape::combine_pieces) so that the last
-// tokens to arrive are added by more than one warp each. The claims count up from step x (tokens x pieces + the grid's warps):
-// every warp of the grid makes exactly one claim past the last piece (the
-// one that ends its loop), so each step advances the counter by that much
-// (with or without masked ranks; Rig::reset_local sets it for a new
-// process).
+// tokens to arrive are added by more than one warp each. The claims count
+// up from step × (tokens × pieces + the grid's warps): every warp of the
+// grid makes exactly one claim past the last piece (the one that ends its
+// loop), so each step advances the counter by that much (with or without
+// masked ranks; Rig::reset_local sets it for a new process).
 __device__ __forceinline__ uint32_t claim_piece(const EpParams &p) {
     unsigned long long c = 0;
     if (threadIdx.x % 32 == 0) c = atomicAdd(reinterpret_cast<unsigned long long *>(&p.grid_flags[3]), 1ull);

@@ -183,7 +183,7 @@ struct EpParams {
     const float *all_weights;        // [ranks][tokens][topk]
     uint32_t *recv_count;            // [ranks]: tokens received from each source (dispatch)
     uint64_t *prev_low;              // [ranks]: dispatch counters' low halves at the last completion
-    uint64_t *grid_flags;            // [4]: barrier passed, reduce go, blocks done (this rank only)
+    uint64_t *grid_flags;            // [4]: barrier passed, reduce go, blocks done, combine claims (this rank only)
     uint16_t *out;                   // [tokens][hidden]: combined output, bf16
     int32_t *mask;                   // [ranks]: 1 = masked (see "the mask" above); this rank's memory, not the window
     uint32_t *step;                  // the global step number (one device word): drives the data, every

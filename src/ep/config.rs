@@ -196,9 +196,10 @@ impl Shape {
     /// combine's warps: at most four passes of the kernel's loads each (a
     /// pass: 32 lanes × 4 vectors of 16 bytes, cuda/ep.cu `reduce_token`),
     /// 2 for 7168 values. The last tokens to arrive are then added by two
-    /// warps each; smaller pieces cost more than they gave (a claim and a
-    /// wait each: 7 one-pass pieces made the EP2 combine 5 % slower than
-    /// whole tokens, 2 pieces 2 % faster, two H200s, 2026-11-28).
+    /// warps each; smaller pieces cost more than they gave on the store
+    /// path (a claim and a wait each): on two H200s at EP2 (2026-11-28),
+    /// 2 pieces made its combine 2 % faster than whole tokens, 7 one-pass
+    /// pieces 3 % slower; the put path was 2 % faster with 2 pieces.
     pub fn combine_pieces(&self) -> u32 {
         (self.hidden / 8).div_ceil(4 * 32 * 4).max(1)
     }
@@ -285,11 +286,11 @@ fn default_fault_timeout_ns() -> u64 {
 /// Warps of a high-throughput combine block that send batches before they
 /// reduce (cuda/ep.cu, `ep_combine`; `--combine-senders` overrides it).
 /// The others reduce tokens from the start, as their batches arrive.
-/// Across GPUs the sends are bound by the link, and few senders keep it as
-/// busy as all 16: on two H200s at EP2 (2026-11-28), the store path's
-/// combine took 186 µs with 4 senders against 202 with 16, its sends alone
-/// 172 against 167; the put path's, bound by the warps issuing nixlPut,
-/// was fastest with 8 (196 against 203). Ranks sharing a GPU keep all 16:
+/// Across GPUs the sends are bound by the link, and few senders keep it
+/// almost as busy as all 16: on two H200s at EP2 (2026-11-28, 16 slots a
+/// batch), the store path's combine took 189 µs with 4 senders against
+/// 202 with 16, its sends alone 170 against 167; the put path's, bound by
+/// the warps issuing nixlPut, was fastest with 8 (198-200 against 203). Ranks sharing a GPU keep all 16:
 /// there sends and reduction draw on the same HBM, and on one H100 under
 /// MPS every split measured slower (store path 245 µs with 16, 247-251
 /// with 8-14; put path 268 against 280-292).

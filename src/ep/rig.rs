@@ -168,7 +168,8 @@ impl Rig {
             combine_batch: s.combine_batch(),
             combine_batches: s.combine_batches(),
             gpu_scope: u32::from(grid.gpu_scope),
-            combine_senders: (cfg.combine_senders)
+            combine_senders: cfg
+                .combine_senders
                 .unwrap_or_else(|| super::config::combine_senders(path, grid.shared)),
             combine_pieces: s.combine_pieces(),
         }
@@ -425,6 +426,15 @@ mod tests {
         assert_eq!(
             local_baseline(&shape(128), 66, 3),
             [3 * 66, 3 * (128 + 66 * 16)]
+        );
+        // 7168 values: a token's reduction is claimed in 2 pieces.
+        let wide = Shape {
+            hidden: 7168,
+            ..shape(4096)
+        };
+        assert_eq!(
+            local_baseline(&wide, 132, 2),
+            [2 * 132, 2 * (4096 * 2 + 132 * 16)]
         );
     }
 
