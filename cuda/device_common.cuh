@@ -52,12 +52,17 @@ __device__ __forceinline__ uint64_t load_relaxed_system(const uint64_t *p) {
     return ref.load(cuda::memory_order_relaxed);
 }
 
-// A system-scope acquire load: sees stores another GPU (or process) made
-// visible with a release, and orders our later reads after it. This is the
-// 1.x replacement for the old nixlGpuReadSignal.
-__device__ __forceinline__ uint64_t load_acquire_system(const uint64_t *p) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> ref(*const_cast<uint64_t *>(p));
-    return ref.load(cuda::memory_order_acquire);
+// An acquire load: sees stores another GPU (or process) made visible with
+// a release, and orders our later reads after it; GPU scope where every
+// party shares this GPU. The system-scope one is the 1.x replacement for
+// the old nixlGpuReadSignal. After a relaxed spin it costs less than
+// fence_acquire, which first waits for all of this thread's own
+// outstanding loads and stores (on sm_90: a strong load and an L1
+// invalidation, against a MEMBAR.ALL.SYS more).
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p, bool gpu_scope = false) {
+    uint64_t *w = const_cast<uint64_t *>(p);
+    if (gpu_scope) return cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*w).load(cuda::memory_order_acquire);
+    return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*w).load(cuda::memory_order_acquire);
 }
 
 // A bare flag: a relaxed store that orders nothing, for a message that
@@ -101,17 +106,6 @@ __device__ __forceinline__ void fence_release(bool gpu_scope) {
 __device__ __forceinline__ void fence_acquire(bool gpu_scope) {
     if (gpu_scope) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
     else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
-}
-
-// An acquire load of a word a release wrote, at that release's scope: the
-// read synchronizes with it, as a relaxed read followed by fence_acquire
-// does, but without the fence, which first waits for all of this thread's
-// own outstanding loads and stores. On sm_90 the load compiles to a strong
-// load and an L1 invalidation; the fence adds a MEMBAR.ALL.SYS.
-__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p, bool gpu_scope) {
-    uint64_t *w = const_cast<uint64_t *>(p);
-    if (gpu_scope) return cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(*w).load(cuda::memory_order_acquire);
-    return cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*w).load(cuda::memory_order_acquire);
 }
 
 // --------------------------------------------------------------- report

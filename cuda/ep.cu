@@ -542,20 +542,21 @@ __device__ uint64_t wait_token(const EpParams &p, uint32_t t) {
         const Wait w = wait_begin(p);
         for (uint32_t r = 0; r < p.ranks && kept != 0; ++r) {
             if (p.send_slot[r * p.tokens + t] < 0 || r == p.rank) continue;
-            const int got = ep_wait_peer(p, token_flag(p, r, t), flag_target(p), w, EP_WAIT_COMBINE, r, 64);
+            const uint64_t *flag = token_flag(p, r, t);
+            const int got = ep_wait_peer(p, flag, flag_target(p), w, EP_WAIT_COMBINE, r, 64);
             if (got == PEER_FAILED) kept = 0;
-            if (got == PEER_HERE) kept |= 1ull << r;
+            if (got != PEER_HERE) continue;
+            // An acquire re-read of the flag, not a fence: that also waits
+            // for the warp's own stores of its last piece, once per claim,
+            // and with it smaller claims slowed the combine (7 pieces a
+            // token: 225 µs against 186 whole, two H200s).
+            load_acquire(flag, p.gpu_scope);
+            kept |= 1ull << r;
         }
         // A rank another warp masked while this one waited on the others is
         // left out too: fewer tokens disagree with the mask after the step.
         for (uint32_t r = 0; r < p.ranks && kept != 0; ++r)
             if (r != p.rank && (kept >> r & 1) && is_masked(p, r)) kept &= ~(1ull << r);
-        // An acquire read of each flag the warp adds a contribution behind,
-        // not a fence: that also waits for the warp's own stores of its last
-        // piece, once per claim, and with it smaller claims slowed the
-        // combine (7 pieces a token: 225 µs against 186 whole, two H200s).
-        for (uint32_t r = 0; r < p.ranks; ++r)
-            if (r != p.rank && (kept >> r & 1)) load_acquire(token_flag(p, r, t), p.gpu_scope);
     }
     // __syncwarp orders lane 0's acquire before every lane's loads (a
     // shuffle alone is not documented to order memory).

@@ -828,7 +828,7 @@ extern "C" __global__ void nixl_stamp(KernelReport *r, const uint64_t *word, uin
     const uint64_t now = globaltimer_ns();
     if (which == 0) r->t_start_ns = now;
     if (which == 1) r->t_end_ns = now;
-    r->observed = load_acquire_system(word);
+    r->observed = load_acquire(word);
 }
 
 // The target's acknowledgement when host-sequenced: a stream wait on the
@@ -838,7 +838,7 @@ extern "C" __global__ void nixl_ack(nixlMemViewElem ack, KernelReport *r, const 
     const uint64_t now = globaltimer_ns();
     if (which == 0) r->t_start_ns = now;
     if (which == 1) r->t_end_ns = now;
-    r->observed = load_acquire_system(signal);
+    r->observed = load_acquire(signal);
     record_status(r, nixlAtomicAdd<nixl_gpu_level_t::THREAD>(1, ack));
 }
 
