@@ -1,19 +1,27 @@
-// What SMs can push over the link between two GPUs, beside the copy engine:
-// GPU 0 writes into GPU 1's memory (peer access in one process, the same
-// NVLink path a cuda_ipc mapping uses) with
+// What SMs can push over NVLink, beside the copy engine.
+//
+// Pair: GPU 0 writes into GPU 1's memory (peer access in one process, the
+// same NVLink path a cuda_ipc mapping uses) with
 //   - the copy engine (cudaMemcpyPeerAsync),
 //   - SM 16-byte stores, write-back and streaming (st.global.cs),
 //   - the SM's bulk-copy engine: cp.async.bulk from global to shared memory
 //     and from shared memory to the peer (Hopper's TMA, as NVSHMEM 3.7
 //     added for NVLink puts), one thread a block driving a ring of stages.
+// All-to-all: every GPU of the first n (2, 3, ... all) sends an equal slice
+// to every other at once, as ep's dispatch and combine do, with the copy
+// engine (one stream a peer) or one store kernel a GPU; GB/s is each GPU's
+// egress (what it sends, received by the others) over the host wall time of
+// back-to-back rounds on all GPUs (a launch and a sync of ~20 µs in >= 5 ms).
 // Every variant's output is compared with the source, byte for byte. GB/s =
-// 1e9 B/s over the GPU time of back-to-back copies (CUDA events). Exit 0,
-// 1 without two GPUs or on a CUDA error, 3 on a mismatch.
+// 1e9 B/s; the pair's over the GPU time of back-to-back copies (CUDA events).
+// Exit 0, 1 without two GPUs or on a CUDA error, 3 on a mismatch.
 #include <cuda/barrier>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 using barrier = cuda::barrier<cuda::thread_scope_block>;
@@ -28,13 +36,13 @@ namespace cde = cuda::device::experimental;
         }                                                                                \
     } while (0)
 
-// Blocks take chunks round-robin; each thread moves 16-byte vectors, four
-// loads in flight.
+// Chunks first, first + step, ... of src go to dst; each thread moves
+// 16-byte vectors, four loads in flight.
 template <bool kStreaming>
-__global__ void store_copy(uint8_t *dst, const uint8_t *src, size_t bytes, uint32_t chunk) {
-    const size_t chunks = bytes / chunk;
+__device__ void copy_chunks(uint8_t *dst, const uint8_t *src, size_t chunks, uint32_t chunk, size_t first,
+                            size_t step) {
     const uint32_t n = chunk / 16, t = blockDim.x;
-    for (size_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    for (size_t c = first; c < chunks; c += step) {
         const int4 *s = reinterpret_cast<const int4 *>(src + c * chunk);
         int4 *d = reinterpret_cast<int4 *>(dst + c * chunk);
         uint32_t i = threadIdx.x;
@@ -47,6 +55,24 @@ __global__ void store_copy(uint8_t *dst, const uint8_t *src, size_t bytes, uint3
         }
         for (; i < n; i += t) d[i] = s[i];
     }
+}
+
+// Blocks take chunks round-robin.
+template <bool kStreaming>
+__global__ void store_copy(uint8_t *dst, const uint8_t *src, size_t bytes, uint32_t chunk) {
+    copy_chunks<kStreaming>(dst, src, bytes / chunk, chunk, blockIdx.x, gridDim.x);
+}
+
+constexpr int kMostGpus = 8;
+struct Peers {
+    uint8_t *dst[kMostGpus - 1];  // this GPU's slot in each peer's receive buffer
+};
+
+// All-to-all: block b serves peer b % peers, sending slice (b % peers) of src
+// to it; the blocks of one peer take its chunks round-robin.
+__global__ void store_all_to_all(Peers to, int peers, const uint8_t *src, size_t slice, uint32_t chunk) {
+    const int p = blockIdx.x % peers;
+    copy_chunks<false>(to.dst[p], src + p * slice, slice / chunk, chunk, blockIdx.x / peers, gridDim.x / peers);
 }
 
 // One thread a block: chunk k is loaded into stage k % kStages (an mbarrier
@@ -88,17 +114,10 @@ struct Variant {
     uint32_t chunk, grid, threads;
 };
 
-int main() {
-    int gpus = 0;
-    CK(cudaGetDeviceCount(&gpus));
-    if (gpus < 2) {
-        fprintf(stderr, "link_ceiling: needs two GPUs (this machine has %d)\n", gpus);
-        return 1;
-    }
-    CK(cudaSetDevice(1));
-    CK(cudaDeviceEnablePeerAccess(0, 0));
-    CK(cudaSetDevice(0));
-    CK(cudaDeviceEnablePeerAccess(1, 0));
+static uint8_t pattern(size_t i, int gpu) { return uint8_t(i * 7 + 3 + (i >> 13) + gpu * 31); }
+
+// GPU 0 -> GPU 1, every variant at 4 MiB - 1 GiB; returns the mismatches.
+static int pair_table() {
     const size_t most = size_t(1) << 30;
     uint8_t *src, *dst;
     CK(cudaSetDevice(1));
@@ -106,7 +125,7 @@ int main() {
     CK(cudaSetDevice(0));
     CK(cudaMalloc(&src, most));
     std::vector<uint8_t> want(most), got(most);
-    for (size_t i = 0; i < most; i++) want[i] = uint8_t(i * 7 + 3 + (i >> 13));
+    for (size_t i = 0; i < most; i++) want[i] = pattern(i, 0);
     CK(cudaMemcpy(src, want.data(), most, cudaMemcpyDefault));
     CK(cudaFuncSetAttribute(bulk_copy<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 32768));
     cudaStream_t st;
@@ -155,5 +174,128 @@ int main() {
             fflush(stdout);
         }
     }
+    CK(cudaFree(src));
+    CK(cudaSetDevice(1));
+    CK(cudaFree(dst));
+    return bad;
+}
+
+// Per GPU of the first `gpus`: its source (`most` bytes of its pattern), its
+// receive buffer (a slot of `most / (gpus - 1)` a sender) and its streams.
+struct Rig {
+    int gpus;
+    size_t most;
+    std::vector<uint8_t *> src, dst;
+    std::vector<std::vector<cudaStream_t>> streams;  // [gpu][peer]
+    std::vector<std::vector<uint8_t>> *want;         // [gpu], src's bytes
+};
+
+// Slot of sender g in receiver p's buffer, and g's peer index of p.
+static int slot(int g, int p) { return g < p ? g : g - 1; }
+
+static void sync_all(const Rig &r) {
+    for (int g = 0; g < r.gpus; g++) {
+        CK(cudaSetDevice(g));
+        CK(cudaDeviceSynchronize());
+    }
+}
+
+// One round: every GPU sends `slice` bytes to every other. kind 0 copy
+// engine, 1 one store kernel a GPU of `grid` x 512.
+static void round_all_to_all(const Rig &r, size_t slice, int kind, int grid) {
+    const int peers = r.gpus - 1;
+    for (int g = 0; g < r.gpus; g++) {
+        CK(cudaSetDevice(g));
+        Peers to{};
+        for (int p = 0, k = 0; p < r.gpus; p++) {
+            if (p == g) continue;
+            to.dst[k] = r.dst[p] + slot(g, p) * slice;
+            if (kind == 0) CK(cudaMemcpyPeerAsync(to.dst[k], p, r.src[g] + k * slice, g, slice, r.streams[g][k]));
+            k++;
+        }
+        if (kind == 1) store_all_to_all<<<grid / peers * peers, 512, 0, r.streams[g][0]>>>(to, peers, r.src[g], slice, 65536);
+    }
+}
+
+// Every GPU's slots as their senders wrote them; returns the mismatches.
+static int check_all_to_all(const Rig &r, size_t slice) {
+    std::vector<uint8_t> got(slice);
+    int bad = 0;
+    for (int p = 0; p < r.gpus; p++)
+        for (int g = 0; g < r.gpus; g++) {
+            if (g == p) continue;
+            CK(cudaMemcpy(got.data(), r.dst[p] + slot(g, p) * slice, slice, cudaMemcpyDefault));
+            const size_t base = size_t(slot(p, g)) * slice;  // p's peer index in g's list
+            bad += memcmp(got.data(), (*r.want)[g].data() + base, slice) != 0;
+        }
+    return bad;
+}
+
+// The first n GPUs in an all-to-all, n = 2 .. gpus, per-GPU egress GB/s.
+static int all_to_all_table(int gpus) {
+    std::vector<std::vector<uint8_t>> want(gpus);
+    Rig r{gpus, size_t(768) << 20, {}, {}, {}, &want};
+    for (int g = 0; g < gpus; g++) {
+        CK(cudaSetDevice(g));
+        uint8_t *s, *d;
+        CK(cudaMalloc(&s, r.most));
+        CK(cudaMalloc(&d, r.most));
+        want[g].resize(r.most);
+        for (size_t i = 0; i < r.most; i++) want[g][i] = pattern(i, g);
+        CK(cudaMemcpy(s, want[g].data(), r.most, cudaMemcpyDefault));
+        r.src.push_back(s);
+        r.dst.push_back(d);
+        r.streams.emplace_back(gpus - 1);
+        for (auto &st : r.streams.back()) CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    }
+    printf("# all-to-all: each of n GPUs sends MiB in all, 1/(n-1) to each other GPU, at once;\n"
+           "# GB/s = one GPU's egress over the wall time of all (1e9 B/s), every byte checked\n");
+    printf("%3s %9s  %-18s %9s\n", "n", "MiB", "variant", "GB/s");
+    int bad = 0;
+    for (int n = 2; n <= gpus; n++) {
+        Rig sub{n, r.most, {r.src.begin(), r.src.begin() + n}, {r.dst.begin(), r.dst.begin() + n},
+                {r.streams.begin(), r.streams.begin() + n}, &want};
+        for (size_t total : {size_t(48) << 20, size_t(192) << 20, r.most}) {
+            const size_t slice = total / (n - 1) / 65536 * 65536, sent = slice * (n - 1);
+            for (int v = 0; v < 3; v++) {
+                const int kind = v == 0 ? 0 : 1, grid = v == 1 ? 132 : 264;
+                const char *name = v == 0 ? "copy engine" : v == 1 ? "stores 132x512" : "stores 264x512";
+                for (int g = 0; g < n; g++) {
+                    CK(cudaSetDevice(g));
+                    CK(cudaMemset(r.dst[g], 0, r.most));
+                }
+                const int iters = std::max<int>(4, int((size_t(2) << 30) / sent));
+                round_all_to_all(sub, slice, kind, grid);  // warm-up
+                sync_all(sub);
+                CK(cudaGetLastError());
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int i = 0; i < iters; i++) round_all_to_all(sub, slice, kind, grid);
+                sync_all(sub);
+                const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                const int wrong = check_all_to_all(sub, slice);
+                bad += wrong;
+                printf("%3d %9zu  %-18s %9.1f%s\n", n, sent >> 20, name, sent * double(iters) / (s * 1e9),
+                       wrong ? "  MISMATCH" : "");
+                fflush(stdout);
+            }
+        }
+    }
+    return bad;
+}
+
+int main() {
+    int gpus = 0;
+    CK(cudaGetDeviceCount(&gpus));
+    if (gpus < 2) {
+        fprintf(stderr, "link_ceiling: needs two GPUs (this machine has %d)\n", gpus);
+        return 1;
+    }
+    gpus = std::min(gpus, kMostGpus);
+    for (int g = 0; g < gpus; g++) {
+        CK(cudaSetDevice(g));
+        for (int p = 0; p < gpus; p++)
+            if (p != g) CK(cudaDeviceEnablePeerAccess(p, 0));
+    }
+    const int bad = pair_table() + all_to_all_table(gpus);
     return bad ? 3 : 0;
 }

@@ -284,19 +284,23 @@ fn default_fault_timeout_ns() -> u64 {
 }
 
 /// Warps of a high-throughput combine block that send batches before they
-/// reduce (cuda/ep.cu, `ep_combine`; `--combine-senders` overrides it).
-/// The others reduce tokens from the start, as their batches arrive.
-/// Across GPUs the sends are bound by the link, and few senders keep it
-/// almost as busy as all 16: on two H200s at EP2 (2026-11-28, 16 slots a
-/// batch), the store path's combine took 189 µs with 4 senders against
-/// 202 with 16, its sends alone 170 against 167; the put path's, bound by
-/// the warps issuing nixlPut, was fastest with 8 (198-200 against 203). Ranks sharing a GPU keep all 16:
-/// there sends and reduction draw on the same HBM, and on one H100 under
-/// MPS every split measured slower (store path 245 µs with 16, 247-251
-/// with 8-14; put path 268 against 280-292).
+/// reduce (cuda/ep.cu, `ep_combine`; `--combine-senders` overrides it):
+/// warps 1 ..= this send, warp 0 raises each batch's flag, the others
+/// reduce tokens from the start, as their batches arrive. Across GPUs the
+/// sends are bound by the link, and few senders keep it almost as busy as
+/// all 16: on two H200s at EP2 (2026-11-28, 16 slots a batch), the store
+/// path's combine took 189 µs with 4 senders against 202 with 16, its
+/// sends alone 170 against 167; the put path's, bound by the warps issuing
+/// nixlPut, was fastest with 8 (198-200 against 203); with warp 0 raising
+/// the flags and 8-slot batches, 3 and 5 senders (store) and 7 and 10 (put)
+/// were slower than 4 and 8. Ranks sharing a GPU send with every warp but
+/// the flag's (15): there sends and reduction draw on the same HBM, and on
+/// one H100 under MPS every split measured slower than all 16 sending
+/// (store path 245 µs with 16, 247-251 with 8-14; put path 268 against
+/// 280-292).
 pub fn combine_senders(path: Path, shared_gpu: bool) -> u32 {
     match (shared_gpu, path) {
-        (true, _) => 16,
+        (true, _) => 15,
         (false, Path::Store) => 4,
         (false, _) => 8,
     }
