@@ -4,7 +4,7 @@
 // Every rank exposes one registered window (src/ep/config.rs WindowLayout).
 // A phase kernel starts with a barrier among the ranks (block 0 raises a
 // bare flag in every rank's window, every block waits for all), then every
-// warp copies token pieces into the destination ranks' windows — nixlPut
+// warp copies token chunks into the destination ranks' windows — nixlPut
 // (path put) or plain 16-byte stores through nixlGetPtr (path store), local
 // copies for this rank's own share — and every block, once its copies are
 // done, adds (1 << 32) | tokens_it_sent to each destination's counter for
@@ -161,7 +161,7 @@ __device__ __forceinline__ uint32_t step_of(const EpParams &p) { return __ldg(p.
 // path nothing (peers are addressed through the remote view). `masked`: the
 // block's copy of the mask, read once here and refreshed by the phase's
 // barrier (which waits on, or skips, every rank), so copies test shared
-// memory, not a global word per piece. A rank masked later in the kernel
+// memory, not a global word per chunk. A rank masked later in the kernel
 // still gets this block's copies (its window stays mapped until the host
 // drops it between steps), but no signal: signals re-read the mask.
 struct Block {
@@ -238,9 +238,9 @@ __device__ __forceinline__ int4 load_cg(const int4 *p) {
 }
 
 // One warp copies n16 16-byte vectors, and m16 (at most 32) more from a
-// second place: a token's metadata record beside its first piece, loaded
-// with the piece instead of after it. Eight loads in flight per lane
-// before their stores, so a low-latency piece (up to 4 KiB) costs one
+// second place: a token's metadata record beside its first chunk, loaded
+// with the chunk instead of after it. Eight loads in flight per lane
+// before their stores, so a low-latency chunk (up to 4 KiB) costs one
 // memory latency, and a lane keeps the link busy while it waits.
 __device__ void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n16, uint8_t *mdst = nullptr,
                           const uint8_t *msrc = nullptr, uint32_t m16 = 0) {
@@ -373,9 +373,9 @@ __device__ void stamp_end(const EpParams &p, uint32_t phase) {
 
 // ---------------------------------------------------------------- dispatch
 
-// Every (token, destination) copy, cut into `chunks` pieces, one warp per
-// piece; the warp holding piece 0 also copies the metadata record (with
-// its piece) and counts the token.
+// Every (token, destination) copy, cut into `chunks` chunks, one warp per
+// chunk; the warp holding chunk 0 also copies the metadata record (with
+// its chunk) and counts the token.
 __device__ void send_tokens(const EpParams &p, Block &b) {
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -384,13 +384,13 @@ __device__ void send_tokens(const EpParams &p, Block &b) {
     const uint64_t units = uint64_t(p.n_entries) * p.chunks;
     for (uint64_t u = warp; u < units; u += warps) {
         const EpSendEntry e = p.entries[u / p.chunks];
-        const uint64_t piece = (u % p.chunks) * p.chunk_bytes;
-        const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - piece));
+        const uint64_t at = (u % p.chunks) * p.chunk_bytes;
+        const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - at));
         const uint64_t dst_row = uint64_t(p.rank) * p.tokens + e.slot;
-        const uint32_t mlen = piece == 0 ? p.meta_bytes : 0;
-        copy_to(p, b, e.dest, p.off_x + e.token * row + piece, p.off_recv_x + dst_row * row + piece, len,
+        const uint32_t mlen = at == 0 ? p.meta_bytes : 0;
+        copy_to(p, b, e.dest, p.off_x + e.token * row + at, p.off_recv_x + dst_row * row + at, len,
                 p.off_meta + uint64_t(e.token) * p.meta_bytes, p.off_recv_meta + dst_row * p.meta_bytes, mlen);
-        if (piece == 0 && lane == 0) atomicAdd(&b.sent[e.dest], 1u);
+        if (at == 0 && lane == 0) atomicAdd(&b.sent[e.dest], 1u);
     }
 }
 
@@ -429,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_dispatch(EpParams p)
 // Few tokens (one batch per expert rank, the low-latency shape): every
 // block copies a share of every origin's slots, as dispatch does, then adds
 // 1 to each origin's flag; every block waits once for all flags, then the
-// grid's warps each reduce a piece of a token.
+// grid's warps each reduce a slice of a token.
 
 __device__ __forceinline__ uint64_t flag_offset(const EpParams &p, uint32_t expert_rank, uint32_t batch) {
     return p.off_combine_flags + 8ull * (uint64_t(expert_rank) * p.combine_batches + batch);
@@ -442,11 +442,11 @@ __device__ __forceinline__ uint64_t flag_target(const EpParams &p) {
     return (uint64_t(step_of(p)) + 1) * adds;
 }
 
-// One warp copies piece `piece` of slot j of origin s from our y to s's
+// One warp copies chunk `chunk` of slot j of origin s from our y to s's
 // combine_recv[rank][j].
-__device__ __forceinline__ void send_slot(const EpParams &p, const Block &b, uint32_t s, uint32_t j, uint32_t piece) {
+__device__ __forceinline__ void send_slot(const EpParams &p, const Block &b, uint32_t s, uint32_t j, uint32_t chunk) {
     const uint64_t row = 2ull * p.hidden;
-    const uint64_t at = uint64_t(piece) * p.chunk_bytes;
+    const uint64_t at = uint64_t(chunk) * p.chunk_bytes;
     const uint32_t len = uint32_t(min(uint64_t(p.chunk_bytes), row - at));
     const uint64_t src = p.off_y + (uint64_t(s) * p.tokens + j) * row + at;
     const uint64_t dst = p.off_combine_recv + (uint64_t(p.rank) * p.tokens + j) * row + at;
@@ -501,7 +501,7 @@ __device__ void send_batches(const EpParams &p, const Block &b, uint32_t senders
 }
 
 // Few tokens (one batch per expert rank): every block copies a share of
-// every peer's slots (our own share the reducers read from y), pieces
+// every peer's slots (our own share the reducers read from y), chunks
 // dealt over all the grid's warps as dispatch deals them, then signals each
 // peer once (+1 on its flag for us). A release
 // per block and rank instead of one per slot, and every SM busy: with one
@@ -678,7 +678,7 @@ __device__ bool reduce_claimed(const EpParams &p) {
 
 // Few tokens: one thread per block waits for every unmasked rank's flag
 // (masking a silent one), then the
-// grid's warps take a piece of a token each (as many pieces as leave every
+// grid's warps take a slice of a token each (as many slices as leave every
 // warp about one, at least a vector per lane), so all the grid reduces at
 // once instead of one warp per token.
 __device__ bool reduce_all(const EpParams &p, Block &b) {
@@ -702,11 +702,11 @@ __device__ bool reduce_all(const EpParams &p, Block &b) {
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const uint32_t warps = gridDim.x * blockDim.x / 32;
     const uint32_t n16 = p.hidden / 8;
-    const uint32_t pieces = max(1u, min(warps / max(p.tokens, 1u), n16 / 32));
-    const uint32_t per = (n16 + pieces - 1) / pieces;
-    for (uint32_t u = warp; u < p.tokens * pieces; u += warps) {
-        const uint32_t v0 = (u % pieces) * per;
-        reduce_token(p, u / pieces, v0, min(n16, v0 + per), b.kept);
+    const uint32_t slices = max(1u, min(warps / max(p.tokens, 1u), n16 / 32));
+    const uint32_t per = (n16 + slices - 1) / slices;
+    for (uint32_t u = warp; u < p.tokens * slices; u += warps) {
+        const uint32_t v0 = (u % slices) * per;
+        reduce_token(p, u / slices, v0, min(n16, v0 + per), b.kept);
     }
     return true;
 }

@@ -211,7 +211,7 @@ struct EpParams {
     uint32_t local_experts;
     uint32_t meta_bytes;
     uint32_t n_entries;
-    uint32_t chunks;                 // pieces per token; one warp copies one
+    uint32_t chunks;                 // chunks per token; one warp copies one
     uint32_t chunk_bytes;
     uint32_t path;                   // EP_PATH_*
     uint32_t timing_slots;           // steps the timing buffer holds; later steps are not stamped

@@ -398,9 +398,9 @@ impl WindowLayout {
 pub struct Grid {
     pub blocks: u32,
     pub threads: u32,
-    /// Pieces each token is cut into; one warp copies one piece.
+    /// Chunks each token's copy is cut into; one warp copies one chunk.
     pub chunks: u32,
-    /// Bytes per piece (a multiple of 16; the last piece may be shorter).
+    /// Bytes per chunk (a multiple of 16; the last chunk may be shorter).
     pub chunk_bytes: u32,
     /// Every rank runs on this rank's GPU: a GPU-scope release orders the
     /// data before a signal for every observer (they all use this GPU's
@@ -423,8 +423,8 @@ impl Grid {
     /// that takes every SM can starve the peer's), and all blocks are
     /// resident at once (the combine kernel's blocks wait for each other).
     /// `sends` is how many (token, destination) copies one phase makes;
-    /// tokens are cut into as many pieces as keeps every warp at one piece
-    /// at most (two pieces on some warps made the slowest warp copy twice
+    /// tokens are cut into as many chunks as keeps every warp at one chunk
+    /// at most (two chunks on some warps made the slowest warp copy twice
     /// as long), but never below 512 bytes (one 16-byte vector per lane).
     /// `ranks_per_gpu` equal to the shape's ranks means all ranks share this
     /// GPU (`make_setup` checked that the ranks' own counts agree with their
@@ -534,8 +534,8 @@ mod tests {
         let shared = Grid::new(&ll, 132, 2, None, 256);
         assert_eq!(shared.blocks, 66);
         assert!(shared.gpu_scope, "both ranks on this GPU");
-        // At most one piece per warp: 66 × 16 warps over 256 copies is 4
-        // pieces (1024 units), not 5 (1280, two on some warps).
+        // At most one chunk per warp: 66 × 16 warps over 256 copies is 4
+        // chunks (1024 units), not 5 (1280, two on some warps).
         assert_eq!((shared.chunks, shared.chunk_bytes), (4, 3584));
         let ht = shape(4096, 7168, 8, 256, 2);
         assert_eq!(Grid::new(&ht, 132, 1, None, 8192).chunks, 1);

@@ -180,7 +180,7 @@ fn grid(cfg: &RunConfig, local: &Local, setup: &Setup, log: bool) -> Grid {
     );
     if log {
         tracing::info!(
-            "grid {}×{} per phase kernel, tokens in {} piece(s) of {} B",
+            "grid {}×{} per phase kernel, tokens copied in {} chunk(s) of {} B",
             grid.blocks,
             grid.threads,
             grid.chunks,
