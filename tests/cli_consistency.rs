@@ -273,7 +273,8 @@ fn a_host_that_does_not_resolve_fails_at_the_lookup() {
 
 #[test]
 fn store_messages_name_the_process_that_hosts_it() {
-    let port = common::free_port().to_string();
+    let closed = common::ClosedPort::new();
+    let port = closed.port.to_string();
     // In --role mode neither role hosts the store: the parent does.
     let o = output(
         Command::new(example("two_proc")),

@@ -83,7 +83,8 @@ fn read_and_write_over_etcd_clearing_stale_keys_first() {
 
 #[test]
 fn etcd_that_does_not_answer_is_named() {
-    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let closed = ClosedPort::new();
+    let endpoint = format!("http://127.0.0.1:{}", closed.port);
     let start = Instant::now();
     let o = run(
         "two_proc",
@@ -123,7 +124,8 @@ fn etcd_that_does_not_answer_is_named() {
 
 #[test]
 fn nixls_tcpstore_client_without_a_server_fails_fast() {
-    let port = free_port().to_string();
+    let closed = ClosedPort::new();
+    let port = closed.port.to_string();
     let start = Instant::now();
     let o = run(
         "two_proc",

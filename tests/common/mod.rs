@@ -54,6 +54,56 @@ pub fn both(o: &Output) -> String {
     )
 }
 
+/// A TCP port held closed for as long as this lives: bound by a socket
+/// that never listens, so a connect is refused, and no other socket (a
+/// server another test starts on port 0) can be handed it meanwhile. A
+/// port from [`free_port`] is free only when asked; a test that needs
+/// nobody there for seconds holds one of these.
+pub struct ClosedPort {
+    fd: libc::c_int,
+    pub port: u16,
+}
+
+impl ClosedPort {
+    pub fn new() -> Self {
+        // SAFETY: plain socket calls on a descriptor this struct owns; the
+        // sockaddr is a zeroed sockaddr_in of the size passed.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let at = &mut addr as *mut libc::sockaddr_in as *mut libc::sockaddr;
+            assert_eq!(
+                libc::bind(fd, at, len),
+                0,
+                "bind: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut got = len;
+            assert_eq!(
+                libc::getsockname(fd, at, &mut got),
+                0,
+                "getsockname: {}",
+                std::io::Error::last_os_error()
+            );
+            Self {
+                fd,
+                port: u16::from_be(addr.sin_port),
+            }
+        }
+    }
+}
+
+impl Drop for ClosedPort {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is ours and closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
 /// A TCP port nobody listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
