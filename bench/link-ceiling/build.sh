@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds bench/link-ceiling/link_ceiling.cu, what SMs can push over the link
-# between two GPUs beside the copy engine (16-byte stores, streaming stores,
-# the SM's bulk-copy engine), on a machine with nvcc; the binary runs on a
-# GPU machine without it (CUDA runtime static):
+# Builds bench/link-ceiling/link_ceiling.cu, what SMs can push over NVLink
+# beside the copy engine (16-byte stores, streaming stores, the SM's
+# bulk-copy engine; one way between two GPUs, and all-to-all among 2 .. all
+# GPUs), on a machine with nvcc; the binary runs on a GPU machine without it
+# (CUDA runtime static):
 #
 #   bench/link-ceiling/build.sh [--out DIR] [--arch SM]
-#   DIR/link_ceiling          # on a machine with two GPUs; prints one table
+#   DIR/link_ceiling          # on a machine with two or more GPUs; prints two tables
 #
 #   --out DIR   output folder (created; default <repo>/.gpu-link-ceiling)
 #   --arch SM   compute capability without the dot (default 90: H100/H200;
