@@ -297,7 +297,8 @@ fn default_fault_timeout_ns() -> u64 {
 /// the flag's (15): there sends and reduction draw on the same HBM, and on
 /// one H100 under MPS every split measured slower than all 16 sending
 /// (store path 245 µs with 16, 247-251 with 8-14; put path 268 against
-/// 280-292).
+/// 280-292); 15 and warp 0 beat all 16 sending (4 ranks on two H200s
+/// under MPS: put 707 -> 663 µs, store 609 -> 606).
 pub fn combine_senders(path: Path, shared_gpu: bool) -> u32 {
     match (shared_gpu, path) {
         (true, _) => 15,
