@@ -317,7 +317,8 @@ fn check_machine(args: &Args) -> Result<(usize, usize)> {
     };
     if gpu >= gpus {
         return Err(UsageError(format!(
-            "--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0..{gpus}"
+            "--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0 to {}",
+            gpus.saturating_sub(1)
         ))
         .into());
     }

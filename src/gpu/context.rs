@@ -16,7 +16,8 @@ pub enum GpuError {
     )]
     NoDevice(String),
     #[error(
-        "GPU {index} does not exist: this machine has {count} GPU(s), numbered 0..{count}; pick one with --gpu"
+        "GPU {index} does not exist: this machine has {count} GPU(s), numbered 0 to {last}; pick one with --gpu",
+        last = .count.saturating_sub(1)
     )]
     BadIndex { index: usize, count: usize },
     #[error("{what} needs about {need_mib} MiB on GPU {gpu}, which has {free_mib} MiB free: {fix}")]
