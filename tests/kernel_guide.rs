@@ -68,7 +68,7 @@ fn every_snippet_in_docs_is_the_code() {
     let mut checked = 0;
     for entry in std::fs::read_dir(root.join("docs")).unwrap() {
         let path = entry.unwrap().path();
-        if !path.extension().is_some_and(|e| e == "md") {
+        if path.extension().is_none_or(|e| e != "md") {
             continue;
         }
         let doc = std::fs::read_to_string(&path).unwrap();

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ fn torchrun() -> Result<PathBuf, String> {
 }
 
 /// One torchrun agent: node `node` of 2, two ranks of `bin args`.
-fn agent(torchrun: &PathBuf, endpoint: &str, node: u32, bin: &str, args: &[&str]) -> Reaped {
+fn agent(torchrun: &Path, endpoint: &str, node: u32, bin: &str, args: &[&str]) -> Reaped {
     let mut c = common::launcher(torchrun.to_str().unwrap());
     c.args(["--nnodes", "2", "--nproc-per-node", "2"])
         .args(["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint])

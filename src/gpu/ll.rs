@@ -180,7 +180,7 @@ mod tests {
         assert_eq!((e.line, e.seen, e.expected), (2, [7, 6], 7));
         assert!(e.to_string().contains("torn"), "{e}");
         // A zeroed buffer never passes.
-        let e = LL.unpack(&vec![0u8; 80], 40, 1).unwrap_err();
+        let e = LL.unpack(&[0u8; 80], 40, 1).unwrap_err();
         assert_eq!(e.line, 0);
         assert!(e.to_string().contains("never arrived"), "{e}");
     }

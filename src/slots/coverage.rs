@@ -64,6 +64,24 @@ impl Coverage {
     }
 }
 
+/// clap's names and help for `--coverage`.
+impl clap::ValueEnum for Coverage {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            Coverage::Full => "every payload byte is written and checked",
+            Coverage::Sample => {
+                "header plus the first, the last and one sequence-dependent 4 KiB block of each payload; \
+                 the rest of a slot keeps older bytes. For measuring the transfer pipeline without the \
+                 cost of generating and checking every byte"
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,23 +98,5 @@ mod tests {
             }
         }
         assert_eq!(Coverage::Full.ranges(100, 3), vec![0..100]);
-    }
-}
-
-/// clap's names and help for `--coverage`.
-impl clap::ValueEnum for Coverage {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        let help = match self {
-            Coverage::Full => "every payload byte is written and checked",
-            Coverage::Sample => {
-                "header plus the first, the last and one sequence-dependent 4 KiB block of each payload; \
-                 the rest of a slot keeps older bytes. For measuring the transfer pipeline without the \
-                 cost of generating and checking every byte"
-            }
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }

@@ -423,18 +423,16 @@ fn a_starting_joiner_whose_heartbeat_stands_still_is_waited_for() {
 /// at that step, before or after reporting it.
 type Fate = Option<(u64, bool)>;
 
+/// What a rank decided at a step: the step and the ranks gone then.
+type StepGone = (u64, BTreeSet<u32>);
+
 /// One drawn trial: `world` ranks step `steps` times, each reporting
 /// late by a drawn 0-2 ms and masking the ranks it finds dead; the
 /// doomed die at their step, before or after their report (heartbeat
 /// stopped, keys left), and a launcher thread writes each death's
 /// notice 0-3 ms later. Returns every rank's decisions (step, gone),
 /// the phase's end as step `END`.
-fn trial(
-    world: u32,
-    steps: u64,
-    fates: &[Fate],
-    seed: u64,
-) -> Vec<Result<Vec<(u64, BTreeSet<u32>)>>> {
+fn trial(world: u32, steps: u64, fates: &[Fate], seed: u64) -> Vec<Result<Vec<StepGone>>> {
     let store = MemoryStore::new(Duration::from_secs(30));
     let plan = Plan::fixed(world);
     let keys = crate::ranks::keys::Keys::new(launched(0, world).key_prefix());
