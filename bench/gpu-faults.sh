@@ -160,7 +160,7 @@ else not_started "second initiator / target on a running pair" "$OUT/9i.err"; st
 
 # 7. Arguments the machine cannot satisfy.
 "$SW" -m initiator -p $(pick_port) --gpu 7 >"$OUT/10.out" 2>"$OUT/10.err"; rc=$?
-row "--gpu 7" "exit 2" "exit $rc" "" $((rc != 2)) "$OUT/10.err" "--gpu 7 does not exist"
+row "--gpu 7" "exit 2" "exit $rc" "" $((rc != 2)) "$OUT/10.err" "GPU 7 does not exist"
 "$SW" -m initiator -p $(pick_port) --size 4096G --level block >"$OUT/11.out" 2>"$OUT/11.err"; rc=$?
 row "--size 4096G (more than the GPU has)" "exit 2" "exit $rc" "" $((rc != 2)) "$OUT/11.err" "MiB free"
 

@@ -316,11 +316,13 @@ fn check_machine(args: &Args) -> Result<(usize, usize)> {
         _ => 0,
     };
     if gpu >= gpus {
-        return Err(UsageError(format!(
-            "--gpu {gpu} does not exist: this machine has {gpus} GPU(s), numbered 0 to {}",
-            gpus.saturating_sub(1)
-        ))
-        .into());
+        // The library's message, as a usage error (exit 2): opening the GPU
+        // would say the same only after the role had started.
+        let missing = nixl_examples::gpu::GpuError::BadIndex {
+            index: gpu,
+            count: gpus,
+        };
+        return Err(UsageError(missing.to_string()).into());
     }
     Ok((gpu, gpus))
 }
