@@ -423,8 +423,8 @@ extern "C" __global__ void __launch_bounds__(EP_THREADS) ep_dispatch(EpParams p)
 // senders join them once the block's batches are out. Reduction and
 // transfer overlap inside every block: no SM stops sending (giving half the
 // grid to the reduction left too few senders to keep NVLink busy), and a
-// contribution is read back while it is still in L2. docs/EP.md §11a has the measurements behind the batch size, the
-// senders and the pieces.
+// contribution is read back while it is still in L2. docs/EP.md §11a has
+// the measurements behind the batch size, the senders and the pieces.
 //
 // Few tokens (one batch per expert rank, the low-latency shape): every
 // block copies a share of every origin's slots, as dispatch does, then adds

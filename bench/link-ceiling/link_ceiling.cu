@@ -180,34 +180,34 @@ static int pair_table() {
     return bad;
 }
 
-// Per GPU of the first `gpus`: its source (`most` bytes of its pattern), its
-// receive buffer (a slot of `most / (gpus - 1)` a sender) and its streams.
+// Per GPU: its source (`most` bytes of its pattern, and the same bytes on
+// the host to check against), its receive buffer (a slot of
+// `most / (n - 1)` a sender) and a stream per peer.
 struct Rig {
-    int gpus;
     size_t most;
     std::vector<uint8_t *> src, dst;
     std::vector<std::vector<cudaStream_t>> streams;  // [gpu][peer]
-    std::vector<std::vector<uint8_t>> *want;         // [gpu], src's bytes
+    std::vector<std::vector<uint8_t>> want;          // [gpu]
 };
 
 // Slot of sender g in receiver p's buffer, and g's peer index of p.
 static int slot(int g, int p) { return g < p ? g : g - 1; }
 
-static void sync_all(const Rig &r) {
-    for (int g = 0; g < r.gpus; g++) {
+static void sync_all(int n) {
+    for (int g = 0; g < n; g++) {
         CK(cudaSetDevice(g));
         CK(cudaDeviceSynchronize());
     }
 }
 
-// One round: every GPU sends `slice` bytes to every other. kind 0 copy
-// engine, 1 one store kernel a GPU of `grid` x 512.
-static void round_all_to_all(const Rig &r, size_t slice, int kind, int grid) {
-    const int peers = r.gpus - 1;
-    for (int g = 0; g < r.gpus; g++) {
+// One round: each of the first n GPUs sends `slice` bytes to every other.
+// kind 0 copy engine, 1 one store kernel a GPU of `grid` x 512.
+static void round_all_to_all(const Rig &r, int n, size_t slice, int kind, int grid) {
+    const int peers = n - 1;
+    for (int g = 0; g < n; g++) {
         CK(cudaSetDevice(g));
         Peers to{};
-        for (int p = 0, k = 0; p < r.gpus; p++) {
+        for (int p = 0, k = 0; p < n; p++) {
             if (p == g) continue;
             to.dst[k] = r.dst[p] + slot(g, p) * slice;
             if (kind == 0) CK(cudaMemcpyPeerAsync(to.dst[k], p, r.src[g] + k * slice, g, slice, r.streams[g][k]));
@@ -217,32 +217,32 @@ static void round_all_to_all(const Rig &r, size_t slice, int kind, int grid) {
     }
 }
 
-// Every GPU's slots as their senders wrote them; returns the mismatches.
-static int check_all_to_all(const Rig &r, size_t slice) {
+// Every slot of the first n GPUs as its sender wrote it; returns the
+// mismatches.
+static int check_all_to_all(const Rig &r, int n, size_t slice) {
     std::vector<uint8_t> got(slice);
     int bad = 0;
-    for (int p = 0; p < r.gpus; p++)
-        for (int g = 0; g < r.gpus; g++) {
+    for (int p = 0; p < n; p++)
+        for (int g = 0; g < n; g++) {
             if (g == p) continue;
             CK(cudaMemcpy(got.data(), r.dst[p] + slot(g, p) * slice, slice, cudaMemcpyDefault));
             const size_t base = size_t(slot(p, g)) * slice;  // p's peer index in g's list
-            bad += memcmp(got.data(), (*r.want)[g].data() + base, slice) != 0;
+            bad += memcmp(got.data(), r.want[g].data() + base, slice) != 0;
         }
     return bad;
 }
 
 // The first n GPUs in an all-to-all, n = 2 .. gpus, per-GPU egress GB/s.
 static int all_to_all_table(int gpus) {
-    std::vector<std::vector<uint8_t>> want(gpus);
-    Rig r{gpus, size_t(768) << 20, {}, {}, {}, &want};
+    Rig r{size_t(768) << 20, {}, {}, {}, std::vector<std::vector<uint8_t>>(gpus)};
     for (int g = 0; g < gpus; g++) {
         CK(cudaSetDevice(g));
         uint8_t *s, *d;
         CK(cudaMalloc(&s, r.most));
         CK(cudaMalloc(&d, r.most));
-        want[g].resize(r.most);
-        for (size_t i = 0; i < r.most; i++) want[g][i] = pattern(i, g);
-        CK(cudaMemcpy(s, want[g].data(), r.most, cudaMemcpyDefault));
+        r.want[g].resize(r.most);
+        for (size_t i = 0; i < r.most; i++) r.want[g][i] = pattern(i, g);
+        CK(cudaMemcpy(s, r.want[g].data(), r.most, cudaMemcpyDefault));
         r.src.push_back(s);
         r.dst.push_back(d);
         r.streams.emplace_back(gpus - 1);
@@ -253,8 +253,6 @@ static int all_to_all_table(int gpus) {
     printf("%3s %9s  %-18s %9s\n", "n", "MiB", "variant", "GB/s");
     int bad = 0;
     for (int n = 2; n <= gpus; n++) {
-        Rig sub{n, r.most, {r.src.begin(), r.src.begin() + n}, {r.dst.begin(), r.dst.begin() + n},
-                {r.streams.begin(), r.streams.begin() + n}, &want};
         for (size_t total : {size_t(48) << 20, size_t(192) << 20, r.most}) {
             const size_t slice = total / (n - 1) / 65536 * 65536, sent = slice * (n - 1);
             for (int v = 0; v < 3; v++) {
@@ -265,14 +263,14 @@ static int all_to_all_table(int gpus) {
                     CK(cudaMemset(r.dst[g], 0, r.most));
                 }
                 const int iters = std::max<int>(4, int((size_t(2) << 30) / sent));
-                round_all_to_all(sub, slice, kind, grid);  // warm-up
-                sync_all(sub);
+                round_all_to_all(r, n, slice, kind, grid);  // warm-up
+                sync_all(n);
                 CK(cudaGetLastError());
                 const auto t0 = std::chrono::steady_clock::now();
-                for (int i = 0; i < iters; i++) round_all_to_all(sub, slice, kind, grid);
-                sync_all(sub);
+                for (int i = 0; i < iters; i++) round_all_to_all(r, n, slice, kind, grid);
+                sync_all(n);
                 const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                const int wrong = check_all_to_all(sub, slice);
+                const int wrong = check_all_to_all(r, n, slice);
                 bad += wrong;
                 printf("%3d %9zu  %-18s %9.1f%s\n", n, sent >> 20, name, sent * double(iters) / (s * 1e9),
                        wrong ? "  MISMATCH" : "");
