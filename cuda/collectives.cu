@@ -410,9 +410,21 @@ __device__ void send_to(const CollParams &p, const Peers &b, uint32_t dest, uint
         if (b.ptr[dest] != nullptr) block_copy(b.ptr[dest] + dst_off, p.window + src_off, bytes);
         return;
     }
-    const nixlMemViewElem src{p.local_mvh, 0, src_off};
-    const nixlMemViewElem dst{p.remote_mvh, rank_of(p, dest), dst_off};
-    record_status(&p.report->base, nixlPut<nixl_gpu_level_t::BLOCK>(src, dst, bytes, blockIdx.x));
+    // UCX's block copy moves 16-byte vectors only where source and
+    // destination are both 16-byte aligned (8-byte ones where both are
+    // 8-byte aligned, single bytes otherwise; both windows start aligned).
+    // Where both miss alike, the bytes up to the boundary go in a put of
+    // their own and the rest aligned; the callers arrange that they miss
+    // alike (row_skew, allgather's own slot).
+    const uint64_t head = ((src_off ^ dst_off) & 15) == 0 ? min(bytes, (16 - (src_off & 15)) & 15) : 0;
+    const auto put = [&](uint64_t at, uint64_t n) {
+        if (n == 0) return;
+        const nixlMemViewElem src{p.local_mvh, 0, src_off + at};
+        const nixlMemViewElem dst{p.remote_mvh, rank_of(p, dest), dst_off + at};
+        record_status(&p.report->base, nixlPut<nixl_gpu_level_t::BLOCK>(src, dst, n, blockIdx.x));
+    };
+    put(0, head);
+    put(head, bytes - head);
 }
 
 // ------------------------------------------------------- signal and wait
@@ -426,6 +438,22 @@ __device__ __forceinline__ uint64_t flag_offset(const CollParams &p, uint32_t ph
 // The receive row rank `src` writes into (by rank, as the flags).
 __device__ __forceinline__ uint64_t row_offset(const CollParams &p, uint32_t src) {
     return p.off_recv + rank_of(p, src) * p.recv_stride;
+}
+
+// Where reduce-scatter's chunk d starts in member d's receive rows: as far
+// past the row's 16-byte boundary as chunk d of the input (d × count
+// elements in) is past one, where that lines up a copy: on the put path,
+// whose copies are UCX's (an aligned row under an unaligned chunk left
+// every byte to its single-byte copy: 3 and 4 ranks, 301 and 318 MiB,
+// 0.56–0.71x NCCL's busbw), and in place, where the output (a slot of the
+// input) lies skewed alike, so the sum's loads and stores line up. Out of
+// place on the store path the rows stay aligned, as the output is: the
+// stores align themselves (block_copy), and skewed rows made the sum 23–35 %
+// slower there (two loads a vector). layout::row_skew.
+__device__ __forceinline__ uint64_t row_skew(const CollParams &p, uint32_t d) {
+    const uint64_t E = elem_bytes(p);
+    const bool in_place = p.off_out == p.off_in + uint64_t(p.rank) * p.count * E;
+    return p.path == COLL_PATH_PUT || in_place ? uint64_t(d) * p.count * E & 15 : 0;
 }
 
 // After this block's copies: tells every peer this block's data of `phase`
@@ -644,11 +672,19 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
 __device__ void allgather(const CollParams &p, Peers &b) {
     if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
+    // On the put path, where our slot misses a 16-byte boundary, the pushes
+    // read it from our own slot, copied first, which misses it alike
+    // (send_to): from the aligned input every byte went in UCX's byte copy.
+    const bool from_slot = p.path == COLL_PATH_PUT && (p.rank * p.count * E & 15) != 0;
     for (uint32_t j = 1; j < max(p.ranks, 2u); ++j)
         for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
-            const uint64_t at = (p.rank * p.count + lo) * E;
-            if (j < p.ranks) send_to(p, b, peer_at(p, j), p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
-            if (j == 1) send_to(p, b, p.rank, p.off_in + lo * E, p.off_out + at, (hi - lo) * E);
+            const uint64_t at = (p.rank * p.count + lo) * E, n = (hi - lo) * E;
+            if (j == 1 && from_slot) {
+                send_to(p, b, p.rank, p.off_in + lo * E, p.off_out + at, n);
+                __syncthreads();
+            }
+            if (j < p.ranks) send_to(p, b, peer_at(p, j), from_slot ? p.off_out + at : p.off_in + lo * E, p.off_out + at, n);
+            if (j == 1 && !from_slot) send_to(p, b, p.rank, p.off_in + lo * E, p.off_out + at, n);
         });
     signal_peers(p, b, 0);
     wait_peers(p, b, 0);
@@ -662,12 +698,15 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
     for (uint32_t j = 1; j < p.ranks; ++j) {
         const uint32_t d = peer_at(p, j);
         for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
-            send_to(p, b, d, p.off_in + (d * p.count + lo) * E, row_offset(p, p.rank) + lo * E, (hi - lo) * E);
+            send_to(p, b, d, p.off_in + (d * p.count + lo) * E, row_offset(p, p.rank) + row_skew(p, d) + lo * E,
+                    (hi - lo) * E);
         });
     }
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
     set_sources(p, b, p.off_in + p.rank * p.count * E);
+    if (threadIdx.x < p.ranks && threadIdx.x != p.rank) b.src[threadIdx.x] += row_skew(p, p.rank);
+    __syncthreads();
     for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi); });
 }
 

@@ -82,6 +82,9 @@ impl Case {
         let rows = (elem(w.recv[(call % 2) as usize]), elem(w.recv_stride));
         let mut m = Model::new(self.count, blocks, elem(w.bytes), io, rows);
         m.piece_elems = piece_elems;
+        m.path = self.path;
+        m.in_place = self.in_place;
+        m.elem_bytes = e;
         let (n_in, n_out) = self.elems(ranks);
         m.fill(n_in, call);
         self.op.spec().model(self.algo, &mut m);
@@ -157,10 +160,15 @@ mod tests {
             for ranks in [2u32, 3, 4] {
                 for count in [1u64, 2, 7, 8, 9, 33, 100] {
                     for blocks in [1u32, 3, 5] {
-                        for (in_place, dtype) in [(false, Dtype::F32), (true, Dtype::Bf16)] {
+                        for (in_place, dtype, path) in [
+                            (false, Dtype::F32, Path::Store),
+                            (true, Dtype::Bf16, Path::Store),
+                            (false, Dtype::F32, Path::Put),
+                        ] {
                             let case = Case {
                                 in_place,
                                 dtype,
+                                path,
                                 ..case(op, algo, count)
                             };
                             let call = u64::from(blocks) + count;

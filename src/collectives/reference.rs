@@ -4,6 +4,8 @@
 //! operation's own model is in its file under [`super::ops`]), so the
 //! index arithmetic is tested without a GPU.
 
+use crate::collectives::layout::Path;
+
 /// Input element `i` of `rank` in call `call`: a small integer in [-4, 4],
 /// so every sum of up to 64 ranks is exact in bf16 and f32 whatever the
 /// order. Mirrors `coll_input()` in `cuda/collectives.cu`.
@@ -24,6 +26,12 @@ pub struct Model {
     /// One-shot and two-shot: elements per piece at most
     /// ([`crate::collectives::layout::pieces`]).
     pub piece_elems: u64,
+    /// The call's data path and whether it runs in place (where
+    /// reduce-scatter's rows are skewed: [`crate::collectives::layout::row_skew`]).
+    pub path: Path,
+    pub in_place: bool,
+    /// Bytes of the call's element type (an offset here counts elements).
+    pub elem_bytes: u64,
     /// Every rank's input and output offsets.
     io: Vec<(usize, usize)>,
     /// The receive rows: the first row's offset, elements per row.
@@ -47,6 +55,9 @@ impl Model {
             count,
             blocks: u64::from(blocks),
             piece_elems: u64::MAX,
+            path: Path::Store,
+            in_place: false,
+            elem_bytes: 4,
             win: vec![vec![f32::NAN; len]; ranks as usize],
             io,
             rows,
@@ -105,8 +116,9 @@ impl Model {
         }
     }
 
-    /// Sources: own input at `own`, peers' receive rows shifted by `shift`.
-    pub fn sources(&self, r: u32, own: usize, shift: u64) -> Vec<isize> {
+    /// Sources: own input at `own`, peers' receive rows shifted back by
+    /// `shift` elements (forward where negative).
+    pub fn sources(&self, r: u32, own: usize, shift: i64) -> Vec<isize> {
         (0..self.ranks)
             .map(|s| match s == r {
                 true => own as isize,

@@ -179,7 +179,7 @@ fn two_shot(m: &mut Model) {
         let (i, o) = m.io(r);
         for b in 0..m.blocks {
             for (c0, lo, hi) in slices(m, r, b) {
-                let src = m.sources(r, i, c0);
+                let src = m.sources(r, i, c0 as i64);
                 m.reduce(r, o, &src, c0 + lo, c0 + hi);
             }
         }

@@ -9,7 +9,7 @@ use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
 use super::{Collective, peer_share};
-use crate::collectives::layout::Algo;
+use crate::collectives::layout::{Algo, row_skew};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -52,13 +52,17 @@ impl Collective for ReduceScatter {
     }
 
     /// LL and LL128 move the same elements as the one shot, packed in lines.
+    /// Chunk d lands in d's rows at its skew ([`row_skew`], in elements
+    /// here).
     fn model(&self, _algo: Algo, m: &mut Model) {
-        let (n, c) = (m.ranks, m.count);
+        let (n, c, e) = (m.ranks, m.count, m.elem_bytes);
+        let (path, in_place) = (m.path, m.in_place);
+        let skew = |d: u32| (row_skew(path, in_place, d, c, e) / e) as usize;
         for r in 0..n {
             for b in 0..m.blocks {
                 for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
                     for d in (0..n).filter(|&d| d != r) {
-                        let (i, dst) = (m.io(r).0, m.recv(r));
+                        let (i, dst) = (m.io(r).0, m.recv(r) + skew(d));
                         let at = i + (u64::from(d) * c + lo) as usize;
                         m.send(r, d, at, dst + lo as usize, hi - lo);
                     }
@@ -67,7 +71,7 @@ impl Collective for ReduceScatter {
         }
         for r in 0..n {
             let (i, o) = m.io(r);
-            let src = m.sources(r, i + (u64::from(r) * c) as usize, 0);
+            let src = m.sources(r, i + (u64::from(r) * c) as usize, -(skew(r) as i64));
             for b in 0..m.blocks {
                 for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
                     m.reduce(r, o, &src, lo, hi);
