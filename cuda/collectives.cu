@@ -442,18 +442,20 @@ __device__ __forceinline__ uint64_t row_offset(const CollParams &p, uint32_t src
 
 // Where reduce-scatter's chunk d starts in member d's receive rows: as far
 // past the row's 16-byte boundary as chunk d of the input (d × count
-// elements in) is past one, where that lines up a copy: on the put path,
-// whose copies are UCX's (an aligned row under an unaligned chunk left
-// every byte to its single-byte copy: 3 and 4 ranks, 301 and 318 MiB,
-// 0.56–0.71x NCCL's busbw), and in place, where the output (a slot of the
-// input) lies skewed alike, so the sum's loads and stores line up. Out of
-// place on the store path the rows stay aligned, as the output is: the
-// stores align themselves (block_copy), and skewed rows made the sum 23–35 %
-// slower there (two loads a vector). layout::row_skew.
+// elements in) is past one, where that lines up a copy. In place, where the
+// output (a slot of the input) lies skewed alike, so the sum's loads and
+// stores line up. On the put path where UCX would copy single bytes: an
+// aligned row under a chunk 2, 4, 6, 10, 12 or 14 bytes past a boundary
+// left every byte to its byte copy (3 and 4 ranks, 301 and 318 MiB: 0.56–
+// 0.71x NCCL's busbw). Elsewhere the rows stay aligned, as an out-of-place
+// output is: skewed rows make every source of the sum unaligned (two loads
+// a vector), which made the store path 23–35 % slower at those sizes and
+// the put path 13–24 % slower where the chunk is 8 bytes past a boundary
+// (UCX's 8-byte copy runs near its 16-byte one). layout::row_skew.
 __device__ __forceinline__ uint64_t row_skew(const CollParams &p, uint32_t d) {
-    const uint64_t E = elem_bytes(p);
+    const uint64_t E = elem_bytes(p), skew = uint64_t(d) * p.count * E & 15;
     const bool in_place = p.off_out == p.off_in + uint64_t(p.rank) * p.count * E;
-    return p.path == COLL_PATH_PUT || in_place ? uint64_t(d) * p.count * E & 15 : 0;
+    return in_place || (p.path == COLL_PATH_PUT && (skew & 7) != 0) ? skew : 0;
 }
 
 // After this block's copies: tells every peer this block's data of `phase`
@@ -672,10 +674,13 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
 __device__ void allgather(const CollParams &p, Peers &b) {
     if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
-    // On the put path, where our slot misses a 16-byte boundary, the pushes
-    // read it from our own slot, copied first, which misses it alike
-    // (send_to): from the aligned input every byte went in UCX's byte copy.
-    const bool from_slot = p.path == COLL_PATH_PUT && (p.rank * p.count * E & 15) != 0;
+    // On the put path, where our slot is not 8-byte aligned, the pushes read
+    // it from our own slot, copied first, which misses a 16-byte boundary
+    // alike (send_to): from the aligned input every byte went in UCX's byte
+    // copy (3 ranks, 256 MiB: 1,357 µs, 568 now). 8 bytes past a boundary
+    // UCX copies 8-byte vectors, and copying our slot first cost more than
+    // it saved (128 MiB: 286 -> 332 µs).
+    const bool from_slot = p.path == COLL_PATH_PUT && (p.rank * p.count * E & 7) != 0;
     for (uint32_t j = 1; j < max(p.ranks, 2u); ++j)
         for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
             const uint64_t at = (p.rank * p.count + lo) * E, n = (hi - lo) * E;

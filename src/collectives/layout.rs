@@ -212,16 +212,17 @@ pub fn pieces(
 /// Bytes past a 16-byte boundary at which reduce-scatter's chunk `chunk`
 /// (of `count` elements of `elem_bytes`) starts in the receive rows
 /// (`row_skew` in `cuda/collectives.cu`): as far as the chunk starts past
-/// one in the input, so that a push copies between offsets that miss a
-/// boundary alike (UCX's block copy moves 16-byte vectors only then), on
-/// the put path and in place (where the output lies skewed alike, so the
-/// sum lines up too); 0 out of place on the store path, where the stores
-/// align themselves and the output is aligned. A multiple of
-/// `elem_bytes`; a row holds `count` elements past it within its stride,
-/// which is at least twice the chunk or 256 bytes.
+/// one in the input, in place (the output lies skewed alike, so the sum
+/// lines up) and on the put path where the chunk is not 8-byte aligned
+/// (UCX's block copy would move single bytes; with offsets that miss a
+/// boundary alike it moves 16-byte vectors past a head); 0 elsewhere, as an
+/// out-of-place output is aligned. A multiple of `elem_bytes`; a row holds
+/// `count` elements past it within its stride, which is at least twice the
+/// chunk or 256 bytes.
 pub fn row_skew(path: Path, in_place: bool, chunk: u32, count: u64, elem_bytes: u64) -> u64 {
-    match path == Path::Put || in_place {
-        true => u64::from(chunk) * count * elem_bytes % 16,
+    let skew = u64::from(chunk) * count * elem_bytes % 16;
+    match in_place || (path == Path::Put && skew % 8 != 0) {
+        true => skew,
         false => 0,
     }
 }
