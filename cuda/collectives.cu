@@ -553,11 +553,11 @@ template <> struct Vec<__nv_bfloat16> {
 // load16): every rank adds in the same order, so all get bit-identical
 // results. An in-place reduce-scatter's output is its slot of the input,
 // rank × count elements in, which need not be 16-byte aligned: summed in
-// single elements all along, it took 1.4–2.0x the out-of-place time on
-// the store path, 1.1–1.2x now (3 and 4 H200s, 301 and 318 MiB). Each thread sums U vectors at a time, the U loads
-// of a source issued before any is added: with one vector, every source's
-// load waited for the one before (a 4-rank reduce-scatter's sum ran at a
-// third of the memory's rate).
+// single elements all along, it took 1.4–2.0x the out-of-place time on the
+// store path (3 and 4 H200s, 301 and 318 MiB). Each thread sums U vectors
+// at a time, the U loads of a source issued before any is added: with one
+// vector, every source's load waited for the one before (a 4-rank
+// reduce-scatter's sum ran at a third of the memory's rate).
 template <typename T> __device__ void reduce_into(const CollParams &p, const Peers &b, uint8_t *out, uint64_t lo, uint64_t hi) {
     using V = Vec<T>;
     constexpr uint64_t E = sizeof(T);
@@ -677,7 +677,7 @@ __device__ void allgather(const CollParams &p, Peers &b) {
     // On the put path, where our slot is not 8-byte aligned, the pushes read
     // it from our own slot, copied first, which misses a 16-byte boundary
     // alike (send_to): from the aligned input every byte went in UCX's byte
-    // copy (3 ranks, 256 MiB: 1,357 µs, 568 now). 8 bytes past a boundary
+    // copy (3 ranks, 256 MiB: 1,357 µs, 561 now). 8 bytes past a boundary
     // UCX copies 8-byte vectors, and copying our slot first cost more than
     // it saved (128 MiB: 286 -> 332 µs).
     const bool from_slot = p.path == COLL_PATH_PUT && (p.rank * p.count * E & 7) != 0;
