@@ -96,11 +96,13 @@ struct Args {
     op: Vec<Op>,
 
     /// Algorithm: one-shot, two-shot (allreduce), ll, ll128, two-shot-ll128
-    /// (allreduce), auto (by size), or all (the line algorithms only where
-    /// they run: store path, up to 64 KiB for ll, 4 MiB for ll128, above
-    /// 64 KiB up to 4 MiB for two-shot-ll128). Allgather and reduce-scatter
-    /// have one-shot, ll and ll128; two-shot and auto run their one-shot,
-    /// two-shot-ll128 their ll128.
+    /// (allreduce), ring (reduce-scatter), auto (by size), or all (the line
+    /// algorithms and the ring only where they run: store path, up to 64 KiB
+    /// for ll, 4 MiB for ll128, above 64 KiB up to 4 MiB for
+    /// two-shot-ll128, above 64 KiB for the ring). Allgather and
+    /// reduce-scatter have one-shot, ll and ll128, reduce-scatter the ring
+    /// too; two-shot and auto run their one-shot, two-shot-ll128 their
+    /// ll128, ring the one-shot of allreduce and allgather.
     #[arg(long, value_enum, default_value_t = AlgoChoice::All)]
     algo: AlgoChoice,
 

@@ -18,6 +18,9 @@ pub const MAX_RANKS: u32 = 16;
 pub const MAX_BLOCKS: u32 = 264;
 /// Threads per block (`COLL_THREADS`).
 pub const THREADS: u32 = 512;
+/// Flag slots per block and member (`flag_offset`'s phases): two-shot's
+/// two phases, and the ring's piece counts (`PIECE_PHASE`, one slot a step).
+pub const FLAG_PHASES: u64 = 3;
 /// Slices and chunks start at multiples of this many elements: 16-byte
 /// vectors for bf16 and f32 alike (`COLL_ALIGN_ELEMS`).
 pub const ALIGN_ELEMS: u64 = 8;
@@ -84,6 +87,12 @@ pub enum Algo {
     /// ranks, so it overtakes LL128's one shot as the bus starts to set
     /// the time. Store path over NVLink only, up to [`LL128_MAX_BYTES`].
     TwoShotLl128,
+    /// Reduce-scatter in a ring with the sum riding on the push: at each of
+    /// N − 1 steps a rank adds its own piece of a chunk to the partial sum
+    /// the rank before it stored and stores the result into the next rank's
+    /// window (NCCL's ring, one piece per flag). No pass of its own for the
+    /// sum, one peer at a time. Store path only (nixlPut cannot add).
+    Ring,
 }
 
 impl Algo {
@@ -94,6 +103,7 @@ impl Algo {
             Algo::Ll => "ll",
             Algo::Ll128 => "ll128",
             Algo::TwoShotLl128 => "two-shot-ll128",
+            Algo::Ring => "ring",
         }
     }
 
@@ -113,7 +123,7 @@ impl Algo {
     pub fn block_bytes(self) -> u64 {
         match self {
             Algo::Ll | Algo::Ll128 | Algo::TwoShotLl128 => LINE_BLOCK_BYTES,
-            Algo::OneShot | Algo::TwoShot => BLOCK_BYTES,
+            Algo::OneShot | Algo::TwoShot | Algo::Ring => BLOCK_BYTES,
         }
     }
 }
@@ -131,12 +141,16 @@ pub enum AlgoChoice {
     /// Allreduce's two-shot in LL128 lines (store path over NVLink, up to 4
     /// MiB); allgather and reduce-scatter run their LL128.
     TwoShotLl128,
+    /// Reduce-scatter in a ring, the sum riding on the push (store path);
+    /// allreduce and allgather run their one-shot
+    Ring,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
     /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above; no
     /// lines (they need the store path: `--tune` and `--tuned` pick them).
     Auto,
     /// One-shot and two-shot at every size, LL, LL128 and two-shot in LL128
-    /// lines where they run (the last above LL's sizes).
+    /// lines where they run (the last above LL's sizes), the ring above LL's
+    /// sizes.
     All,
 }
 
@@ -243,7 +257,7 @@ fn align256(v: u64) -> u64 {
 ///
 /// | region | size | written by |
 /// |---|---|---|
-/// | flags | 2 phases × [`MAX_BLOCKS`] × [`MAX_RANKS`] u64 | peers' signals |
+/// | flags | [`FLAG_PHASES`] × [`MAX_BLOCKS`] × [`MAX_RANKS`] u64 | peers' signals |
 /// | abort | [`MAX_RANKS`] u64 | peers abandoning a step (elastic runs) |
 /// | in | the largest input | this rank |
 /// | out\[2\] | the largest output, ×2 (call parity) | this rank; peers (allgather, two-shot) |
@@ -276,7 +290,7 @@ impl WindowLayout {
     /// takes no memory).
     pub fn new(max_bytes: u64, ll128_bytes: u64, ranks: u32) -> Self {
         let flags = 0;
-        let flag_bytes = 2 * u64::from(MAX_BLOCKS) * u64::from(MAX_RANKS) * 8;
+        let flag_bytes = FLAG_PHASES * u64::from(MAX_BLOCKS) * u64::from(MAX_RANKS) * 8;
         let data = align256(max_bytes.max(16));
         let abort = flag_bytes;
         let input = align256(abort + u64::from(MAX_RANKS) * 8);

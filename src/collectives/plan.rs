@@ -241,6 +241,12 @@ impl RunConfig {
                 super::layout::MAX_RANKS
             )));
         }
+        if self.algo == AlgoChoice::Ring && !self.paths.contains(&Path::Store) {
+            return Err(UsageError(
+                "--algo ring runs on the store path only (nixlPut copies, it cannot add on the way): use --path store or both"
+                    .into(),
+            ));
+        }
         let lines = match self.algo {
             AlgoChoice::Ll => Some(("ll", super::layout::LL_MAX_BYTES)),
             AlgoChoice::Ll128 => Some(("ll128", super::layout::LL128_MAX_BYTES)),

@@ -107,12 +107,18 @@ impl Model {
 
     /// `reduce`: out[i] = Σ_s src[s][i] in rank order, i in [lo, hi).
     pub fn reduce(&mut self, r: u32, out: usize, src: &[isize], lo: u64, hi: u64) {
+        self.reduce_to(r, r, out, src, lo, hi);
+    }
+
+    /// `reduce` of rank `r`'s sources into rank `to`'s window (the ring's
+    /// sum stored over the link).
+    pub fn reduce_to(&mut self, r: u32, to: u32, out: usize, src: &[isize], lo: u64, hi: u64) {
         for i in lo..hi {
             let v: f32 = src
                 .iter()
                 .map(|&s| self.win[r as usize][(s + i as isize) as usize])
                 .sum();
-            self.win[r as usize][out + i as usize] = v;
+            self.win[to as usize][out + i as usize] = v;
         }
     }
 

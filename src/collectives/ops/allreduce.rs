@@ -78,7 +78,7 @@ impl Collective for Allreduce {
 
     fn chosen(&self, choice: AlgoChoice, bytes: u64, ranks: u32) -> Vec<Algo> {
         match choice {
-            AlgoChoice::OneShot => vec![Algo::OneShot],
+            AlgoChoice::OneShot | AlgoChoice::Ring => vec![Algo::OneShot],
             AlgoChoice::TwoShot => vec![Algo::TwoShot],
             AlgoChoice::Ll => vec![Algo::Ll],
             AlgoChoice::Ll128 => vec![Algo::Ll128],
@@ -102,7 +102,8 @@ impl Collective for Allreduce {
 
     fn kernel(&self, algo: Algo) -> &'static str {
         match algo {
-            Algo::OneShot => "coll_allreduce_one_shot",
+            // No ring here: `--algo ring` runs allreduce's one shot.
+            Algo::OneShot | Algo::Ring => "coll_allreduce_one_shot",
             Algo::TwoShot => "coll_allreduce_two_shot",
             Algo::Ll => "coll_allreduce_ll",
             Algo::Ll128 => "coll_allreduce_ll128",
@@ -118,7 +119,7 @@ impl Collective for Allreduce {
         match algo {
             // LL and LL128 move the same elements as one-shot, packed in
             // lines (the line formats are crate::gpu::ll's, tested there).
-            Algo::OneShot | Algo::Ll | Algo::Ll128 => one_shot(m),
+            Algo::OneShot | Algo::Ll | Algo::Ll128 | Algo::Ring => one_shot(m),
             Algo::TwoShot | Algo::TwoShotLl128 => two_shot(m),
         }
     }

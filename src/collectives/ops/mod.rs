@@ -124,14 +124,15 @@ pub fn lines_up_to(bytes: u64) -> impl Iterator<Item = Algo> {
         .map(|(algo, _)| algo)
 }
 
-/// Whether `algo` runs a buffer of `bytes` over `path`: lines need peer
-/// pointers (store path); LL's carry half their bytes in data, so it stops
-/// at [`LL_MAX_BYTES`], LL128 at [`LL128_MAX_BYTES`]; the others run
-/// everywhere.
+/// Whether `algo` runs a buffer of `bytes` over `path`: lines and the ring
+/// need peer pointers (store path); LL's carry half their bytes in data, so
+/// it stops at [`LL_MAX_BYTES`], LL128 at [`LL128_MAX_BYTES`]; the others
+/// run everywhere.
 pub fn ll_runs(algo: Algo, bytes: u64, path: Path) -> bool {
     match algo {
         Algo::Ll => path == Path::Store && bytes <= LL_MAX_BYTES,
         Algo::Ll128 | Algo::TwoShotLl128 => path == Path::Store && bytes <= LL128_MAX_BYTES,
+        Algo::Ring => path == Path::Store,
         Algo::OneShot | Algo::TwoShot => true,
     }
 }
@@ -193,9 +194,9 @@ mod tests {
             .map(|(op, a)| op.spec().kernel(a))
             .collect();
         // allreduce one-shot, two-shot, ll, ll128, two-shot-ll128;
-        // allgather and reduce-scatter one-shot, ll and ll128: one entry
-        // each in cuda/collectives.cu.
-        assert_eq!(entries.len(), 11);
+        // allgather and reduce-scatter one-shot, ll and ll128, and
+        // reduce-scatter's ring: one entry each in cuda/collectives.cu.
+        assert_eq!(entries.len(), 12);
         for e in &entries {
             let src = include_str!("../../../cuda/collectives.cu");
             let name = e.trim_start_matches("coll_");

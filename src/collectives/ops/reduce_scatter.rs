@@ -8,8 +8,8 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, peer_share};
-use crate::collectives::layout::{Algo, row_skew};
+use super::{Collective, one_shot_or_ll, peer_share};
+use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, row_skew};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
 
@@ -38,10 +38,30 @@ impl Collective for ReduceScatter {
         (out, out + slot)
     }
 
+    fn algorithms(&self) -> &'static [Algo] {
+        &[Algo::OneShot, Algo::Ll, Algo::Ll128, Algo::Ring]
+    }
+
+    /// As the one shot's and LL's, and the ring where asked for, or with
+    /// `all` above LL's sizes (below, N − 1 flags in a row cost more than
+    /// the sum it saves).
+    fn chosen(&self, choice: AlgoChoice, bytes: u64, _ranks: u32) -> Vec<Algo> {
+        match choice {
+            AlgoChoice::Ring => vec![Algo::Ring],
+            AlgoChoice::All if bytes > LL_MAX_BYTES => {
+                let mut algos = one_shot_or_ll(choice, bytes);
+                algos.push(Algo::Ring);
+                algos
+            }
+            _ => one_shot_or_ll(choice, bytes),
+        }
+    }
+
     fn kernel(&self, algo: Algo) -> &'static str {
         match algo {
             Algo::Ll => "coll_reduce_scatter_ll",
             Algo::Ll128 => "coll_reduce_scatter_ll128",
+            Algo::Ring => "coll_reduce_scatter_ring",
             _ => "coll_reduce_scatter",
         }
     }
@@ -54,7 +74,10 @@ impl Collective for ReduceScatter {
     /// LL and LL128 move the same elements as the one shot, packed in lines.
     /// Chunk d lands in d's rows at its skew ([`row_skew`], in elements
     /// here).
-    fn model(&self, _algo: Algo, m: &mut Model) {
+    fn model(&self, algo: Algo, m: &mut Model) {
+        if algo == Algo::Ring {
+            return ring(m);
+        }
         let (n, c, e) = (m.ranks, m.count, m.elem_bytes);
         let (path, in_place) = (m.path, m.in_place);
         let skew = |d: u32| (row_skew(path, in_place, d, c, e) / e) as usize;
@@ -87,5 +110,33 @@ impl Collective for ReduceScatter {
             result::reduce_scatter(c.input, c.output, c.count, c.dtype, sum, c.comm, c.stream)
         };
         check("ncclReduceScatter", r).map(drop)
+    }
+}
+
+/// The ring as `reduce_scatter_ring` runs it: at step s rank r adds its
+/// piece of chunk (r − s − 1) mod n to what the rank before it stored in
+/// r's receive row s − 1 and stores the sum into the next rank's row s;
+/// at the last step, into its output (chunk r).
+fn ring(m: &mut Model) {
+    let (n, c) = (m.ranks, m.count);
+    for s in 0..n {
+        for r in 0..n {
+            let (i, o) = m.io(r);
+            let chunk = (r + 2 * n - s - 1) % n;
+            let own = (i + (u64::from(chunk) * c) as usize) as isize;
+            let mut src = vec![own];
+            if s > 0 {
+                src.push(m.recv(s - 1) as isize);
+            }
+            let (to, out) = match s + 1 == n {
+                true => (r, o),
+                false => ((r + 1) % n, m.recv(s)),
+            };
+            for b in 0..m.blocks {
+                for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
+                    m.reduce_to(r, to, out, &src, lo, hi);
+                }
+            }
+        }
     }
 }
