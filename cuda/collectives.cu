@@ -600,9 +600,9 @@ __device__ void set_sources(const CollParams &p, Peers &b, uint64_t own_off) {
     __syncthreads();
 }
 
-// Sums b.src[0 .. n) (every member's, rank order, unless n says fewer).
-__device__ void reduce(const CollParams &p, const Peers &b, uint8_t *out, uint64_t lo, uint64_t hi, uint32_t n = 0) {
-    if (n == 0) n = p.ranks;
+// Sums b.src[0 .. n): every member's in rank order (n = p.ranks), or the
+// ring's own piece and partial sum.
+__device__ void reduce(const CollParams &p, const Peers &b, uint8_t *out, uint64_t lo, uint64_t hi, uint32_t n) {
     if (p.dtype == COLL_BF16) reduce_into<__nv_bfloat16>(p, b, out, lo, hi, n);
     else reduce_into<float>(p, b, out, lo, hi, n);
 }
@@ -633,7 +633,7 @@ __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
     signal_peers(p, b, 0);
     if (!wait_peers(p, b, 0)) return;
     set_sources(p, b, p.off_in);
-    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi); });
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi, p.ranks); });
 }
 
 // Two-shot allreduce: reduce-scatter (rank c sums chunk c), then allgather
@@ -659,7 +659,7 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
     set_sources(p, b, p.off_in);
     if (threadIdx.x < p.ranks && threadIdx.x != p.rank) b.src[threadIdx.x] -= c0 * E;
     __syncthreads();
-    for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, c0 + lo, c0 + hi); });
+    for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, c0 + lo, c0 + hi, p.ranks); });
     __syncthreads();
     for (uint32_t j = 1; j < p.ranks; ++j)
         for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) {
@@ -715,7 +715,7 @@ __device__ void reduce_scatter(const CollParams &p, Peers &b) {
     set_sources(p, b, p.off_in + p.rank * p.count * E);
     if (threadIdx.x < p.ranks && threadIdx.x != p.rank) b.src[threadIdx.x] += row_skew(p, p.rank);
     __syncthreads();
-    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi); });
+    for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi, p.ranks); });
 }
 
 // Ring reduce-scatter (store path): the sum travels. At step s each member
