@@ -636,6 +636,22 @@ __device__ void allreduce_one_shot(const CollParams &p, Peers &b) {
     for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, lo, hi, p.ranks); });
 }
 
+// An allreduce's second half: push this block's pieces of our chunk's sums
+// (chunk `rank` of split) from our output to the same place in every
+// peer's, signal phase 1, wait for theirs.
+__device__ void allgather_sums(const CollParams &p, Peers &b) {
+    const uint64_t E = elem_bytes(p);
+    uint64_t c0, c1;
+    split(p.count, p.ranks, p.rank, c0, c1);
+    __syncthreads();
+    for (uint32_t j = 1; j < p.ranks; ++j)
+        for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) {
+            send_to(p, b, peer_at(p, j), p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
+        });
+    signal_peers(p, b, 1);
+    wait_peers(p, b, 1);
+}
+
 // Two-shot allreduce: reduce-scatter (rank c sums chunk c), then allgather
 // of the sums. Block b moves the same pieces of every chunk in both
 // phases, so it pairs with block b of every peer.
@@ -660,13 +676,7 @@ __device__ void allreduce_two_shot(const CollParams &p, Peers &b) {
     if (threadIdx.x < p.ranks && threadIdx.x != p.rank) b.src[threadIdx.x] -= c0 * E;
     __syncthreads();
     for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) { reduce(p, b, p.window + p.off_out, c0 + lo, c0 + hi, p.ranks); });
-    __syncthreads();
-    for (uint32_t j = 1; j < p.ranks; ++j)
-        for_pieces(p, c1 - c0, [&](uint64_t lo, uint64_t hi) {
-            send_to(p, b, peer_at(p, j), p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
-        });
-    signal_peers(p, b, 1);
-    wait_peers(p, b, 1);
+    allgather_sums(p, b);
 }
 
 // Allgather: push this block's pieces of our input into slot `rank` of
@@ -735,21 +745,29 @@ constexpr uint32_t PIECE_PHASE = 2;
 
 __device__ __forceinline__ uint64_t piece_count(const CollParams &p, uint64_t pieces) { return p.epoch << 32 | pieces; }
 
-__device__ void reduce_scatter_ring(const CollParams &p, Peers &b) {
-    if (!open_call(p, b)) return;
-    const uint64_t E = elem_bytes(p);
+// Chunk c of a ring: where it starts in the input and where its sum goes
+// in the output (bytes), and its elements.
+struct RingChunk {
+    uint64_t in, out, n;
+};
+
+// The ring's N steps over the chunks `chunk(c)` gives; `summed(lo, hi)`
+// runs after the last step's sum of each piece of chunk `rank` (the whole
+// block, its stores in the output). False where a wait failed.
+template <class Chunk, class Summed>
+__device__ bool ring_reduce_scatter(const CollParams &p, Peers &b, Chunk &&chunk, Summed &&summed) {
     const uint32_t N = p.ranks, next = peer_at(p, 1), before = peer_at(p, N - 1);
     for (uint32_t s = 0; s < N && b.ok; ++s) {
-        const uint32_t c = (p.rank + 2 * N - s - 1) % N;
+        const RingChunk ch = chunk((p.rank + 2 * N - s - 1) % N);
         const bool last = s + 1 == N;
-        uint8_t *dst = last ? p.window + p.off_out : b.ptr[next] + p.off_recv + s * p.recv_stride;
+        uint8_t *dst = last ? p.window + p.off_out + ch.out : b.ptr[next] + p.off_recv + s * p.recv_stride;
         if (threadIdx.x == 0) {
-            b.src[0] = p.window + p.off_in + c * p.count * E;
+            b.src[0] = p.window + p.off_in + ch.in;
             b.src[1] = s > 0 ? p.window + p.off_recv + (s - 1) * p.recv_stride : nullptr;  // what `before` stored
         }
         __syncthreads();
         uint64_t k = 0;
-        for_pieces(p, p.count, [&](uint64_t lo, uint64_t hi) {
+        for_pieces(p, ch.n, [&](uint64_t lo, uint64_t hi) {
             ++k;
             if (!b.ok || (!last && b.ptr[next] == nullptr)) return;
             if (s > 0) {
@@ -762,10 +780,10 @@ __device__ void reduce_scatter_ring(const CollParams &p, Peers &b) {
                 if (!b.ok) return;
             }
             reduce(p, b, dst, lo, hi, s > 0 ? 2 : 1);
-            if (last) return;
+            __syncthreads();
+            if (last) return summed(lo, hi);
             // As signal_peers, but one release after the block's barrier
             // (cumulative over the stores of the threads it synced with).
-            __syncthreads();
             if (threadIdx.x == 0)
                 release_store(reinterpret_cast<uint64_t *>(b.ptr[next] + flag_offset(p, PIECE_PHASE, s)),
                               piece_count(p, k), p.same_gpu);
@@ -777,6 +795,41 @@ __device__ void reduce_scatter_ring(const CollParams &p, Peers &b) {
         }
     }
     stamp_phase(p, 0, &CollTiming::clock_waited);
+    return b.ok;
+}
+
+__device__ void reduce_scatter_ring(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
+    const uint64_t E = elem_bytes(p);
+    ring_reduce_scatter(
+        p, b, [&](uint32_t c) { return RingChunk{c * p.count * E, 0, p.count}; }, [](uint64_t, uint64_t) {});
+}
+
+// Ring allreduce (store path): the ring's reduce-scatter over two-shot's
+// chunks, then two-shot's allgather of the sums (each rank pushing its
+// chunk to every peer at once: no N − 1 more steps of flags).
+__device__ void allreduce_ring(const CollParams &p, Peers &b) {
+    if (!open_call(p, b)) return;
+    const uint64_t E = elem_bytes(p);
+    const auto chunk = [&](uint32_t c) {
+        uint64_t c0, c1;
+        split(p.count, p.ranks, c, c0, c1);
+        return RingChunk{c0 * E, c0 * E, c1 - c0};
+    };
+#ifdef COLL_RING_FUSED_ALLGATHER
+    // Each piece's sums pushed to every peer as soon as they are made.
+    uint64_t c0, c1;
+    split(p.count, p.ranks, p.rank, c0, c1);
+    const auto push = [&](uint64_t lo, uint64_t hi) {
+        for (uint32_t j = 1; j < p.ranks; ++j)
+            send_to(p, b, peer_at(p, j), p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
+    };
+    if (!ring_reduce_scatter(p, b, chunk, push)) return;
+    signal_peers(p, b, 1);
+    wait_peers(p, b, 1);
+#else
+    if (ring_reduce_scatter(p, b, chunk, [](uint64_t, uint64_t) {})) allgather_sums(p, b);
+#endif
 }
 
 // ------------------------------------------------------------- LL lines
@@ -1373,6 +1426,7 @@ COLL_ENTRY(allreduce_two_shot)
 COLL_ENTRY(allreduce_ll)
 COLL_ENTRY(allreduce_ll128)
 COLL_ENTRY(allreduce_two_shot_ll128)
+COLL_ENTRY(allreduce_ring)
 COLL_ENTRY(allgather)
 COLL_ENTRY(allgather_ll)
 COLL_ENTRY(allgather_ll128)

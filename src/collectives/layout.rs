@@ -91,7 +91,8 @@ pub enum Algo {
     /// N − 1 steps a rank adds its own piece of a chunk to the partial sum
     /// the rank before it stored and stores the result into the next rank's
     /// window (NCCL's ring, one piece per flag). No pass of its own for the
-    /// sum, one peer at a time. Store path only (nixlPut cannot add).
+    /// sum, one peer at a time. Allreduce: two-shot with this reduce-scatter
+    /// for its first half. Store path only (nixlPut cannot add).
     Ring,
 }
 
@@ -141,8 +142,9 @@ pub enum AlgoChoice {
     /// Allreduce's two-shot in LL128 lines (store path over NVLink, up to 4
     /// MiB); allgather and reduce-scatter run their LL128.
     TwoShotLl128,
-    /// Reduce-scatter in a ring, the sum riding on the push (store path);
-    /// allreduce and allgather run their one-shot
+    /// Reduce-scatter in a ring, the sum riding on the push, and allreduce's
+    /// two-shot with it for its first half (store path); allgather runs its
+    /// one-shot
     Ring,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
     /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above; no

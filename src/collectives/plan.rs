@@ -351,7 +351,7 @@ mod tests {
         assert_eq!(ag.bytes, (1 << 20) / 12 * 12);
         assert_eq!(ag.cases.len(), 6); // one shot × 2 paths × 2 places, LL128 × store × 2
         assert_eq!(g[0].cases.len(), 12); // allreduce 8 B: 2 algorithms × 2 × 2, LL and LL128 × store × 2
-        assert_eq!(g[1].cases.len(), 12); // 1 MiB: no LL; two-shot in LL128 lines × store × 2
+        assert_eq!(g[1].cases.len(), 14); // 1 MiB: no LL; two-shot in LL128 lines and the ring × store × 2
         assert!(c.validate().is_ok());
         let small = RunConfig {
             sizes: vec![8],

@@ -1,15 +1,17 @@
 //! Allreduce (sum): every rank ends with the sum of all inputs, `count`
-//! elements in and out. Five algorithms: one-shot (every rank pushes its
+//! elements in and out. Six algorithms: one-shot (every rank pushes its
 //! whole input to every peer and sums all N), two-shot (reduce-scatter,
 //! then allgather of the sums: 2(N−1)/N of the data per rank, the bus
-//! optimum), LL (one-shot in 16-byte lines that carry the call's epoch,
-//! store path, small sizes), LL128 (one-shot in 128-byte lines, mid sizes)
-//! and two-shot in LL128 lines. docs/COLLECTIVES.md compares them.
+//! optimum), ring (two-shot whose reduce-scatter is the ring's, the sum
+//! riding on the push; store path, large sizes), LL (one-shot in 16-byte
+//! lines that carry the call's epoch, store path, small sizes), LL128
+//! (one-shot in 128-byte lines, mid sizes) and two-shot in LL128 lines.
+//! docs/COLLECTIVES.md compares them.
 
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, lines_up_to, peer_share};
+use super::{Collective, lines_up_to, peer_share, ring_reduce_scatter};
 use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, LL128_MAX_BYTES, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
@@ -73,12 +75,14 @@ impl Collective for Allreduce {
             Algo::Ll,
             Algo::Ll128,
             Algo::TwoShotLl128,
+            Algo::Ring,
         ]
     }
 
     fn chosen(&self, choice: AlgoChoice, bytes: u64, ranks: u32) -> Vec<Algo> {
         match choice {
-            AlgoChoice::OneShot | AlgoChoice::Ring => vec![Algo::OneShot],
+            AlgoChoice::OneShot => vec![Algo::OneShot],
+            AlgoChoice::Ring => vec![Algo::Ring],
             AlgoChoice::TwoShot => vec![Algo::TwoShot],
             AlgoChoice::Ll => vec![Algo::Ll],
             AlgoChoice::Ll128 => vec![Algo::Ll128],
@@ -88,22 +92,24 @@ impl Collective for Allreduce {
                 .into_iter()
                 .chain(lines_up_to(bytes))
                 .chain(two_shot_lines(bytes).then_some(Algo::TwoShotLl128))
+                .chain((bytes > LL_MAX_BYTES).then_some(Algo::Ring))
                 .collect(),
         }
     }
 
-    /// Two-shot's blocks divide one rank's chunk, the others' the whole.
+    /// Two-shot's and the ring's blocks divide one rank's chunk, the
+    /// others' the whole.
     fn block_elems(&self, algo: Algo, count: u64, ranks: u32) -> u64 {
         match algo {
-            Algo::TwoShot | Algo::TwoShotLl128 => split(count, u64::from(ranks), 0).1,
+            Algo::TwoShot | Algo::TwoShotLl128 | Algo::Ring => split(count, u64::from(ranks), 0).1,
             _ => count,
         }
     }
 
     fn kernel(&self, algo: Algo) -> &'static str {
         match algo {
-            // No ring here: `--algo ring` runs allreduce's one shot.
-            Algo::OneShot | Algo::Ring => "coll_allreduce_one_shot",
+            Algo::OneShot => "coll_allreduce_one_shot",
+            Algo::Ring => "coll_allreduce_ring",
             Algo::TwoShot => "coll_allreduce_two_shot",
             Algo::Ll => "coll_allreduce_ll",
             Algo::Ll128 => "coll_allreduce_ll128",
@@ -119,8 +125,9 @@ impl Collective for Allreduce {
         match algo {
             // LL and LL128 move the same elements as one-shot, packed in
             // lines (the line formats are crate::gpu::ll's, tested there).
-            Algo::OneShot | Algo::Ll | Algo::Ll128 | Algo::Ring => one_shot(m),
+            Algo::OneShot | Algo::Ll | Algo::Ll128 => one_shot(m),
             Algo::TwoShot | Algo::TwoShotLl128 => two_shot(m),
+            Algo::Ring => ring(m),
         }
     }
 
@@ -185,9 +192,28 @@ fn two_shot(m: &mut Model) {
             }
         }
     }
+    allgather_sums(m);
+}
+
+/// The ring's reduce-scatter over two-shot's chunks, then two-shot's
+/// allgather of the sums (`allreduce_ring`).
+fn ring(m: &mut Model) {
+    let (n, c) = (u64::from(m.ranks), m.count);
+    ring_reduce_scatter(m, |d| {
+        let (c0, c1) = split(c, n, u64::from(d));
+        (c0, c0, c1 - c0)
+    });
+    allgather_sums(m);
+}
+
+/// Two-shot's second half (`allgather_sums`): every rank pushes its
+/// chunk's sums from its output to the same place in every peer's.
+fn allgather_sums(m: &mut Model) {
+    let (n, c) = (m.ranks, m.count);
     for r in 0..n {
+        let (c0, c1) = split(c, u64::from(n), u64::from(r));
         for b in 0..m.blocks {
-            for (c0, lo, hi) in slices(m, r, b) {
+            for (lo, hi) in m.pieces(c1 - c0, b).collect::<Vec<_>>() {
                 for d in (0..n).filter(|&d| d != r) {
                     let at = m.io(r).1 + (c0 + lo) as usize;
                     m.send(r, d, at, at, hi - lo);
@@ -214,10 +240,15 @@ mod tests {
                 Algo::OneShot,
                 Algo::TwoShot,
                 Algo::Ll128,
-                Algo::TwoShotLl128
+                Algo::TwoShotLl128,
+                Algo::Ring
             ]
         );
-        assert_eq!(a.chosen(AlgoChoice::All, LL128_MAX_BYTES + 1, 4).len(), 2);
+        assert_eq!(a.chosen(AlgoChoice::All, LL128_MAX_BYTES + 1, 4).len(), 3);
+        assert_eq!(a.chosen(AlgoChoice::Ring, 8, 4), vec![Algo::Ring]);
+        assert!(
+            a.runs(Algo::Ring, 1 << 30, Path::Store) && !a.runs(Algo::Ring, 1 << 30, Path::Put)
+        );
         assert_eq!(a.chosen(AlgoChoice::Auto, 2 << 20, 4), vec![Algo::OneShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 4), vec![Algo::TwoShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 2), vec![Algo::OneShot]);

@@ -137,6 +137,36 @@ pub fn ll_runs(algo: Algo, bytes: u64, path: Path) -> bool {
     }
 }
 
+/// The ring's reduce-scatter as `ring_reduce_scatter` in
+/// `cuda/collectives.cu` runs it, over the chunks `chunk(c)` gives (input
+/// offset, output offset, elements; offsets in elements from the rank's
+/// input and output): at step s rank r adds its piece of chunk
+/// (r − s − 1) mod n to what the rank before it stored in r's receive row
+/// s − 1 and stores the sum into the next rank's row s; at the last step,
+/// into its own output (chunk r).
+pub fn ring_reduce_scatter(m: &mut Model, chunk: impl Fn(u32) -> (u64, u64, u64)) {
+    let n = m.ranks;
+    for s in 0..n {
+        for r in 0..n {
+            let (i, o) = m.io(r);
+            let (at, out_at, len) = chunk((r + 2 * n - s - 1) % n);
+            let mut src = vec![(i + at as usize) as isize];
+            if s > 0 {
+                src.push(m.recv(s - 1) as isize);
+            }
+            let (to, out) = match s + 1 == n {
+                true => (r, o + out_at as usize),
+                false => ((r + 1) % n, m.recv(s)),
+            };
+            for b in 0..m.blocks {
+                for (lo, hi) in m.pieces(len, b).collect::<Vec<_>>() {
+                    m.reduce_to(r, to, out, &src, lo, hi);
+                }
+            }
+        }
+    }
+}
+
 /// (n − 1)/n: the share of a buffer a rank exchanges with its peers,
 /// nccl-tests' bus bandwidth factor of allgather and reduce-scatter
 /// (allreduce moves it twice).
@@ -193,10 +223,10 @@ mod tests {
         let entries: std::collections::BTreeSet<_> = Op::every_algorithm()
             .map(|(op, a)| op.spec().kernel(a))
             .collect();
-        // allreduce one-shot, two-shot, ll, ll128, two-shot-ll128;
+        // allreduce one-shot, two-shot, ll, ll128, two-shot-ll128 and ring;
         // allgather and reduce-scatter one-shot, ll and ll128, and
         // reduce-scatter's ring: one entry each in cuda/collectives.cu.
-        assert_eq!(entries.len(), 12);
+        assert_eq!(entries.len(), 13);
         for e in &entries {
             let src = include_str!("../../../cuda/collectives.cu");
             let name = e.trim_start_matches("coll_");

@@ -8,7 +8,7 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, one_shot_or_ll, peer_share};
+use super::{Collective, one_shot_or_ll, peer_share, ring_reduce_scatter};
 use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, row_skew};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
@@ -76,7 +76,8 @@ impl Collective for ReduceScatter {
     /// here).
     fn model(&self, algo: Algo, m: &mut Model) {
         if algo == Algo::Ring {
-            return ring(m);
+            let c = m.count;
+            return ring_reduce_scatter(m, |chunk| (u64::from(chunk) * c, 0, c));
         }
         let (n, c, e) = (m.ranks, m.count, m.elem_bytes);
         let (path, in_place) = (m.path, m.in_place);
@@ -110,33 +111,5 @@ impl Collective for ReduceScatter {
             result::reduce_scatter(c.input, c.output, c.count, c.dtype, sum, c.comm, c.stream)
         };
         check("ncclReduceScatter", r).map(drop)
-    }
-}
-
-/// The ring as `reduce_scatter_ring` runs it: at step s rank r adds its
-/// piece of chunk (r − s − 1) mod n to what the rank before it stored in
-/// r's receive row s − 1 and stores the sum into the next rank's row s;
-/// at the last step, into its output (chunk r).
-fn ring(m: &mut Model) {
-    let (n, c) = (m.ranks, m.count);
-    for s in 0..n {
-        for r in 0..n {
-            let (i, o) = m.io(r);
-            let chunk = (r + 2 * n - s - 1) % n;
-            let own = (i + (u64::from(chunk) * c) as usize) as isize;
-            let mut src = vec![own];
-            if s > 0 {
-                src.push(m.recv(s - 1) as isize);
-            }
-            let (to, out) = match s + 1 == n {
-                true => (r, o),
-                false => ((r + 1) % n, m.recv(s)),
-            };
-            for b in 0..m.blocks {
-                for (lo, hi) in m.pieces(c, b).collect::<Vec<_>>() {
-                    m.reduce_to(r, to, out, &src, lo, hi);
-                }
-            }
-        }
     }
 }
