@@ -147,8 +147,9 @@ pub enum AlgoChoice {
     /// one-shot
     Ring,
     /// One-shot up to the size two-shot overtakes it (8 MiB on 2 ranks, 4 MiB
-    /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above; no
-    /// lines (they need the store path: `--tune` and `--tuned` pick them).
+    /// on 3, 2 MiB on 4 or more, measured across NVLink), two-shot above;
+    /// from 32 MiB the rings on the store path (allreduce, reduce-scatter);
+    /// no lines (`--tune` and `--tuned` pick them).
     Auto,
     /// One-shot and two-shot at every size, LL, LL128 and two-shot in LL128
     /// lines where they run (the last above LL's sizes), the ring above LL's

@@ -205,8 +205,19 @@ impl RunConfig {
         } else {
             self.algo
         };
+        let algos = spec.chosen(choice, bytes, self.ranks);
+        if choice == AlgoChoice::Auto {
+            // Auto's list is a preference: each path runs the first that runs there.
+            let first = |&path: &Path| {
+                algos
+                    .iter()
+                    .find(|&&a| spec.runs(a, bytes, path))
+                    .map(|&a| (a, path))
+            };
+            return self.paths.iter().filter_map(first).collect();
+        }
         let mut out = Vec::new();
-        for algo in spec.chosen(choice, bytes, self.ranks) {
+        for algo in algos {
             for &path in self.paths.iter().filter(|&&p| spec.runs(algo, bytes, p)) {
                 out.push((algo, path));
             }
@@ -341,6 +352,30 @@ mod tests {
     }
 
     #[test]
+    fn auto_runs_on_each_path_the_first_of_its_choices_that_runs_there() {
+        let c = RunConfig {
+            algo: AlgoChoice::Auto,
+            ..cfg()
+        };
+        let big = crate::collectives::ops::AUTO_RING_MIN;
+        for (op, other) in [
+            (Op::Allreduce, Algo::TwoShot),
+            (Op::ReduceScatter, Algo::OneShot),
+        ] {
+            let want = vec![(Algo::Ring, Path::Store), (other, Path::Put)];
+            assert_eq!(c.choices(op, Dtype::F32, big), want, "{op:?}");
+        }
+        assert_eq!(
+            c.choices(Op::Allgather, Dtype::F32, big),
+            vec![(Algo::OneShot, Path::Store), (Algo::OneShot, Path::Put)]
+        );
+        assert_eq!(
+            c.choices(Op::Allreduce, Dtype::F32, 16 << 20),
+            vec![(Algo::TwoShot, Path::Store), (Algo::TwoShot, Path::Put)]
+        );
+    }
+
+    #[test]
     fn groups_round_sizes_like_nccl_tests_and_list_every_case() {
         let c = cfg();
         let g = c.groups();
@@ -399,7 +434,7 @@ mod tests {
         let big: Vec<_> = g[2].cases.iter().map(|k| (k.algo, k.path)).collect();
         assert_eq!(
             big,
-            vec![(Algo::TwoShot, Path::Store), (Algo::TwoShot, Path::Put)]
+            vec![(Algo::Ring, Path::Store), (Algo::TwoShot, Path::Put)]
         );
     }
 }

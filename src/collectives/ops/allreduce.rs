@@ -11,7 +11,7 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, lines_up_to, peer_share, ring_reduce_scatter};
+use super::{AUTO_RING_MIN, Collective, lines_up_to, peer_share, ring_reduce_scatter};
 use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, LL128_MAX_BYTES, split};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
@@ -29,12 +29,16 @@ pub fn auto_one_shot_max(ranks: u32) -> u64 {
     }
 }
 
-/// `auto`'s choice for an allreduce of `bytes` on `ranks` ranks.
-pub fn auto_algo(bytes: u64, ranks: u32) -> Algo {
+/// `auto`'s choices for an allreduce of `bytes` on `ranks` ranks, in
+/// preference order: each path runs the first that runs there (the ring,
+/// from [`AUTO_RING_MIN`], on the store path only).
+pub fn auto_algos(bytes: u64, ranks: u32) -> Vec<Algo> {
     if bytes <= auto_one_shot_max(ranks) {
-        Algo::OneShot
+        vec![Algo::OneShot]
+    } else if bytes >= AUTO_RING_MIN {
+        vec![Algo::Ring, Algo::TwoShot]
     } else {
-        Algo::TwoShot
+        vec![Algo::TwoShot]
     }
 }
 
@@ -87,7 +91,7 @@ impl Collective for Allreduce {
             AlgoChoice::Ll => vec![Algo::Ll],
             AlgoChoice::Ll128 => vec![Algo::Ll128],
             AlgoChoice::TwoShotLl128 => vec![Algo::TwoShotLl128],
-            AlgoChoice::Auto => vec![auto_algo(bytes, ranks)],
+            AlgoChoice::Auto => auto_algos(bytes, ranks),
             AlgoChoice::All => [Algo::OneShot, Algo::TwoShot]
                 .into_iter()
                 .chain(lines_up_to(bytes))
@@ -253,6 +257,10 @@ mod tests {
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 4), vec![Algo::TwoShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 4 << 20, 2), vec![Algo::OneShot]);
         assert_eq!(a.chosen(AlgoChoice::Auto, 16 << 20, 2), vec![Algo::TwoShot]);
+        assert_eq!(
+            a.chosen(AlgoChoice::Auto, AUTO_RING_MIN, 4),
+            vec![Algo::Ring, Algo::TwoShot]
+        );
         assert!(!a.runs(Algo::Ll, 8, Path::Put) && a.runs(Algo::Ll, 8, Path::Store));
         assert_eq!(a.chosen(AlgoChoice::Ll128, 1 << 20, 4), vec![Algo::Ll128]);
         assert!(

@@ -137,6 +137,13 @@ pub fn ll_runs(algo: Algo, bytes: u64, path: Path) -> bool {
     }
 }
 
+/// The smallest buffer `auto` runs in a ring where the ring runs (the
+/// store path): where the rings' time fell below two-shot's and the one
+/// shot's on 3 and 4 ranks, one rank per GPU across NVLink (four H200s,
+/// 2026-11-28: 0.92–0.99× from 32 MiB, 1.01–1.17× below 16 MiB on 4
+/// ranks; 2 ranks were 0.82–0.98× from 256 KiB).
+pub const AUTO_RING_MIN: u64 = 32 << 20;
+
 /// The ring's reduce-scatter as `ring_reduce_scatter` in
 /// `cuda/collectives.cu` runs it, over the chunks `chunk(c)` gives (input
 /// offset, output offset, elements; offsets in elements from the rank's

@@ -8,7 +8,7 @@
 use anyhow::Result;
 use cudarc::nccl::{result, sys};
 
-use super::{Collective, one_shot_or_ll, peer_share, ring_reduce_scatter};
+use super::{AUTO_RING_MIN, Collective, one_shot_or_ll, peer_share, ring_reduce_scatter};
 use crate::collectives::layout::{Algo, AlgoChoice, LL_MAX_BYTES, row_skew};
 use crate::collectives::nccl::{NcclCall, check};
 use crate::collectives::reference::{Model, input};
@@ -42,12 +42,14 @@ impl Collective for ReduceScatter {
         &[Algo::OneShot, Algo::Ll, Algo::Ll128, Algo::Ring]
     }
 
-    /// As the one shot's and LL's, and the ring where asked for, or with
+    /// As the one shot's and LL's, and the ring where asked for, with
     /// `all` above LL's sizes (below, N − 1 flags in a row cost more than
-    /// the sum it saves).
+    /// the sum it saves), and first with `auto` from [`AUTO_RING_MIN`]
+    /// (the store path runs it, the put path the one shot).
     fn chosen(&self, choice: AlgoChoice, bytes: u64, _ranks: u32) -> Vec<Algo> {
         match choice {
             AlgoChoice::Ring => vec![Algo::Ring],
+            AlgoChoice::Auto if bytes >= AUTO_RING_MIN => vec![Algo::Ring, Algo::OneShot],
             AlgoChoice::All if bytes > LL_MAX_BYTES => {
                 let mut algos = one_shot_or_ll(choice, bytes);
                 algos.push(Algo::Ring);
