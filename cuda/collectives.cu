@@ -751,11 +751,10 @@ struct RingChunk {
     uint64_t in, out, n;
 };
 
-// The ring's N steps over the chunks `chunk(c)` gives; `summed(lo, hi)`
-// runs after the last step's sum of each piece of chunk `rank` (the whole
-// block, its stores in the output). False where a wait failed.
-template <class Chunk, class Summed>
-__device__ bool ring_reduce_scatter(const CollParams &p, Peers &b, Chunk &&chunk, Summed &&summed) {
+// The ring's N steps over the chunks `chunk(c)` gives, the last step's sums
+// stored in the output. False where a wait failed.
+template <class Chunk>
+__device__ bool ring_reduce_scatter(const CollParams &p, Peers &b, Chunk &&chunk) {
     const uint32_t N = p.ranks, next = peer_at(p, 1), before = peer_at(p, N - 1);
     for (uint32_t s = 0; s < N && b.ok; ++s) {
         const RingChunk ch = chunk((p.rank + 2 * N - s - 1) % N);
@@ -781,7 +780,7 @@ __device__ bool ring_reduce_scatter(const CollParams &p, Peers &b, Chunk &&chunk
             }
             reduce(p, b, dst, lo, hi, s > 0 ? 2 : 1);
             __syncthreads();
-            if (last) return summed(lo, hi);
+            if (last) return;
             // As signal_peers, but one release after the block's barrier
             // (cumulative over the stores of the threads it synced with).
             if (threadIdx.x == 0)
@@ -801,8 +800,7 @@ __device__ bool ring_reduce_scatter(const CollParams &p, Peers &b, Chunk &&chunk
 __device__ void reduce_scatter_ring(const CollParams &p, Peers &b) {
     if (!open_call(p, b)) return;
     const uint64_t E = elem_bytes(p);
-    ring_reduce_scatter(
-        p, b, [&](uint32_t c) { return RingChunk{c * p.count * E, 0, p.count}; }, [](uint64_t, uint64_t) {});
+    ring_reduce_scatter(p, b, [&](uint32_t c) { return RingChunk{c * p.count * E, 0, p.count}; });
 }
 
 // Ring allreduce (store path): the ring's reduce-scatter over two-shot's
@@ -816,20 +814,7 @@ __device__ void allreduce_ring(const CollParams &p, Peers &b) {
         split(p.count, p.ranks, c, c0, c1);
         return RingChunk{c0 * E, c0 * E, c1 - c0};
     };
-#ifdef COLL_RING_FUSED_ALLGATHER
-    // Each piece's sums pushed to every peer as soon as they are made.
-    uint64_t c0, c1;
-    split(p.count, p.ranks, p.rank, c0, c1);
-    const auto push = [&](uint64_t lo, uint64_t hi) {
-        for (uint32_t j = 1; j < p.ranks; ++j)
-            send_to(p, b, peer_at(p, j), p.off_out + (c0 + lo) * E, p.off_out + (c0 + lo) * E, (hi - lo) * E);
-    };
-    if (!ring_reduce_scatter(p, b, chunk, push)) return;
-    signal_peers(p, b, 1);
-    wait_peers(p, b, 1);
-#else
-    if (ring_reduce_scatter(p, b, chunk, [](uint64_t, uint64_t) {})) allgather_sums(p, b);
-#endif
+    if (ring_reduce_scatter(p, b, chunk)) allgather_sums(p, b);
 }
 
 // ------------------------------------------------------------- LL lines
