@@ -369,34 +369,45 @@ struct Peers {
     bool opened;  // the call went on past open_call
 };
 
-// Opens the call for this block, before its first store: whether it goes
-// on (not a step another member abandoned, nor after an earlier call's
-// wait gave up: then every thread leaves, or none) and the members'
-// windows. One barrier: thread 0 reads the report while warp 1 looks the
-// windows up. A kernel may load before it opens the call (its own input,
-// which nothing else writes during the call), never store: the line
-// kernels load their first lines' data there, so that load's latency
-// overlaps the report's.
-__device__ bool open_call(const CollParams &p, Peers &b) {
+// The window of member threadIdx.x - 32 as this block reaches it (threads
+// 32 .. 32 + ranks; null for the others): looked up in the memory views,
+// which no kernel writes, so before wait_previous_grid, while the previous
+// call on the stream may still be running.
+__device__ __forceinline__ uint8_t *member_window(const CollParams &p) {
+    const uint32_t i = threadIdx.x - 32;
+    if (i >= p.ranks) return nullptr;
+    if (i == p.rank) return p.window;
+    return p.path == COLL_PATH_STORE ? peer_window(p, i) : nullptr;
+}
+
+// Opens the call for this block, after wait_previous_grid and before its
+// first store: whether it goes on (not a step another member abandoned,
+// nor after an earlier call's wait gave up: then every thread leaves, or
+// none) and the members' windows (`window`, member_window's). One barrier.
+// A kernel may load between the wait and this (its own input, which
+// nothing else writes during the call), never store: the line kernels
+// load their first lines' data there, so that load's latency overlaps the
+// report's.
+__device__ bool open_call(const CollParams &p, Peers &b, uint8_t *window) {
     if (threadIdx.x == 0) {
         if (p.step != 0 && !given_up(p.report) && peer_aborted(p)) atomicExch(&p.report->aborted, 1u);
         b.ok = b.opened = !given_up(p.report);
     }
     const uint32_t i = threadIdx.x - 32;
     if (i < p.ranks) {
-        uint8_t *ptr = nullptr;
-        const uint32_t d = rank_of(p, i);
-        if (i == p.rank) {
-            ptr = p.window;
-        } else if (p.path == COLL_PATH_STORE) {
-            ptr = peer_window(p, i);
-            if (ptr == nullptr) atomicCAS(&p.report->null_ptr_rank, 0u, d + 1);
-        }
-        b.ptr[i] = ptr;
+        if (window == nullptr && p.path == COLL_PATH_STORE) atomicCAS(&p.report->null_ptr_rank, 0u, rank_of(p, i) + 1);
+        b.ptr[i] = window;
     }
     __syncthreads();
     stamp_phase(p, 0, &CollTiming::clock_setup);
     return b.opened;
+}
+
+// The windows looked up, the previous kernel waited for, the call opened.
+__device__ bool open_call(const CollParams &p, Peers &b) {
+    uint8_t *window = member_window(p);
+    wait_previous_grid();
+    return open_call(p, b, window);
 }
 
 // The block copies `bytes` from our window at src_off to member `dest`'s
@@ -967,8 +978,10 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     const bool bf16 = p.dtype == COLL_BF16;
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
+    uint8_t *window = member_window(p);
+    wait_previous_grid();
     const uint2 first = ll_first(l, in, bytes);
-    if (!open_call(p, b)) return;
+    if (!open_call(p, b, window)) return;
     ll_push<false>(p, b, l, in, bytes, first, nullptr);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
@@ -994,8 +1007,10 @@ __device__ void allgather_ll(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
+    uint8_t *window = member_window(p);
+    wait_previous_grid();
     const uint2 first = ll_first(l, in, bytes);
-    if (!open_call(p, b)) return;
+    if (!open_call(p, b, window)) return;
     uint8_t *out = p.window + p.off_out;
     ll_push<true>(p, b, l, in, bytes, first, out + p.rank * bytes);
     stamp_phase(p, 0, &CollTiming::clock_sent);
@@ -1023,8 +1038,10 @@ __device__ void reduce_scatter_ll(const CollParams &p, Peers &b) {
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
     uint2 v[LL_BATCH];
+    uint8_t *window = member_window(p);
+    wait_previous_grid();
     if (l.k0 < l.k1) ll_chunks(p, in, l.k0, bytes, 0, v);
-    if (!open_call(p, b)) return;
+    if (!open_call(p, b, window)) return;
     const uint64_t row = row_offset(p, p.rank);
     for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
         for (uint32_t d0 = 0; d0 < p.ranks; d0 += LL_BATCH) {
@@ -1247,8 +1264,10 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
+    uint8_t *window = member_window(p);
+    wait_previous_grid();
     const Ll128First first = ll128_first(me, l, in, bytes);
-    if (!open_call(p, b)) return;
+    if (!open_call(p, b, window)) return;
     ll128_push(p, b, me, l, in, bytes, nullptr, first);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
@@ -1329,8 +1348,10 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
+    uint8_t *window = member_window(p);
+    wait_previous_grid();
     const Ll128First first = ll128_first(me, l, in, bytes);
-    if (!open_call(p, b)) return;
+    if (!open_call(p, b, window)) return;
     uint8_t *out = p.window + p.off_out;
     ll128_push(p, b, me, l, in, bytes, out + p.rank * bytes, first);
     stamp_phase(p, 0, &CollTiming::clock_sent);
@@ -1378,6 +1399,8 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
 template <void (*Algorithm)(const CollParams &, Peers &)>
 __device__ __forceinline__ void coll_call(const CollParams &p) {
     __shared__ Peers b;
+    // The next call on the stream may launch now (it waits in open_call).
+    allow_next_launch();
     const bool stamp = blockIdx.x == 0 && threadIdx.x == 0;
     if (stamp) {
         p.timing->gt_start = globaltimer_ns();

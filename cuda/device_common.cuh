@@ -108,6 +108,30 @@ __device__ __forceinline__ void fence_acquire(bool gpu_scope) {
     else cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
 }
 
+// ------------------------------------------- programmatic dependent launch
+//
+// A kernel launched with CUDA's programmatic-stream-serialization attribute
+// (src/gpu/launch.rs, `launch_overlapped`) may start while the kernel
+// before it on the stream is still running: once every block of that one
+// has called allow_next_launch (or exited). It must call
+// wait_previous_grid before it touches anything an earlier kernel writes;
+// the wait returns when that kernel has completed and its memory is
+// visible. Work before the wait (the launch itself, loads of what no
+// kernel writes) overlaps the previous kernel's tail. Launched without the
+// attribute, both are no-ops. Hopper's griddepcontrol (sm_90).
+
+__device__ __forceinline__ void allow_next_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // --------------------------------------------------------------- report
 
 // Counts a NIXL device call that did not return NIXL_IN_PROG / NIXL_SUCCESS

@@ -186,6 +186,15 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Launch::Stream)]
     launch: Launch,
 
+    /// Launch each of our calls only once the kernel before it on the
+    /// stream has ended. By default a call is queued by programmatic
+    /// dependent launch (Hopper): it starts while the kernel before it
+    /// ends, looks the peer windows up, then waits for it, so back-to-back
+    /// calls (the batch column, graphs) lose the gap between kernels.
+    /// NCCL's calls are launched as NCCL launches them.
+    #[arg(long)]
+    no_pdl: bool,
+
     /// Inputs: exact (small integers: every sum exact in bf16 and f32, every
     /// element must equal the reference) or random (uniform in [-1, 1),
     /// rounded to the type; a sum passes within 2·N·u·Σ|x| of the f32 sum in
@@ -393,6 +402,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
             None => None,
         },
         launch: args.launch,
+        pdl: !args.no_pdl,
         data: args.data,
         corrupt_rank,
         elastic: args.membership.elastic().then_some(Elastic {

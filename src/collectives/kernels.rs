@@ -272,7 +272,9 @@ impl CollKernels {
     }
 
     /// Queues one call of `case` (its operation's entry for its algorithm)
-    /// with `blocks` blocks.
+    /// with `blocks` blocks; `pdl`: by programmatic dependent launch
+    /// ([`launch::launch_overlapped`]: every entry waits for the kernel
+    /// before it in `open_call`, after looking the peer windows up).
     ///
     /// # Safety
     /// Every address in `p` must stay valid until the kernel completes.
@@ -282,11 +284,18 @@ impl CollKernels {
         case: &Case,
         blocks: u32,
         p: &CollParams,
+        pdl: bool,
     ) -> Result<(), DriverError> {
         let missing = DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
         let f = self.run.get(&(case.op, case.algo)).ok_or(missing)?;
-        // SAFETY: as this function's contract; `CollParams` is the entry's.
-        unsafe { launch::launch(s, f, (blocks, THREADS), p) }
+        // SAFETY: as this function's contract; `CollParams` is the entry's,
+        // which waits for the previous kernel before touching memory.
+        unsafe {
+            match pdl {
+                true => launch::launch_overlapped(s, f, (blocks, THREADS), p),
+                false => launch::launch(s, f, (blocks, THREADS), p),
+            }
+        }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.

@@ -95,6 +95,10 @@ pub struct RunConfig {
     /// Stream launches or one CUDA graph per case's timed calls.
     #[serde(default)]
     pub launch: Launch,
+    /// Our calls by programmatic dependent launch (`--no-pdl`: false):
+    /// each may start while the kernel before it on the stream ends.
+    #[serde(default = "default_pdl")]
+    pub pdl: bool,
     /// Exact small integers or random values within a bound.
     #[serde(default)]
     pub data: DataMode,
@@ -111,6 +115,10 @@ pub struct RunConfig {
 
 fn default_piece_bytes() -> u64 {
     super::layout::PIECE_BYTES
+}
+
+fn default_pdl() -> bool {
+    true
 }
 
 /// How an elastic run goes ([`super::elastic`]).
@@ -345,6 +353,7 @@ mod tests {
             tuned: None,
             baseline: true,
             launch: Launch::Stream,
+            pdl: true,
             data: DataMode::Exact,
             corrupt_rank: None,
             elastic: None,

@@ -526,7 +526,7 @@ impl Session {
         let timed = Timed::new(ctx, iters + 2, iters, &|s: &CudaStream, k: u64| unsafe {
             Ok(ctx
                 .kernels
-                .launch_run(s, case, blocks, &data(id + k, id).0)?)
+                .launch_run(s, case, blocks, &data(id + k, id).0, ctx.cfg.pdl)?)
         })?;
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as above.
@@ -534,7 +534,7 @@ impl Session {
                 for c in first..id {
                     let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    ctx.kernels.launch_run(s, case, blocks, &p)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.cfg.pdl)?;
                     self.maybe_corrupt(ctx, s, d.output, c - first)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                     checks += 1;
@@ -544,7 +544,7 @@ impl Session {
                 timed.queue(s, &|s: &CudaStream, k: u64| {
                     Ok(ctx
                         .kernels
-                        .launch_run(s, case, blocks, &data(id + k, id).0)?)
+                        .launch_run(s, case, blocks, &data(id + k, id).0, ctx.cfg.pdl)?)
                 })?;
                 // Every timed call computes the same output from one fill:
                 // the last two (both parities) stand for all.
@@ -916,7 +916,7 @@ impl Session {
                 unsafe {
                     ctx.kernels.launch_data(s, false, &d)?;
                     a.record(s)?;
-                    ctx.kernels.launch_run(s, case, blocks, &p)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.cfg.pdl)?;
                     b.record(s)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                 }

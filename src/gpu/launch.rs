@@ -3,7 +3,7 @@
 //! by value (`#[repr(C)]`, mirrored field for field in `cuda/`).
 
 use cudarc::driver::{
-    CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg, sys,
 };
 
 /// `blocks` blocks of `threads` threads, one dimension each, no dynamic
@@ -35,4 +35,56 @@ pub unsafe fn launch<P: DeviceRepr>(
     b.arg(p);
     // SAFETY: as this function's contract.
     unsafe { b.launch(grid(blocks, threads)) }.map(|_| ())
+}
+
+/// As [`launch`], with CUDA's programmatic stream serialization (Hopper's
+/// programmatic dependent launch, `cuLaunchKernelEx` with
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): `f` may start
+/// while the kernel before it on `stream` still runs, once every block of
+/// that kernel has called `allow_next_launch` (or exited), and its launch
+/// and everything before its `wait_previous_grid` overlap that kernel's
+/// tail (`cuda/device_common.cuh`). Back-to-back calls lose the gap between
+/// kernels; after anything but a kernel (an event, a copy) it launches as
+/// [`launch`] would. Inside a stream capture it becomes a programmatic edge
+/// of the graph. Errors: the driver's, as [`launch`].
+///
+/// # Safety
+/// As [`launch`]; and `f` must call `wait_previous_grid` before it reads
+/// or writes memory an earlier kernel on the stream writes or reads.
+pub unsafe fn launch_overlapped<P: DeviceRepr>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    (blocks, threads): (u32, u32),
+    p: &P,
+) -> Result<(), DriverError> {
+    // SAFETY: a zeroed attribute is a valid C struct; its id and value set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // The driver copies the parameter out of `p` at launch.
+    let mut args = [p as *const P as *mut std::ffi::c_void];
+    stream.context().bind_to_thread()?;
+    // SAFETY: a live function and stream of this context; `args` holds the
+    // kernel's one parameter, of its type (this function's contract).
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
+    }
 }
