@@ -109,7 +109,7 @@ struct CollReport {
     uint64_t first_mask_ns;  // ... and when it masked
 };
 
-// Block 0's clock at the call's first instruction and after its last wait
+// Block 0's clock at the call's start (start_call) and after its last wait
 // and its share of the work (cycles, calibrated against %globaltimer on the host),
 // and its clock where the first phase's steps end (where the time goes).
 struct CollTiming {
@@ -369,10 +369,24 @@ struct Peers {
     bool opened;  // the call went on past open_call
 };
 
+// The call's start, before anything it loads or stores: waits for the
+// kernel before it on the stream (wait_previous_grid: at once unless the
+// call came by programmatic dependent launch), then lets the next one
+// launch, so that at most one call waits resident behind a running one,
+// never a chain of them holding SMs; block 0 stamps the start.
+__device__ __forceinline__ void start_call(const CollParams &p) {
+    wait_previous_grid();
+    allow_next_launch();
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        p.timing->gt_start = globaltimer_ns();
+        p.timing->clock_start = clock64();
+    }
+}
+
 // The window of member threadIdx.x - 32 as this block reaches it (threads
 // 32 .. 32 + ranks; null for the others): looked up in the memory views,
-// which no kernel writes, so before wait_previous_grid, while the previous
-// call on the stream may still be running.
+// which no kernel writes, so before start_call, while the previous call on
+// the stream may still be running.
 __device__ __forceinline__ uint8_t *member_window(const CollParams &p) {
     const uint32_t i = threadIdx.x - 32;
     if (i >= p.ranks) return nullptr;
@@ -380,11 +394,11 @@ __device__ __forceinline__ uint8_t *member_window(const CollParams &p) {
     return p.path == COLL_PATH_STORE ? peer_window(p, i) : nullptr;
 }
 
-// Opens the call for this block, after wait_previous_grid and before its
+// Opens the call for this block, after start_call and before its
 // first store: whether it goes on (not a step another member abandoned,
 // nor after an earlier call's wait gave up: then every thread leaves, or
 // none) and the members' windows (`window`, member_window's). One barrier.
-// A kernel may load between the wait and this (its own input, which
+// A kernel may load between start_call and this (its own input, which
 // nothing else writes during the call), never store: the line kernels
 // load their first lines' data there, so that load's latency overlaps the
 // report's.
@@ -403,10 +417,10 @@ __device__ bool open_call(const CollParams &p, Peers &b, uint8_t *window) {
     return b.opened;
 }
 
-// The windows looked up, the previous kernel waited for, the call opened.
+// The windows looked up, the call started, then opened.
 __device__ bool open_call(const CollParams &p, Peers &b) {
     uint8_t *window = member_window(p);
-    wait_previous_grid();
+    start_call(p);
     return open_call(p, b, window);
 }
 
@@ -979,7 +993,7 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
     uint8_t *window = member_window(p);
-    wait_previous_grid();
+    start_call(p);
     const uint2 first = ll_first(l, in, bytes);
     if (!open_call(p, b, window)) return;
     ll_push<false>(p, b, l, in, bytes, first, nullptr);
@@ -1008,7 +1022,7 @@ __device__ void allgather_ll(const CollParams &p, Peers &b) {
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
     uint8_t *window = member_window(p);
-    wait_previous_grid();
+    start_call(p);
     const uint2 first = ll_first(l, in, bytes);
     if (!open_call(p, b, window)) return;
     uint8_t *out = p.window + p.off_out;
@@ -1039,7 +1053,7 @@ __device__ void reduce_scatter_ll(const CollParams &p, Peers &b) {
     const uint8_t *in = p.window + p.off_in;
     uint2 v[LL_BATCH];
     uint8_t *window = member_window(p);
-    wait_previous_grid();
+    start_call(p);
     if (l.k0 < l.k1) ll_chunks(p, in, l.k0, bytes, 0, v);
     if (!open_call(p, b, window)) return;
     const uint64_t row = row_offset(p, p.rank);
@@ -1265,7 +1279,7 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
     uint8_t *window = member_window(p);
-    wait_previous_grid();
+    start_call(p);
     const Ll128First first = ll128_first(me, l, in, bytes);
     if (!open_call(p, b, window)) return;
     ll128_push(p, b, me, l, in, bytes, nullptr, first);
@@ -1349,7 +1363,7 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
     uint8_t *window = member_window(p);
-    wait_previous_grid();
+    start_call(p);
     const Ll128First first = ll128_first(me, l, in, bytes);
     if (!open_call(p, b, window)) return;
     uint8_t *out = p.window + p.off_out;
@@ -1393,19 +1407,13 @@ __device__ void reduce_scatter_ll128(const CollParams &p, Peers &b) {
     stamp_phase(p, 0, &CollTiming::clock_waited);
 }
 
-// One call of one collective: block 0's start stamp, `Algorithm` (which
-// opens the call itself, open_call), then block 0's end stamp.
+// One call of one collective: `Algorithm` (which starts and opens the call
+// itself, start_call and open_call), then block 0's end stamp.
 // Every rank launches the same grid.
 template <void (*Algorithm)(const CollParams &, Peers &)>
 __device__ __forceinline__ void coll_call(const CollParams &p) {
     __shared__ Peers b;
-    // The next call on the stream may launch now (it waits in open_call).
-    allow_next_launch();
     const bool stamp = blockIdx.x == 0 && threadIdx.x == 0;
-    if (stamp) {
-        p.timing->gt_start = globaltimer_ns();
-        p.timing->clock_start = clock64();
-    }
     Algorithm(p, b);
     __syncthreads();
     if (!b.opened) return;  // nothing ran: no end to stamp

@@ -187,10 +187,11 @@ struct Args {
     launch: Launch,
 
     /// Launch each of our calls only once the kernel before it on the
-    /// stream has ended. By default a call is queued by programmatic
-    /// dependent launch (Hopper): it starts while the kernel before it
-    /// ends, looks the peer windows up, then waits for it, so back-to-back
-    /// calls (the batch column, graphs) lose the gap between kernels.
+    /// stream has ended. By default, where every rank has its own GPU, a
+    /// call is queued by programmatic dependent launch (Hopper): it
+    /// launches while the kernel before it ends, looks the peer windows
+    /// up, then waits for it before it loads or stores, so back-to-back
+    /// calls (the batch column) overlap a launch with a kernel's end.
     /// NCCL's calls are launched as NCCL launches them.
     #[arg(long)]
     no_pdl: bool,

@@ -274,7 +274,7 @@ impl CollKernels {
     /// Queues one call of `case` (its operation's entry for its algorithm)
     /// with `blocks` blocks; `pdl`: by programmatic dependent launch
     /// ([`launch::launch_overlapped`]: every entry waits for the kernel
-    /// before it in `open_call`, after looking the peer windows up).
+    /// before it in `start_call`, after looking the peer windows up).
     ///
     /// # Safety
     /// Every address in `p` must stay valid until the kernel completes.

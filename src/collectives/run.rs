@@ -319,6 +319,7 @@ fn publish(
             .collect(),
         mps: infos[0].mps,
         max_blocks: ctx.plan.max_blocks,
+        pdl: ctx.pdl(),
         window_bytes: window,
         nccl: nccl.into(),
         run_env: crate::results::RunEnv::capture("collectives"),

@@ -143,6 +143,17 @@ pub struct Context<'a> {
     pub kernels: &'a CollKernels,
 }
 
+impl Context<'_> {
+    /// Whether our calls go by programmatic dependent launch: unless
+    /// `--no-pdl`, where every rank has its GPU to itself. Ranks sharing a
+    /// GPU each keep to their share of its SMs so that all their blocks are
+    /// resident at once; a call waiting resident behind a running one would
+    /// take SMs a peer's call needs.
+    pub fn pdl(&self) -> bool {
+        self.cfg.pdl && self.plan.max_ranks_on_gpu == 1
+    }
+}
+
 /// The session's resources. Fields drop in declaration order: the NIXL
 /// side (views, registration, agent), then the memory.
 pub struct Session {
@@ -526,7 +537,7 @@ impl Session {
         let timed = Timed::new(ctx, iters + 2, iters, &|s: &CudaStream, k: u64| unsafe {
             Ok(ctx
                 .kernels
-                .launch_run(s, case, blocks, &data(id + k, id).0, ctx.cfg.pdl)?)
+                .launch_run(s, case, blocks, &data(id + k, id).0, ctx.pdl())?)
         })?;
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as above.
@@ -534,7 +545,7 @@ impl Session {
                 for c in first..id {
                     let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.cfg.pdl)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.pdl())?;
                     self.maybe_corrupt(ctx, s, d.output, c - first)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                     checks += 1;
@@ -544,7 +555,7 @@ impl Session {
                 timed.queue(s, &|s: &CudaStream, k: u64| {
                     Ok(ctx
                         .kernels
-                        .launch_run(s, case, blocks, &data(id + k, id).0, ctx.cfg.pdl)?)
+                        .launch_run(s, case, blocks, &data(id + k, id).0, ctx.pdl())?)
                 })?;
                 // Every timed call computes the same output from one fill:
                 // the last two (both parities) stand for all.
@@ -916,7 +927,7 @@ impl Session {
                 unsafe {
                     ctx.kernels.launch_data(s, false, &d)?;
                     a.record(s)?;
-                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.cfg.pdl)?;
+                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.pdl())?;
                     b.record(s)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                 }
