@@ -186,15 +186,15 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Launch::Stream)]
     launch: Launch,
 
-    /// Launch each of our calls only once the kernel before it on the
-    /// stream has ended. By default, where every rank has its own GPU, a
-    /// call is queued by programmatic dependent launch (Hopper): it
-    /// launches while the kernel before it ends, looks the peer windows
-    /// up, then waits for it before it loads or stores, so back-to-back
-    /// calls (the batch column) overlap a launch with a kernel's end.
-    /// NCCL's calls are launched as NCCL launches them.
+    /// Queue our calls by programmatic dependent launch (Hopper), where
+    /// every rank has its own GPU: a call launches while the kernel before
+    /// it ends, looks the peer windows up, then waits for it before it
+    /// loads or stores, so back-to-back calls (the batch column) overlap a
+    /// launch with a kernel's end. Without it each call launches once the
+    /// kernel before it has ended. NCCL's calls are launched as NCCL
+    /// launches them.
     #[arg(long)]
-    no_pdl: bool,
+    pdl: bool,
 
     /// Inputs: exact (small integers: every sum exact in bf16 and f32, every
     /// element must equal the reference) or random (uniform in [-1, 1),
@@ -403,7 +403,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
             None => None,
         },
         launch: args.launch,
-        pdl: !args.no_pdl,
+        pdl: args.pdl,
         data: args.data,
         corrupt_rank,
         elastic: args.membership.elastic().then_some(Elastic {

@@ -95,9 +95,9 @@ pub struct RunConfig {
     /// Stream launches or one CUDA graph per case's timed calls.
     #[serde(default)]
     pub launch: Launch,
-    /// Our calls by programmatic dependent launch (`--no-pdl`: false):
-    /// each may start while the kernel before it on the stream ends.
-    #[serde(default = "default_pdl")]
+    /// `--pdl`: our calls by programmatic dependent launch, each free to
+    /// start while the kernel before it on the stream ends.
+    #[serde(default)]
     pub pdl: bool,
     /// Exact small integers or random values within a bound.
     #[serde(default)]
@@ -115,10 +115,6 @@ pub struct RunConfig {
 
 fn default_piece_bytes() -> u64 {
     super::layout::PIECE_BYTES
-}
-
-fn default_pdl() -> bool {
-    true
 }
 
 /// How an elastic run goes ([`super::elastic`]).
@@ -353,7 +349,7 @@ mod tests {
             tuned: None,
             baseline: true,
             launch: Launch::Stream,
-            pdl: true,
+            pdl: false,
             data: DataMode::Exact,
             corrupt_rank: None,
             elastic: None,

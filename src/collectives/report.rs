@@ -222,8 +222,8 @@ pub struct RunInfo<'a> {
     pub gpus: Vec<String>,
     pub mps: bool,
     pub max_blocks: u32,
-    /// Whether our calls went by programmatic dependent launch (not where
-    /// ranks share a GPU, nor with `--no-pdl`).
+    /// Whether our calls went by programmatic dependent launch (`--pdl`,
+    /// and every rank on a GPU of its own).
     pub pdl: bool,
     pub window_bytes: u64,
     /// NCCL's version, or why the baseline did not run.

@@ -144,8 +144,8 @@ pub struct Context<'a> {
 }
 
 impl Context<'_> {
-    /// Whether our calls go by programmatic dependent launch: unless
-    /// `--no-pdl`, where every rank has its GPU to itself. Ranks sharing a
+    /// Whether our calls go by programmatic dependent launch: with
+    /// `--pdl`, where every rank has its GPU to itself. Ranks sharing a
     /// GPU each keep to their share of its SMs so that all their blocks are
     /// resident at once; a call waiting resident behind a running one would
     /// take SMs a peer's call needs.
