@@ -417,11 +417,18 @@ __device__ bool open_call(const CollParams &p, Peers &b, uint8_t *window) {
     return b.opened;
 }
 
-// The windows looked up, the call started, then opened.
-__device__ bool open_call(const CollParams &p, Peers &b) {
+// The windows looked up, the call started, `load()` (the kernel's first
+// loads of its own input, see above), then the call opened.
+template <class Load>
+__device__ bool open_call(const CollParams &p, Peers &b, Load &&load) {
     uint8_t *window = member_window(p);
     start_call(p);
+    load();
     return open_call(p, b, window);
+}
+
+__device__ bool open_call(const CollParams &p, Peers &b) {
+    return open_call(p, b, [] {});
 }
 
 // The block copies `bytes` from our window at src_off to member `dest`'s
@@ -992,10 +999,8 @@ __device__ void allreduce_ll(const CollParams &p, Peers &b) {
     const bool bf16 = p.dtype == COLL_BF16;
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
-    uint8_t *window = member_window(p);
-    start_call(p);
-    const uint2 first = ll_first(l, in, bytes);
-    if (!open_call(p, b, window)) return;
+    uint2 first;
+    if (!open_call(p, b, [&] { first = ll_first(l, in, bytes); })) return;
     ll_push<false>(p, b, l, in, bytes, first, nullptr);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
@@ -1021,10 +1026,8 @@ __device__ void allgather_ll(const CollParams &p, Peers &b) {
     const uint64_t bytes = p.count * elem_bytes(p);
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
-    uint8_t *window = member_window(p);
-    start_call(p);
-    const uint2 first = ll_first(l, in, bytes);
-    if (!open_call(p, b, window)) return;
+    uint2 first;
+    if (!open_call(p, b, [&] { first = ll_first(l, in, bytes); })) return;
     uint8_t *out = p.window + p.off_out;
     ll_push<true>(p, b, l, in, bytes, first, out + p.rank * bytes);
     stamp_phase(p, 0, &CollTiming::clock_sent);
@@ -1052,10 +1055,7 @@ __device__ void reduce_scatter_ll(const CollParams &p, Peers &b) {
     const LlSlice l = ll_slice(p);
     const uint8_t *in = p.window + p.off_in;
     uint2 v[LL_BATCH];
-    uint8_t *window = member_window(p);
-    start_call(p);
-    if (l.k0 < l.k1) ll_chunks(p, in, l.k0, bytes, 0, v);
-    if (!open_call(p, b, window)) return;
+    if (!open_call(p, b, [&] { if (l.k0 < l.k1) ll_chunks(p, in, l.k0, bytes, 0, v); })) return;
     const uint64_t row = row_offset(p, p.rank);
     for (uint64_t k = l.k0; k < l.k1; k += blockDim.x) {
         for (uint32_t d0 = 0; d0 < p.ranks; d0 += LL_BATCH) {
@@ -1278,10 +1278,8 @@ __device__ void allreduce_ll128(const CollParams &p, Peers &b) {
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
-    uint8_t *window = member_window(p);
-    start_call(p);
-    const Ll128First first = ll128_first(me, l, in, bytes);
-    if (!open_call(p, b, window)) return;
+    Ll128First first;
+    if (!open_call(p, b, [&] { first = ll128_first(me, l, in, bytes); })) return;
     ll128_push(p, b, me, l, in, bytes, nullptr, first);
     stamp_phase(p, 0, &CollTiming::clock_sent);
     stamp_phase(p, 0, &CollTiming::clock_signalled);
@@ -1362,10 +1360,8 @@ __device__ void allgather_ll128(const CollParams &p, Peers &b) {
     const Ll128Slice l = ll128_slice(p, bytes);
     const Ll128Lane me;
     const uint8_t *in = p.window + p.off_in;
-    uint8_t *window = member_window(p);
-    start_call(p);
-    const Ll128First first = ll128_first(me, l, in, bytes);
-    if (!open_call(p, b, window)) return;
+    Ll128First first;
+    if (!open_call(p, b, [&] { first = ll128_first(me, l, in, bytes); })) return;
     uint8_t *out = p.window + p.off_out;
     ll128_push(p, b, me, l, in, bytes, out + p.rank * bytes, first);
     stamp_phase(p, 0, &CollTiming::clock_sent);
