@@ -43,8 +43,8 @@ pub unsafe fn launch<P: DeviceRepr>(
 /// while the kernel before it on `stream` still runs, once every block of
 /// that kernel has called `allow_next_launch` (or exited), and its launch
 /// and everything before its `wait_previous_grid` overlap that kernel's
-/// tail (`cuda/device_common.cuh`). Back-to-back calls lose the gap between
-/// kernels; after anything but a kernel (an event, a copy) it launches as
+/// tail (`cuda/device_common.cuh`). Only a kernel right behind another
+/// can overlap; after anything else (an event, a copy) it launches as
 /// [`launch`] would. Inside a stream capture it becomes a programmatic edge
 /// of the graph. Errors: the driver's, as [`launch`].
 ///
