@@ -6,7 +6,7 @@
 # lines, and the next row runs.
 #
 #   bench/gpu-matrix.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
-#                       [--gpus "0 1 2 3"] [--parts "sw nvshmem coll ep pipe faults"]
+#                       [--gpus "0 1 2 3"] [--parts "sw nvshmem coll ep pipe faults pdl"]
 #                       [--budget SECONDS] [--nvshmem DIR]
 #
 # Parts (GPUs from --gpus, default every GPU; the first two are "the pair"):
@@ -32,6 +32,12 @@
 #            NCCL's send/recv chain, the line paths (LL128, LL) beside the
 #            store path at 8 KiB - 1 MiB; one 8-byte LL chunk on the pair
 #   faults   bench/gpu-faults.sh, initiator and target on the pair
+#   pdl      (not run unless named) collectives with programmatic dependent
+#            launch against without (--pdl), 8 B - 4 MiB, every op,
+#            algorithm and path, at 2 ranks and at as many as there are
+#            GPUs, stream and graph launches, two rounds of each alternating
+#            (on, off, on, off); bench/ab_collectives.py compares them into
+#            pdl-ab-<ranks>r-<launch>.md
 #
 # Parts can run in separate calls into one folder (--out): a call removes
 # only the files of the rows it runs. bench/gpu_matrix.py DIR then writes
@@ -64,8 +70,8 @@ while (($#)); do
 done
 [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu-matrix: --budget '$BUDGET': want whole seconds" >&2; exit 2; }
 for p in $PARTS; do
-  [[ " sw nvshmem coll ep pipe faults " == *" $p "* ]] || {
-    echo "gpu-matrix: --parts: unknown part '$p' (sw nvshmem coll ep pipe faults)" >&2; exit 2; }
+  [[ " sw nvshmem coll ep pipe faults pdl " == *" $p "* ]] || {
+    echo "gpu-matrix: --parts: unknown part '$p' (sw nvshmem coll ep pipe faults pdl)" >&2; exit 2; }
 done
 NAME=gpu-matrix
 # shellcheck source=../scripts/lib/gpu-env.sh
@@ -182,6 +188,24 @@ part_coll() {
     # f32 and bf16, stream launches, up to where it runs.
     row "coll-${n}r-ll128" 0 $((60 + 6 * $(sizes 8 $((4 << 20)) 2))) "$(vis "${G[@]:0:n}")" -- "$BIN/collectives" \
       --ranks "$n" --gpus "$n" -b 8 -e 4M --dtype f32,bf16 --algo ll128 --path store --timeout 15 --port "$(pick_port)"
+  done
+}
+part_pdl() {
+  local n launch round pdl c ns=(2)
+  ((${#G[@]} > 2)) && ns+=("${#G[@]}")
+  for n in "${ns[@]}"; do
+    for launch in stream graph; do
+      for round in 1 2; do
+        for pdl in on off; do
+          c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 4M -f 4 --dtype f32 --algo all --timeout 15
+            --launch "$launch" --port "$(pick_port)")
+          [[ $pdl == on ]] && c+=(--pdl)
+          row "pdl-${n}r-$launch-$pdl-$round" 0 $((60 + 3 * $(sizes 8 $((4 << 20)) 4))) "$(vis "${G[@]:0:n}")" -- "${c[@]}"
+        done
+      done
+      python3 "$ROOT/bench/ab_collectives.py" "$OUT/pdl-${n}r-$launch-on-*.json" "$OUT/pdl-${n}r-$launch-off-*.json" \
+        >"$OUT/pdl-ab-${n}r-$launch.md" || rm -f "$OUT/pdl-ab-${n}r-$launch.md"
+    done
   done
 }
 part_ep() {

@@ -12,7 +12,10 @@ did not run, overran its deadline or failed, with why (rows.jsonl).
     NCCL's same call, per rank count and launch (stream, graph);
   - ep: each path and phase beside NCCL's all-to-all;
   - pipeline: each link beside NCCL's send/recv chain;
-  - faults: gpu-faults.sh's table.
+  - faults: gpu-faults.sh's table;
+  - pdl: each A/B of programmatic dependent launch (pdl-ab-*.md, written by
+    bench/ab_collectives.py): per operation the batch time with PDL over
+    without, and the fastest of ours per size both ways beside NCCL.
 
 A ratio whose baseline is above the link's rate (the sum of the NVLink
 links' per-direction rates that env.txt lists) is not printed: such a
@@ -272,6 +275,13 @@ def sections():
                    .read().rstrip().splitlines() + ["```"])
     except OSError:
         pass
+    for t in sorted(glob.glob(os.path.join(DIR, "pdl-ab-*.md"))):
+        n, launch = os.path.basename(t)[len("pdl-ab-"):-len(".md")].split("-")
+        text = open(t).read()
+        # The per-case table stays in the file; the summary takes the rest.
+        kept = text[text.find("| op | batch A/B"):].rstrip().splitlines()
+        out.append([f"PDL A/B, {n[:-1]} ranks, {launch} launches (A: --pdl, B: without; {os.path.basename(t)})", ""]
+                   + kept)
     return out
 
 

@@ -235,6 +235,93 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
     assert!(!summary.contains("| "), "a table without a run: {summary}");
 }
 
+/// The GPU matrix's PDL part (named only with --parts) is skipped the same
+/// way on one GPU: every one of its A/B rows named, no A/B file written.
+#[test]
+fn gpu_matrix_pdl_part_on_one_gpu_names_its_rows() {
+    let stubs = Stubs::new("matrix-pdl");
+    let smi = stubs.dir.join("nvidia-smi");
+    std::fs::write(&smi, "#!/bin/sh\necho 'GPU 0: stub (UUID: GPU-0)'\n").unwrap();
+    let out = stubs.dir.join("out");
+    let bin = env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write");
+    let o = stubs.run(
+        "bench/gpu-matrix.sh",
+        &[
+            "--bin",
+            bin,
+            "--out",
+            out.to_str().unwrap(),
+            "--parts",
+            "pdl",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    for launch in ["stream", "graph"] {
+        for row in ["on-1", "off-1", "on-2", "off-2"] {
+            let row = format!("- pdl-2r-{launch}-{row}: needs two GPUs or more");
+            assert!(summary.contains(&row), "{row} not named: {summary}");
+        }
+    }
+    assert!(
+        !summary.contains("PDL A/B"),
+        "an A/B without a run: {summary}"
+    );
+}
+
+/// bench/ab_collectives.py pairs the two sets' rows by case: a committed
+/// run against itself reads 1.000 in every case and every geometric mean;
+/// against a run of another rank count (the same cases, other times) its
+/// ratios are the two runs' batch times divided.
+#[test]
+fn ab_collectives_pairs_rows_by_case() {
+    let dir = root().join("docs/results/2026-11-28-h100x4-matrix");
+    let run = |a: &str, b: &str| {
+        let o = Command::new("python3")
+            .arg(root().join("bench/ab_collectives.py"))
+            .args([dir.join(a), dir.join(b)])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let same = run("coll-4r-stream.json.gz", "coll-4r-stream.json.gz");
+    let cases: Vec<&str> = same
+        .lines()
+        .filter(|l| l.starts_with("| allreduce | ll | store | float | out | 8 B |"))
+        .collect();
+    assert_eq!(cases.len(), 1, "{same}");
+    assert!(cases[0].contains("| 1.000 |"), "{}", cases[0]);
+    for op in ["allreduce", "allgather", "reduce-scatter"] {
+        let gm = same
+            .lines()
+            .find(|l| l.starts_with(&format!("| {op} | 1.000 | 1.000-1.000 |")));
+        assert!(gm.is_some(), "{op}: {same}");
+    }
+    let read = "import gzip, json, sys\n\
+                t = lambda f: [r for r in json.load(gzip.open(f, 'rt'))['rows'] if r['op'] == 'allreduce' \
+                and r['algo'] == 'll' and r['path'] == 'store' and r['type'] == 'float' and not r['in_place'] \
+                and r['size_bytes'] == 8][0]['batch_us']\n\
+                print('%.3f' % (t(sys.argv[1]) / t(sys.argv[2])))\n";
+    let o = Command::new("python3")
+        .args(["-c", read])
+        .args([
+            dir.join("coll-4r-stream.json.gz"),
+            dir.join("coll-2r-stream.json.gz"),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let want = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let other = run("coll-4r-stream.json.gz", "coll-2r-stream.json.gz");
+    let line = other
+        .lines()
+        .find(|l| l.starts_with("| allreduce | ll | store | float | out | 8 B |"))
+        .unwrap_or_else(|| panic!("{other}"));
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    assert_eq!(cells[9], want, "{line}");
+}
+
 /// Every option a script parses with a value (`need_value`, `gpu_option`),
 /// given without one, is refused with exit 2 and a message naming it, as
 /// the programs' parser does (not an unbound-variable error from bash).

@@ -1,0 +1,98 @@
+"""An A/B of two sets of collectives runs (their --json files, .json or
+.json.gz): for every case both sets ran (operation, algorithm, path, type,
+place, size), the median over each set's runs of the batch time (nccl-tests'
+time: back-to-back calls between two events, µs per call) and of the per-call
+p50, A over B (below 1: A is faster); per operation and launch mode the
+geometric mean and range of A ÷ B over the cases; then at each size the
+fastest of ours under A and under B beside NCCL's batch from the same runs.
+
+Run the two sets alternately in one machine session (A, B, A, B) so that a
+drift of the machine falls on both. Each set is a glob; quote it.
+
+    python3 bench/ab_collectives.py 'DIR/ab-graph-pdl-*.json' 'DIR/ab-graph-nopdl-*.json'
+
+Prints Markdown on stdout; exits 2 when a glob matches no file or the two
+sets share no case.
+Usage: ab_collectives.py A_GLOB B_GLOB"""
+import glob
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import benchlib  # noqa: E402
+from benchlib import size  # noqa: E402
+
+A_GLOB, B_GLOB = benchlib.args(__doc__, "ab_collectives.py A_GLOB B_GLOB", 2, 2)
+
+
+def runs(pattern):
+    """The runs a glob names: (their rows by case, their launch modes)."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        print(f"ab_collectives.py: '{pattern}' matches no file", file=sys.stderr)
+        sys.exit(2)
+    rows, launches = defaultdict(list), set()
+    for f in files:
+        doc = benchlib.load_json(f)
+        launches.add(doc["run"]["config"]["launch"])
+        for r in doc["rows"]:
+            rows[(r["op"], r["algo"], r["path"], r["type"], r["in_place"], r["size_bytes"])].append(r)
+    return files, rows, launches
+
+
+def median(rows, field):
+    vals = [r[field] for r in rows if r.get(field) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def main():
+    fa, a, la = runs(A_GLOB)
+    fb, b, lb = runs(B_GLOB)
+    common = sorted(set(a) & set(b), key=lambda k: (k[0], k[5], k[1], k[2], k[3], k[4]))
+    if not common:
+        print("ab_collectives.py: the two sets share no case (operation, algorithm, path, type, place, size)",
+              file=sys.stderr)
+        sys.exit(2)
+    print(f"A: {len(fa)} run(s), {A_GLOB} (launch {', '.join(sorted(la))})")
+    print(f"B: {len(fb)} run(s), {B_GLOB} (launch {', '.join(sorted(lb))})\n")
+    print("| op | algo | path | type | place | size | A batch µs | B batch µs | A/B | A call µs | B call µs | A/B |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    per_op, best = defaultdict(list), {}
+    for k in common:
+        ab, bb = median(a[k], "batch_us"), median(b[k], "batch_us")
+        ac, bc = median(a[k], "time_p50_us"), median(b[k], "time_p50_us")
+        rb = ab / bb if ab and bb else None
+        rc = ac / bc if ac and bc else None
+        if rb is not None:
+            per_op[k[0]].append(rb)
+        place = "in" if k[4] else "out"
+        print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {place} | {size(k[5])} | {fmt(ab)} | {fmt(bb)} | "
+              f"{fmt(rb, 3)} | {fmt(ac)} | {fmt(bc)} | {fmt(rc, 3)} |")
+        nccl = median(a[k] + b[k], "nccl_batch_us")
+        for side, t in (("a", ab), ("b", bb)):
+            key = (k[0], k[3], k[5], side)
+            if t and (key not in best or t < best[key][0]):
+                best[key] = (t, f"{k[1]} {k[2]}", nccl)
+    print("\n| op | batch A/B, geometric mean | range | cases |")
+    print("|---|---|---|---|")
+    for op, rs in sorted(per_op.items()):
+        gm = math.exp(sum(math.log(r) for r in rs) / len(rs))
+        print(f"| {op} | {gm:.3f} | {min(rs):.3f}-{max(rs):.3f} | {len(rs)} |")
+    print("\n| op | type | size | fastest under A | A batch µs | fastest under B | B batch µs | NCCL batch µs | A/NCCL | B/NCCL |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (op, dtype, s, side) in sorted(best):
+        if side != "a" or (op, dtype, s, "b") not in best:
+            continue
+        (ta, wa, nccl), (tb, wb, _) = best[(op, dtype, s, "a")], best[(op, dtype, s, "b")]
+        print(f"| {op} | {dtype} | {size(s)} | {wa} | {ta:.2f} | {wb} | {tb:.2f} | {fmt(nccl)} | "
+              f"{fmt(ta / nccl if nccl else None, 3)} | {fmt(tb / nccl if nccl else None, 3)} |")
+
+
+main()
