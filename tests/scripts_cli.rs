@@ -203,21 +203,33 @@ fn git_status() -> String {
         .unwrap_or_default()
 }
 
+/// The GPU matrix run with one (stub) GPU and `args`: exit 1, its summary.
+fn gpu_matrix_on_one_gpu(stubs: &Stubs, args: &[&str]) -> String {
+    std::fs::write(
+        stubs.dir.join("nvidia-smi"),
+        "#!/bin/sh\necho 'GPU 0: stub (UUID: GPU-0)'\n",
+    )
+    .unwrap();
+    let out = stubs.dir.join("out");
+    let bin = env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write");
+    let mut all = vec!["--bin", bin, "--out", out.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let o = stubs.run("bench/gpu-matrix.sh", &all);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    std::fs::read_to_string(out.join("summary.md")).unwrap()
+}
+
 /// With one GPU the GPU matrix runs nothing: every row is named in the
-/// summary as not run, with the reason, and the exit status is 1.
+/// summary as not run, with the reason, and the exit status is 1; so are
+/// the rows of the PDL part, which runs only when --parts names it.
 #[test]
 fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
     let stubs = Stubs::new("matrix");
-    let smi = stubs.dir.join("nvidia-smi");
-    std::fs::write(&smi, "#!/bin/sh\necho 'GPU 0: stub (UUID: GPU-0)'\n").unwrap();
-    let out = stubs.dir.join("out");
-    let bin = env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write");
-    let o = stubs.run(
-        "bench/gpu-matrix.sh",
-        &["--bin", bin, "--out", out.to_str().unwrap()],
-    );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    let summary = gpu_matrix_on_one_gpu(&stubs, &[]);
+    let named = |summary: &str, row: &str| {
+        let line = format!("- {row}: needs two GPUs or more (this machine has 1");
+        assert!(summary.contains(&line), "{row} not named: {summary}");
+    };
     for row in [
         "sw-0to1-pp",
         "coll-2r-graph",
@@ -225,42 +237,17 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
         "pipe2-ll8",
         "faults",
     ] {
-        assert!(
-            summary.contains(&format!(
-                "- {row}: needs two GPUs or more (this machine has 1"
-            )),
-            "{row} not named: {summary}"
-        );
+        named(&summary, row);
     }
-    assert!(!summary.contains("| "), "a table without a run: {summary}");
-}
-
-/// The GPU matrix's PDL part (named only with --parts) is skipped the same
-/// way on one GPU: every one of its A/B rows named, no A/B file written.
-#[test]
-fn gpu_matrix_pdl_part_on_one_gpu_names_its_rows() {
-    let stubs = Stubs::new("matrix-pdl");
-    let smi = stubs.dir.join("nvidia-smi");
-    std::fs::write(&smi, "#!/bin/sh\necho 'GPU 0: stub (UUID: GPU-0)'\n").unwrap();
-    let out = stubs.dir.join("out");
-    let bin = env!("CARGO_BIN_EXE_simple_write").trim_end_matches("/simple_write");
-    let o = stubs.run(
-        "bench/gpu-matrix.sh",
-        &[
-            "--bin",
-            bin,
-            "--out",
-            out.to_str().unwrap(),
-            "--parts",
-            "pdl",
-        ],
+    assert!(
+        !summary.contains("pdl-2r"),
+        "the PDL part ran unasked: {summary}"
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(!summary.contains("| "), "a table without a run: {summary}");
+    let summary = gpu_matrix_on_one_gpu(&stubs, &["--parts", "pdl"]);
     for launch in ["stream", "graph"] {
         for row in ["on-1", "off-1", "on-2", "off-2"] {
-            let row = format!("- pdl-2r-{launch}-{row}: needs two GPUs or more");
-            assert!(summary.contains(&row), "{row} not named: {summary}");
+            named(&summary, &format!("pdl-2r-{launch}-{row}"));
         }
     }
     assert!(
