@@ -3,7 +3,7 @@
 #
 # Without MPS the GPU time-slices between processes: their kernels never
 # run at the same time, so a put in one process and the wait kernel in the
-# other take turns (a ping-pong costs ~143 µs per direction). Under MPS
+# other take turns (a ping-pong costs ~140 µs per direction on an H100). Under MPS
 # both processes' kernels run at once. mps_start starts a daemon with its
 # own pipe and log folders (so it touches no system-wide MPS setup and
 # changes no GPU setting); every process started afterwards from this
