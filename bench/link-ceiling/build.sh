@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds bench/link-ceiling/link_ceiling.cu, what SMs can push over NVLink
+# Builds bench/link-ceiling/link_ceiling.cu, what SMs can move over NVLink
 # beside the copy engine (16-byte stores, streaming stores, the SM's
-# bulk-copy engine; one way between two GPUs, and all-to-all among 2 .. all
-# GPUs), on a machine with nvcc; the binary runs on a GPU machine without it
+# bulk-copy engine, loads by the receiving GPU; one way between two GPUs,
+# and all-to-all among 2 .. all GPUs), on a machine with nvcc; the binary runs on a GPU machine without it
 # (CUDA runtime static):
 #
 #   bench/link-ceiling/build.sh [--out DIR] [--arch SM]

@@ -1,16 +1,19 @@
-// What SMs can push over NVLink, beside the copy engine.
+// What SMs can move over NVLink, beside the copy engine.
 //
-// Pair: GPU 0 writes into GPU 1's memory (peer access in one process, the
-// same NVLink path a cuda_ipc mapping uses) with
+// Pair: GPU 0's buffer lands in GPU 1's memory (peer access in one process,
+// the same NVLink path a cuda_ipc mapping uses) by
 //   - the copy engine (cudaMemcpyPeerAsync),
-//   - SM 16-byte stores, write-back and streaming (st.global.cs),
-//   - the SM's bulk-copy engine: cp.async.bulk from global to shared memory
+//   - GPU 0's SM 16-byte stores, write-back and streaming (st.global.cs),
+//   - GPU 0's bulk-copy engine: cp.async.bulk from global to shared memory
 //     and from shared memory to the peer (Hopper's TMA, as NVSHMEM 3.7
-//     added for NVLink puts), one thread a block driving a ring of stages.
+//     added for NVLink puts), one thread a block driving a ring of stages,
+//   - GPU 1's SM 16-byte loads from GPU 0's memory (a pull: the data
+//     crosses the link as read replies, not as writes).
 // All-to-all: every GPU of the first n (2, 3, ... all) sends an equal slice
 // to every other at once, as ep's dispatch and combine do, with the copy
-// engine (one stream a peer) or one store kernel a GPU; GB/s is each GPU's
-// egress (what it sends, received by the others) over the host wall time of
+// engine (one stream a peer), one store kernel a GPU (push) or one load
+// kernel a GPU (each pulls its slices from the others); GB/s is each GPU's
+// egress (what leaves it, received by the others) over the host wall time of
 // back-to-back rounds on all GPUs (a launch and a sync of ~20 µs in >= 5 ms).
 // Every variant's output is compared with the source, byte for byte. GB/s =
 // 1e9 B/s; the pair's over the GPU time of back-to-back copies (CUDA events).
@@ -64,15 +67,19 @@ __global__ void store_copy(uint8_t *dst, const uint8_t *src, size_t bytes, uint3
 }
 
 constexpr int kMostGpus = 8;
-struct Peers {
-    uint8_t *dst[kMostGpus - 1];  // this GPU's slot in each peer's receive buffer
+// One GPU's copies in an all-to-all, one a peer: a push writes this GPU's
+// slice for the peer into the peer's receive buffer; a pull reads the
+// peer's slice for this GPU into this GPU's own.
+struct Copies {
+    uint8_t *dst[kMostGpus - 1];
+    const uint8_t *src[kMostGpus - 1];
 };
 
-// All-to-all: block b serves peer b % peers, sending slice (b % peers) of src
-// to it; the blocks of one peer take its chunks round-robin.
-__global__ void store_all_to_all(Peers to, int peers, const uint8_t *src, size_t slice, uint32_t chunk) {
+// All-to-all: block b serves peer b % peers; the blocks of one peer take
+// its chunks round-robin.
+__global__ void copy_all_to_all(Copies c, int peers, size_t slice, uint32_t chunk) {
     const int p = blockIdx.x % peers;
-    copy_chunks<false>(to.dst[p], src + p * slice, slice / chunk, chunk, blockIdx.x / peers, gridDim.x / peers);
+    copy_chunks<false>(c.dst[p], c.src[p], slice / chunk, chunk, blockIdx.x / peers, gridDim.x / peers);
 }
 
 // One thread a block: chunk k is loaded into stage k % kStages (an mbarrier
@@ -110,7 +117,7 @@ __global__ void bulk_copy(uint8_t *dst, const uint8_t *src, size_t bytes, uint32
 
 struct Variant {
     const char *name;
-    int kind;  // 0 copy engine, 1 stores, 2 streaming stores, 3 bulk (4 stages)
+    int kind;  // 0 copy engine, 1 stores, 2 streaming stores, 3 bulk (4 stages), 4 GPU 1's loads
     uint32_t chunk, grid, threads;
 };
 
@@ -128,9 +135,15 @@ static int pair_table() {
     for (size_t i = 0; i < most; i++) want[i] = pattern(i, 0);
     CK(cudaMemcpy(src, want.data(), most, cudaMemcpyDefault));
     CK(cudaFuncSetAttribute(bulk_copy<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 32768));
-    cudaStream_t st;
+    // A pull runs on GPU 1 and is timed there.
+    cudaStream_t st, st1;
+    cudaEvent_t e0, e1, p0, p1;
+    CK(cudaSetDevice(1));
+    CK(cudaStreamCreate(&st1));
+    CK(cudaEventCreate(&p0));
+    CK(cudaEventCreate(&p1));
+    CK(cudaSetDevice(0));
     CK(cudaStreamCreate(&st));
-    cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     const Variant variants[] = {
@@ -141,6 +154,8 @@ static int pair_table() {
         {"bulk 132x16K", 3, 16384, 132, 32},
         {"bulk 264x16K", 3, 16384, 264, 32},
         {"bulk 132x32K", 3, 32768, 132, 32},
+        {"loads 264x512", 4, 65536, 264, 512},
+        {"loads 132x1024", 4, 65536, 132, 1024},
     };
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -149,23 +164,28 @@ static int pair_table() {
     int bad = 0;
     for (size_t bytes : {size_t(4) << 20, size_t(16) << 20, size_t(64) << 20, size_t(256) << 20, most}) {
         for (const Variant &v : variants) {
+            const bool pull = v.kind == 4;
+            cudaStream_t s = pull ? st1 : st;
+            CK(cudaSetDevice(pull ? 1 : 0));
             auto copy = [&] {
-                if (v.kind == 0) CK(cudaMemcpyPeerAsync(dst, 1, src, 0, bytes, st));
-                if (v.kind == 1) store_copy<false><<<v.grid, v.threads, 0, st>>>(dst, src, bytes, v.chunk);
-                if (v.kind == 2) store_copy<true><<<v.grid, v.threads, 0, st>>>(dst, src, bytes, v.chunk);
-                if (v.kind == 3) bulk_copy<4><<<v.grid, v.threads, 4 * v.chunk, st>>>(dst, src, bytes, v.chunk);
+                if (v.kind == 0) CK(cudaMemcpyPeerAsync(dst, 1, src, 0, bytes, s));
+                if (v.kind == 1) store_copy<false><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
+                if (v.kind == 2) store_copy<true><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
+                if (v.kind == 3) bulk_copy<4><<<v.grid, v.threads, 4 * v.chunk, s>>>(dst, src, bytes, v.chunk);
+                if (v.kind == 4) store_copy<false><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
             };
-            CK(cudaMemsetAsync(dst, 0, bytes, st));
+            CK(cudaMemsetAsync(dst, 0, bytes, s));
             const int iters = bytes >= (size_t(256) << 20) ? 8 : 40;
             for (int i = 0; i < 3; i++) copy();  // warm-up
-            CK(cudaStreamSynchronize(st));
+            CK(cudaStreamSynchronize(s));
             CK(cudaGetLastError());
-            CK(cudaEventRecord(e0, st));
+            CK(cudaEventRecord(pull ? p0 : e0, s));
             for (int i = 0; i < iters; i++) copy();
-            CK(cudaEventRecord(e1, st));
-            CK(cudaStreamSynchronize(st));
+            CK(cudaEventRecord(pull ? p1 : e1, s));
+            CK(cudaStreamSynchronize(s));
             float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
+            CK(cudaEventElapsedTime(&ms, pull ? p0 : e0, pull ? p1 : e1));
+            CK(cudaSetDevice(0));
             CK(cudaMemcpy(got.data(), dst, bytes, cudaMemcpyDefault));
             const bool ok = memcmp(got.data(), want.data(), bytes) == 0;
             bad += !ok;
@@ -201,19 +221,27 @@ static void sync_all(int n) {
 }
 
 // One round: each of the first n GPUs sends `slice` bytes to every other.
-// kind 0 copy engine, 1 one store kernel a GPU of `grid` x 512.
+// kind 0 copy engine, 1 one store kernel a GPU of `grid` x 512 (push),
+// 2 one load kernel a GPU of `grid` x 512 (pull). Slice k of GPU g's source
+// goes to its k-th peer p, into slot(g, p) of p's receive buffer.
 static void round_all_to_all(const Rig &r, int n, size_t slice, int kind, int grid) {
     const int peers = n - 1;
     for (int g = 0; g < n; g++) {
         CK(cudaSetDevice(g));
-        Peers to{};
+        Copies c{};
         for (int p = 0, k = 0; p < n; p++) {
             if (p == g) continue;
-            to.dst[k] = r.dst[p] + slot(g, p) * slice;
-            if (kind == 0) CK(cudaMemcpyPeerAsync(to.dst[k], p, r.src[g] + k * slice, g, slice, r.streams[g][k]));
+            if (kind == 2) {  // g pulls its slot from p: p's slice for g
+                c.dst[k] = r.dst[g] + slot(p, g) * slice;
+                c.src[k] = r.src[p] + slot(g, p) * slice;
+            } else {
+                c.dst[k] = r.dst[p] + slot(g, p) * slice;
+                c.src[k] = r.src[g] + k * slice;
+            }
+            if (kind == 0) CK(cudaMemcpyPeerAsync(c.dst[k], p, c.src[k], g, slice, r.streams[g][k]));
             k++;
         }
-        if (kind == 1) store_all_to_all<<<grid / peers * peers, 512, 0, r.streams[g][0]>>>(to, peers, r.src[g], slice, 65536);
+        if (kind != 0) copy_all_to_all<<<grid / peers * peers, 512, 0, r.streams[g][0]>>>(c, peers, slice, 65536);
     }
 }
 
@@ -255,9 +283,10 @@ static int all_to_all_table(int gpus) {
     for (int n = 2; n <= gpus; n++) {
         for (size_t total : {size_t(48) << 20, size_t(192) << 20, r.most}) {
             const size_t slice = total / (n - 1) / 65536 * 65536, sent = slice * (n - 1);
-            for (int v = 0; v < 3; v++) {
-                const int kind = v == 0 ? 0 : 1, grid = v == 1 ? 132 : 264;
-                const char *name = v == 0 ? "copy engine" : v == 1 ? "stores 132x512" : "stores 264x512";
+            for (int v = 0; v < 4; v++) {
+                const int kind = v == 0 ? 0 : v == 3 ? 2 : 1, grid = v == 1 ? 132 : 264;
+                const char *names[] = {"copy engine", "stores 132x512", "stores 264x512", "loads 264x512"};
+                const char *name = names[v];
                 for (int g = 0; g < n; g++) {
                     CK(cudaSetDevice(g));
                     CK(cudaMemset(r.dst[g], 0, r.most));
