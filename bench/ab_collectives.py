@@ -11,8 +11,11 @@ drift of the machine falls on both. Each set is a glob; quote it.
 
     python3 bench/ab_collectives.py 'DIR/ab-graph-pdl-*.json' 'DIR/ab-graph-nopdl-*.json'
 
-Prints Markdown on stdout; exits 2 when a glob matches no file or the two
-sets share no case.
+Prints Markdown on stdout, headed by what the two sets' configurations
+differ in (the option under test, and anything else that differs); exits 2
+when a glob matches no file, when one set's runs differ among themselves in
+rank count, launch mode or MPS (they would not be rounds of one case), or
+when the two sets share no case.
 Usage: ab_collectives.py A_GLOB B_GLOB"""
 import glob
 import math
@@ -28,19 +31,29 @@ from benchlib import size  # noqa: E402
 A_GLOB, B_GLOB = benchlib.args(__doc__, "ab_collectives.py A_GLOB B_GLOB", 2, 2)
 
 
+def refuse(why):
+    print(f"ab_collectives.py: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
 def runs(pattern):
-    """The runs a glob names: (their rows by case, their launch modes)."""
+    """The runs a glob names: (their files, rows by case, the first run's
+    configuration with its run-level `pdl` and `mps`)."""
     files = sorted(glob.glob(pattern))
     if not files:
-        print(f"ab_collectives.py: '{pattern}' matches no file", file=sys.stderr)
-        sys.exit(2)
-    rows, launches = defaultdict(list), set()
+        refuse(f"'{pattern}' matches no file")
+    rows, config = defaultdict(list), None
     for f in files:
-        doc = benchlib.load_json(f)
-        launches.add(doc["run"]["config"]["launch"])
-        for r in doc["rows"]:
+        run = benchlib.load_json(f)["run"]
+        c = dict(run["config"], pdl=run.get("pdl"), mps=run.get("mps"))
+        if config is None:
+            config = c
+        for key in ("ranks", "launch", "mps"):
+            if c.get(key) != config.get(key):
+                refuse(f"'{pattern}': {f} has {key} {c.get(key)}, {files[0]} {config.get(key)}: not rounds of one case")
+        for r in benchlib.load_json(f)["rows"]:
             rows[(r["op"], r["algo"], r["path"], r["type"], r["in_place"], r["size_bytes"])].append(r)
-    return files, rows, launches
+    return files, rows, config
 
 
 def median(rows, field):
@@ -53,15 +66,15 @@ def fmt(x, digits=2):
 
 
 def main():
-    fa, a, la = runs(A_GLOB)
-    fb, b, lb = runs(B_GLOB)
+    fa, a, ca = runs(A_GLOB)
+    fb, b, cb = runs(B_GLOB)
     common = sorted(set(a) & set(b), key=lambda k: (k[0], k[5], k[1], k[2], k[3], k[4]))
     if not common:
-        print("ab_collectives.py: the two sets share no case (operation, algorithm, path, type, place, size)",
-              file=sys.stderr)
-        sys.exit(2)
-    print(f"A: {len(fa)} run(s), {A_GLOB} (launch {', '.join(sorted(la))})")
-    print(f"B: {len(fb)} run(s), {B_GLOB} (launch {', '.join(sorted(lb))})\n")
+        refuse("the two sets share no case (operation, algorithm, path, type, place, size)")
+    print(f"A: {len(fa)} run(s), {A_GLOB} ({ca['ranks']} ranks, {ca['launch']} launches)")
+    print(f"B: {len(fb)} run(s), {B_GLOB} ({cb['ranks']} ranks, {cb['launch']} launches)")
+    differ = [f"{k} {ca.get(k)} / {cb.get(k)}" for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
+    print(f"A and B differ in: {'; '.join(differ) if differ else 'nothing in their configurations'}\n")
     print("| op | algo | path | type | place | size | A batch µs | B batch µs | A/B | A call µs | B call µs | A/B |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     per_op, best = defaultdict(list), {}

@@ -257,8 +257,9 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
 }
 
 /// bench/ab_collectives.py pairs the two sets' rows by case: a committed
-/// run against itself reads 1.000 in every case and every geometric mean;
-/// against a run of another rank count (the same cases, other times) its
+/// run against itself reads 1.000 in every case and every geometric mean,
+/// and no difference of configuration; against a run of another rank
+/// count (the same cases, other times) it names the rank counts, and its
 /// ratios are the two runs' batch times divided.
 #[test]
 fn ab_collectives_pairs_rows_by_case() {
@@ -273,6 +274,10 @@ fn ab_collectives_pairs_rows_by_case() {
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     let same = run("coll-4r-stream.json.gz", "coll-4r-stream.json.gz");
+    assert!(
+        same.contains("A and B differ in: nothing in their configurations"),
+        "{same}"
+    );
     let cases: Vec<&str> = same
         .lines()
         .filter(|l| l.starts_with("| allreduce | ll | store | float | out | 8 B |"))
@@ -301,6 +306,7 @@ fn ab_collectives_pairs_rows_by_case() {
     assert!(o.status.success(), "{}", text(&o));
     let want = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let other = run("coll-4r-stream.json.gz", "coll-2r-stream.json.gz");
+    assert!(other.contains("A and B differ in: ranks 4 / 2"), "{other}");
     let line = other
         .lines()
         .find(|l| l.starts_with("| allreduce | ll | store | float | out | 8 B |"))
