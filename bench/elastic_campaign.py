@@ -32,10 +32,17 @@ is named by every survivor of its phase (the "ranks gone" lines), that no
 survivor was lost (gone without being killed), and reads the JSON for wrong
 values, lost steps, detection (host ms from the kill to the step that masked
 it, and the GPU wait up to the masking) and agreement times (host ms from a
-survivor's report to the decision). DIR gets one folder per run (plan,
-output, JSON), campaign.tsv (a row per run), deaths.tsv (a row per death),
-summary.md (the percentiles table) and campaign.png (when matplotlib is
-there). Exit status: 0 when every run passed every check, 1 otherwise, 2 for
+survivor's report to the decision).
+
+Ranks that share a GPU under MPS share its fatal faults: a rank killed while
+its kernel runs can fail every other rank on that GPU with a CUDA error (the
+programs name the cause). Such a run fails, marked "a CUDA fault under MPS"
+and counted apart; survival is proven with one rank per GPU (--max-ranks no
+more than the machine's GPUs).
+
+DIR gets one folder per run (plan, output, JSON), campaign.tsv (a row per
+run), deaths.tsv (a row per death), summary.md (the percentiles table) and
+campaign.png (when matplotlib is there). Exit status: 0 when every run passed every check, 1 otherwise, 2 for
 bad arguments.
 """
 import argparse
@@ -334,6 +341,10 @@ def judge(a, d, k, cap, phases, mode, path, sig, victim, usig, delay, rc, secs, 
     bound = time_bound(a, lines, done, len(death_rows)) if long else None
     ok = rc == 0 and not unnamed and not lost_survivors and wrong == 0 and waits == 0 and bool(done)
     ok = ok and (bound is None or bound[0] <= bound[1])
+    # Ranks sharing a GPU under MPS share its fatal faults: a rank killed
+    # while its kernel runs can fail every other client of the MPS server
+    # (the programs say so with the CUDA error). Still a failed run: named.
+    mps_fault = rc != 0 and "is shared under MPS, where a fatal fault" in stderr
     befores = [x[5] for x in done if x[5] is not None]
     afters = [x[6] for x in done if x[6] is not None]
     run = {
@@ -347,6 +358,7 @@ def judge(a, d, k, cap, phases, mode, path, sig, victim, usig, delay, rc, secs, 
         "step_p50_before_ms": max(befores) if befores else None, "step_p50_after_ms": max(afters) if afters else None,
         "steps_s": round(bound[0], 2) if bound else None, "bound_s": round(bound[1], 2) if bound else None,
         "agree_max_ms": max(agree) if agree else None, "seconds": round(secs, 1), "ok": ok,
+        "mps_fault": mps_fault,
     }
     return run, death_rows, agree
 
@@ -399,6 +411,8 @@ def summary(runs, deaths, agree, a):
         ("wrong values", str(sum(r["wrong_values"] for r in runs))),
         ("lost steps (reported, not counted as verified)", str(sum(r["lost_steps"] for r in runs))),
         ("runs exiting non-zero", str(sum(r["exit"] != 0 for r in runs))),
+        ("of them, ranks failed by a CUDA fault under MPS (one client's fault fails all: KERNEL_GUIDE.md §8)",
+         str(sum(r.get("mps_fault", False) for r in runs))),
         ("kills that came after their phase ended (not deaths in the run)", str(sum(r["late_kills"] for r in runs))),
         ("steps after a decision that waited on a rank already gone", str(sum(r["waits_on_gone"] for r in runs))),
     ]
@@ -514,7 +528,8 @@ def main():
             continue
         run, drows, ag = run_one(a, k, rng, a.out)
         runs.append(run), deaths.extend(drows), agree.extend(ag)
-        print(f"[{k}/{a.runs}] {'ok' if run['ok'] else 'FAILED'}: {run['program']} {run['mode']} {run['path']} "
+        verdict = "ok" if run["ok"] else "FAILED (a CUDA fault under MPS)" if run["mps_fault"] else "FAILED"
+        print(f"[{k}/{a.runs}] {verdict}: {run['program']} {run['mode']} {run['path']} "
               f"{'long ' if run['long'] else ''}plan {run['plan']} "
               f"(kills {run['plan_signal']}), unplanned {run['unplanned']}: exit {run['exit']}, "
               f"{run['deaths']} death(s), {run['unnamed']} unnamed, agree max {fmt(run['agree_max_ms'])} ms, "

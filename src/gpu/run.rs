@@ -31,6 +31,26 @@ pub struct Finished {
     pub released: bool,
 }
 
+/// What a CUDA error from our kernels means on `gpu`. Under MPS every client
+/// of the GPU's MPS server receives the fatal fault of any one of them, and
+/// a client killed while its kernel runs can raise one (seen on an H100: a rank
+/// killed while its kernel waited on a frozen peer failed every other rank
+/// with CUDA_ERROR_ILLEGAL_ADDRESS; the same kill without MPS left them
+/// going on); a process with a context of its own is not touched by
+/// another's death.
+fn kernel_failed(gpu: &Gpu) -> String {
+    let base = "the kernel failed (a CUDA error; see above)";
+    if !gpu.mps {
+        return base.into();
+    }
+    format!(
+        "{base}. GPU {} is shared under MPS, where a fatal fault of any client of the MPS server fails \
+         every client, and a process killed while its kernel runs can raise one: if a peer died just before, \
+         that is the cause, not this process; survive deaths with one rank per GPU, or without MPS",
+        gpu.ordinal
+    )
+}
+
 /// Queues `launch` on `gpu.stream` between two timing events, then waits for
 /// it, calling `probe` every 20 ms; when `probe` returns a reason the work
 /// is cancelled and that reason becomes the error. `report` is the kernels'
@@ -65,10 +85,7 @@ pub fn run_watched(
     let mut released = false;
     let mut last_probe = Instant::now();
     loop {
-        if end
-            .try_is_complete()
-            .context("the kernel failed (a CUDA error; see above)")?
-        {
+        if end.try_is_complete().with_context(|| kernel_failed(gpu))? {
             break;
         }
         if !released && began.elapsed() > deadline {
