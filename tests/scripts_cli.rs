@@ -406,3 +406,21 @@ fn gpu_matrix_summary_shows_ll128_rows_beside_the_pair() {
     assert_eq!(cells[5], expected, "{gib}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The fault campaign tells a run that failed by MPS's shared faults from
+/// the programs' own error text: the phrase it looks for is the one
+/// `src/gpu/run.rs` writes.
+#[test]
+fn the_campaign_reads_the_mps_fault_phrase_the_programs_write() {
+    let campaign = std::fs::read_to_string(root().join("bench/elastic_campaign.py")).unwrap();
+    let run = std::fs::read_to_string(root().join("src/gpu/run.rs")).unwrap();
+    let phrase = campaign
+        .lines()
+        .find_map(|l| l.split("mps_fault = rc != 0 and \"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .expect("bench/elastic_campaign.py: no `mps_fault = rc != 0 and \"...\" in stderr`");
+    assert!(
+        run.contains(phrase),
+        "src/gpu/run.rs no longer writes {phrase:?}, which the campaign looks for"
+    );
+}
