@@ -44,14 +44,15 @@ def runs(pattern):
         refuse(f"'{pattern}' matches no file")
     rows, config = defaultdict(list), None
     for f in files:
-        run = benchlib.load_json(f)["run"]
+        doc = benchlib.load_json(f)
+        run = doc["run"]
         c = dict(run["config"], pdl=run.get("pdl"), mps=run.get("mps"))
         if config is None:
             config = c
         for key in ("ranks", "launch", "mps"):
             if c.get(key) != config.get(key):
                 refuse(f"'{pattern}': {f} has {key} {c.get(key)}, {files[0]} {config.get(key)}: not rounds of one case")
-        for r in benchlib.load_json(f)["rows"]:
+        for r in doc["rows"]:
             rows[(r["op"], r["algo"], r["path"], r["type"], r["in_place"], r["size_bytes"])].append(r)
     return files, rows, config
 

@@ -42,8 +42,8 @@ more than the machine's GPUs).
 
 DIR gets one folder per run (plan, output, JSON), campaign.tsv (a row per
 run), deaths.tsv (a row per death), summary.md (the percentiles table) and
-campaign.png (when matplotlib is there). Exit status: 0 when every run passed every check, 1 otherwise, 2 for
-bad arguments.
+campaign.png (when matplotlib is there). Exit status: 0 when every run
+passed every check, 1 otherwise, 2 for bad arguments.
 """
 import argparse
 import json
@@ -412,7 +412,7 @@ def summary(runs, deaths, agree, a):
         ("lost steps (reported, not counted as verified)", str(sum(r["lost_steps"] for r in runs))),
         ("runs exiting non-zero", str(sum(r["exit"] != 0 for r in runs))),
         ("of them, ranks failed by a CUDA fault under MPS (one client's fault fails all: KERNEL_GUIDE.md §8)",
-         str(sum(r.get("mps_fault", False) for r in runs))),
+         str(sum(r["mps_fault"] for r in runs))),
         ("kills that came after their phase ended (not deaths in the run)", str(sum(r["late_kills"] for r in runs))),
         ("steps after a decision that waited on a rank already gone", str(sum(r["waits_on_gone"] for r in runs))),
     ]

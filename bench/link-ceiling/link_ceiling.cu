@@ -169,10 +169,11 @@ static int pair_table() {
             CK(cudaSetDevice(pull ? 1 : 0));
             auto copy = [&] {
                 if (v.kind == 0) CK(cudaMemcpyPeerAsync(dst, 1, src, 0, bytes, s));
-                if (v.kind == 1) store_copy<false><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
+                // The same copy loop pushes from GPU 0 (kind 1) or pulls from GPU 1 (kind 4).
+                if (v.kind == 1 || v.kind == 4)
+                    store_copy<false><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
                 if (v.kind == 2) store_copy<true><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
                 if (v.kind == 3) bulk_copy<4><<<v.grid, v.threads, 4 * v.chunk, s>>>(dst, src, bytes, v.chunk);
-                if (v.kind == 4) store_copy<false><<<v.grid, v.threads, 0, s>>>(dst, src, bytes, v.chunk);
             };
             CK(cudaMemsetAsync(dst, 0, bytes, s));
             const int iters = bytes >= (size_t(256) << 20) ? 8 : 40;
