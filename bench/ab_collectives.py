@@ -26,7 +26,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import benchlib  # noqa: E402
-from benchlib import size  # noqa: E402
+from benchlib import num, ratio, size, table  # noqa: E402
 
 A_GLOB, B_GLOB = benchlib.args(__doc__, "ab_collectives.py A_GLOB B_GLOB", 2, 2)
 
@@ -62,8 +62,50 @@ def median(rows, field):
     return statistics.median(vals) if vals else None
 
 
-def fmt(x, digits=2):
-    return "-" if x is None else f"{x:.{digits}f}"
+def cases(a, b, common):
+    """The case-by-case table (batch and per-call, A over B); the batch
+    ratios by operation; the fastest of ours per (op, type, size, side)."""
+    body, per_op, best = [], defaultdict(list), {}
+    for k in common:
+        ab, bb = median(a[k], "batch_us"), median(b[k], "batch_us")
+        ac, bc = median(a[k], "time_p50_us"), median(b[k], "time_p50_us")
+        rb = ratio(ab, bb) if ab else None
+        if rb is not None:
+            per_op[k[0]].append(rb)
+        place = "in" if k[4] else "out"
+        body.append([k[0], k[1], k[2], k[3], place, size(k[5]), num(ab), num(bb), num(rb, "{:.3f}"),
+                     num(ac), num(bc), num(ratio(ac, bc) if ac else None, "{:.3f}")])
+        nccl = median(a[k] + b[k], "nccl_batch_us")
+        for side, t in (("a", ab), ("b", bb)):
+            key = (k[0], k[3], k[5], side)
+            if t and (key not in best or t < best[key][0]):
+                best[key] = (t, f"{k[1]} {k[2]}", nccl)
+    head = ["op", "algo", "path", "type", "place", "size", "A batch µs", "B batch µs", "A/B", "A call µs",
+            "B call µs", "A/B"]
+    return table(head, body), per_op, best
+
+
+def by_op(per_op):
+    """Per operation, the geometric mean and range of the batch's A ÷ B."""
+    body = []
+    for op, rs in sorted(per_op.items()):
+        gm = math.exp(sum(math.log(r) for r in rs) / len(rs))
+        body.append([op, f"{gm:.3f}", f"{min(rs):.3f}-{max(rs):.3f}", len(rs)])
+    return table(["op", "batch A/B, geometric mean", "range", "cases"], body)
+
+
+def fastest(best):
+    """At each size the fastest of ours under A and under B, beside NCCL."""
+    body = []
+    for (op, dtype, s, side) in sorted(best):
+        if side != "a" or (op, dtype, s, "b") not in best:
+            continue
+        (ta, wa, nccl), (tb, wb, _) = best[(op, dtype, s, "a")], best[(op, dtype, s, "b")]
+        body.append([op, dtype, size(s), wa, f"{ta:.2f}", wb, f"{tb:.2f}", num(nccl),
+                     num(ratio(ta, nccl), "{:.3f}"), num(ratio(tb, nccl), "{:.3f}")])
+    head = ["op", "type", "size", "fastest under A", "A batch µs", "fastest under B", "B batch µs",
+            "NCCL batch µs", "A/NCCL", "B/NCCL"]
+    return table(head, body)
 
 
 def main():
@@ -76,37 +118,8 @@ def main():
     print(f"B: {len(fb)} run(s), {B_GLOB} ({cb['ranks']} ranks, {cb['launch']} launches)")
     differ = [f"{k} {ca.get(k)} / {cb.get(k)}" for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
     print(f"A and B differ in: {'; '.join(differ) if differ else 'nothing in their configurations'}\n")
-    print("| op | algo | path | type | place | size | A batch µs | B batch µs | A/B | A call µs | B call µs | A/B |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    per_op, best = defaultdict(list), {}
-    for k in common:
-        ab, bb = median(a[k], "batch_us"), median(b[k], "batch_us")
-        ac, bc = median(a[k], "time_p50_us"), median(b[k], "time_p50_us")
-        rb = ab / bb if ab and bb else None
-        rc = ac / bc if ac and bc else None
-        if rb is not None:
-            per_op[k[0]].append(rb)
-        place = "in" if k[4] else "out"
-        print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {place} | {size(k[5])} | {fmt(ab)} | {fmt(bb)} | "
-              f"{fmt(rb, 3)} | {fmt(ac)} | {fmt(bc)} | {fmt(rc, 3)} |")
-        nccl = median(a[k] + b[k], "nccl_batch_us")
-        for side, t in (("a", ab), ("b", bb)):
-            key = (k[0], k[3], k[5], side)
-            if t and (key not in best or t < best[key][0]):
-                best[key] = (t, f"{k[1]} {k[2]}", nccl)
-    print("\n| op | batch A/B, geometric mean | range | cases |")
-    print("|---|---|---|---|")
-    for op, rs in sorted(per_op.items()):
-        gm = math.exp(sum(math.log(r) for r in rs) / len(rs))
-        print(f"| {op} | {gm:.3f} | {min(rs):.3f}-{max(rs):.3f} | {len(rs)} |")
-    print("\n| op | type | size | fastest under A | A batch µs | fastest under B | B batch µs | NCCL batch µs | A/NCCL | B/NCCL |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for (op, dtype, s, side) in sorted(best):
-        if side != "a" or (op, dtype, s, "b") not in best:
-            continue
-        (ta, wa, nccl), (tb, wb, _) = best[(op, dtype, s, "a")], best[(op, dtype, s, "b")]
-        print(f"| {op} | {dtype} | {size(s)} | {wa} | {ta:.2f} | {wb} | {tb:.2f} | {fmt(nccl)} | "
-              f"{fmt(ta / nccl if nccl else None, 3)} | {fmt(tb / nccl if nccl else None, 3)} |")
+    lines, per_op, best = cases(a, b, common)
+    print("\n".join(lines + [""] + by_op(per_op) + [""] + fastest(best)))
 
 
 main()

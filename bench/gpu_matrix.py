@@ -30,7 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import benchlib  # noqa: E402
-from benchlib import size  # noqa: E402
+from benchlib import num, ratio, size, table  # noqa: E402
 
 ARGS = benchlib.args(__doc__, "gpu_matrix.py RESULTS_DIR", 1, 1)
 DIR = ARGS[0]
@@ -53,19 +53,6 @@ def load(tag):
 def tags(pattern):
     found = glob.glob(os.path.join(DIR, pattern + ".json")) + glob.glob(os.path.join(DIR, pattern + ".json.gz"))
     return sorted({os.path.basename(p).split(".json")[0] for p in found})
-
-
-def num(x, fmt="{:.2f}"):
-    return "-" if x is None else fmt.format(x)
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-def table(head, rows):
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
 def env():

@@ -1,7 +1,7 @@
 """What the Python scripts of bench/ share: their command line (--help
 prints the script's docstring, a bad call exits 2 with its usage), sizes
-written as people read them, JSON that may be gzipped, and matplotlib
-without a display. A script finds this folder next to itself:
+written as people read them, Markdown tables and their cells, JSON that
+may be gzipped, and matplotlib without a display. A script finds this folder next to itself:
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
     import benchlib
@@ -34,6 +34,23 @@ def size(b):
         if b >= 1 << shift and b % (1 << shift) == 0:
             return f"{b >> shift} {unit}"
     return f"{b} B"
+
+
+def num(x, fmt="{:.2f}"):
+    """`x` formatted by `fmt`, or "-" where there is no value (None)."""
+    return "-" if x is None else fmt.format(x)
+
+
+def ratio(a, b):
+    """a / b, or None where either is missing or b is 0."""
+    return a / b if a is not None and b else None
+
+
+def table(head, rows):
+    """A Markdown table as a list of lines: the header `head` (cells),
+    then one line per row of `rows` (any values, written with str)."""
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
 def open_text(path, errors="strict"):
