@@ -1,7 +1,9 @@
 """The summary of bench/gpu-matrix.sh's folder: every row beside its same-run
 baseline, as ratios (GB/s = 1e9 B/s; times are p50 unless named), the
-machine (env.txt: GPUs, driver, topology, NVLink, NCCL), and every row that
-did not run, overran its deadline or failed, with why (rows.jsonl).
+machine (env.txt: GPUs, driver, topology, NVLink, NCCL), every row that
+did not run, overran its deadline or failed, with why (rows.jsonl), and
+every row that ran whose JSON the folder no longer holds (its tables are
+then missing: a results folder trimmed to its cap).
 
   - simple_write: 8-byte half round trips over the floor row (a bare flag
     between the same processes); bandwidth of each path over the copy
@@ -273,7 +275,10 @@ def sections():
 
 
 def not_run():
-    """Rows that did not run, overran or failed, the last call's entry of each."""
+    """Rows that did not run, overran or failed, the last call's entry of
+    each; rows that ran but whose JSON this folder no longer holds (a
+    results folder trimmed to its cap: their tables are missing above);
+    the rows that ran, with their seconds."""
     rows = {}
     try:
         for line in open(os.path.join(DIR, "rows.jsonl")):
@@ -281,22 +286,27 @@ def not_run():
             rows[r["tag"]] = r
     except (OSError, ValueError):
         pass
-    lines, ran = [], []
+    bad, gone, ran = [], [], []
     for r in rows.values():
         if r["why"]:
-            lines.append(f"- {r['tag']}: {r['why']}")
-            lines += [f"    {x}" for x in r.get("last_lines", [])]
-        else:
-            ran.append(f"{r['tag']} {r['seconds']} s")
-    return lines, ran
+            bad.append(f"- {r['tag']}: {r['why']}")
+            bad += [f"    {x}" for x in r.get("last_lines", [])]
+            continue
+        ran.append(f"{r['tag']} {r['seconds']} s")
+        if r["tag"] != "faults" and not tags(r["tag"]):
+            gone.append(r["tag"])
+    return bad, gone, ran
 
 
 def main():
     lines = header() + [""]
     for s in sections():
         lines += s + [""]
-    bad, ran = not_run()
+    bad, gone, ran = not_run()
     lines += ["## Rows that did not run, overran or failed", ""] + (bad or ["none"])
+    if gone:
+        lines += ["", "Rows that ran but whose JSON is not in this folder (removed since), so their tables "
+                  "are not above: " + ", ".join(gone)]
     if ran:
         lines += ["", "Rows that ran (seconds): " + ", ".join(ran)]
     text = "\n".join(lines) + "\n"

@@ -407,6 +407,43 @@ fn gpu_matrix_summary_shows_ll128_rows_beside_the_pair() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A results folder trimmed to its cap keeps rows.jsonl but not every
+/// row's JSON: regenerated from the committed four-H200 folder with one
+/// row's JSON beside it, the summary shows that row's table and names the
+/// rows that ran but whose JSON is gone, rather than dropping their tables
+/// silently.
+#[test]
+fn gpu_matrix_summary_names_rows_whose_json_is_gone() {
+    let results = root().join("docs/results/2026-11-28-h200x4-collectives");
+    let dir = std::env::temp_dir().join(format!("matrix-gone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["rows.jsonl", "coll-4r-stream.json.gz"] {
+        std::fs::copy(results.join(name), dir.join(name)).unwrap();
+    }
+    let o = Command::new("python3")
+        .arg(root().join("bench/gpu_matrix.py"))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let summary = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        summary.contains("| collectives, 4 ranks, stream launches |"),
+        "{summary}"
+    );
+    let gone = summary
+        .lines()
+        .find(|l| l.starts_with("Rows that ran but whose JSON is not in this folder"))
+        .unwrap_or_else(|| panic!("no line naming the rows whose JSON is gone: {summary}"));
+    assert!(
+        gone.contains("coll-2r-graph") && gone.contains("coll-4r-graph"),
+        "{gone}"
+    );
+    assert!(!gone.contains("coll-4r-stream"), "{gone}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The fault campaign tells a run that failed by MPS's shared faults from
 /// the programs' own error text: the phrase it looks for is the one
 /// `src/gpu/run.rs` writes.

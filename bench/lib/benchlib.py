@@ -1,7 +1,8 @@
 """What the Python scripts of bench/ share: their command line (--help
 prints the script's docstring, a bad call exits 2 with its usage), sizes
 written as people read them, Markdown tables and their cells, JSON that
-may be gzipped, and matplotlib without a display. A script finds this folder next to itself:
+may be gzipped, and matplotlib without a display. A script finds this
+folder next to itself:
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
     import benchlib
