@@ -341,9 +341,7 @@ def judge(a, d, k, cap, phases, mode, path, sig, victim, usig, delay, rc, secs, 
     bound = time_bound(a, lines, done, len(death_rows)) if long else None
     ok = rc == 0 and not unnamed and not lost_survivors and wrong == 0 and waits == 0 and bool(done)
     ok = ok and (bound is None or bound[0] <= bound[1])
-    # Ranks sharing a GPU under MPS share its fatal faults: a rank killed
-    # while its kernel runs can fail every other client of the MPS server
-    # (the programs say so with the CUDA error). Still a failed run: named.
+    # A fault shared under MPS (see the docstring), as the programs name it.
     mps_fault = rc != 0 and "is shared under MPS, where a fatal fault" in stderr
     befores = [x[5] for x in done if x[5] is not None]
     afters = [x[6] for x in done if x[6] is not None]

@@ -274,6 +274,12 @@ def sections():
     return out
 
 
+def kept(tag):
+    """Whether the folder still holds what row `tag` wrote: its JSON
+    (tag.json, or .json.gz) or its own folder (tag/, as the faults row)."""
+    return bool(tags(tag)) or os.path.isdir(os.path.join(DIR, tag))
+
+
 def not_run():
     """Rows that did not run, overran or failed, the last call's entry of
     each; rows that ran but whose JSON this folder no longer holds (a
@@ -293,7 +299,7 @@ def not_run():
             bad += [f"    {x}" for x in r.get("last_lines", [])]
             continue
         ran.append(f"{r['tag']} {r['seconds']} s")
-        if r["tag"] != "faults" and not tags(r["tag"]):
+        if not kept(r["tag"]):
             gone.append(r["tag"])
     return bad, gone, ran
 

@@ -358,6 +358,17 @@ fn an_option_without_its_value_exits_2_naming_it() {
     assert_eq!(stubs.cargo_ran(), None, "a script ran cargo");
 }
 
+/// `bench/gpu_matrix.py DIR`'s summary (stdout), which must exit 0.
+fn matrix_summary(dir: &Path) -> String {
+    let o = Command::new("python3")
+        .arg(root().join("bench/gpu_matrix.py"))
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// The GPU matrix runs LL128 in rows of its own (`ll128-XtoY-bw`), and its
 /// summary shows them in the pair's table beside the other paths: with the
 /// committed four-H100 pair row alone there is no `ll128` column; with the
@@ -369,23 +380,14 @@ fn gpu_matrix_summary_shows_ll128_rows_beside_the_pair() {
     let dir = std::env::temp_dir().join(format!("matrix-ll128-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let summary = |d: &Path| -> String {
-        let o = Command::new("python3")
-            .arg(root().join("bench/gpu_matrix.py"))
-            .arg(d)
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
     let copy = |name: &str| std::fs::copy(results.join(name), dir.join(name)).unwrap();
     copy("sw-0to1-bw.json.gz");
     assert!(
-        !summary(&dir).contains("ll128"),
+        !matrix_summary(&dir).contains("ll128"),
         "no LL128 row, no ll128 column"
     );
     copy("ll128-0to1-bw.json.gz");
-    let with = summary(&dir);
+    let with = matrix_summary(&dir);
     let header = with
         .lines()
         .find(|l| l.starts_with("| sw-0to1-bw, block level"))
@@ -421,13 +423,7 @@ fn gpu_matrix_summary_names_rows_whose_json_is_gone() {
     for name in ["rows.jsonl", "coll-4r-stream.json.gz"] {
         std::fs::copy(results.join(name), dir.join(name)).unwrap();
     }
-    let o = Command::new("python3")
-        .arg(root().join("bench/gpu_matrix.py"))
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let summary = String::from_utf8_lossy(&o.stdout).into_owned();
+    let summary = matrix_summary(&dir);
     assert!(
         summary.contains("| collectives, 4 ranks, stream launches |"),
         "{summary}"
