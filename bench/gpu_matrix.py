@@ -197,8 +197,13 @@ def coll(tag, doc):
                          num(ratio(b.get("batch_us"), b.get("nccl_batch_us"))),
                          num(r["busbw_gbps"], "{:.1f}"), num(r["nccl_busbw_gbps"], "{:.1f}"),
                          num(ratio(r["busbw_gbps"], r["nccl_busbw_gbps"]))])
-    return table([tag, "size", "fastest of ours", "µs per call", "NCCL", "÷ NCCL", "µs batch", "NCCL batch",
-                  "÷ NCCL", "busbw GB/s", "NCCL busbw", "÷ NCCL busbw"], body)
+    out = table([tag, "size", "fastest of ours", "µs per call", "NCCL", "÷ NCCL", "µs batch", "NCCL batch",
+                 "÷ NCCL", "busbw GB/s", "NCCL busbw", "÷ NCCL busbw"], body)
+    f = (doc.get("run") or {}).get("floor")
+    if f:
+        out += ["", f"Launch floor (an empty kernel of one block with a call's parameters, launched and timed as "
+                    f"the calls): {num(f['time_p50_us'])} µs per call, {num(f['batch_us'])} µs batched."]
+    return out
 
 
 def ep(tag, doc):

@@ -1448,6 +1448,17 @@ COLL_ENTRY(reduce_scatter_ll128)
 COLL_ENTRY(reduce_scatter_ring)
 #undef COLL_ENTRY
 
+// The launch floor: an entry that starts and ends as every call does (it
+// waits for the kernel before it and lets the next one launch) and does
+// nothing else, one block of COLL_THREADS taking a call's parameters. The
+// host times it exactly as it times the calls (src/collectives/session.rs,
+// `measure_floor`): what a call costs with nothing inside its kernel, the
+// launch and the events around it, which a call of ours cannot go below.
+extern "C" __global__ void __launch_bounds__(COLL_THREADS, 1) coll_empty(CollParams) {
+    wait_previous_grid();
+    allow_next_launch();
+}
+
 // ------------------------------------------------------ fill and check
 
 __device__ __forceinline__ float load_elem(const CollData &d, const uint8_t *p, uint64_t i) {

@@ -245,6 +245,8 @@ pub struct CollKernels {
     _module: Arc<CudaModule>,
     /// Every operation's algorithms' entries.
     run: BTreeMap<(Op, Algo), CudaFunction>,
+    /// `coll_empty`: the launch floor.
+    empty: CudaFunction,
     fill: CudaFunction,
     check: CudaFunction,
     probe: CudaFunction,
@@ -264,6 +266,7 @@ impl CollKernels {
             .collect::<anyhow::Result<_>>()?;
         Ok(Self {
             run,
+            empty: f("coll_empty")?,
             fill: f("coll_fill")?,
             check: f("coll_check")?,
             probe: f("coll_probe_ptrs")?,
@@ -288,14 +291,21 @@ impl CollKernels {
     ) -> Result<(), DriverError> {
         let missing = DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
         let f = self.run.get(&(case.op, case.algo)).ok_or(missing)?;
-        // SAFETY: as this function's contract; `CollParams` is the entry's,
-        // which waits for the previous kernel before touching memory.
-        unsafe {
-            match pdl {
-                true => launch::launch_overlapped(s, f, (blocks, THREADS), p),
-                false => launch::launch(s, f, (blocks, THREADS), p),
-            }
-        }
+        // SAFETY: as this function's contract.
+        unsafe { launch_entry(s, f, blocks, p, pdl) }
+    }
+
+    /// Queues `coll_empty`, the launch floor: one block that only starts
+    /// and ends as a call does, taking `p` (which it does not read),
+    /// launched as [`Self::launch_run`] launches a call.
+    pub fn launch_empty(
+        &self,
+        s: &CudaStream,
+        p: &CollParams,
+        pdl: bool,
+    ) -> Result<(), DriverError> {
+        // SAFETY: coll_empty touches no memory.
+        unsafe { launch_entry(s, &self.empty, 1, p, pdl) }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.
@@ -335,5 +345,27 @@ impl CollKernels {
             .arg(&out);
         // SAFETY: as this function's contract; the arguments are the kernel's.
         unsafe { b.launch(grid(1, 64)) }.map(|_| ())
+    }
+}
+
+/// Queues entry `f` (a `CollParams` kernel) with `blocks` blocks of
+/// [`THREADS`]; `pdl`: by programmatic dependent launch.
+///
+/// # Safety
+/// Every address in `p` must stay valid until the kernel completes.
+unsafe fn launch_entry(
+    s: &CudaStream,
+    f: &CudaFunction,
+    blocks: u32,
+    p: &CollParams,
+    pdl: bool,
+) -> Result<(), DriverError> {
+    // SAFETY: as this function's contract; `CollParams` is the entry's,
+    // which waits for the previous kernel before touching memory.
+    unsafe {
+        match pdl {
+            true => launch::launch_overlapped(s, f, (blocks, THREADS), p),
+            false => launch::launch(s, f, (blocks, THREADS), p),
+        }
     }
 }

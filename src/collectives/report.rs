@@ -36,6 +36,55 @@ pub struct RankTimes {
     /// NCCL's batch of every group, as `batch`.
     #[serde(default)]
     pub nccl_batch: Vec<Option<f64>>,
+    /// The launch floor, timed as the calls are (`None`: not measured).
+    #[serde(default)]
+    pub floor: Option<FloorTimes>,
+}
+
+/// One rank's launch floor
+/// ([`super::session::Session::measure_floor`]): an empty kernel of one
+/// block with a call's parameters, launched and timed as the calls.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FloorTimes {
+    /// Each call between its own two events, ns.
+    pub per_call: Vec<f64>,
+    /// A batch back to back between two events, mean ns per call.
+    pub batch: f64,
+}
+
+/// The launch floor as the report gives it: the slowest rank's, µs. A
+/// call's time less the floor's is what the call itself adds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Floor {
+    pub time_p50_us: f64,
+    pub time_p99_us: f64,
+    pub batch_us: f64,
+}
+
+/// The floor from every rank's (`None` when a rank has none).
+pub fn floor(all: &[RankTimes]) -> Option<Floor> {
+    let each: Option<Vec<&FloorTimes>> = all.iter().map(|t| t.floor.as_ref()).collect();
+    let each = each.filter(|e| !e.is_empty())?;
+    let per_call = slowest(&each.iter().map(|f| &f.per_call).collect::<Vec<_>>());
+    let batch = slowest_batch(&each.iter().map(|f| Some(f.batch)).collect::<Vec<_>>())?;
+    Some(Floor {
+        time_p50_us: per_call.p50_ns / 1e3,
+        time_p99_us: per_call.p99_ns / 1e3,
+        batch_us: batch / 1e3,
+    })
+}
+
+/// The report's line for the floor, below the table.
+pub fn floor_line(f: &Floor, launch: &str, pdl: bool) -> String {
+    format!(
+        "# launch floor: an empty kernel (one block, a call's parameters), launched as the calls ({launch}{}) and timed \
+         the same two ways: {:.2} us per call (p99 {:.2}), {:.2} us batched; a call's time less these is what the \
+         call itself adds",
+        if pdl { ", PDL" } else { "" },
+        f.time_p50_us,
+        f.time_p99_us,
+        f.batch_us
+    )
 }
 
 /// One line of the table.
@@ -226,6 +275,8 @@ pub struct RunInfo<'a> {
     /// and every rank on a GPU of its own).
     pub pdl: bool,
     pub window_bytes: u64,
+    /// The launch floor ([`floor`]); `None`: not measured.
+    pub floor: Option<Floor>,
     /// NCCL's version, or why the baseline did not run.
     pub nccl: String,
     /// Tool, command line, time, host, driver/NIXL/UCX versions, variables.
@@ -282,5 +333,22 @@ mod tests {
         let b = vec![2.0, 4.0, 3.0];
         let s = slowest(&[&a, &b]);
         assert_eq!((s.min_ns, s.max_ns, s.n), (2.0, 5.0, 3));
+    }
+
+    #[test]
+    fn the_floor_is_the_slowest_ranks_and_needs_every_rank() {
+        let rank = |per_call: Vec<f64>, batch: f64| RankTimes {
+            floor: Some(FloorTimes { per_call, batch }),
+            ..Default::default()
+        };
+        let all = [rank(vec![3e3, 4e3], 2e3), rank(vec![5e3, 2e3], 1e3)];
+        let f = floor(&all).unwrap();
+        // Per call the slower rank of each call (5 and 4 µs), batched the
+        // slower rank's mean.
+        assert_eq!(f.batch_us, 2.0);
+        assert!((4.0..=5.0).contains(&f.time_p50_us), "{f:?}");
+        assert!(floor_line(&f, "graph", true).contains("(graph, PDL)"));
+        assert_eq!(floor(&[all[0].clone(), RankTimes::default()]), None);
+        assert_eq!(floor(&[]), None);
     }
 }

@@ -311,6 +311,13 @@ fn publish(
          ours faster)",
         ctx.cfg.iters
     );
+    let floor = report::floor(&all);
+    if let Some(f) = &floor {
+        say!(
+            "{}",
+            report::floor_line(f, ctx.cfg.launch.name(), ctx.pdl())
+        );
+    }
     let info = report::RunInfo {
         config: ctx.cfg,
         gpus: infos
@@ -321,6 +328,7 @@ fn publish(
         max_blocks: ctx.plan.max_blocks,
         pdl: ctx.pdl(),
         window_bytes: window,
+        floor,
         nccl: nccl.into(),
         run_env: crate::results::RunEnv::capture("collectives"),
     };

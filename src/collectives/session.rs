@@ -27,7 +27,7 @@ use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout, piece_elems};
 use super::member::Group;
 use super::nccl::{Comm, NcclCall};
 use super::plan::{DataMode, Launch, Plan, RunConfig};
-use super::report::RankTimes;
+use super::report::{FloorTimes, RankTimes};
 use crate::cli::DataMismatch;
 use crate::gpu::kernels::wait_value_geq;
 use crate::gpu::run::run_watched;
@@ -383,6 +383,8 @@ impl Session {
             }
             None => None,
         };
+        crate::stall::waiting_on("the launch floor (an empty kernel)");
+        times.floor = Some(self.measure_floor(ctx)?);
         let mut call = 0u64;
         let groups = ctx.cfg.groups();
         for (n, grp) in groups.iter().enumerate() {
@@ -593,6 +595,35 @@ impl Session {
             kernel,
             phases: phases(stamps)?,
             batch,
+        })
+    }
+
+    /// The launch floor: `coll_empty`, which only starts and ends as a call
+    /// does, queued and timed as [`Self::run_case`] times a case's calls
+    /// (behind the gate; each between its events, then a batch back to
+    /// back; stream or graph, PDL as the calls), ns.
+    fn measure_floor(&self, ctx: &Context) -> Result<FloorTimes> {
+        let iters = u64::from(ctx.cfg.iters);
+        let p = CollParams::default();
+        let call = |s: &CudaStream, _: u64| -> Result<()> {
+            Ok(ctx.kernels.launch_empty(s, &p, ctx.pdl())?)
+        };
+        let timed = Timed::new(ctx, iters + 2, iters, &call)?;
+        let queue = |s: &CudaStream| -> Result<()> {
+            let gate = self.close_gate(s)?;
+            timed.queue(s, &call)?;
+            self.open_gate(gate)
+        };
+        let what = "the launch floor (an empty kernel)";
+        if self.watch_gated(ctx, what, queue)?.released {
+            bail!(
+                "rank {}: {what}: not done within the timeout (gate released)",
+                ctx.group.rank
+            );
+        }
+        Ok(FloorTimes {
+            per_call: timed.times(2)?,
+            batch: timed.batch_mean()?,
         })
     }
 
