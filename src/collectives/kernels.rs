@@ -369,3 +369,28 @@ unsafe fn launch_entry(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_kernel_loaded_by_name_is_defined() {
+        // The entries are checked in super::super::ops; these are the
+        // others. A name without its kernel would fail only on a GPU.
+        let cu = include_str!("../../cuda/collectives.cu");
+        let rs = include_str!("kernels.rs");
+        let names: Vec<&str> = (rs.split("f(\"").skip(1))
+            .filter_map(|s| s.split('"').next())
+            .filter(|s| s.starts_with("coll_"))
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        for name in names {
+            let defined = cu.lines().any(|l| {
+                l.starts_with("extern \"C\" __global__") && l.contains(&format!(" {name}("))
+            });
+            assert!(
+                defined,
+                "kernels.rs loads {name}, which cuda/collectives.cu does not define"
+            );
+        }
+    }
+}
