@@ -256,6 +256,42 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
     );
 }
 
+/// bench/call_split.py on a committed run: each operation's fastest case
+/// per size up to 64 KiB (f32, 3 operations × 14 sizes, less allgather's
+/// and reduce-scatter's 8 B: less than an element a rank), and the medians
+/// docs/COLLECTIVES.md cites; a file that is not a run's JSON exits 2.
+#[test]
+fn call_split_reads_a_committed_run() {
+    let run = |f: &Path| {
+        Command::new("python3")
+            .arg(root().join("bench/call_split.py"))
+            .arg(f)
+            .output()
+            .unwrap()
+    };
+    let f = root().join("docs/results/2026-11-28-h200x4-collectives/coll-4r-stream.json.gz");
+    let o = run(&f);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row = out
+        .lines()
+        .find(|l| l.contains("coll-4r-stream"))
+        .unwrap_or_default();
+    // ranks, launch, PDL, sizes × ops, kernel, gap, events, NCCL's events,
+    // their difference; no floor in a run of 367f831.
+    assert!(
+        row.contains("| 4 | stream | off | 40 | 3.04 | 1.94 | 3.05 | 2.40 | 0.65 | - | - |"),
+        "{out}"
+    );
+    let o = run(&root().join("README.md"));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("not a collectives run's JSON"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// bench/ab_collectives.py pairs the two sets' rows by case: a committed
 /// run against itself reads 1.000 in every case and every geometric mean,
 /// and no difference of configuration; against a run of another rank

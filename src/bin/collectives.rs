@@ -18,7 +18,7 @@ use nixl_examples::cli::{UsageError, check_port_free, parse_bytes, parse_timeout
 use nixl_examples::collectives::layout::{AlgoChoice, Dtype, MAX_BLOCKS, Path, PathChoice, sizes};
 use nixl_examples::collectives::member::{self, RankEnv};
 use nixl_examples::collectives::ops::Op;
-use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig};
+use nixl_examples::collectives::plan::{DataMode, Elastic, Launch, Place, RunConfig, SyncDomain};
 use nixl_examples::collectives::run::{self, Outputs};
 use nixl_examples::collectives::tune::TuneTable;
 use nixl_examples::ranks::args::ElasticArgs;
@@ -195,6 +195,14 @@ struct Args {
     /// launches them.
     #[arg(long)]
     pdl: bool,
+
+    /// The memory-synchronization domain our calls (and the launch floor)
+    /// are launched in (Hopper): CUDA's default, or the remote domain NCCL
+    /// launches its kernels in on sm90, where a fence orders only that
+    /// domain's traffic. Every kernel of ours that synchronizes with
+    /// another is launched in the same one.
+    #[arg(long, value_enum, default_value_t = SyncDomain::Default)]
+    sync_domain: SyncDomain,
 
     /// Inputs: exact (small integers: every sum exact in bf16 and f32, every
     /// element must equal the reference) or random (uniform in [-1, 1),
@@ -404,6 +412,7 @@ fn run_config(args: &Args, ranks: u32) -> Result<RunConfig> {
         },
         launch: args.launch,
         pdl: args.pdl,
+        sync_domain: args.sync_domain,
         data: args.data,
         corrupt_rank,
         elastic: args.membership.elastic().then_some(Elastic {

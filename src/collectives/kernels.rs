@@ -16,7 +16,7 @@ use super::layout::{Algo, MAX_RANKS, THREADS};
 use super::ops::Op;
 use crate::gpu::clock::{Span, ns_per_cycle};
 use crate::gpu::kernels::KernelReport;
-use crate::gpu::launch::{self, grid};
+use crate::gpu::launch::{self, LaunchAs, grid};
 
 /// `CollParams`: one call of one collective, what every kernel entry
 /// takes. Offsets are bytes into the rank's window
@@ -275,9 +275,9 @@ impl CollKernels {
     }
 
     /// Queues one call of `case` (its operation's entry for its algorithm)
-    /// with `blocks` blocks; `pdl`: by programmatic dependent launch
-    /// ([`launch::launch_overlapped`]: every entry waits for the kernel
-    /// before it in `start_call`, after looking the peer windows up).
+    /// with `blocks` blocks, launched as `how` says (with programmatic
+    /// dependent launch every entry waits for the kernel before it in
+    /// `start_call`, after looking the peer windows up).
     ///
     /// # Safety
     /// Every address in `p` must stay valid until the kernel completes.
@@ -287,12 +287,12 @@ impl CollKernels {
         case: &Case,
         blocks: u32,
         p: &CollParams,
-        pdl: bool,
+        how: LaunchAs,
     ) -> Result<(), DriverError> {
         let missing = DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
         let f = self.run.get(&(case.op, case.algo)).ok_or(missing)?;
         // SAFETY: as this function's contract.
-        unsafe { launch_entry(s, f, blocks, p, pdl) }
+        unsafe { launch_entry(s, f, blocks, p, how) }
     }
 
     /// Queues `coll_empty`, the launch floor: one block that only starts
@@ -302,10 +302,10 @@ impl CollKernels {
         &self,
         s: &CudaStream,
         p: &CollParams,
-        pdl: bool,
+        how: LaunchAs,
     ) -> Result<(), DriverError> {
         // SAFETY: coll_empty touches no memory.
-        unsafe { launch_entry(s, &self.empty, 1, p, pdl) }
+        unsafe { launch_entry(s, &self.empty, 1, p, how) }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.
@@ -349,7 +349,7 @@ impl CollKernels {
 }
 
 /// Queues entry `f` (a `CollParams` kernel) with `blocks` blocks of
-/// [`THREADS`]; `pdl`: by programmatic dependent launch.
+/// [`THREADS`], launched as `how` says.
 ///
 /// # Safety
 /// Every address in `p` must stay valid until the kernel completes.
@@ -358,16 +358,11 @@ unsafe fn launch_entry(
     f: &CudaFunction,
     blocks: u32,
     p: &CollParams,
-    pdl: bool,
+    how: LaunchAs,
 ) -> Result<(), DriverError> {
     // SAFETY: as this function's contract; `CollParams` is the entry's,
     // which waits for the previous kernel before touching memory.
-    unsafe {
-        match pdl {
-            true => launch::launch_overlapped(s, f, (blocks, THREADS), p),
-            false => launch::launch(s, f, (blocks, THREADS), p),
-        }
-    }
+    unsafe { launch::launch_as(s, f, (blocks, THREADS), p, how) }
 }
 
 #[cfg(test)]

@@ -50,6 +50,17 @@ impl Launch {
     }
 }
 
+/// The memory-synchronization domain our calls are launched in
+/// (`--sync-domain`, Hopper; [`crate::gpu::launch::LaunchAs::remote_domain`]):
+/// CUDA's default, or the remote domain NCCL launches its kernels in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncDomain {
+    #[default]
+    Default,
+    Remote,
+}
+
 /// The inputs (`--data`): small integers, whose sums are exact in bf16 and
 /// f32 in any order (every output element must equal the reference), or
 /// uniform random values in [-1, 1) (rounded to the type), whose sums are
@@ -99,6 +110,9 @@ pub struct RunConfig {
     /// start while the kernel before it on the stream ends.
     #[serde(default)]
     pub pdl: bool,
+    /// `--sync-domain`: the memory-synchronization domain of our calls.
+    #[serde(default)]
+    pub sync_domain: SyncDomain,
     /// Exact small integers or random values within a bound.
     #[serde(default)]
     pub data: DataMode,
@@ -350,6 +364,7 @@ mod tests {
             baseline: true,
             launch: Launch::Stream,
             pdl: false,
+            sync_domain: SyncDomain::Default,
             data: DataMode::Exact,
             corrupt_rank: None,
             elastic: None,

@@ -75,15 +75,13 @@ pub fn floor(all: &[RankTimes]) -> Option<Floor> {
 }
 
 /// The report's line for the floor, below the table.
-pub fn floor_line(f: &Floor, launch: &str, pdl: bool) -> String {
+/// `launched`: how the calls were launched, in words.
+pub fn floor_line(f: &Floor, launched: &str) -> String {
     format!(
-        "# launch floor: an empty kernel (one block, a call's parameters), launched as the calls ({launch}{}) and timed \
+        "# launch floor: an empty kernel (one block, a call's parameters), launched as the calls ({launched}) and timed \
          the same two ways: {:.2} us per call (p99 {:.2}), {:.2} us batched; a call's time less these is what the \
          call itself adds",
-        if pdl { ", PDL" } else { "" },
-        f.time_p50_us,
-        f.time_p99_us,
-        f.batch_us
+        f.time_p50_us, f.time_p99_us, f.batch_us
     )
 }
 
@@ -347,7 +345,7 @@ mod tests {
         // slower rank's mean.
         assert_eq!(f.batch_us, 2.0);
         assert!((4.0..=5.0).contains(&f.time_p50_us), "{f:?}");
-        assert!(floor_line(&f, "graph", true).contains("(graph, PDL)"));
+        assert!(floor_line(&f, "graph, PDL").contains("(graph, PDL)"));
         assert_eq!(floor(&[all[0].clone(), RankTimes::default()]), None);
         assert_eq!(floor(&[]), None);
     }

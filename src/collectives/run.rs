@@ -283,14 +283,14 @@ fn publish(
         .map(|i| (i.host.as_str(), i.gpu_uuid.as_str()))
         .collect();
     say!(
-        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls back to back per case ({} launches) after \
+        "[collectives] {} ranks on {} GPU(s) ({}, MPS {}), {} timed calls back to back per case (launched: {}) after \
          {} checked warm-up calls (every output element compared); {nccl}",
         g.world,
         gpus.len(),
         infos[0].gpu_name,
         if infos[0].mps { "on" } else { "off" },
         ctx.cfg.iters,
-        ctx.cfg.launch.name(),
+        ctx.launch_words(),
         ctx.cfg.warmup
     );
     let seats: Vec<_> = infos.iter().map(RankInfo::seat).collect();
@@ -313,10 +313,7 @@ fn publish(
     );
     let floor = report::floor(&all);
     if let Some(f) = &floor {
-        say!(
-            "{}",
-            report::floor_line(f, ctx.cfg.launch.name(), ctx.pdl())
-        );
+        say!("{}", report::floor_line(f, &ctx.launch_words()));
     }
     let info = report::RunInfo {
         config: ctx.cfg,

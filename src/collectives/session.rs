@@ -26,10 +26,11 @@ use super::kernels::{
 use super::layout::{MAX_BLOCKS, MAX_RANKS, WindowLayout, piece_elems};
 use super::member::Group;
 use super::nccl::{Comm, NcclCall};
-use super::plan::{DataMode, Launch, Plan, RunConfig};
+use super::plan::{DataMode, Launch, Plan, RunConfig, SyncDomain};
 use super::report::{FloorTimes, RankTimes};
 use crate::cli::DataMismatch;
 use crate::gpu::kernels::wait_value_geq;
+use crate::gpu::launch::LaunchAs;
 use crate::gpu::run::run_watched;
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::nixl::net::{Net, PeerCard};
@@ -151,6 +152,24 @@ impl Context<'_> {
     /// take SMs a peer's call needs.
     pub fn pdl(&self) -> bool {
         self.cfg.pdl && self.plan.max_ranks_on_gpu == 1
+    }
+
+    /// How our calls are launched, in words: "stream", "graph, PDL",
+    /// "stream, remote sync domain" ...
+    pub fn launch_words(&self) -> String {
+        let how = self.launch_as();
+        let mut w = vec![self.cfg.launch.name()];
+        w.extend(how.pdl.then_some("PDL"));
+        w.extend(how.remote_domain.then_some("remote sync domain"));
+        w.join(", ")
+    }
+
+    /// How our calls are launched: [`Self::pdl`] and `--sync-domain`.
+    pub fn launch_as(&self) -> LaunchAs {
+        LaunchAs {
+            pdl: self.pdl(),
+            remote_domain: self.cfg.sync_domain == SyncDomain::Remote,
+        }
     }
 }
 
@@ -539,7 +558,7 @@ impl Session {
         let timed = Timed::new(ctx, iters + 2, iters, &|s: &CudaStream, k: u64| unsafe {
             Ok(ctx
                 .kernels
-                .launch_run(s, case, blocks, &data(id + k, id).0, ctx.pdl())?)
+                .launch_run(s, case, blocks, &data(id + k, id).0, ctx.launch_as())?)
         })?;
         let queue = |s: &CudaStream| -> Result<()> {
             // SAFETY: as above.
@@ -547,7 +566,8 @@ impl Session {
                 for c in first..id {
                     let (p, d) = data(c, c);
                     ctx.kernels.launch_data(s, false, &d)?;
-                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.pdl())?;
+                    ctx.kernels
+                        .launch_run(s, case, blocks, &p, ctx.launch_as())?;
                     self.maybe_corrupt(ctx, s, d.output, c - first)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                     checks += 1;
@@ -555,9 +575,13 @@ impl Session {
                 ctx.kernels.launch_data(s, false, &data(id, id).1)?;
                 let gate = self.close_gate(s)?;
                 timed.queue(s, &|s: &CudaStream, k: u64| {
-                    Ok(ctx
-                        .kernels
-                        .launch_run(s, case, blocks, &data(id + k, id).0, ctx.pdl())?)
+                    Ok(ctx.kernels.launch_run(
+                        s,
+                        case,
+                        blocks,
+                        &data(id + k, id).0,
+                        ctx.launch_as(),
+                    )?)
                 })?;
                 // Every timed call computes the same output from one fill:
                 // the last two (both parities) stand for all.
@@ -606,7 +630,7 @@ impl Session {
         let iters = u64::from(ctx.cfg.iters);
         let p = CollParams::default();
         let call = |s: &CudaStream, _: u64| -> Result<()> {
-            Ok(ctx.kernels.launch_empty(s, &p, ctx.pdl())?)
+            Ok(ctx.kernels.launch_empty(s, &p, ctx.launch_as())?)
         };
         let timed = Timed::new(ctx, iters + 2, iters, &call)?;
         let queue = |s: &CudaStream| -> Result<()> {
@@ -958,7 +982,8 @@ impl Session {
                 unsafe {
                     ctx.kernels.launch_data(s, false, &d)?;
                     a.record(s)?;
-                    ctx.kernels.launch_run(s, case, blocks, &p, ctx.pdl())?;
+                    ctx.kernels
+                        .launch_run(s, case, blocks, &p, ctx.launch_as())?;
                     b.record(s)?;
                     ctx.kernels.launch_data(s, true, &d)?;
                 }

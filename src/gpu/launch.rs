@@ -37,30 +37,69 @@ pub unsafe fn launch<P: DeviceRepr>(
     unsafe { b.launch(grid(blocks, threads)) }.map(|_| ())
 }
 
-/// As [`launch`], with CUDA's programmatic stream serialization (Hopper's
-/// programmatic dependent launch, `cuLaunchKernelEx` with
-/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): `f` may start
-/// while the kernel before it on `stream` still runs, once every block of
-/// that kernel has called `allow_next_launch` (or exited), and its launch
-/// and everything before its `wait_previous_grid` overlap that kernel's
-/// tail (`cuda/device_common.cuh`). Only a kernel right behind another
-/// can overlap; after anything else (an event, a copy) it launches as
-/// [`launch`] would. Inside a stream capture it becomes a programmatic edge
-/// of the graph. Errors: the driver's, as [`launch`].
+/// How a kernel is launched beyond its grid: the launch attributes of
+/// `cuLaunchKernelEx` this suite uses. The default is a plain launch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchAs {
+    /// CUDA's programmatic stream serialization (Hopper's programmatic
+    /// dependent launch, `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`):
+    /// the kernel may start while the kernel before it on the stream still
+    /// runs, once every block of that kernel has called `allow_next_launch`
+    /// (or exited), and its launch and everything before its
+    /// `wait_previous_grid` overlap that kernel's tail
+    /// (`cuda/device_common.cuh`). Only a kernel right behind another can
+    /// overlap; after anything else (an event, a copy) it launches as a
+    /// plain one would. Inside a stream capture it becomes a programmatic
+    /// edge of the graph.
+    pub pdl: bool,
+    /// The remote memory-synchronization domain
+    /// (`CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN` =
+    /// `CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE`, Hopper): a fence the kernel
+    /// issues orders only memory operations of that domain, and one issued
+    /// in the default domain does not wait for the kernel's traffic. NCCL
+    /// launches its kernels there on sm90 (`NCCL_MEM_SYNC_DOMAIN`, 1 by
+    /// default). Kernels in different domains are system-scope apart even
+    /// on one GPU: every kernel that synchronizes with another at GPU scope
+    /// must be launched in the same domain.
+    pub remote_domain: bool,
+}
+
+/// As [`launch`], with the attributes `how` asks for (`cuLaunchKernelEx`);
+/// with none, exactly [`launch`]. Errors: the driver's, as [`launch`].
 ///
 /// # Safety
-/// As [`launch`]; and `f` must call `wait_previous_grid` before it reads
-/// or writes memory an earlier kernel on the stream writes or reads.
-pub unsafe fn launch_overlapped<P: DeviceRepr>(
+/// As [`launch`]; and with `how.pdl`, `f` must call `wait_previous_grid`
+/// before it reads or writes memory an earlier kernel on the stream writes
+/// or reads.
+pub unsafe fn launch_as<P: DeviceRepr>(
     stream: &CudaStream,
     f: &CudaFunction,
     (blocks, threads): (u32, u32),
     p: &P,
+    how: LaunchAs,
 ) -> Result<(), DriverError> {
-    // SAFETY: a zeroed attribute is a valid C struct; its id and value set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    if how == LaunchAs::default() {
+        // SAFETY: as this function's contract.
+        return unsafe { launch(stream, f, (blocks, threads), p) };
+    }
+    let mut attrs = Vec::with_capacity(2);
+    let attr = |id: sys::CUlaunchAttributeID| {
+        // SAFETY: a zeroed attribute is a valid C struct; its id and value are set here.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = id;
+        a
+    };
+    if how.pdl {
+        let mut a =
+            attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+        a.value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(a);
+    }
+    if how.remote_domain {
+        let mut a = attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN);
+        a.value.memSyncDomain = sys::CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+        attrs.push(a);
+    }
     let cfg = sys::CUlaunchConfig {
         gridDimX: blocks,
         gridDimY: 1,
@@ -70,8 +109,8 @@ pub unsafe fn launch_overlapped<P: DeviceRepr>(
         blockDimZ: 1,
         sharedMemBytes: 0,
         hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     };
     // The driver copies the parameter out of `p` at launch.
     let mut args = [p as *const P as *mut std::ffi::c_void];
