@@ -50,7 +50,9 @@ use nixl_examples::results::ResultFiles;
 /// last block (%globaltimer; above kern: blocks ended unevenly);
 /// setup/push/sig/wait splits block 0's first phase:
 /// peer pointers, pushing the data, fence and signals, waiting for every
-/// peer (for ll: the polls and the sum).
+/// peer (for ll: the polls and the sum). Below the table, the launch floor:
+/// an empty kernel (one block, a call's parameters) launched and timed the
+/// same two ways as the calls, what no call of ours can go below.
 ///
 /// Without RANK in the environment, `collectives` starts --ranks rank
 /// processes itself; under torchrun each process is one rank.
@@ -61,7 +63,7 @@ use nixl_examples::results::ResultFiles;
 /// gone, shrink (chunks, slices and output slots recomputed over fewer
 /// members; nothing re-registered) and go on, every later call checked
 /// against the survivors' sum. Any rank may die (kill one by pid). A later
-/// phase of the plan may bring new ranks (new ids: [[0,1,-2],[0,1,3]]),
+/// phase of the plan may bring new ranks (new ids: `[[0,1,-2],[0,1,3]]`),
 /// which join between two calls, as ncclCommGrow adds ranks; a rank leaves
 /// only by dying. Each phase runs --rounds rounds. The report is per case
 /// and member count. No NCCL baseline.

@@ -105,7 +105,7 @@ impl Model {
         self.win[to as usize][dst..dst + len as usize].copy_from_slice(&data);
     }
 
-    /// `reduce`: out[i] = Σ_s src[s][i] in rank order, i in [lo, hi).
+    /// `reduce`: `out[i] = Σ_s src[s][i]` in rank order, `i` in `[lo, hi)`.
     pub fn reduce(&mut self, r: u32, out: usize, src: &[isize], lo: u64, hi: u64) {
         self.reduce_to(r, r, out, src, lo, hi);
     }

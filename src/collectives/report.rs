@@ -41,9 +41,9 @@ pub struct RankTimes {
     pub floor: Option<FloorTimes>,
 }
 
-/// One rank's launch floor
-/// ([`super::session::Session::measure_floor`]): an empty kernel of one
-/// block with a call's parameters, launched and timed as the calls.
+/// One rank's launch floor (the session's `measure_floor`): an empty
+/// kernel of one block with a call's parameters, launched and timed as the
+/// calls.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FloorTimes {
     /// Each call between its own two events, ns.

@@ -167,7 +167,7 @@ fn verify(gpu: &Gpu, buf: &DeviceBuffer, g: u64, chunk: u64) -> Result<()> {
     }
 }
 
-/// One of a rank's buffers ([`Bufs`]): receive buffer i, source i.
+/// One of a rank's buffers (`Bufs`): receive buffer i, source i.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buf {
     Recv(usize),

@@ -8,7 +8,7 @@
 //! A case: every rank zeroes its window (ready and credit words start at 0,
 //! old LL lines are gone), all meet at a barrier, each launches its stage's
 //! kernel once for all the case's chunks (the last stage first:
-//! [`launches_first`]), the host watches it
+//! `launches_first`), the host watches it
 //! ([`crate::gpu::run::run_watched`]: the store is asked whether a rank
 //! gave up), and all meet again before anyone touches the window (a late
 //! credit must not land in the next case's).

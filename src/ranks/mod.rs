@@ -7,7 +7,7 @@
 //! The modules, bottom up:
 //!
 //! - [`env`](mod@env): torchrun's environment (or our launcher's) and the
-//!   [`Program`](env::Program) the ranks run, which names its key
+//!   [`env::Program`] the ranks run, which names its key
 //!   namespace;
 //! - [`keys`], [`group`]: the membership's store keys, and one rank's handle
 //!   on the run's [`crate::group`] (heartbeats, probes, aborts, barriers,

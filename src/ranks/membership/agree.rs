@@ -35,7 +35,7 @@ impl Membership<'_> {
     /// Returns the decision, the same on every survivor. Errors: this rank
     /// is in the decision (the others gave up on it; a [`Dismissed`] error,
     /// for which the group publishes no abort), a rank is gone and deaths
-    /// fail the run ([`OnDeath::Fail`]), no decision within the run's
+    /// fail the run ([`super::OnDeath::Fail`]), no decision within the run's
     /// timeout, the store or an abort.
     pub fn agree(&self, i: usize, step: u64, masked: &BTreeSet<u32>) -> Result<Decision> {
         let g = self.group;
