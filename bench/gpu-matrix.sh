@@ -6,7 +6,7 @@
 # lines, and the next row runs.
 #
 #   bench/gpu-matrix.sh [--bin DIR | --bundle FILE] [--nixl-lib DIR] [--out DIR]
-#                       [--gpus "0 1 2 3"] [--parts "sw nvshmem coll ep pipe faults pdl"]
+#                       [--gpus "0 1 2 3"] [--parts "sw nvshmem coll ep pipe faults pdl sync"]
 #                       [--budget SECONDS] [--nvshmem DIR]
 #
 # Parts (GPUs from --gpus, default every GPU; the first two are "the pair"):
@@ -38,6 +38,9 @@
 #            GPUs, stream and graph launches, two rounds of each alternating
 #            (on, off, on, off); bench/ab_collectives.py compares them into
 #            pdl-ab-<ranks>r-<launch>.md
+#   sync     (not run unless named) the same A/B of --sync-domain remote (our
+#            calls in CUDA's remote memory-synchronization domain, as NCCL
+#            launches its own) against the default: sync-ab-<ranks>r-<launch>.md
 #
 # Parts can run in separate calls into one folder (--out): a call removes
 # only the files of the rows it runs. bench/gpu_matrix.py DIR then writes
@@ -70,8 +73,8 @@ while (($#)); do
 done
 [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu-matrix: --budget '$BUDGET': want whole seconds" >&2; exit 2; }
 for p in $PARTS; do
-  [[ " sw nvshmem coll ep pipe faults pdl " == *" $p "* ]] || {
-    echo "gpu-matrix: --parts: unknown part '$p' (sw nvshmem coll ep pipe faults pdl)" >&2; exit 2; }
+  [[ " sw nvshmem coll ep pipe faults pdl sync " == *" $p "* ]] || {
+    echo "gpu-matrix: --parts: unknown part '$p' (sw nvshmem coll ep pipe faults pdl sync)" >&2; exit 2; }
 done
 NAME=gpu-matrix
 # shellcheck source=../scripts/lib/gpu-env.sh
@@ -190,24 +193,32 @@ part_coll() {
       --ranks "$n" --gpus "$n" -b 8 -e 4M --dtype f32,bf16 --algo ll128 --path store --timeout 15 --port "$(pick_port)"
   done
 }
-part_pdl() {
-  local n launch round pdl c ns=(2)
+# An A/B of one option of our collectives (its words follow TAG): with it
+# ("on") and without, 8 B - 4 MiB, every op, algorithm and path, at 2 ranks
+# and at as many as there are GPUs, stream and graph launches, two rounds
+# alternating; bench/ab_collectives.py compares them into
+# TAG-ab-<ranks>r-<launch>.md.
+ab_part() {
+  local tag=$1 n launch round with c ns=(2)
+  shift
   ((${#G[@]} > 2)) && ns+=("${#G[@]}")
   for n in "${ns[@]}"; do
     for launch in stream graph; do
       for round in 1 2; do
-        for pdl in on off; do
+        for with in on off; do
           c=("$BIN/collectives" --ranks "$n" --gpus "$n" -b 8 -e 4M -f 4 --dtype f32 --algo all --timeout 15
             --launch "$launch" --port "$(pick_port)")
-          [[ $pdl == on ]] && c+=(--pdl)
-          row "pdl-${n}r-$launch-$pdl-$round" 0 $((60 + 3 * $(sizes 8 $((4 << 20)) 4))) "$(vis "${G[@]:0:n}")" -- "${c[@]}"
+          [[ $with == on ]] && c+=("$@")
+          row "$tag-${n}r-$launch-$with-$round" 0 $((60 + 3 * $(sizes 8 $((4 << 20)) 4))) "$(vis "${G[@]:0:n}")" -- "${c[@]}"
         done
       done
-      python3 "$ROOT/bench/ab_collectives.py" "$OUT/pdl-${n}r-$launch-on-*.json" "$OUT/pdl-${n}r-$launch-off-*.json" \
-        >"$OUT/pdl-ab-${n}r-$launch.md" || rm -f "$OUT/pdl-ab-${n}r-$launch.md"
+      python3 "$ROOT/bench/ab_collectives.py" "$OUT/$tag-${n}r-$launch-on-*.json" "$OUT/$tag-${n}r-$launch-off-*.json" \
+        >"$OUT/$tag-ab-${n}r-$launch.md" || rm -f "$OUT/$tag-ab-${n}r-$launch.md"
     done
   done
 }
+part_pdl() { ab_part pdl --pdl; }
+part_sync() { ab_part sync --sync-domain remote; }
 part_ep() {
   local n mode
   for n in 2 4 8; do

@@ -15,9 +15,11 @@ then missing: a results folder trimmed to its cap).
   - ep: each path and phase beside NCCL's all-to-all;
   - pipeline: each link beside NCCL's send/recv chain;
   - faults: gpu-faults.sh's table;
-  - pdl: each A/B of programmatic dependent launch (pdl-ab-*.md, written by
-    bench/ab_collectives.py): per operation the batch time with PDL over
-    without, and the fastest of ours per size both ways beside NCCL.
+  - pdl, sync: each A/B of an option of ours (pdl-ab-*.md: programmatic
+    dependent launch; sync-ab-*.md: the remote memory-synchronization
+    domain; written by bench/ab_collectives.py): per operation the batch
+    time with the option over without, and the fastest of ours per size
+    both ways beside NCCL.
 
 A ratio whose baseline is above the link's rate (the sum of the NVLink
 links' per-direction rates that env.txt lists) is not printed: such a
@@ -269,13 +271,14 @@ def sections():
                    .read().rstrip().splitlines() + ["```"])
     except OSError:
         pass
-    for t in sorted(glob.glob(os.path.join(DIR, "pdl-ab-*.md"))):
-        n, launch = os.path.basename(t)[len("pdl-ab-"):-len(".md")].split("-")
-        text = open(t).read()
-        # The per-case table stays in the file; the summary takes the rest.
-        kept = text[text.find("| op | batch A/B"):].rstrip().splitlines()
-        out.append([f"PDL A/B, {n[:-1]} ranks, {launch} launches (A: --pdl, B: without; {os.path.basename(t)})", ""]
-                   + kept)
+    for tag, what, option in (("pdl", "PDL", "--pdl"), ("sync", "Sync-domain", "--sync-domain remote")):
+        for t in sorted(glob.glob(os.path.join(DIR, f"{tag}-ab-*.md"))):
+            n, launch = os.path.basename(t)[len(f"{tag}-ab-"):-len(".md")].split("-")
+            text = open(t).read()
+            # The per-case table stays in the file; the summary takes the rest.
+            kept = text[text.find("| op | batch A/B"):].rstrip().splitlines()
+            out.append([f"{what} A/B, {n[:-1]} ranks, {launch} launches (A: {option}, B: without; "
+                        f"{os.path.basename(t)})", ""] + kept)
     return out
 
 

@@ -221,7 +221,8 @@ fn gpu_matrix_on_one_gpu(stubs: &Stubs, args: &[&str]) -> String {
 
 /// With one GPU the GPU matrix runs nothing: every row is named in the
 /// summary as not run, with the reason, and the exit status is 1; so are
-/// the rows of the PDL part, which runs only when --parts names it.
+/// the rows of the A/B parts (pdl, sync), which run only when --parts
+/// names them.
 #[test]
 fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
     let stubs = Stubs::new("matrix");
@@ -239,19 +240,20 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
     ] {
         named(&summary, row);
     }
-    assert!(
-        !summary.contains("pdl-2r"),
-        "the PDL part ran unasked: {summary}"
-    );
+    for part in ["pdl-2r", "sync-2r"] {
+        assert!(!summary.contains(part), "{part} ran unasked: {summary}");
+    }
     assert!(!summary.contains("| "), "a table without a run: {summary}");
-    let summary = gpu_matrix_on_one_gpu(&stubs, &["--parts", "pdl"]);
-    for launch in ["stream", "graph"] {
-        for row in ["on-1", "off-1", "on-2", "off-2"] {
-            named(&summary, &format!("pdl-2r-{launch}-{row}"));
+    let summary = gpu_matrix_on_one_gpu(&stubs, &["--parts", "pdl sync"]);
+    for part in ["pdl", "sync"] {
+        for launch in ["stream", "graph"] {
+            for row in ["on-1", "off-1", "on-2", "off-2"] {
+                named(&summary, &format!("{part}-2r-{launch}-{row}"));
+            }
         }
     }
     assert!(
-        !summary.contains("PDL A/B"),
+        !summary.contains(" A/B,"),
         "an A/B without a run: {summary}"
     );
 }
