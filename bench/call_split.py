@@ -1,8 +1,8 @@
 """Where a small collectives call's time goes, from collectives --json files
 (.json or .json.gz), one line per file (one run: its rank count and launch
 mode). Over the run's sizes up to 64 KiB (where a call's fixed cost, not its
-bytes, sets the time), each operation's fastest case per size (by time per
-call), the medians, µs, of
+bytes, sets the time), each operation and type's fastest case per size (by
+time per call), the medians, µs, of
 
   kernel   ours: block 0's first instruction to the end of the call's last
            block (the JSON's kernel_last_p50_us, or kernel_p50_us)
@@ -17,8 +17,9 @@ launched and timed as the calls, per call and batched.
 
     python3 bench/call_split.py docs/results/*/coll-*.json.gz
 
-Prints a Markdown table on stdout; exits 2 when a file is not a collectives
-run's JSON with NCCL's batch beside ours.
+Prints a Markdown table on stdout. A run without NCCL's baseline (--no-baseline,
+ranks sharing a GPU, elastic runs) is left out with a line on stderr; exits 2
+when a file is not a collectives run's JSON, or no file has the baseline.
 Usage: call_split.py FILE..."""
 import os
 import statistics
@@ -30,6 +31,7 @@ from benchlib import num, table  # noqa: E402
 
 FILES = benchlib.args(__doc__, "call_split.py FILE...", 1)
 SMALL = 64 << 10
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
 
 
 def split(doc):
@@ -60,20 +62,25 @@ def line(path):
         sys.exit(2)
     s = split(doc)
     if s is None:
-        print(f"call_split.py: {path}: no case up to 64 KiB with NCCL's batch beside ours", file=sys.stderr)
-        sys.exit(2)
+        print(f"call_split.py: {path}: left out, no case up to 64 KiB with NCCL's batch beside ours", file=sys.stderr)
+        return None
     kernel, gap, events, nccl_events, cases = s
     floor = run.get("floor") or {}
-    where = path.removeprefix("docs/results/")
+    where = os.path.relpath(os.path.abspath(path), RESULTS)
+    where = os.path.basename(path) if where.startswith("..") else where
     return [where, cfg.get("ranks", "?"), cfg.get("launch", "?"), "on" if run.get("pdl") else "off", cases,
             num(kernel), num(gap), num(events), num(nccl_events), num(events - nccl_events),
             num(floor.get("time_p50_us")), num(floor.get("batch_us"))]
 
 
 def main():
-    head = ["run", "ranks", "launch", "PDL", "sizes × ops ≤ 64 KiB", "ours: kernel", "gap", "events", "NCCL: events",
-            "ours − NCCL's events", "floor per call", "floor batch"]
-    print("\n".join(table(head, [line(p) for p in FILES])))
+    head = ["run", "ranks", "launch", "PDL", "cases (op, type, size) ≤ 64 KiB", "ours: kernel", "gap", "events",
+            "NCCL: events", "ours − NCCL's events", "floor per call", "floor batch"]
+    rows = [r for r in (line(p) for p in FILES) if r]
+    if not rows:
+        print("call_split.py: no run with NCCL's baseline among the files", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(table(head, rows)))
 
 
 main()

@@ -111,7 +111,7 @@ __device__ __forceinline__ void fence_acquire(bool gpu_scope) {
 // ------------------------------------------- programmatic dependent launch
 //
 // A kernel launched with CUDA's programmatic-stream-serialization attribute
-// (src/gpu/launch.rs, `launch_overlapped`) may start while the kernel
+// (src/gpu/launch.rs, `launch_as` with `pdl`) may start while the kernel
 // before it on the stream is still running: once every block of that one
 // has called allow_next_launch (or exited). It must call
 // wait_previous_grid before it touches anything an earlier kernel writes;

@@ -261,7 +261,8 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
 /// bench/call_split.py on a committed run: each operation's fastest case
 /// per size up to 64 KiB (f32, 3 operations × 14 sizes, less allgather's
 /// and reduce-scatter's 8 B: less than an element a rank), and the medians
-/// docs/COLLECTIVES.md cites; a file that is not a run's JSON exits 2.
+/// docs/COLLECTIVES.md cites; a file that is not a run's JSON exits 2, a
+/// run without NCCL's baseline is left out with its name on stderr.
 #[test]
 fn call_split_reads_a_committed_run() {
     let run = |f: &Path| {
@@ -292,6 +293,36 @@ fn call_split_reads_a_committed_run() {
         "{}",
         text(&o)
     );
+    // The same run without NCCL's batch (as --no-baseline writes it) is
+    // left out, named; alone it leaves nothing to print: exit 2.
+    let dir = std::env::temp_dir().join(format!("call-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bare = dir.join("bare.json");
+    let strip = "import gzip, json, sys\n\
+                 d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
+                 for r in d['rows']: r['nccl_batch_us'] = None\n\
+                 json.dump(d, open(sys.argv[2], 'w'))\n";
+    let o = Command::new("python3")
+        .args(["-c", strip])
+        .arg(&f)
+        .arg(&bare)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let both = Command::new("python3")
+        .arg(root().join("bench/call_split.py"))
+        .args([&bare, &f])
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(0), "{}", text(&both));
+    assert!(
+        text(&both).contains("bare.json: left out"),
+        "{}",
+        text(&both)
+    );
+    let o = run(&bare);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// bench/ab_collectives.py pairs the two sets' rows by case: a committed

@@ -201,8 +201,9 @@ struct Args {
     /// The memory-synchronization domain our calls (and the launch floor)
     /// are launched in (Hopper): CUDA's default, or the remote domain NCCL
     /// launches its kernels in on sm90, where a fence orders only that
-    /// domain's traffic. Every kernel of ours that synchronizes with
-    /// another is launched in the same one.
+    /// domain's traffic. Every call is launched in it (they signal and wait
+    /// on each other); the fill and check kernels stay in the default one,
+    /// ordered with the calls by the stream.
     #[arg(long, value_enum, default_value_t = SyncDomain::Default)]
     sync_domain: SyncDomain,
 

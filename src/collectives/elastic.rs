@@ -483,10 +483,12 @@ pub fn publish(
     let mut dets: Vec<&Detection> = all.iter().flat_map(|t| &t.detections).collect();
     dets.sort_by_key(|d| d.rank);
     say!(
-        "[collectives] elastic run: {} ranks ({}), {} call(s) per step, fault timeout {} ms; {} survivor(s) reported",
+        "[collectives] elastic run: {} ranks ({}), {} call(s) per step (launched: {}), fault timeout {} ms; {} \
+         survivor(s) reported",
         ctx.group.world,
         infos.first().map_or("", |i| i.gpu_name.as_str()),
         ctx.cfg.iters,
+        ctx.launch_words(),
         ctx.cfg.fault_timeout_ns() / 1_000_000,
         all.len()
     );

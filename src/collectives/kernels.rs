@@ -296,16 +296,11 @@ impl CollKernels {
     }
 
     /// Queues `coll_empty`, the launch floor: one block that only starts
-    /// and ends as a call does, taking `p` (which it does not read),
-    /// launched as [`Self::launch_run`] launches a call.
-    pub fn launch_empty(
-        &self,
-        s: &CudaStream,
-        p: &CollParams,
-        how: LaunchAs,
-    ) -> Result<(), DriverError> {
+    /// and ends as a call does, taking a call's parameters (zeroed: it
+    /// reads none), launched as [`Self::launch_run`] launches a call.
+    pub fn launch_empty(&self, s: &CudaStream, how: LaunchAs) -> Result<(), DriverError> {
         // SAFETY: coll_empty touches no memory.
-        unsafe { launch_entry(s, &self.empty, 1, p, how) }
+        unsafe { launch_entry(s, &self.empty, 1, &CollParams::default(), how) }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.

@@ -61,16 +61,18 @@ pub struct Floor {
     pub batch_us: f64,
 }
 
-/// The floor from every rank's (`None` when a rank has none).
+/// The floor from every rank's (`None` when a rank has none): each rank's
+/// launches summarised on their own (the k-th launch of two ranks has
+/// nothing to do with each other, unlike a call), then the largest p50,
+/// p99 and batch mean over the ranks.
 pub fn floor(all: &[RankTimes]) -> Option<Floor> {
     let each: Option<Vec<&FloorTimes>> = all.iter().map(|t| t.floor.as_ref()).collect();
     let each = each.filter(|e| !e.is_empty())?;
-    let per_call = slowest(&each.iter().map(|f| &f.per_call).collect::<Vec<_>>());
-    let batch = slowest_batch(&each.iter().map(|f| Some(f.batch)).collect::<Vec<_>>())?;
+    let most = |f: &dyn Fn(&FloorTimes) -> f64| each.iter().map(|t| f(t)).fold(0.0, f64::max) / 1e3;
     Some(Floor {
-        time_p50_us: per_call.p50_ns / 1e3,
-        time_p99_us: per_call.p99_ns / 1e3,
-        batch_us: batch / 1e3,
+        time_p50_us: most(&|t| Summary::of(&t.per_call).p50_ns),
+        time_p99_us: most(&|t| Summary::of(&t.per_call).p99_ns),
+        batch_us: most(&|t| t.batch),
     })
 }
 
@@ -339,12 +341,16 @@ mod tests {
             floor: Some(FloorTimes { per_call, batch }),
             ..Default::default()
         };
-        let all = [rank(vec![3e3, 4e3], 2e3), rank(vec![5e3, 2e3], 1e3)];
+        let all = [
+            rank(vec![3e3, 3e3, 3e3], 2e3),
+            rank(vec![5e3, 1e3, 1e3], 1e3),
+        ];
         let f = floor(&all).unwrap();
-        // Per call the slower rank of each call (5 and 4 µs), batched the
-        // slower rank's mean.
-        assert_eq!(f.batch_us, 2.0);
-        assert!((4.0..=5.0).contains(&f.time_p50_us), "{f:?}");
+        // Each rank's p50 on its own (3 and 1 µs), the larger; not the p50
+        // of the larger launch of each index (3, 3, 5: also 3, but 5 at
+        // p99 where rank 0's p99 is 3 and rank 1's 5).
+        assert_eq!((f.time_p50_us, f.batch_us), (3.0, 2.0), "{f:?}");
+        assert!(f.time_p99_us >= 3.0, "{f:?}");
         assert!(floor_line(&f, "graph, PDL").contains("(graph, PDL)"));
         assert_eq!(floor(&[all[0].clone(), RankTimes::default()]), None);
         assert_eq!(floor(&[]), None);

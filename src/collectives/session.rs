@@ -402,8 +402,6 @@ impl Session {
             }
             None => None,
         };
-        crate::stall::waiting_on("the launch floor (an empty kernel)");
-        times.floor = Some(self.measure_floor(ctx)?);
         let mut call = 0u64;
         let groups = ctx.cfg.groups();
         for (n, grp) in groups.iter().enumerate() {
@@ -433,6 +431,12 @@ impl Session {
                 tracing::info!("{}/{} sizes verified", n + 1, groups.len());
             }
         }
+        // Last, on a GPU the cases have warmed, once every rank is done
+        // with them (ranks sharing a GPU would otherwise time it beside
+        // another's calls).
+        g.barrier("floor")?;
+        crate::stall::waiting_on("the launch floor (an empty kernel)");
+        times.floor = Some(self.measure_floor(ctx)?);
         Ok(times)
     }
 
@@ -628,9 +632,8 @@ impl Session {
     /// back; stream or graph, PDL as the calls), ns.
     fn measure_floor(&self, ctx: &Context) -> Result<FloorTimes> {
         let iters = u64::from(ctx.cfg.iters);
-        let p = CollParams::default();
         let call = |s: &CudaStream, _: u64| -> Result<()> {
-            Ok(ctx.kernels.launch_empty(s, &p, ctx.launch_as())?)
+            Ok(ctx.kernels.launch_empty(s, ctx.launch_as())?)
         };
         let timed = Timed::new(ctx, iters + 2, iters, &call)?;
         let queue = |s: &CudaStream| -> Result<()> {

@@ -64,8 +64,9 @@ pub struct LaunchAs {
     pub remote_domain: bool,
 }
 
-/// As [`launch`], with the attributes `how` asks for (`cuLaunchKernelEx`);
-/// with none, exactly [`launch`]. Errors: the driver's, as [`launch`].
+/// As [`launch`], by `cuLaunchKernelEx` with the attributes `how` asks for
+/// (none for the default), so that an A/B of one attribute changes only
+/// it. Errors: the driver's, as [`launch`].
 ///
 /// # Safety
 /// As [`launch`]; and with `how.pdl`, `f` must call `wait_previous_grid`
@@ -78,10 +79,6 @@ pub unsafe fn launch_as<P: DeviceRepr>(
     p: &P,
     how: LaunchAs,
 ) -> Result<(), DriverError> {
-    if how == LaunchAs::default() {
-        // SAFETY: as this function's contract.
-        return unsafe { launch(stream, f, (blocks, threads), p) };
-    }
     let mut attrs = Vec::with_capacity(2);
     let attr = |id: sys::CUlaunchAttributeID| {
         // SAFETY: a zeroed attribute is a valid C struct; its id and value are set here.
@@ -109,7 +106,10 @@ pub unsafe fn launch_as<P: DeviceRepr>(
         blockDimZ: 1,
         sharedMemBytes: 0,
         hStream: stream.cu_stream(),
-        attrs: attrs.as_mut_ptr(),
+        attrs: match attrs.is_empty() {
+            true => std::ptr::null_mut(),
+            false => attrs.as_mut_ptr(),
+        },
         numAttrs: attrs.len() as u32,
     };
     // The driver copies the parameter out of `p` at launch.
