@@ -78,20 +78,26 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Every script of scripts/, bench/, bench/nvshmem/ and bench/link-ceiling/
+/// Every script of scripts/, bench/, bench/nvshmem/, bench/link-ceiling/ and bench/launch-floor/
 /// (not scripts/lib/), as a path from the repository's root.
 fn scripts() -> Vec<String> {
-    let mut v: Vec<String> = ["scripts", "bench", "bench/nvshmem", "bench/link-ceiling"]
-        .iter()
-        .filter_map(|d| Some((d, std::fs::read_dir(root().join(d)).ok()?)))
-        .flat_map(|(d, entries)| {
-            entries
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".sh") || n.ends_with(".py"))
-                .map(move |n| format!("{d}/{n}"))
-        })
-        .collect();
+    let mut v: Vec<String> = [
+        "scripts",
+        "bench",
+        "bench/nvshmem",
+        "bench/link-ceiling",
+        "bench/launch-floor",
+    ]
+    .iter()
+    .filter_map(|d| Some((d, std::fs::read_dir(root().join(d)).ok()?)))
+    .flat_map(|(d, entries)| {
+        entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sh") || n.ends_with(".py"))
+            .map(move |n| format!("{d}/{n}"))
+    })
+    .collect();
     v.sort();
     v
 }
