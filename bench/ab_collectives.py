@@ -4,7 +4,9 @@ place, size), the median over each set's runs of the batch time (nccl-tests'
 time: back-to-back calls between two events, µs per call) and of the per-call
 p50, A over B (below 1: A is faster); per operation and launch mode the
 geometric mean and range of A ÷ B over the cases; then at each size the
-fastest of ours under A and under B beside NCCL's batch from the same runs.
+fastest of ours under A and under B beside NCCL's batch from the same runs;
+and where both sets' runs measured it, the launch floor (an empty kernel of
+ours launched and timed as the calls) under A and B, medians over the runs.
 
 Run the two sets alternately in one machine session (A, B, A, B) so that a
 drift of the machine falls on both. Each set is a glob; quote it.
@@ -38,14 +40,17 @@ def refuse(why):
 
 def runs(pattern):
     """The runs a glob names: (their files, rows by case, the first run's
-    configuration with its run-level `pdl` and `mps`)."""
+    configuration with its run-level `pdl` and `mps`, each run's launch
+    floor where it has one)."""
     files = sorted(glob.glob(pattern))
     if not files:
         refuse(f"'{pattern}' matches no file")
-    rows, config = defaultdict(list), None
+    rows, config, floors = defaultdict(list), None, []
     for f in files:
         doc = benchlib.load_json(f)
         run = doc["run"]
+        if run.get("floor"):
+            floors.append(run["floor"])
         c = dict(run["config"], pdl=run.get("pdl"), mps=run.get("mps"))
         if config is None:
             config = c
@@ -54,7 +59,7 @@ def runs(pattern):
                 refuse(f"'{pattern}': {f} has {key} {c.get(key)}, {files[0]} {config.get(key)}: not rounds of one case")
         for r in doc["rows"]:
             rows[(r["op"], r["algo"], r["path"], r["type"], r["in_place"], r["size_bytes"])].append(r)
-    return files, rows, config
+    return files, rows, config, floors
 
 
 def median(rows, field):
@@ -108,9 +113,21 @@ def fastest(best):
     return table(head, body)
 
 
+def floor(fa, fb):
+    """The launch floor under A and B (medians over each set's runs), or
+    nothing where a set's runs did not all measure it."""
+    if not fa or not fb:
+        return []
+    body = []
+    for what, field in (("per call, p50", "time_p50_us"), ("batch", "batch_us")):
+        ta, tb = median(fa, field), median(fb, field)
+        body.append([what, num(ta), num(tb), num(ratio(ta, tb), "{:.3f}")])
+    return [""] + table(["launch floor µs", "A", "B", "A/B"], body)
+
+
 def main():
-    fa, a, ca = runs(A_GLOB)
-    fb, b, cb = runs(B_GLOB)
+    fa, a, ca, floor_a = runs(A_GLOB)
+    fb, b, cb, floor_b = runs(B_GLOB)
     common = sorted(set(a) & set(b), key=lambda k: (k[0], k[5], k[1], k[2], k[3], k[4]))
     if not common:
         refuse("the two sets share no case (operation, algorithm, path, type, place, size)")
@@ -119,7 +136,8 @@ def main():
     differ = [f"{k} {ca.get(k)} / {cb.get(k)}" for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)]
     print(f"A and B differ in: {'; '.join(differ) if differ else 'nothing in their configurations'}\n")
     lines, per_op, best = cases(a, b, common)
-    print("\n".join(lines + [""] + by_op(per_op) + [""] + fastest(best)))
+    full = len(floor_a) == len(fa) and len(floor_b) == len(fb)
+    print("\n".join(lines + [""] + by_op(per_op) + [""] + fastest(best) + (floor(floor_a, floor_b) if full else [])))
 
 
 main()

@@ -388,6 +388,37 @@ fn ab_collectives_pairs_rows_by_case() {
         .unwrap_or_else(|| panic!("{other}"));
     let cells: Vec<&str> = line.split('|').map(str::trim).collect();
     assert_eq!(cells[9], want, "{line}");
+    // Where every run of both sets measured the launch floor, its medians
+    // under A and B close the output (the committed runs predate it).
+    assert!(!same.contains("launch floor"), "{same}");
+    let tmp = std::env::temp_dir().join(format!("ab-floor-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let add = "import gzip, json, sys\n\
+               d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
+               d['run']['floor'] = {'time_p50_us': float(sys.argv[3]), 'time_p99_us': 9.0, 'batch_us': 1.5}\n\
+               json.dump(d, open(sys.argv[2], 'w'))\n";
+    for (name, p50) in [("a-1.json", "3.0"), ("b-1.json", "2.5")] {
+        let o = Command::new("python3")
+            .args(["-c", add])
+            .arg(dir.join("coll-4r-stream.json.gz"))
+            .arg(tmp.join(name))
+            .arg(p50)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let o = Command::new("python3")
+        .arg(root().join("bench/ab_collectives.py"))
+        .args([tmp.join("a-1.json"), tmp.join("b-1.json")])
+        .output()
+        .unwrap();
+    let floors = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        floors.contains("| per call, p50 | 3.00 | 2.50 | 1.200 |"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
 }
 
 /// Every option a script parses with a value (`need_value`, `gpu_option`),
