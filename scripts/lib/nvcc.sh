@@ -57,7 +57,7 @@ probe_build() {
   # shellcheck disable=SC2207  # "-L DIR" pairs, no spaces in them
   cudalib=($(cuda_lib_dirs "$nvcc" libcudart_static.a))
   mkdir -p "$out"
-  "$nvcc" -O3 -std=c++17 -gencode "arch=compute_$arch,code=sm_$arch" -o "$out/$bin" "$here/$bin.cu" \
+  "$nvcc" -O3 -std=c++17 -gencode "arch=compute_$arch,code=[sm_$arch,compute_$arch]" -o "$out/$bin" "$here/$bin.cu" \
     ${cudalib[@]+"${cudalib[@]}"} || { echo "$name-build: error: nvcc failed" >&2; exit 1; }
   echo "$name-build: built $out/$bin" >&2
 }
