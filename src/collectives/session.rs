@@ -601,14 +601,7 @@ impl Session {
             Ok(())
         };
         let what = describe(case, g.world);
-        self.watch_gated(ctx, &what, queue)
-            .and_then(|f| match f.released {
-                true => bail!(
-                    "rank {}: {what}: not done within the timeout (gate released)",
-                    g.rank
-                ),
-                false => Ok(()),
-            })?;
+        self.watch_gated(ctx, &what, queue)?;
         self.check_report(ctx, &what)?;
         self.check_verify(ctx, &what, case.elems(g.world).1 * checks)?;
         let mut raw = vec![CollTiming::default(); cfg.calls() as usize];
@@ -641,13 +634,7 @@ impl Session {
             timed.queue(s, &call)?;
             self.open_gate(gate)
         };
-        let what = "the launch floor (an empty kernel)";
-        if self.watch_gated(ctx, what, queue)?.released {
-            bail!(
-                "rank {}: {what}: not done within the timeout (gate released)",
-                ctx.group.rank
-            );
-        }
+        self.watch_gated(ctx, "the launch floor (an empty kernel)", queue)?;
         Ok(FloorTimes {
             per_call: timed.times(2)?,
             batch: timed.batch_mean()?,
@@ -655,18 +642,26 @@ impl Session {
     }
 
     /// Runs `queue`'s work, whose timed calls wait behind a gate, watched
-    /// ([`run_watched`]: the run's timeout releases the gate); errors name
-    /// this rank and `what`.
+    /// ([`run_watched`]); errors name this rank and `what`, and work the
+    /// run's timeout had to release (ours or NCCL's: its times would be the
+    /// timeout's) is one.
     fn watch_gated(
         &self,
         ctx: &Context,
         what: &str,
         queue: impl FnOnce(&CudaStream) -> Result<()>,
-    ) -> Result<crate::gpu::run::Finished> {
+    ) -> Result<()> {
         let (g, timeout) = (ctx.group, Duration::from_nanos(ctx.cfg.timeout_ns));
         let gate = Some(self.gate.addr());
-        run_watched(ctx.gpu, &self.report, timeout, gate, queue, || g.probe())
-            .with_context(|| format!("rank {}: {what}", g.rank))
+        let done = run_watched(ctx.gpu, &self.report, timeout, gate, queue, || g.probe())
+            .with_context(|| format!("rank {}: {what}", g.rank))?;
+        match done.released {
+            true => bail!(
+                "rank {}: {what}: not done within the timeout (gate released)",
+                g.rank
+            ),
+            false => Ok(()),
+        }
     }
 
     /// Queues a wait behind the next gate; returns its value.

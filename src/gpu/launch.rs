@@ -79,23 +79,20 @@ pub unsafe fn launch_as<P: DeviceRepr>(
     p: &P,
     how: LaunchAs,
 ) -> Result<(), DriverError> {
-    let mut attrs = Vec::with_capacity(2);
-    let attr = |id: sys::CUlaunchAttributeID| {
-        // SAFETY: a zeroed attribute is a valid C struct; its id and value are set here.
-        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        a.id = id;
-        a
-    };
+    // On the stack, not the heap: this runs once per launch.
+    // SAFETY: zeroed attributes are valid C structs; ids and values set below.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
     if how.pdl {
-        let mut a =
-            attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
-        a.value.programmaticStreamSerializationAllowed = 1;
-        attrs.push(a);
+        attrs[n].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
     }
     if how.remote_domain {
-        let mut a = attr(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN);
-        a.value.memSyncDomain = sys::CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
-        attrs.push(a);
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN;
+        attrs[n].value.memSyncDomain = sys::CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+        n += 1;
     }
     let cfg = sys::CUlaunchConfig {
         gridDimX: blocks,
@@ -106,11 +103,11 @@ pub unsafe fn launch_as<P: DeviceRepr>(
         blockDimZ: 1,
         sharedMemBytes: 0,
         hStream: stream.cu_stream(),
-        attrs: match attrs.is_empty() {
-            true => std::ptr::null_mut(),
-            false => attrs.as_mut_ptr(),
+        attrs: match n {
+            0 => std::ptr::null_mut(),
+            _ => attrs.as_mut_ptr(),
         },
-        numAttrs: attrs.len() as u32,
+        numAttrs: n as u32,
     };
     // The driver copies the parameter out of `p` at launch.
     let mut args = [p as *const P as *mut std::ffi::c_void];
