@@ -14,6 +14,15 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// An empty folder of this test process's own under the system's temp
+/// folder, named by `tag` (whatever an earlier run left there removed).
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("scripts-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A folder with the stubs, and the file the cargo stub creates when run.
 struct Stubs {
     dir: PathBuf,
@@ -22,9 +31,7 @@ struct Stubs {
 
 impl Stubs {
     fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("scripts-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch(tag);
         let mark = dir.join("cargo-was-run");
         let write = |name: &str, body: String| {
             let p = dir.join(name);
@@ -301,8 +308,7 @@ fn call_split_reads_a_committed_run() {
     );
     // The same run without NCCL's batch (as --no-baseline writes it) is
     // left out, named; alone it leaves nothing to print: exit 2.
-    let dir = std::env::temp_dir().join(format!("call-split-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("call-split");
     let bare = dir.join("bare.json");
     let strip = "import gzip, json, sys\n\
                  d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
@@ -391,8 +397,7 @@ fn ab_collectives_pairs_rows_by_case() {
     // Where every run of both sets measured the launch floor, its medians
     // under A and B close the output (the committed runs predate it).
     assert!(!same.contains("launch floor"), "{same}");
-    let tmp = std::env::temp_dir().join(format!("ab-floor-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = scratch("ab-floor");
     let add = "import gzip, json, sys\n\
                d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
                d['run']['floor'] = {'time_p50_us': float(sys.argv[3]), 'time_p99_us': 9.0, 'batch_us': 1.5}\n\
@@ -483,9 +488,7 @@ fn matrix_summary(dir: &Path) -> String {
 #[test]
 fn gpu_matrix_summary_shows_ll128_rows_beside_the_pair() {
     let results = root().join("docs/results/2026-11-28-h100x4-matrix");
-    let dir = std::env::temp_dir().join(format!("matrix-ll128-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("matrix-ll128");
     let copy = |name: &str| std::fs::copy(results.join(name), dir.join(name)).unwrap();
     copy("sw-0to1-bw.json.gz");
     assert!(
@@ -523,9 +526,7 @@ fn gpu_matrix_summary_shows_ll128_rows_beside_the_pair() {
 #[test]
 fn gpu_matrix_summary_names_rows_whose_json_is_gone() {
     let results = root().join("docs/results/2026-11-28-h200x4-collectives");
-    let dir = std::env::temp_dir().join(format!("matrix-gone-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("matrix-gone");
     for name in ["rows.jsonl", "coll-4r-stream.json.gz"] {
         std::fs::copy(results.join(name), dir.join(name)).unwrap();
     }
