@@ -274,65 +274,71 @@ fn gpu_matrix_on_one_gpu_names_every_row_and_fails() {
 /// bench/call_split.py on a committed run: each operation's fastest case
 /// per size up to 64 KiB (f32, 3 operations × 14 sizes, less allgather's
 /// and reduce-scatter's 8 B: less than an element a rank), and the medians
-/// docs/COLLECTIVES.md cites; a file that is not a run's JSON exits 2, a
-/// run without NCCL's baseline is left out with its name on stderr.
+/// docs/COLLECTIVES.md cites; a file that is not a run's JSON exits 2; a run
+/// without NCCL's baseline keeps its row with "-" for NCCL's columns, and a
+/// run without batch times is left out with its name on stderr.
 #[test]
 fn call_split_reads_a_committed_run() {
-    let run = |f: &Path| {
+    let run = |files: &[&Path]| {
         Command::new("python3")
             .arg(root().join("bench/call_split.py"))
-            .arg(f)
+            .args(files)
             .output()
             .unwrap()
     };
     let f = root().join("docs/results/2026-11-28-h200x4-collectives/coll-4r-stream.json.gz");
-    let o = run(&f);
+    let o = run(&[&f]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    let row = out
-        .lines()
-        .find(|l| l.contains("coll-4r-stream"))
-        .unwrap_or_default();
-    // ranks, launch, PDL, sizes × ops, kernel, gap, events, NCCL's events,
-    // their difference; no floor in a run of 367f831.
+    let row = |out: &str, name: &str| {
+        (out.lines())
+            .find(|l| l.contains(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    // ranks, launch, PDL, domain, sizes × ops, kernel, gap, events; no floor
+    // in a run of 367f831; NCCL's events and the difference.
     assert!(
-        row.contains("| 4 | stream | off | 40 | 3.04 | 1.94 | 3.05 | 2.40 | 0.65 | - | - |"),
+        row(&out, "coll-4r-stream").contains(
+            "| 4 | stream | off | default | 40 | 3.04 | 1.94 | 3.05 | - | - | - | - | 2.40 | 0.65 |"
+        ),
         "{out}"
     );
-    let o = run(&root().join("README.md"));
+    let o = run(&[&root().join("README.md")]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         text(&o).contains("not a collectives run's JSON"),
         "{}",
         text(&o)
     );
-    // The same run without NCCL's batch (as --no-baseline writes it) is
-    // left out, named; alone it leaves nothing to print: exit 2.
+    // The same run without NCCL's batch (as --no-baseline writes it) keeps
+    // its own columns; without our batch too it is left out, named, and
+    // alone leaves nothing to print: exit 2.
     let dir = scratch("call-split");
-    let bare = dir.join("bare.json");
-    let strip = "import gzip, json, sys\n\
-                 d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
-                 for r in d['rows']: r['nccl_batch_us'] = None\n\
-                 json.dump(d, open(sys.argv[2], 'w'))\n";
-    let o = Command::new("python3")
-        .args(["-c", strip])
-        .arg(&f)
-        .arg(&bare)
-        .output()
-        .unwrap();
+    let strip = |fields: &str, to: &Path| {
+        let code = format!(
+            "import gzip, json, sys\n\
+             d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
+             for r in d['rows']:\n    for k in {fields}: r[k] = None\n\
+             json.dump(d, open(sys.argv[2], 'w'))\n"
+        );
+        let o = (Command::new("python3").args(["-c", &code]).arg(&f).arg(to))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    };
+    let (bare, none) = (dir.join("bare.json"), dir.join("none.json"));
+    strip("['nccl_batch_us']", &bare);
+    strip("['nccl_batch_us', 'batch_us']", &none);
+    let o = run(&[&bare, &none, &f]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let both = Command::new("python3")
-        .arg(root().join("bench/call_split.py"))
-        .args([&bare, &f])
-        .output()
-        .unwrap();
-    assert_eq!(both.status.code(), Some(0), "{}", text(&both));
+    let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text(&both).contains("bare.json: left out"),
-        "{}",
-        text(&both)
+        row(&out, "bare.json").ends_with("| 3.04 | 1.94 | 3.05 | - | - | - | - | - | - |"),
+        "{out}"
     );
-    let o = run(&bare);
+    assert!(text(&o).contains("none.json: left out"), "{}", text(&o));
+    let o = run(&[&none]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
