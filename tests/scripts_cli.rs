@@ -312,14 +312,16 @@ fn call_split_reads_a_committed_run() {
         text(&o)
     );
     // The same run without NCCL's batch (as --no-baseline writes it) keeps
-    // its own columns; without our batch too it is left out, named, and
-    // alone leaves nothing to print: exit 2.
+    // its own columns; with a launch floor (and the remote domain) it shows
+    // the floor's and ours less the floor's events; without our batch too
+    // it is left out, named, and alone leaves nothing to print: exit 2.
     let dir = scratch("call-split");
-    let strip = |fields: &str, to: &Path| {
+    let strip = |fields: &str, run: &str, to: &Path| {
         let code = format!(
             "import gzip, json, sys\n\
              d = json.load(gzip.open(sys.argv[1], 'rt'))\n\
              for r in d['rows']:\n    for k in {fields}: r[k] = None\n\
+             {run}\n\
              json.dump(d, open(sys.argv[2], 'w'))\n"
         );
         let o = (Command::new("python3").args(["-c", &code]).arg(&f).arg(to))
@@ -328,13 +330,26 @@ fn call_split_reads_a_committed_run() {
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     };
     let (bare, none) = (dir.join("bare.json"), dir.join("none.json"));
-    strip("['nccl_batch_us']", &bare);
-    strip("['nccl_batch_us', 'batch_us']", &none);
-    let o = run(&[&bare, &none, &f]);
+    let floored = dir.join("floored.json");
+    strip("['nccl_batch_us']", "pass", &bare);
+    strip(
+        "['nccl_batch_us']",
+        "d['run']['floor'] = {'time_p50_us': 5.0, 'time_p99_us': 6.0, 'batch_us': 2.5}; \
+         d['run']['config']['sync_domain'] = 'remote'",
+        &floored,
+    );
+    strip("['nccl_batch_us', 'batch_us']", "pass", &none);
+    let o = run(&[&bare, &floored, &none, &f]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         row(&out, "bare.json").ends_with("| 3.04 | 1.94 | 3.05 | - | - | - | - | - | - |"),
+        "{out}"
+    );
+    // Floor per call, batch, its events (5 - 2.5), ours less them (3.05 - 2.5).
+    assert!(
+        row(&out, "floored.json")
+            .ends_with("| remote | 40 | 3.04 | 1.94 | 3.05 | 5.00 | 2.50 | 2.50 | 0.55 | - | - |"),
         "{out}"
     );
     assert!(text(&o).contains("none.json: left out"), "{}", text(&o));

@@ -291,16 +291,18 @@ impl CollKernels {
     ) -> Result<(), DriverError> {
         let missing = DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND);
         let f = self.run.get(&(case.op, case.algo)).ok_or(missing)?;
-        // SAFETY: as this function's contract.
-        unsafe { launch_entry(s, f, blocks, p, how) }
+        // SAFETY: as this function's contract; `CollParams` is the entry's,
+        // which waits for the previous kernel before touching memory.
+        unsafe { launch::launch_as(s, f, (blocks, THREADS), p, how) }
     }
 
     /// Queues `coll_empty`, the launch floor: one block that only starts
     /// and ends as a call does, taking a call's parameters (zeroed: it
     /// reads none), launched as [`Self::launch_run`] launches a call.
     pub fn launch_empty(&self, s: &CudaStream, how: LaunchAs) -> Result<(), DriverError> {
+        let p = CollParams::default();
         // SAFETY: coll_empty touches no memory.
-        unsafe { launch_entry(s, &self.empty, 1, &CollParams::default(), how) }
+        unsafe { launch::launch_as(s, &self.empty, (1, THREADS), &p, how) }
     }
 
     /// Queues the fill (`check == false`) or the check of `d`.
@@ -341,23 +343,6 @@ impl CollKernels {
         // SAFETY: as this function's contract; the arguments are the kernel's.
         unsafe { b.launch(grid(1, 64)) }.map(|_| ())
     }
-}
-
-/// Queues entry `f` (a `CollParams` kernel) with `blocks` blocks of
-/// [`THREADS`], launched as `how` says.
-///
-/// # Safety
-/// Every address in `p` must stay valid until the kernel completes.
-unsafe fn launch_entry(
-    s: &CudaStream,
-    f: &CudaFunction,
-    blocks: u32,
-    p: &CollParams,
-    how: LaunchAs,
-) -> Result<(), DriverError> {
-    // SAFETY: as this function's contract; `CollParams` is the entry's,
-    // which waits for the previous kernel before touching memory.
-    unsafe { launch::launch_as(s, f, (blocks, THREADS), p, how) }
 }
 
 #[cfg(test)]

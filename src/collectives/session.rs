@@ -622,7 +622,8 @@ impl Session {
     /// The launch floor: `coll_empty`, which only starts and ends as a call
     /// does, queued and timed as [`Self::run_case`] times a case's calls
     /// (behind the gate; each between its events, then a batch back to
-    /// back; stream or graph, PDL as the calls), ns.
+    /// back; stream or graph, with the calls' launch attributes:
+    /// [`Context::launch_as`]), ns.
     fn measure_floor(&self, ctx: &Context) -> Result<FloorTimes> {
         let iters = u64::from(ctx.cfg.iters);
         let call = |s: &CudaStream, _: u64| -> Result<()> {
